@@ -1,0 +1,7 @@
+"""rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
+
+from rfgp import kernels, ops
+
+__version__ = "0.1.0"
+
+__all__ = ["kernels", "ops", "__version__"]

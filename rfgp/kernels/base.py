@@ -1,0 +1,312 @@
+r"""The contract every random-feature kernel in rfgp follows.
+
+A random-feature kernel is a random map :math:`\Phi: \mathbb{R}^d \to \mathbb{R}^D` (or
+:math:`\mathbb{C}^D`) with :math:`\hat k(x, y) = \Phi(x)^\top \overline{\Phi(y)}`. Inside GPyTorch's
+real linear algebra the kernel is represented by the real form :math:`[\mathrm{Re}\,\Phi,
+\mathrm{Im}\,\Phi]`, whose Gram matrix is exactly :math:`\mathrm{Re}\,\hat K`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional
+
+import torch
+from gpytorch.kernels import Kernel
+from gpytorch.models import exact_prediction_strategies
+from linear_operator.operators import (
+    LowRankRootLinearOperator,
+    MatmulLinearOperator,
+    RootLinearOperator,
+)
+from torch import Tensor
+
+from rfgp.ops import make_generator
+
+__all__ = ["RandomFeatureKernel", "real_form"]
+
+
+def real_form(phi: Tensor) -> Tensor:
+    r"""The real feature matrix whose Gram matrix is :math:`\mathrm{Re}(\Phi \Phi^H)`.
+
+    Real input is returned as is; complex ``(..., D)`` input becomes ``(..., 2D)``
+    ``[Re Phi, Im Phi]`` (the Complex-to-Real map).
+
+    Example:
+        >>> phi = torch.tensor([[1 + 2j]])
+        >>> real_form(phi)
+        tensor([[1., 2.]])
+    """
+    if phi.is_complex():
+        return torch.cat([phi.real, phi.imag], dim=-1)
+    return phi
+
+
+class RandomFeatureKernel(Kernel):
+    r"""Base class of all random-feature kernels (a ``gpytorch.kernels.Kernel``).
+
+    Subclasses implement
+
+    * ``_sample_weights(input_dim, generator) -> dict`` returning the random tensors (real
+      tensors; complex weights are stored with :func:`torch.view_as_real` so that
+      ``module.to(dtype)`` cannot drop an imaginary part), with leading ``batch_shape``
+      dimensions;
+    * ``_features(x) -> Tensor``: the feature map on inputs that ``active_dims`` has already
+      been applied to, shape ``(..., N, D)`` (or ``(..., N, p, D)`` for ``p`` outputs).
+
+    and get ``features``, ``forward`` (GPyTorch semantics on the real form), ``resample``,
+    lazy weight initialisation at the first call, batch indexing, ``state_dict`` loading into a
+    fresh kernel and ``LinearPredictionStrategy`` from this class.
+
+    Args:
+        num_features: number of columns ``D`` of ``features(x)`` (a complex column counts once).
+        input_dim: input dimension ``d`` after ``active_dims``; if ``None`` it is taken from the
+            first input seen (or from ``ard_num_dims`` / ``active_dims``).
+        seed: seed for the initial draw of the random weights (``None``: the global RNG).
+        **kwargs: passed to ``gpytorch.kernels.Kernel`` (``batch_shape``, ``active_dims``,
+            ``ard_num_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ...).
+
+    Attributes:
+        num_features (int): ``D``.
+        is_complex (bool): whether ``features`` returns complex values.
+        input_dim (int or None): ``d``, once known.
+        num_outputs_per_input(): ``p`` (1 for scalar kernels), as GPyTorch's method.
+    """
+
+    is_complex: bool = False
+
+    def __init__(
+        self,
+        num_features: int,
+        input_dim: Optional[int] = None,
+        seed: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(num_features, int) or isinstance(num_features, bool) or num_features < 1:
+            raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        super().__init__(**kwargs)
+        self.num_features = num_features
+        self.seed = seed
+        self._random_buffer_names: list[str] = []
+        if input_dim is None:
+            if self.active_dims is not None:
+                input_dim = int(self.active_dims.numel())
+            elif self.ard_num_dims is not None:
+                input_dim = int(self.ard_num_dims)
+        if input_dim is not None and (
+            not isinstance(input_dim, int) or isinstance(input_dim, bool) or input_dim < 1
+        ):
+            raise ValueError(f"input_dim must be a positive integer, got {input_dim!r}")
+        self.input_dim = input_dim
+
+    # ------------------------------------------------------------------ random weights
+    def _sample_weights(
+        self, input_dim: int, generator: Optional[torch.Generator]
+    ) -> Dict[str, Tensor]:
+        raise NotImplementedError
+
+    @property
+    def weights_initialized(self) -> bool:
+        """Whether the random weights have been drawn (they are drawn at the first call)."""
+        return bool(self._random_buffer_names)
+
+    def resample(self, generator: Optional[torch.Generator] = None) -> "RandomFeatureKernel":
+        """Draw fresh random weights in place and return ``self``.
+
+        Args:
+            generator: a ``torch.Generator``; the same generator state gives the same weights.
+                ``None`` uses the global RNG.
+
+        Raises:
+            RuntimeError: if the input dimension is not known yet (pass ``input_dim`` or call
+                the kernel once).
+        """
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+            )
+        if self.input_dim is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.resample: the input dimension is unknown; pass "
+                "input_dim= to the constructor or evaluate the kernel once first"
+            )
+        self._set_weights(self._sample_weights(self.input_dim, generator))
+        return self
+
+    def _set_weights(self, weights: Dict[str, Tensor]) -> None:
+        ref = self._reference_tensor()
+        for name, value in weights.items():
+            if value.is_floating_point():
+                value = value.to(device=ref.device, dtype=ref.dtype)
+            else:
+                value = value.to(device=ref.device)
+            if name in self._buffers:
+                self._buffers[name] = value
+            else:
+                self.register_buffer(name, value)
+                self._random_buffer_names.append(name)
+
+    def _reference_tensor(self) -> Tensor:
+        for p in self.parameters():
+            return p
+        for b in self.buffers():
+            if b.is_floating_point():
+                return b
+        return torch.empty(0, dtype=torch.get_default_dtype())
+
+    def _ensure_weights(self, x: Tensor) -> None:
+        d = x.shape[-1]
+        if self.input_dim is None:
+            self.input_dim = int(d)
+        elif d != self.input_dim:
+            raise ValueError(
+                f"{type(self).__name__}: x must have {self.input_dim} input columns "
+                f"(after active_dims), got {d}"
+            )
+        if not self.weights_initialized:
+            self._set_weights(self._sample_weights(self.input_dim, make_generator(self.seed)))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args, **kwargs):
+        # A fresh kernel has no weights yet (they are drawn lazily): create them from the
+        # checkpoint so that loading a trained model needs no dummy forward pass.
+        names = local_metadata.get("rfgp_random_buffers", None)
+        if names is None:
+            names = [
+                k[len(prefix):]
+                for k in state_dict
+                if k.startswith(prefix)
+                and "." not in k[len(prefix):]
+                and k[len(prefix):] not in self._parameters
+                and k[len(prefix):] not in self._buffers
+            ]
+        for name in names:
+            key = prefix + name
+            if key in state_dict and name not in self._buffers:
+                self.register_buffer(name, torch.empty_like(state_dict[key]))
+                self._random_buffer_names.append(name)
+        if "rfgp_input_dim" in local_metadata and local_metadata["rfgp_input_dim"] is not None:
+            self.input_dim = local_metadata["rfgp_input_dim"]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args, **kwargs)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        meta = getattr(destination, "_metadata", None)
+        if meta is not None:
+            entry = meta.setdefault(prefix[:-1], {})
+            entry["rfgp_random_buffers"] = list(self._random_buffer_names)
+            entry["rfgp_input_dim"] = self.input_dim
+
+    # ------------------------------------------------------------------ features
+    def _features(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not (x.is_floating_point()):
+            raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+        if x.dim() == 1:
+            x = x.unsqueeze(-1)
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
+        return x
+
+    def features(self, x: Tensor) -> Tensor:
+        r"""The random feature matrix :math:`\Phi(x)`.
+
+        Applies ``active_dims``, the lengthscale and any other hyperparameters; differentiable
+        with respect to them.
+
+        Args:
+            x: ``(..., N, d)`` inputs (1-D ``x`` means ``d = 1``).
+
+        Returns:
+            ``(..., N, D)`` features (``(..., N, p, D)`` for a kernel with ``p`` outputs per
+            input); complex iff ``is_complex``; dtype follows ``x``.
+        """
+        x = self._check_input(x)
+        if self.active_dims is not None:
+            x = x.index_select(-1, self.active_dims)
+        self._ensure_weights(x)
+        return self._features(x)
+
+    def real_features(self, x: Tensor) -> Tensor:
+        """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
+        return real_form(self.features(x))
+
+    @property
+    def num_real_features(self) -> int:
+        """Columns of the real form: ``2 D`` for complex features, ``D`` otherwise."""
+        return 2 * self.num_features if self.is_complex else self.num_features
+
+    def _root(self, x: Tensor) -> Tensor:
+        # active_dims has been applied by Kernel.__call__ before forward.
+        x = self._check_input(x)
+        self._ensure_weights(x)
+        phi = real_form(self._features(x))
+        p = self.num_outputs_per_input()
+        if p > 1:
+            # (..., N, p, D) -> (..., N p, D): GPyTorch's interleaved order, row n * p + t.
+            phi = phi.reshape(*phi.shape[:-3], phi.shape[-3] * p, phi.shape[-1])
+        return phi
+
+    def forward(
+        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
+    ):
+        if last_dim_is_batch:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support last_dim_is_batch=True"
+            )
+        x1_eq_x2 = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
+        z1 = self._root(x1)
+        z2 = z1 if x1_eq_x2 else self._root(x2)
+        if diag:
+            return (z1 * z2).sum(-1)
+        if x1_eq_x2:
+            if z1.shape[-1] < z1.shape[-2]:
+                return LowRankRootLinearOperator(z1)
+            return RootLinearOperator(z1)
+        return MatmulLinearOperator(z1, z2.transpose(-1, -2))
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        # Weight-space prediction: O(N D^2) to build the caches, O(D^2) per test point.
+        return exact_prediction_strategies.LinearPredictionStrategy(
+            train_inputs, train_prior_dist, train_labels, likelihood
+        )
+
+    # ------------------------------------------------------------------ GPyTorch plumbing
+    #: outputs per input ``p``; multi-output subclasses set it (features ``(..., N, p, D)``).
+    _outputs_per_input: int = 1
+
+    def num_outputs_per_input(self, x1: Optional[Tensor] = None, x2: Optional[Tensor] = None) -> int:
+        """``p``: rows of the GPyTorch covariance per input (GPyTorch calls it with x1, x2)."""
+        return self._outputs_per_input
+
+    def __getitem__(self, index) -> "RandomFeatureKernel":
+        if len(self.batch_shape) == 0:
+            return self
+        new_kernel = copy.deepcopy(self)
+        index = index if isinstance(index, tuple) else (index,)
+        batch_ndim = len(self.batch_shape)
+        new_batch_shape = None
+        for name, param in self.named_parameters(recurse=False):
+            new_param = getattr(new_kernel, name)
+            new_param.data = new_param.data.__getitem__(index)
+            removed = param.dim() - new_param.dim()
+            new_batch_shape = new_param.shape[: batch_ndim - removed]
+        for name in self._random_buffer_names:
+            buf = getattr(new_kernel, name)
+            new_kernel._buffers[name] = buf.__getitem__(index)
+            removed = buf.dim() - new_kernel._buffers[name].dim()
+            new_batch_shape = new_kernel._buffers[name].shape[: batch_ndim - removed]
+        if new_batch_shape is None:
+            new_batch_shape = torch.empty(self.batch_shape)[index].shape
+        new_kernel.batch_shape = torch.Size(new_batch_shape)
+        for sub_name, sub in self.named_sub_kernels():
+            setattr(new_kernel, sub_name, sub.__getitem__(index))
+        return new_kernel
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, input_dim={self.input_dim}"
