@@ -26,10 +26,10 @@ demo: install
 	$(PY) examples/demo.py
 
 test: install-test
-	$(PY) -m pytest -n 2 --dist loadgroup -q tests
+	$(PY) -m pytest -n 2 -q --doctest-modules rfgp tests
 
 test-fast: install-test
-	$(PY) -m pytest -n 2 -q -m "not slow" tests
+	$(PY) -m pytest -n 2 -q -m "not slow" --doctest-modules rfgp tests
 
 lint: install-test
 	$(VENV)/bin/ruff check .
