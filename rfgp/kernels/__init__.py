@@ -2,9 +2,13 @@
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
 from rfgp.kernels.fourier import FourierFeatureKernel
+from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
 
 __all__ = [
     "RandomFeatureKernel",
     "real_form",
     "FourierFeatureKernel",
+    "PolynomialSketchKernel",
+    "sample_sketch",
+    "apply_sketch",
 ]
