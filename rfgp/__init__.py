@@ -1,7 +1,7 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import kernels, ops, variance
+from rfgp import allocation, kernels, metrics, ops, variance
 
 __version__ = "0.1.0"
 
-__all__ = ["kernels", "ops", "variance", "__version__"]
+__all__ = ["allocation", "kernels", "metrics", "ops", "variance", "__version__"]

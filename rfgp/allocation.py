@@ -144,7 +144,10 @@ class AllocationStatistics:
             the quadratic form ``kernel_sq - 2 sum_S a_n bias_linear[n] + sum_{S x S} a a'
             bias_gram`` (used for allocations that skip degrees, e.g. random ones).
         num_pairs: ``m (m - 1)``.
-        block_dim: block size ``d`` of a structured sketch, ``None`` if unstructured.
+        block_dim: block size ``d`` of a TensorSRHT sketch, ``None`` otherwise.
+        structure: ``"none"`` (``V/D``), ``"tensorsrht"`` (convex surrogate) or
+            ``"tensorsketch"`` (exact real TensorSketch variance ``V/D + gcd(2, D) C/D^2``;
+            not convex in ``D``, so the greedy is a heuristic there).
     """
 
     coefficients: Tensor
@@ -156,6 +159,7 @@ class AllocationStatistics:
     kernel_sq: float
     num_pairs: int
     block_dim: Optional[int] = None
+    structure: str = "none"
 
     @property
     def max_degree(self) -> int:
@@ -187,6 +191,11 @@ def _degree_cost(stats: AllocationStatistics, n: int) -> Callable[[int], float]:
     v = max(float(stats.variance_sums[n]), 0.0)
     c = float(stats.covariance_sums[n])
     block = stats.block_dim
+    if stats.structure == "tensorsketch":
+        def cost(num: int) -> float:
+            return a2 * max(v / num + math.gcd(2, num) * c / num**2, 0.0)
+
+        return cost
 
     def cost(num: int) -> float:
         return a2 * surrogate_variance(v, c, num, block)
@@ -296,6 +305,7 @@ def allocation_statistics(
     row_scale: Optional[Tensor] = None,
     block_dim: Optional[int] = None,
     chunk_size: Optional[int] = None,
+    structure: Optional[str] = None,
 ) -> AllocationStatistics:
     r"""Per-degree U-statistics of a subsample ``z`` for the allocation objective.
 
@@ -312,13 +322,25 @@ def allocation_statistics(
         variance_fn: ``(x, y, degree, num_features) -> (...)`` variance of the degree-``n``
             sketch for row-wise pairs (e.g. a partial of :func:`rfgp.variance.sketch_variance`).
         row_scale: ``(m,)`` factor ``r(x)`` (Gaussian kernel), ``None`` for 1.
-        block_dim: block size of a structured sketch (the padded input dimension for
-            TensorSRHT), ``None`` for unstructured sketches.
+        block_dim: block size of a TensorSRHT sketch (the padded input dimension), ``None``
+            for unstructured sketches.
+        structure: ``"none"``, ``"tensorsrht"`` or ``"tensorsketch"``; default
+            ``"tensorsrht"`` if ``block_dim`` is given, else ``"none"``. For TensorSketch the
+            two sums are ``A`` and ``C`` of ``V(D) = A/D + gcd(2, D) C/D^2``, recovered from
+            ``V(1)`` and ``V(3)``.
         chunk_size: rows per chunk (default: keeps each chunk near 2^21 pair-entries per degree).
 
     Returns:
         :class:`AllocationStatistics`.
     """
+    if structure is None:
+        structure = "none" if block_dim is None else "tensorsrht"
+    if structure not in ("none", "tensorsrht", "tensorsketch"):
+        raise ValueError(
+            f"structure must be one of ['none', 'tensorsketch', 'tensorsrht'], got {structure!r}"
+        )
+    if structure == "tensorsrht" and block_dim is None:
+        raise ValueError("block_dim must be given for structure='tensorsrht', got None")
     if z.dim() != 2:
         raise ValueError(f"z must have shape (m, d), got {tuple(z.shape)}")
     m, d = z.shape
@@ -364,12 +386,18 @@ def allocation_statistics(
             if a[n] == 0:
                 continue
             v1 = variance_fn(x_pairs, y_pairs, n, 1).to(torch.float64)
-            variance_sums[n] += float(_finite_sum(v1 * weight, f"variance of degree {n}"))
-            if block_dim is not None:
+            if structure == "tensorsketch":
+                # V(1) = A + C and V(3) = A/3 + C/9.
+                v3 = variance_fn(x_pairs, y_pairs, n, 3).to(torch.float64)
+                joint = 1.5 * (v1 - 3.0 * v3)
+                covariance_sums[n] += float(_finite_sum(joint * weight, f"degree {n}"))
+                v1 = v1 - joint
+            elif structure == "tensorsrht":
                 v2 = variance_fn(x_pairs, y_pairs, n, 2).to(torch.float64)
                 covariance_sums[n] += float(
                     _finite_sum((2.0 * v2 - v1) * weight, f"covariance of degree {n}")
                 )
+            variance_sums[n] += float(_finite_sum(v1 * weight, f"variance of degree {n}"))
     return AllocationStatistics(
         coefficients=a,
         variance_sums=variance_sums,
@@ -380,6 +408,7 @@ def allocation_statistics(
         kernel_sq=kernel_sq,
         num_pairs=m * (m - 1),
         block_dim=block_dim,
+        structure=structure,
     )
 
 

@@ -2,7 +2,10 @@
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
 from rfgp.kernels.fourier import FourierFeatureKernel
+from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
+from rfgp.kernels.maclaurin import MaclaurinKernel
 from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
+from rfgp.kernels.spherical import SphericalFeatureKernel
 
 __all__ = [
     "RandomFeatureKernel",
@@ -11,4 +14,7 @@ __all__ = [
     "PolynomialSketchKernel",
     "sample_sketch",
     "apply_sketch",
+    "MaclaurinKernel",
+    "SphericalFeatureKernel",
+    "GaussianSketchKernel",
 ]
