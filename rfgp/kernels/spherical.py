@@ -58,7 +58,8 @@ def fit_spherical_mixture(
 
     Non-negative least squares over a log-spaced grid of scales :math:`s_i` around the kernel's
     own scale :math:`\sqrt{2p}/a`, with the value at ``z = 0`` weighted 100 times.
-    Non-negative weights make the fitted kernel positive definite in every dimension (its spectral density is :math:`\sum_i c_i N(0, s_i^2 I)`), which is why
+    Non-negative weights make the fitted kernel positive definite in every dimension (its
+    spectral density is :math:`\sum_i c_i N(0, s_i^2 I)`), which is why
     this module uses them instead of Pennington et al.'s signed fit clipped at zero.
 
     Returns:
