@@ -1,6 +1,7 @@
 """Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.exact import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
 
@@ -11,4 +12,5 @@ __all__ = [
     "PolynomialSketchKernel",
     "sample_sketch",
     "apply_sketch",
+    "DotProductKernel",
 ]

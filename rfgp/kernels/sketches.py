@@ -506,6 +506,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         self.degree = degree
         self.projection = projection
         self.is_complex = complex
+        # Unit lengthscale: the kernel starts at the plain (x^T y + b)^p.
+        self.lengthscale = 1.0
         self.has_bias = bias > 0
         if self.has_bias:
             self.register_parameter(
