@@ -227,15 +227,23 @@ def test_degree_one_sketch_is_random_projection():
     torch.testing.assert_close(k(x).to_dense(), x @ x.T, rtol=1e-12, atol=1e-12)
 
 
-def test_tensorsrht_chunking_matches_unchunked(monkeypatch):
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("d,num_features,degree", [(5, 20, 3), (1, 3, 2), (33, 100, 2)])
+def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_features, degree):
+    # Unbatched weights use the two-GEMM plan (row-chunked); batched ones the generic path.
     import rfgp.kernels.sketches as sk
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(50, 5, dtype=torch.float64, generator=g)
-    w = sample_sketch(3, 20, 5, "tensorsrht", True, generator=g)
-    full = apply_sketch(x, w, 3, "tensorsrht", True)
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(2, 25, d, dtype=torch.float64, generator=g)
+    w = sample_sketch(degree, num_features, d, "tensorsrht", complex, generator=g)
+    fast = apply_sketch(x, w, degree, "tensorsrht", complex)
+    monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", 64)
+    torch.testing.assert_close(apply_sketch(x, w, degree, "tensorsrht", complex), fast)
+    monkeypatch.setattr(sk, "_PLAN_MAX_DIM", 0)
     monkeypatch.setattr(sk, "_SRHT_CHUNK_ELEMENTS", 64)
-    torch.testing.assert_close(apply_sketch(x, w, 3, "tensorsrht", True), full)
+    torch.testing.assert_close(apply_sketch(x, w, degree, "tensorsrht", complex), fast)
+    batched = {k: v.unsqueeze(0) for k, v in w.items()}
+    torch.testing.assert_close(apply_sketch(x, batched, degree, "tensorsrht", complex), fast)
 
 
 # ---------------------------------------------------------------------------- exact kernel
