@@ -77,6 +77,7 @@ _SRHT_CHUNK_ELEMENTS = 1 << 21
 # d' * combinations * sqrt(d') entries).
 _PLAN_CHUNK_ELEMENTS = 1 << 20
 _PLAN_MAX_DIM = 1 << 12
+_DENSE_CHUNK_ELEMENTS = 1 << 23
 _NO_BATCH = torch.Size()
 
 
@@ -248,15 +249,26 @@ def _apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         )
     num_features = w.shape[-2] if complex else w.shape[-1]
     w = w.to(x.dtype)
-    # One GEMM for all degrees (and real/imaginary parts): (..., N, d) @ (..., d, p D [2]).
-    proj = x @ w.reshape(*w.shape[: -3 - complex], d, -1)
-    if complex:
-        proj = torch.view_as_complex(proj.reshape(*proj.shape[:-1], degree, num_features, 2))
+    w = w.reshape(*w.shape[: -3 - complex], d, -1)
+
+    def rows(xs: Tensor) -> Tensor:
+        # One GEMM for all degrees (and real/imaginary parts): (..., n, d) @ (..., d, p D [2]).
+        proj = xs @ w
+        if complex:
+            proj = torch.view_as_complex(proj.reshape(*proj.shape[:-1], degree, num_features, 2))
+        else:
+            proj = proj.reshape(*proj.shape[:-1], degree, num_features)
+        return proj.prod(dim=-2)
+
+    # Row chunks bound the (rows x p D) intermediate; GEMMs of >= 256 rows lose no speed.
+    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], w.shape[:-2]))
+    chunk = max(256, _DENSE_CHUNK_ELEMENTS // max(1, w.shape[-1] * batch))
+    if x.shape[-2] <= chunk:
+        out = rows(x)
     else:
-        proj = proj.reshape(*proj.shape[:-1], degree, num_features)
-    out = proj[..., 0, :]
-    for i in range(1, degree):
-        out = out * proj[..., i, :]
+        out = torch.cat(
+            [rows(x[..., s : s + chunk, :]) for s in range(0, x.shape[-2], chunk)], dim=-2
+        )
     return out / math.sqrt(num_features)
 
 
@@ -280,6 +292,8 @@ def _apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tenso
             f"degree={degree} does not match the sketch weights (hashes of shape "
             f"{tuple(hashes.shape)})"
         )
+    if hashes.dim() == 2:
+        return _tensorsketch_unbatched(x, signs, hashes, degree, complex, num_features)
     if complex:
         s = signs.to(x.dtype)
         sketch = torch.complex(
@@ -296,6 +310,26 @@ def _apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tenso
     if complex:
         return torch.fft.ifft(prod, n=num_features, dim=-1)
     return torch.fft.irfft(prod, n=num_features, dim=-1)
+
+
+def _tensorsketch_unbatched(
+    x: Tensor, signs: Tensor, hashes: Tensor, degree: int, complex: bool, num_features: int
+) -> Tensor:
+    # One index_add per degree (a sparse d x D count-sketch product) and the spectra multiplied
+    # as they come: no (N, p, D) intermediate.
+    s = _as_complex(signs, x.dtype) if complex else signs.to(x.dtype)
+    zeros_dtype = s.dtype if complex else x.dtype
+    spectrum = None
+    for i in range(degree):
+        values = x * s[i]
+        sketch = torch.zeros(
+            (*x.shape[:-1], num_features), dtype=zeros_dtype, device=x.device
+        ).index_add(-1, hashes[i], values)
+        f = torch.fft.fft(sketch, dim=-1) if complex else torch.fft.rfft(sketch, dim=-1)
+        spectrum = f if spectrum is None else spectrum * f
+    if complex:
+        return torch.fft.ifft(spectrum, n=num_features, dim=-1)
+    return torch.fft.irfft(spectrum, n=num_features, dim=-1)
 
 
 def _take(values: Tensor, index: Tensor) -> Tensor:

@@ -246,6 +246,22 @@ def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_featu
     torch.testing.assert_close(apply_sketch(x, batched, degree, "tensorsrht", complex), fast)
 
 
+@pytest.mark.parametrize("projection", ["gaussian", "rademacher", "tensorsketch"])
+@pytest.mark.parametrize("complex", [False, True])
+def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
+    # Unbatched weights take specialised paths (row-chunked GEMM, index_add count sketches).
+    import rfgp.kernels.sketches as sk
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(300, 4, dtype=torch.float64, generator=g)
+    w = sample_sketch(3, 7, 4, projection, complex, generator=g)
+    monkeypatch.setattr(sk, "_DENSE_CHUNK_ELEMENTS", 1)  # 256-row chunks
+    out = apply_sketch(x, w, 3, projection, complex)
+    batched = {k: v.unsqueeze(0) for k, v in w.items()}
+    monkeypatch.setattr(sk, "_DENSE_CHUNK_ELEMENTS", 1 << 30)
+    torch.testing.assert_close(apply_sketch(x, batched, 3, projection, complex)[0], out)
+
+
 # ---------------------------------------------------------------------------- exact kernel
 def test_dot_product_kernel():
     g = torch.Generator().manual_seed(0)
