@@ -1,6 +1,7 @@
 """Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.exact import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
 from rfgp.kernels.maclaurin import MaclaurinKernel
@@ -14,6 +15,7 @@ __all__ = [
     "PolynomialSketchKernel",
     "sample_sketch",
     "apply_sketch",
+    "DotProductKernel",
     "MaclaurinKernel",
     "SphericalFeatureKernel",
     "GaussianSketchKernel",

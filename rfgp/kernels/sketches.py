@@ -72,6 +72,12 @@ PROJECTIONS = ("gaussian", "rademacher", "tensorsketch", "tensorsrht")
 # Rows of the TensorSRHT work tensor (rows x degree x blocks x d') processed at once: large enough
 # for efficient GEMMs in the Hadamard transform, small enough to stay cache-friendly.
 _SRHT_CHUNK_ELEMENTS = 1 << 21
+# The two-GEMM TensorSRHT path: rows per chunk so that the (rows x combinations x d')
+# intermediate stays in cache, and the largest d' it handles (its folded stage-1 matrix has
+# d' * combinations * sqrt(d') entries).
+_PLAN_CHUNK_ELEMENTS = 1 << 20
+_PLAN_MAX_DIM = 1 << 12
+_DENSE_CHUNK_ELEMENTS = 1 << 23
 _NO_BATCH = torch.Size()
 
 
@@ -243,15 +249,26 @@ def _apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         )
     num_features = w.shape[-2] if complex else w.shape[-1]
     w = w.to(x.dtype)
-    # One GEMM for all degrees (and real/imaginary parts): (..., N, d) @ (..., d, p D [2]).
-    proj = x @ w.reshape(*w.shape[: -3 - complex], d, -1)
-    if complex:
-        proj = torch.view_as_complex(proj.reshape(*proj.shape[:-1], degree, num_features, 2))
+    w = w.reshape(*w.shape[: -3 - complex], d, -1)
+
+    def rows(xs: Tensor) -> Tensor:
+        # One GEMM for all degrees (and real/imaginary parts): (..., n, d) @ (..., d, p D [2]).
+        proj = xs @ w
+        if complex:
+            proj = torch.view_as_complex(proj.reshape(*proj.shape[:-1], degree, num_features, 2))
+        else:
+            proj = proj.reshape(*proj.shape[:-1], degree, num_features)
+        return proj.prod(dim=-2)
+
+    # Row chunks bound the (rows x p D) intermediate; GEMMs of >= 256 rows lose no speed.
+    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], w.shape[:-2]))
+    chunk = max(256, _DENSE_CHUNK_ELEMENTS // max(1, w.shape[-1] * batch))
+    if x.shape[-2] <= chunk:
+        out = rows(x)
     else:
-        proj = proj.reshape(*proj.shape[:-1], degree, num_features)
-    out = proj[..., 0, :]
-    for i in range(1, degree):
-        out = out * proj[..., i, :]
+        out = torch.cat(
+            [rows(x[..., s : s + chunk, :]) for s in range(0, x.shape[-2], chunk)], dim=-2
+        )
     return out / math.sqrt(num_features)
 
 
@@ -275,6 +292,8 @@ def _apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tenso
             f"degree={degree} does not match the sketch weights (hashes of shape "
             f"{tuple(hashes.shape)})"
         )
+    if hashes.dim() == 2:
+        return _tensorsketch_unbatched(x, signs, hashes, degree, complex, num_features)
     if complex:
         s = signs.to(x.dtype)
         sketch = torch.complex(
@@ -291,6 +310,26 @@ def _apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tenso
     if complex:
         return torch.fft.ifft(prod, n=num_features, dim=-1)
     return torch.fft.irfft(prod, n=num_features, dim=-1)
+
+
+def _tensorsketch_unbatched(
+    x: Tensor, signs: Tensor, hashes: Tensor, degree: int, complex: bool, num_features: int
+) -> Tensor:
+    # One index_add per degree (a sparse d x D count-sketch product) and the spectra multiplied
+    # as they come: no (N, p, D) intermediate.
+    s = _as_complex(signs, x.dtype) if complex else signs.to(x.dtype)
+    zeros_dtype = s.dtype if complex else x.dtype
+    spectrum = None
+    for i in range(degree):
+        values = x * s[i]
+        sketch = torch.zeros(
+            (*x.shape[:-1], num_features), dtype=zeros_dtype, device=x.device
+        ).index_add(-1, hashes[i], values)
+        f = torch.fft.fft(sketch, dim=-1) if complex else torch.fft.rfft(sketch, dim=-1)
+        spectrum = f if spectrum is None else spectrum * f
+    if complex:
+        return torch.fft.ifft(spectrum, n=num_features, dim=-1)
+    return torch.fft.irfft(spectrum, n=num_features, dim=-1)
 
 
 def _take(values: Tensor, index: Tensor) -> Tensor:
@@ -325,6 +364,71 @@ def _srht_rows(x: Tensor, signs: Tensor, indices: Tensor, degree: int, complex: 
     return out
 
 
+class _SrhtPlan:
+    """TensorSRHT as two GEMMs and one gather, for unbatched weights.
+
+    With ``d' = a1 a2`` the Sylvester matrix is ``H_{a1} (x) H_{a2}``, so for every degree/block
+    combination ``c`` (signs ``s_c``) the transform of ``x`` viewed as an ``(a1, a2)`` matrix is
+    ``y_c = H_{a1} (X * S_c) H_{a2}``. The signs are folded into the first factor:
+    ``G[t1] = [diag(s_c[t1, :]) H_{a2}]_c`` is an ``a2 x (C a2)`` matrix per row index ``t1``, so
+    stage 1 is one batched GEMM over ``t1`` for all ``C`` combinations at once (no elementwise
+    pass over the ``C d'`` outputs), stage 2 one GEMM with ``H_{a1}``, and the permutations of
+    every degree and block are a single ``index_select`` on the row-contiguous result.
+    """
+
+    def __init__(self, signs: Tensor, indices: Tensor, degree: int, complex: bool, dtype):
+        padded = signs.shape[-2] if complex else signs.shape[-1]
+        num_blocks = signs.shape[-3] if complex else signs.shape[-2]
+        log2 = padded.bit_length() - 1
+        self.a1, self.a2 = 1 << (log2 // 2), 1 << (log2 - log2 // 2)
+        self.degree, self.complex = degree, complex
+        self.num_features = indices.shape[-1]
+        combos = degree * num_blocks
+        device = signs.device
+        s = signs.to(dtype)
+        if complex:
+            # real parts of all combinations first, then the imaginary parts
+            s = torch.cat([s[..., 0], s[..., 1]], dim=0)
+            combos_total = 2 * combos
+        else:
+            combos_total = combos
+        self.combos = combos_total
+        h2 = _hadamard(self.a2, dtype, device)
+        self.h1 = _hadamard(self.a1, dtype, device)
+        s = s.reshape(combos_total, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, C)
+        self.stage1 = (s.unsqueeze(-1) * h2.view(1, self.a2, 1, self.a2)).reshape(
+            self.a1, self.a2, combos_total * self.a2
+        )
+        # feature l of degree i reads coefficient k = indices[i, l] - b d' of combination
+        # c = i B + b; in the stage-2 layout (c, k2, k1) that is (c a2 + k2) a1 + k1.
+        block = torch.arange(self.num_features, device=device) // padded
+        coeff = indices - block * padded
+        combo = torch.arange(degree, device=device).unsqueeze(-1) * num_blocks + block
+        flat = (combo * self.a2 + coeff % self.a2) * self.a1 + coeff // self.a2
+        if complex:
+            # (real, imaginary) index pairs, so that the gathered rows view as complex for free
+            flat = torch.stack([flat, flat + combos * padded], dim=-1)
+        self.flat = flat.reshape(-1)
+
+    def rows(self, x: Tensor) -> Tensor:
+        n = x.shape[0]
+        xt = x.reshape(n, self.a1, self.a2).transpose(0, 1)  # (a1, n, a2)
+        z = torch.bmm(xt, self.stage1)  # (a1, n, C a2)
+        y = z.reshape(self.a1, -1).transpose(0, 1) @ self.h1  # (n C a2, a1): layout (n, c, k2, k1)
+        v = y.reshape(n, -1).index_select(1, self.flat)
+        if self.complex:
+            v = torch.view_as_complex(v.reshape(n, self.degree, self.num_features, 2))
+        else:
+            v = v.reshape(n, self.degree, self.num_features)
+        return v.prod(dim=1)  # one pass, several times faster than a loop of products
+
+
+def _hadamard(n: int, dtype, device) -> Tensor:
+    from rfgp.ops import hadamard_matrix
+
+    return hadamard_matrix(n, dtype=dtype, device=device)
+
+
 def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
     signs = _weight(weights, "signs", "tensorsrht")
     indices = _weight(weights, "indices", "tensorsrht")
@@ -341,20 +445,36 @@ def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         )
     num_features = indices.shape[-1]
     num_blocks = signs.shape[-3] if complex else signs.shape[-2]
-    rows = x.shape[-2]
     per_row = degree * num_blocks * padded * (2 if complex else 1)
-    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
-    chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
-    if rows <= chunk:
-        out = _srht_rows(x, signs, indices, degree, complex)
+    if x.shape[-1] < padded:
+        x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+    unbatched = indices.dim() == 2 and padded <= _PLAN_MAX_DIM
+    if unbatched:
+        plan = _SrhtPlan(signs, indices, degree, complex, x.dtype)
+        lead = x.shape[:-2]
+        flat = x.reshape(-1, padded)
+        chunk = max(1, _PLAN_CHUNK_ELEMENTS // per_row)
+        if flat.shape[0] <= chunk:
+            out = plan.rows(flat)
+        else:
+            out = torch.cat(
+                [plan.rows(flat[s : s + chunk]) for s in range(0, flat.shape[0], chunk)], dim=0
+            )
+        out = out.reshape(*lead, x.shape[-2], num_features)
     else:
-        out = torch.cat(
-            [
-                _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, complex)
-                for start in range(0, rows, chunk)
-            ],
-            dim=-2,
-        )
+        rows = x.shape[-2]
+        batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
+        chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
+        if rows <= chunk:
+            out = _srht_rows(x, signs, indices, degree, complex)
+        else:
+            out = torch.cat(
+                [
+                    _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, complex)
+                    for start in range(0, rows, chunk)
+                ],
+                dim=-2,
+            )
     return out / math.sqrt(num_features)
 
 
@@ -506,6 +626,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         self.degree = degree
         self.projection = projection
         self.is_complex = complex
+        # Unit lengthscale: the kernel starts at the plain (x^T y + b)^p.
+        self.lengthscale = 1.0
         self.has_bias = bias > 0
         if self.has_bias:
             self.register_parameter(

@@ -166,3 +166,13 @@ def test_bad_input():
         k.variance_correction(torch.randn(4, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="x must"):
         MaclaurinKernel("gaussian", 10, input_dim=2).allocate(torch.randn(4, 3))
+
+
+def test_exact_counterparts_agree_with_the_target():
+    x = unit_rows(10, 3, 12) * 0.7
+    for target, kwargs in [("polynomial", dict(degree=3, bias=1.0)), ("exponential", {}),
+                           ("gaussian", {})]:
+        k = MaclaurinKernel(target, 20, **kwargs).double()
+        k.lengthscale = 1.3
+        exact = k.exact_kernel()(x).to_dense()
+        torch.testing.assert_close(exact, k.exact(x, x).detach(), rtol=1e-6, atol=1e-8)
