@@ -1,10 +1,22 @@
 """Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.exact import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
+from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
+from rfgp.kernels.maclaurin import MaclaurinKernel
+from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
+from rfgp.kernels.spherical import SphericalFeatureKernel
 
 __all__ = [
     "RandomFeatureKernel",
     "real_form",
     "FourierFeatureKernel",
+    "PolynomialSketchKernel",
+    "sample_sketch",
+    "apply_sketch",
+    "DotProductKernel",
+    "MaclaurinKernel",
+    "SphericalFeatureKernel",
+    "GaussianSketchKernel",
 ]
