@@ -1,8 +1,9 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import kernels, ops
+from rfgp import kernels, metrics, ops
+from rfgp.inference import RandomFeatureGP
 from rfgp.kernels.operator import helmholtz_components
 
 __version__ = "0.1.0"
 
-__all__ = ["kernels", "ops", "helmholtz_components", "__version__"]
+__all__ = ["kernels", "metrics", "ops", "RandomFeatureGP", "helmholtz_components", "__version__"]

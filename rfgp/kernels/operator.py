@@ -40,7 +40,9 @@ from typing import Any, Dict, Optional
 
 import torch
 from gpytorch.constraints import Positive
+from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, MaternKernel, MultitaskKernel, RBFKernel
+from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
@@ -205,6 +207,26 @@ def _feature_scale(coefficient: Tensor, num_frequencies: int) -> Tensor:
     return (coefficient / num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
+class MultitaskLinearPredictionStrategy(LinearPredictionStrategy):
+    """GPyTorch's weight-space ``LinearPredictionStrategy`` for ``p > 1`` outputs per input.
+
+    GPyTorch flattens the ``(N, p)`` training labels to the interleaved ``(N p)`` vector but its
+    weight-space cache subtracts the unflattened ``(N, p)`` prior mean; here the cache sees the
+    flat (interleaved) prior mean of the ``MultitaskMultivariateNormal`` instead.
+    """
+
+    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
+        prior = self.train_prior_dist
+        if prior.loc.shape != prior.mean.shape:
+            self.train_prior_dist = MultivariateNormal(prior.loc, prior.lazy_covariance_matrix)
+
+
+def _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood):
+    return MultitaskLinearPredictionStrategy(train_inputs, train_prior_dist, train_labels,
+                                             likelihood)
+
+
 # ------------------------------------------------------------------ decomposable
 class DecomposableFeatureKernel(RandomFeatureKernel):
     r"""Random features for the decomposable kernel :math:`K(x, z) = k(x, z)\,A`.
@@ -353,6 +375,9 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
         scale = 1.0 / math.sqrt(self.num_frequencies)
         return operator_features(x, omega, factor, scale)
 
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        return _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
     def exact_kernel(self) -> Kernel:
         """GPyTorch's ``MultitaskKernel`` with the same base lengthscale and ``A`` (a copy)."""
         kwargs = dict(ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape)
@@ -465,6 +490,9 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
                 f"dimension = output dimension); x has {d} columns"
             )
         super()._ensure_weights(x)
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        return _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
 
     def _sample_frequencies(self, input_dim: int, generator) -> Tensor:
         m = self.num_features // self._columns_per_frequency(input_dim)
@@ -828,20 +856,13 @@ def helmholtz_components(gp: Any, x: Tensor) -> Dict[str, Any]:
     from gpytorch.kernels import ScaleKernel
 
     kernel = getattr(gp, "kernel", None)
-    scale = None
     if isinstance(kernel, ScaleKernel):
-        scale = kernel.outputscale
-        kernel = kernel.base_kernel
+        kernel = kernel.base_kernel  # posterior_from_features applies the outputscale
     if not isinstance(kernel, HelmholtzFeatureKernel):
         raise TypeError(
             "gp.kernel must be a HelmholtzFeatureKernel (optionally in a ScaleKernel), got "
             f"{type(kernel).__name__}"
         )
-    out = {}
     with torch.no_grad():
-        for part in HELMHOLTZ_COMPONENTS:
-            phi = kernel.component_features(x, part)
-            if scale is not None:
-                phi = phi * scale.to(phi.dtype).sqrt()[..., None, None, None]
-            out[part] = gp.posterior_from_features(phi)
-    return out
+        return {part: gp.posterior_from_features(kernel.component_features(x, part))
+                for part in HELMHOLTZ_COMPONENTS}
