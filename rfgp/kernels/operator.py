@@ -480,6 +480,15 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
             return x1.shape[-1] if x1.dim() > 1 else 1
         return self._outputs_per_input
 
+    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        x = super()._check_input(x, name)
+        # Without active_dims (which fixes d at construction) the number of outputs is the
+        # input width, which solvers need before any feature is computed.
+        if self.input_dim is None and self.active_dims is None:
+            self._check_dim(int(x.shape[-1]))
+            self.input_dim = int(x.shape[-1])
+        return x
+
     def _ensure_weights(self, x: Tensor) -> None:
         d = x.shape[-1]
         if self.input_dim is None:
