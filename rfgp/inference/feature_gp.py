@@ -353,6 +353,11 @@ class RandomFeatureGP(torch.nn.Module):
             return self._train_rows.shape[0] // self.outputs_per_input
         return 0
 
+    @property
+    def factorization_groups(self) -> List[List[int]]:
+        """Output columns sharing one factorisation (equal noise), after fitting."""
+        return [list(f.columns) for f in self._current_factors()]
+
     def _require_fit(self, what: str) -> None:
         if not self.is_fitted:
             raise RuntimeError(
@@ -937,6 +942,8 @@ class RandomFeatureGP(torch.nn.Module):
             return MultitaskMultivariateNormal(mean.reshape(-1, p), column_cov[0], interleaved=True)
         if self._num_columns == 1 and self._y_ndim == 1:
             return MultivariateNormal(mean[:, 0], column_cov[0])
+        if self._num_columns == 1:
+            return MultitaskMultivariateNormal(mean, column_cov[0], interleaved=True)
         return MultitaskMultivariateNormal.from_independent_mvns(
             [MultivariateNormal(mean[:, t], column_cov[t]) for t in range(self._num_columns)]
         )
@@ -1230,7 +1237,7 @@ class RandomFeatureGP(torch.nn.Module):
                 loss = loss_fn()
                 loss.backward()
                 opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if progress:
                 steps.set_postfix(loss=losses[-1])
         if log_noise is not None:
