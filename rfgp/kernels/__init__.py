@@ -1,10 +1,17 @@
 """Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
-from rfgp.kernels.exact import DotProductKernel
+from rfgp.kernels.exact import CurlFreeKernel, DivFreeKernel, DotProductKernel, HelmholtzKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
 from rfgp.kernels.maclaurin import MaclaurinKernel
+from rfgp.kernels.operator import (
+    CurlFreeFeatureKernel,
+    DecomposableFeatureKernel,
+    DivFreeFeatureKernel,
+    HelmholtzFeatureKernel,
+    helmholtz_components,
+)
 from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
 from rfgp.kernels.spherical import SphericalFeatureKernel
 
@@ -15,8 +22,16 @@ __all__ = [
     "PolynomialSketchKernel",
     "sample_sketch",
     "apply_sketch",
-    "DotProductKernel",
     "MaclaurinKernel",
     "SphericalFeatureKernel",
     "GaussianSketchKernel",
+    "DecomposableFeatureKernel",
+    "CurlFreeFeatureKernel",
+    "DivFreeFeatureKernel",
+    "HelmholtzFeatureKernel",
+    "helmholtz_components",
+    "DotProductKernel",
+    "CurlFreeKernel",
+    "DivFreeKernel",
+    "HelmholtzKernel",
 ]
