@@ -1,4 +1,4 @@
-"""Inference on random-feature kernels: the weight-space GP solver and the Dirichlet classifier."""
+"""Inference with random-feature kernels: the weight-space GP solver and Dirichlet classifier."""
 
 from rfgp.inference.dirichlet import (
     ALPHA_GRID,
@@ -9,12 +9,14 @@ from rfgp.inference.dirichlet import (
     softmax_expectation,
     validate_labels,
 )
+from rfgp.inference.feature_gp import RandomFeatureGP
 
 __all__ = [
     "ALPHA_GRID",
     "DirichletExactGP",
     "DirichletGPClassifier",
     "DirichletLikelihood",
+    "RandomFeatureGP",
     "dirichlet_transform",
     "softmax_expectation",
     "validate_labels",

@@ -1,0 +1,88 @@
+"""Tests of rfgp.metrics against closed forms and torch.distributions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rfgp import metrics
+
+DT = torch.float64
+
+
+def _rand(*shape, seed=0):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed), dtype=DT)
+
+
+def test_gaussian_kl_matches_torch_distributions():
+    ma, me = _rand(50, seed=1), _rand(50, seed=2)
+    va, ve = 0.1 + _rand(50, seed=3), 0.1 + _rand(50, seed=4)
+    expected = torch.distributions.kl_divergence(
+        torch.distributions.Normal(ma, va.sqrt()), torch.distributions.Normal(me, ve.sqrt())
+    ).sum()
+    torch.testing.assert_close(metrics.gaussian_kl(ma, va, me, ve), expected, rtol=1e-12, atol=0)
+
+
+def test_gaussian_kl_is_not_the_printed_eq93_and_is_non_negative():
+    m = torch.zeros(1, dtype=DT)
+    va, ve = torch.ones(1, dtype=DT), torch.full((1,), 0.5, dtype=DT)
+    # printed Eq. 93: s_e^2/s_a^2 + log(s_e^2/s_a^2) - 1 = 0.5 - 0.693 - 1 < 0
+    printed = 0.5 * (0.5 + math.log(0.5) - 1)
+    kl = metrics.gaussian_kl(m, va, m, ve)
+    assert printed < 0 < float(kl)
+    torch.testing.assert_close(kl, torch.tensor(0.5 * (2 - math.log(2) - 1), dtype=DT))
+    same = _rand(10)
+    assert float(metrics.gaussian_kl(same, same + 1, same, same + 1)) == 0.0
+
+
+def test_gaussian_kl_averages_outputs():
+    ma, me = _rand(20, 3, seed=1), _rand(20, 3, seed=2)
+    va, ve = 0.1 + _rand(20, 3, seed=3), 0.1 + _rand(20, 3, seed=4)
+    per = [metrics.gaussian_kl(ma[:, t], va[:, t], me[:, t], ve[:, t]) for t in range(3)]
+    torch.testing.assert_close(metrics.gaussian_kl(ma, va, me, ve), sum(per) / 3)
+
+
+def test_relative_frobenius_error():
+    k = _rand(6, 6)
+    k = k @ k.T
+    assert float(metrics.relative_frobenius_error(k, k)) == 0.0
+    torch.testing.assert_close(
+        metrics.relative_frobenius_error(1.2 * k, k), torch.tensor(0.2, dtype=DT)
+    )
+    # scale invariant
+    torch.testing.assert_close(
+        metrics.relative_frobenius_error(3 * 1.2 * k, 3 * k), torch.tensor(0.2, dtype=DT)
+    )
+    imag = torch.complex(k, _rand(6, 6, seed=5))
+    assert float(metrics.relative_frobenius_error(imag, k)) == 0.0
+    torch.testing.assert_close(
+        metrics.relative_frobenius_error(imag, k, real_part=False),
+        torch.linalg.norm(imag.imag) / torch.linalg.norm(k),
+    )
+
+
+def test_mnll_nmse_rmse():
+    y, mean, var = _rand(30, seed=1), _rand(30, seed=2), 0.2 + _rand(30, seed=3)
+    expected = -torch.distributions.Normal(mean, var.sqrt()).log_prob(y).mean()
+    torch.testing.assert_close(metrics.mnll(y, mean, var), expected)
+    assert abs(float(metrics.nmse(y, y.mean().expand(30))) - 1.0) < 1e-12
+    assert float(metrics.nmse(y, y)) == 0.0
+    torch.testing.assert_close(metrics.rmse(y, mean), ((y - mean) ** 2).mean().sqrt())
+    y2 = torch.stack([y, 2 * y], -1)
+    assert abs(float(metrics.nmse(y2, y2.mean(0).expand(30, 2))) - 1.0) < 1e-12
+
+
+def test_metric_errors():
+    a = torch.ones(3, dtype=DT)
+    with pytest.raises(ValueError, match="same shape"):
+        metrics.rmse(a, torch.ones(4, dtype=DT))
+    with pytest.raises(ValueError, match="var must be positive"):
+        metrics.mnll(a, a, torch.zeros(3, dtype=DT))
+    with pytest.raises(ValueError, match="var_exact must be non-negative"):
+        metrics.gaussian_kl(a, a, a, -a)
+    with pytest.raises(TypeError, match="approx"):
+        metrics.relative_frobenius_error([1.0], a)
+    with pytest.raises(ValueError, match="exact must not be all zeros"):
+        metrics.relative_frobenius_error(a, 0 * a)
