@@ -546,7 +546,7 @@ class DirichletGPClassifier:
         num_samples: default Monte Carlo samples of :meth:`predict_proba`.
         seed: seed of the Monte Carlo draws (``None``: the global RNG).
         **solver_kwargs: passed to :class:`rfgp.RandomFeatureGP` (``complex_posterior``,
-            ``solve`` = ``"auto"``/``"features"``/``"data"``, ``jitter``).
+            ``solve`` = ``"auto"``/``"weight"``/``"function"``, ``jitter``).
 
     Attributes:
         likelihood (DirichletLikelihood): the transform of the last fit.
