@@ -1,6 +1,6 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import inference, kernels, likelihoods, metrics, ops
+from rfgp import inference, kernels, likelihoods, metrics, ops, variance
 from rfgp.inference import DirichletGPClassifier, RandomFeatureGP
 
 __version__ = "0.1.0"
@@ -13,5 +13,6 @@ __all__ = [
     "likelihoods",
     "metrics",
     "ops",
+    "variance",
     "__version__",
 ]
