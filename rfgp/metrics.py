@@ -257,11 +257,11 @@ def accuracy(predictions: Tensor, labels: Tensor) -> Tensor:
         labels: ``(N,)`` true integer labels.
 
     Returns:
-        Scalar tensor in ``[0, 1]`` (the classification error is ``1 - accuracy``).
+        float64 scalar tensor in ``[0, 1]`` (the classification error is ``1 - accuracy``).
 
     Example:
-        >>> accuracy(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0]))
-        tensor(0.5000)
+        >>> float(accuracy(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0])))
+        0.5
     """
     if not isinstance(predictions, Tensor):
         raise TypeError(f"predictions must be a torch.Tensor, got {type(predictions).__name__}")
