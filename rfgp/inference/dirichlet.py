@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import gpytorch
@@ -41,7 +40,6 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods.gaussian_likelihood import _GaussianLikelihoodBase
 from gpytorch.likelihoods.noise_models import FixedGaussianNoise
-from gpytorch.utils.warnings import GPInputWarning
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
@@ -498,6 +496,54 @@ class DirichletExactGP(gpytorch.models.ExactGP):
         return MultivariateNormal(mean, covar)
 
 
+class _ExactDirichletSolver:
+    """The exact posterior of ``C`` GPs sharing a kernel: one ``N x N`` Cholesky per class.
+
+    ``K + diag(noise_c) = L_c L_c^T``; mean ``k_*^T (K + S_c)^{-1} y_c``, variance
+    ``k_** - ||L_c^{-1} k_*||^2``. The kernel matrix is formed once for all classes.
+    """
+
+    def __init__(self, kernel: Kernel, x: Tensor, targets: Tensor, noise: Tensor,
+                 jitter: Optional[float] = None) -> None:
+        from rfgp.inference.feature_gp import robust_cholesky
+
+        self.kernel = kernel
+        self.train_x = x
+        self.targets = targets
+        self.noise = noise
+        with torch.no_grad():
+            k = kernel(x).to_dense().to(x.dtype)
+            self.chol = torch.stack([
+                robust_cholesky(k + torch.diag(noise[c]), jitter, what=f"class-{c} kernel matrix")
+                for c in range(targets.shape[0])
+            ])  # (C, N, N)
+            self.weights = torch.cholesky_solve(targets.unsqueeze(-1), self.chol).squeeze(-1)
+
+    @property
+    def num_data(self) -> int:
+        return self.train_x.shape[0]
+
+    def predict(self, x: Tensor, chunk_size: int = 2048) -> Tuple[Tensor, Tensor]:
+        means, variances = [], []
+        with torch.no_grad():
+            for start in range(0, x.shape[0], chunk_size):
+                xs = x[start:start + chunk_size]
+                cross = self.kernel(self.train_x, xs).to_dense().to(x.dtype)  # (N, M)
+                prior = self.kernel(xs, diag=True).to(x.dtype)  # (M,)
+                means.append((self.weights @ cross).transpose(0, 1))
+                v = torch.linalg.solve_triangular(self.chol, cross.expand(self.chol.shape[0],
+                                                                          *cross.shape),
+                                                  upper=False)
+                variances.append((prior - v.pow(2).sum(-2)).clamp_min(0.0).transpose(0, 1))
+        return torch.cat(means), torch.cat(variances)
+
+    def log_marginal_likelihood(self) -> float:
+        quad = (self.targets * self.weights).sum()
+        logdet = 2 * torch.log(torch.diagonal(self.chol, dim1=-2, dim2=-1)).sum()
+        value = -0.5 * (quad + logdet + self.targets.numel() * math.log(2 * math.pi))
+        return float(value)
+
+
 # ---------------------------------------------------------------------------------- classifier
 def _base_kernel(kernel: Kernel) -> Kernel:
     while isinstance(kernel, ScaleKernel):
@@ -529,8 +575,9 @@ class DirichletGPClassifier:
     (a :class:`rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one; real or complex
     features) the posterior is computed by :class:`rfgp.RandomFeatureGP`: one ``D x D`` (or
     ``N x N`` when ``N < D``) factorisation per class, cost :math:`O(C(N D^2 + D^3))`. Any
-    other GPyTorch kernel gives the exact Dirichlet GP (:class:`DirichletExactGP`,
-    :math:`O(C N^3)`), the reference the random-feature models are measured against.
+    other GPyTorch kernel gives the exact Dirichlet GP (one ``N x N`` Cholesky per class,
+    :math:`O(C N^3)`; the posterior of :class:`DirichletExactGP`), the reference the
+    random-feature models are measured against.
 
     The prior variance: the kernel is multiplied by ``outputscale``; ``"auto"`` sets it to the
     variance of the (centred) transformed targets over all entries, as the papers' code does
@@ -552,7 +599,7 @@ class DirichletGPClassifier:
 
     Attributes:
         likelihood (DirichletLikelihood): the transform of the last fit.
-        gp: the fitted :class:`rfgp.RandomFeatureGP` or :class:`DirichletExactGP`.
+        gp: the fitted :class:`rfgp.RandomFeatureGP` (or the exact per-class Cholesky solver).
         outputscale_ (float): the kernel variance used in the last fit.
         selection_ (list of dict): the rows of the last :meth:`select_alpha`.
 
@@ -656,11 +703,8 @@ class DirichletGPClassifier:
             gp = RandomFeatureGP(self.kernel, **self.solver_kwargs)
             gp.fit(x, scaled_targets.transpose(0, 1), noise=scaled_noise.transpose(0, 1))
         else:
-            fit_lik = DirichletLikelihood(num_classes, self.alpha_epsilon, centre=False)
-            fit_lik.noise_covar = FixedGaussianNoise(noise=scaled_noise)
-            fit_lik.train_targets = scaled_targets
-            gp = DirichletExactGP(x, fit_lik, self.kernel).to(device=x.device, dtype=x.dtype)
-            gp.eval()
+            gp = _ExactDirichletSolver(self.kernel, x, scaled_targets, scaled_noise,
+                                       self.solver_kwargs.get("jitter"))
         self.gp = gp
         self._train_size = x.shape[0]
         self.fit_time_ = time.perf_counter() - start
@@ -677,15 +721,7 @@ class DirichletGPClassifier:
             mean = mean.reshape(x.shape[0], -1)
             var = std.reshape(x.shape[0], -1).pow(2)
             return mean, var
-        with torch.no_grad(), gpytorch.settings.fast_pred_var(False), \
-                gpytorch.settings.max_cholesky_size(10**7), \
-                gpytorch.settings.skip_posterior_variances(False), warnings.catch_warnings():
-            # Predicting at the training inputs is legitimate here (training accuracy).
-            warnings.simplefilter("ignore", GPInputWarning)
-            post = self.gp(x)
-            mean = post.mean.transpose(0, 1)
-            var = post.variance.transpose(0, 1).clamp_min(0.0)
-        return mean, var
+        return self.gp.predict(x)
 
     def latent_posterior(self, x: Tensor) -> torch.distributions.Normal:
         r"""Pointwise posterior of the latent functions :math:`f_c(x)` (noise-free).
@@ -760,16 +796,7 @@ class DirichletGPClassifier:
         correction = -0.5 * n * c * math.log(self.outputscale_)
         if self.is_random_feature:
             return float(self.gp.log_marginal_likelihood()) + correction
-        gp = self.gp
-        gp.train()
-        try:
-            with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**7):
-                out = gp(*gp.train_inputs)
-                marginal = gp.likelihood(out)
-                value = marginal.log_prob(gp.train_targets).sum()
-        finally:
-            gp.eval()
-        return float(value) + correction
+        return self.gp.log_marginal_likelihood() + correction
 
     # -------------------------------------------------------------- model selection
     def select_alpha(
