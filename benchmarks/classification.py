@@ -13,7 +13,8 @@ non-centred (pixels are non-negative) or zero-centred first.
 Per fit: the latent KL (corrected Eq. 93: summed over the test points, averaged over the 10
 classes) between the random-feature posterior and the exact Dirichlet GP on the same kernel and
 the same ``alpha_epsilon``, the test classification error and MNLL (Monte Carlo, 500 samples),
-and the wall-clock time of features + posterior (fit and latent posterior at the test points).
+and the wall-clock time of features + posterior (fit and latent posterior at the test points;
+the minimum over the sketch draws, since other jobs share the machine).
 ``alpha_epsilon`` is chosen per (p, centring) on a validation split with the exact GP from
 {1e-3, 1e-2, 1e-1} and reused by every sketch.
 
@@ -106,7 +107,9 @@ def run_config(degree, centred, real_mults, complex_mults, seeds, rows, curves):
                     probs = clf.predict_proba(xt, num_samples=500)
                     stats.append((elapsed, kl, 1 - float(metrics.accuracy(probs, yt)),
                                   float(metrics.mnll_classification(probs, yt))))
-                t, kl, err, nll = (float(np.mean(v)) for v in zip(*stats))
+                _, kl, err, nll = (float(np.mean(v)) for v in zip(*stats))
+                # the machine is shared: the fastest draw is the best estimate of the cost
+                t = min(s[0] for s in stats)
                 kl_std = float(np.std([s[1] for s in stats]))
                 rows.append({"config": tag, "method": name, "D": num, "alpha": alpha,
                              "time": t, "kl": kl, "kl_std": kl_std, "error": err, "mnll": nll})
