@@ -471,3 +471,16 @@ def test_select_alpha_picks_minimum_validation_mnll():
     same_alpha = [r for r in rows if r["alpha_epsilon"] == chosen["alpha_epsilon"]]
     assert chosen["log_marginal_likelihood"] == max(r["log_marginal_likelihood"]
                                                     for r in same_alpha)
+
+
+def test_likelihood_with_random_feature_gp_directly():
+    from rfgp import RandomFeatureGP
+
+    x, y = blobs(12, THREE_CENTRES, 0.6, seed=25)
+    kernel = FourierFeatureKernel(128, seed=0).double()
+    lik = DirichletLikelihood(3, alpha_epsilon=0.1, centre=False)
+    targets, noise = lik.transform_labels(y)
+    gp = RandomFeatureGP(kernel).fit(x, targets.T, noise=noise.T)
+    probs = lik.class_probabilities(gp.posterior(x), method="mean_field")
+    clf = DirichletGPClassifier(kernel, alpha_epsilon=0.1, centre=False, outputscale=1.0).fit(x, y)
+    torch.testing.assert_close(probs, clf.predict_proba(x, method="mean_field"))
