@@ -158,7 +158,7 @@ def fwht(x: Tensor, normalized: bool = False, pad: bool = False) -> Tensor:
 def make_generator(
     seed: Optional[int] = None, device: Optional[torch.device] = None
 ) -> Optional[torch.Generator]:
-    """A ``torch.Generator`` seeded with ``seed``, or ``None`` (global RNG) when ``seed`` is None."""
+    """A ``torch.Generator`` seeded with ``seed``, or ``None`` (the global RNG) if seed is None."""
     if seed is None:
         return None
     if not isinstance(seed, int) or isinstance(seed, bool):

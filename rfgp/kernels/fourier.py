@@ -1,4 +1,5 @@
-r"""Random Fourier features for shift-invariant kernels: i.i.d., orthogonal (ORF), structured (SORF).
+r"""Random Fourier features for shift-invariant kernels: i.i.d., orthogonal (ORF) and structured
+(SORF) frequencies.
 
 Bochner's theorem writes a stationary kernel as an expectation over its spectral density,
 :math:`k(x - y) = \mathbb{E}_{\omega \sim p}[\cos(\omega^\top (x - y))]`, so with
@@ -32,6 +33,7 @@ SPECTRAL_DENSITIES: Dict[str, Optional[float]] = {
     "matern52": 2.5,
 }
 SAMPLINGS = ("iid", "orthogonal", "structured")
+_NO_BATCH = torch.Size()
 
 
 def _check_choice(name: str, value: Any, choices) -> None:
@@ -65,7 +67,7 @@ def sample_frequencies(
     input_dim: int,
     spectral: str = "rbf",
     sampling: str = "iid",
-    batch_shape: torch.Size = torch.Size(),
+    batch_shape: torch.Size = _NO_BATCH,
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
     r"""Frequencies :math:`\omega_i` (rows) for unit lengthscale, float64.
@@ -212,7 +214,10 @@ class FourierFeatureKernel(RandomFeatureKernel):
         return weights
 
     def projections(self, x: Tensor) -> Tensor:
-        r"""``x W^T`` for inputs already divided by the lengthscale: ``(..., N, d) -> (..., N, M)``."""
+        r"""``x W^T`` for inputs already divided by the lengthscale.
+
+        Shapes: ``(..., N, d) -> (..., N, M)`` with ``M = num_features / 2``.
+        """
         self._ensure_weights(x)
         if self.sampling != "structured":
             return x @ self.frequencies.to(x.dtype).transpose(-1, -2)
