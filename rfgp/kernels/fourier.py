@@ -166,6 +166,10 @@ class FourierFeatureKernel(RandomFeatureKernel):
     """
 
     has_lengthscale = True
+    #: Structured sampling with a padded dimension ``d' <=`` this value computes ``x W^T`` as one
+    #: dense product with ``W^T`` built by the fast transform (faster for small ``d'``); larger
+    #: ``d'`` applies the three FWHTs to the data (``O(M log d')`` per input). 0 forces the FWHT.
+    structured_dense_max_dim: int = 128
 
     def __init__(
         self,
@@ -221,14 +225,25 @@ class FourierFeatureKernel(RandomFeatureKernel):
         self._ensure_weights(x)
         if self.sampling != "structured":
             return x @ self.frequencies.to(x.dtype).transpose(-1, -2)
+        input_dim, padded = x.shape[-1], self.signs.shape[-1]
+        if padded <= self.structured_dense_max_dim and x.shape[-2] > input_dim:
+            # Materialise W^T (d x M) through the fast transform (the rows of the identity cost
+            # d / N of the direct route), then one GEMM: for small d' the three FWHT passes over
+            # (N, M) are memory-bound and slower than a dense product with d' columns.
+            eye = torch.eye(input_dim, dtype=x.dtype, device=x.device)
+            return x @ self._structured_projections(eye)
+        return self._structured_projections(x)
+
+    def _structured_projections(self, x: Tensor) -> Tensor:
+        # Rows of sqrt(d') H D1 H D2 H D3 applied to x: D3 first, H last. The three unnormalised
+        # transforms and sqrt(d') combine to 1 / d', folded into D3 (a (B, d') tensor) so that no
+        # extra pass over the (N, B, d') data is needed.
         signs = self.signs.to(x.dtype).unsqueeze(-4)  # (*batch, 1, B, 3, d')
         padded = signs.shape[-1]
         y = pad_to_power_of_two(x).unsqueeze(-2)  # (..., N, 1, d')
-        # Rows of sqrt(d') H D1 H D2 H D3 applied to x: D3 first, H last.
-        y = fwht(y * signs[..., 2, :])
+        y = fwht(y * (signs[..., 2, :] / padded))
         y = fwht(y * signs[..., 1, :])
         y = fwht(y * signs[..., 0, :])
-        y = y / padded  # three normalised transforms (d'^-3/2) times sqrt(d')
         y = y.reshape(*y.shape[:-2], -1)[..., : self.num_frequencies]
         if self.nu is not None:
             y = y * self.radial_scale.to(x.dtype).unsqueeze(-2)

@@ -253,11 +253,17 @@ def dense_sorf_matrix(signs: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks, 0)
 
 
-@pytest.mark.parametrize("input_dim, num_frequencies", [(8, 8), (5, 20), (32, 50), (100, 300)])
-def test_structured_projection_matches_dense_reference(input_dim, num_frequencies, generator):
+@pytest.mark.parametrize("dense_max_dim", [0, 1024])  # the FWHT route and the dense route
+@pytest.mark.parametrize(
+    "input_dim, num_frequencies", [(1, 3), (8, 8), (5, 20), (32, 50), (100, 300), (300, 700)]
+)
+def test_structured_projection_matches_dense_reference(
+    input_dim, num_frequencies, dense_max_dim, generator
+):
     kernel = FourierFeatureKernel(2 * num_frequencies, sampling="structured", seed=3).double()
+    kernel.structured_dense_max_dim = dense_max_dim
     kernel.lengthscale = torch.tensor(0.8, dtype=torch.float64)
-    x = torch.randn(6, input_dim, generator=generator, dtype=torch.float64)
+    x = torch.randn(2 * input_dim + 1, input_dim, generator=generator, dtype=torch.float64)
     with torch.no_grad():
         phi = kernel.features(x)
     signs = kernel.signs
@@ -265,10 +271,19 @@ def test_structured_projection_matches_dense_reference(input_dim, num_frequencie
     assert signs.shape == (math.ceil(num_frequencies / padded), 3, padded)
     assert set(signs.unique().tolist()) == {-1.0, 1.0}
     w = dense_sorf_matrix(signs)[:num_frequencies]
-    x_padded = torch.cat([x, torch.zeros(6, padded - input_dim, dtype=torch.float64)], -1)
+    x_padded = torch.cat([x, torch.zeros(len(x), padded - input_dim, dtype=torch.float64)], -1)
     proj = x_padded / 0.8 @ w.T
     expected = torch.cat([torch.cos(proj), torch.sin(proj)], -1) / math.sqrt(num_frequencies)
-    torch.testing.assert_close(phi, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(phi, expected, rtol=1e-10, atol=1e-10)
+    # Gradients with respect to the lengthscale agree between the two routes.
+    phi_sum = kernel.features(x).sum()
+    (grad,) = torch.autograd.grad(phi_sum, kernel.raw_lengthscale)
+    lengthscale = kernel.lengthscale.detach().requires_grad_(True)
+    proj_ref = x_padded / lengthscale @ w.T
+    ref_sum = (torch.cat([proj_ref.cos(), proj_ref.sin()], -1) / math.sqrt(num_frequencies)).sum()
+    (grad_l,) = torch.autograd.grad(ref_sum, lengthscale)
+    sigmoid = torch.sigmoid(kernel.raw_lengthscale.detach())  # d softplus / d raw
+    torch.testing.assert_close(grad, grad_l * sigmoid, rtol=1e-8, atol=1e-10)
 
 
 def test_structured_rows_have_norm_sqrt_padded_dim():
