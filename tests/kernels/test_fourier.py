@@ -437,3 +437,44 @@ def test_non_finite_inputs_raise(bad_value):
 def test_integer_inputs_raise():
     with pytest.raises(TypeError, match="x must have a floating dtype"):
         FourierFeatureKernel(8).features(torch.ones(3, 2, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- padding option
+def test_pad_to_behaves_like_sorf_in_the_padded_dimension(points_at_distances, mc_mean):
+    # d = 4 zero-padded to d' = 32: the bias is that of ORF' in dimension 32, not 4.
+    num_draws = 4000
+    distances = torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)
+    x, y = points_at_distances(distances, 4, torch.Generator().manual_seed(9))
+    kernel = FourierFeatureKernel(2 * 32, sampling="structured", input_dim=4, pad_to=20,
+                                  batch_shape=torch.Size([num_draws])).double()
+    kernel.lengthscale = torch.tensor(1.0, dtype=torch.float64)
+    kernel.resample(torch.Generator().manual_seed(1))
+    assert kernel.signs.shape == (num_draws, 1, 3, 32)
+    mean, stderr = mc_mean(kernel_estimates(kernel, x, y))
+    exact = torch.exp(-(distances**2) / 2)
+    orf_prime_32 = torch.tensor([hyp0f1(16, -32 * z**2 / 4) for z in distances.tolist()])
+    orf_prime_4 = torch.tensor([hyp0f1(2, -4 * z**2 / 4) for z in distances.tolist()])
+    bias = (orf_prime_32 - exact).abs()
+    assert torch.all((mean - orf_prime_32).abs() < 5 * stderr + 0.2 * bias)
+    # Without padding the bias would be that of d' = 4, several times larger.
+    assert torch.all((mean - exact).abs() < 0.5 * (orf_prime_4 - exact).abs())
+
+
+def test_pad_to_matches_dense_reference(generator):
+    kernel = FourierFeatureKernel(2 * 40, sampling="structured", pad_to=64, seed=2).double()
+    x = torch.randn(9, 3, generator=generator, dtype=torch.float64)
+    with torch.no_grad():
+        phi = kernel.features(x)
+        w = dense_sorf_matrix(kernel.signs)[:40]
+    assert kernel.signs.shape == (1, 3, 64)
+    x_padded = torch.cat([x, torch.zeros(9, 61, dtype=torch.float64)], -1)
+    proj = x_padded / kernel.lengthscale.detach() @ w.T
+    expected = torch.cat([proj.cos(), proj.sin()], -1) / math.sqrt(40)
+    torch.testing.assert_close(phi, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_pad_to_errors():
+    with pytest.raises(ValueError, match="pad_to must be a positive integer or None, got 0"):
+        FourierFeatureKernel(8, sampling="structured", pad_to=0)
+    with pytest.raises(ValueError, match="pad_to applies to sampling='structured' only"):
+        FourierFeatureKernel(8, sampling="iid", pad_to=32)
