@@ -98,6 +98,12 @@ def hadamard_matrix(
     return h.to(device=device, dtype=dtype)
 
 
+@lru_cache(maxsize=128)
+def _hadamard_factor(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    # Private cache (fwht never hands these tensors out), so no host-to-device copy per call.
+    return hadamard_matrix(n, dtype=dtype, device=device)
+
+
 def _block_sizes(log2_d: int) -> list[int]:
     num_blocks = max(1, math.ceil(log2_d / _MAX_BLOCK_LOG2))
     base, extra = divmod(log2_d, num_blocks)
@@ -140,7 +146,7 @@ def fwht(x: Tensor, normalized: bool = False, pad: bool = False) -> Tensor:
         return x.clone()
     lead = x.shape[:-1]
     sizes = _block_sizes(d.bit_length() - 1)
-    factors = [hadamard_matrix(a, dtype=x.dtype, device=x.device) for a in sizes]
+    factors = [_hadamard_factor(a, x.dtype, x.device) for a in sizes]
     # With x viewed as (rows, a_1, ..., a_k) (row-major), H_d = H_{a_1} ⊗ ... ⊗ H_{a_k} acts on
     # each axis separately. The last axis is one contiguous (rows * d / a_k, a_k) @ H GEMM; every
     # other axis i is a batched left product H_{a_i} @ (rows * a_1..a_{i-1}, a_i, a_{i+1}..a_k),
