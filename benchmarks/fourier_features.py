@@ -337,7 +337,7 @@ def write_markdown(path, args, ratios, num_points, num_seeds, mse, feat, feat_n,
         "",
         f"N = {feat_n} float32 inputs, D = {feat_m} frequencies ({2 * feat_m} feature columns), "
         "median of repeats. SORF 'auto' is the default route (one dense product with the "
-        "materialised W for padded d <= 128, the FWHT otherwise); 'FWHT' forces the "
+        "materialised W for d <= 128, the FWHT otherwise); 'FWHT' forces the "
         "O(N D log d) route. `gpytorch` is `RFFKernel(num_samples=D)`: its projection "
         "`x @ (randn_weights / lengthscale)` and its full feature root.",
         "",

@@ -171,9 +171,10 @@ class FourierFeatureKernel(RandomFeatureKernel):
     """
 
     has_lengthscale = True
-    #: Structured sampling with a padded dimension ``d' <=`` this value computes ``x W^T`` as one
-    #: dense product with ``W^T`` built by the fast transform (faster for small ``d'``); larger
-    #: ``d'`` applies the three FWHTs to the data (``O(M log d')`` per input). 0 forces the FWHT.
+    #: Structured sampling with input dimension ``d <=`` this value (and more inputs than ``d``)
+    #: computes ``x W^T`` as one dense product with ``W^T`` built by the fast transform (faster
+    #: for small ``d``, and ``pad_to`` then costs nothing per input); larger ``d`` applies the
+    #: three FWHTs to the data (``O(M log d')`` per input). 0 forces the FWHT.
     structured_dense_max_dim: int = 128
 
     def __init__(
@@ -232,21 +233,38 @@ class FourierFeatureKernel(RandomFeatureKernel):
         return weights
 
     def projections(self, x: Tensor) -> Tensor:
-        r"""``x W^T`` for inputs already divided by the lengthscale.
+        r"""The projections :math:`x W^\top` (frequencies as rows of ``W``), for inputs already
+        divided by the lengthscale; the features are their cos and sin.
 
-        Shapes: ``(..., N, d) -> (..., N, M)`` with ``M = num_features / 2``.
+        Args:
+            x: ``(..., N, d)`` scaled inputs.
+
+        Returns:
+            ``(..., N, M)`` with ``M = num_features / 2``.
+
+        Example:
+            >>> k = FourierFeatureKernel(8, sampling="structured", input_dim=3, seed=0)
+            >>> k.projections(torch.zeros(5, 3)).abs().max().item()
+            0.0
         """
         self._ensure_weights(x)
         if self.sampling != "structured":
             return x @ self.frequencies.to(x.dtype).transpose(-1, -2)
-        input_dim, padded = x.shape[-1], self.signs.shape[-1]
-        if padded <= self.structured_dense_max_dim and x.shape[-2] > input_dim:
-            # Materialise W^T (d x M) through the fast transform (the rows of the identity cost
-            # d / N of the direct route), then one GEMM: for small d' the three FWHT passes over
-            # (N, M) are memory-bound and slower than a dense product with d' columns.
+        input_dim = x.shape[-1]
+        if input_dim <= self.structured_dense_max_dim and x.shape[-2] > input_dim:
+            # Materialise W^T (d x M) through the fast transform (the d rows of the identity
+            # cost d / N of the direct route), then one GEMM with d columns: for small d this
+            # beats three memory-bound FWHT passes over (N, M), whatever the padding d'.
             eye = torch.eye(input_dim, dtype=x.dtype, device=x.device)
             return x @ self._structured_projections(eye)
-        return self._structured_projections(x)
+        # Row chunks whose (rows, B, d') working set stays cache-sized (~512 KB): the transform's
+        # passes then run in cache instead of streaming (N, M) tensors through memory.
+        width = self.signs.shape[-3] * self.signs.shape[-1]
+        rows = max(1, (1 << 19) // (width * x.element_size()))
+        if x.shape[-2] <= 2 * rows:
+            return self._structured_projections(x)
+        chunks = [self._structured_projections(part) for part in x.split(rows, dim=-2)]
+        return torch.cat(chunks, dim=-2)
 
     def _structured_projections(self, x: Tensor) -> Tensor:
         # Rows of sqrt(d') H D1 H D2 H D3 applied to x: D3 first, H last. The three unnormalised
@@ -255,9 +273,11 @@ class FourierFeatureKernel(RandomFeatureKernel):
         signs = self.signs.to(x.dtype).unsqueeze(-4)  # (*batch, 1, B, 3, d')
         padded = signs.shape[-1]
         y = torch.nn.functional.pad(x, (0, padded - x.shape[-1])).unsqueeze(-2)  # (..., N, 1, d')
+        # The sign flips act in place on fwht's fresh output (autograd allows it: the matrix
+        # product does not keep its output), which saves an allocation per pass.
         y = fwht(y * (signs[..., 2, :] / padded))
-        y = fwht(y * signs[..., 1, :])
-        y = fwht(y * signs[..., 0, :])
+        y = fwht(y.mul_(signs[..., 1, :]))
+        y = fwht(y.mul_(signs[..., 0, :]))
         y = y.reshape(*y.shape[:-2], -1)[..., : self.num_frequencies]
         if self.nu is not None:
             y = y * self.radial_scale.to(x.dtype).unsqueeze(-2)
