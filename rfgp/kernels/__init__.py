@@ -1,4 +1,5 @@
-"""Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they approximate."""
+"""Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they
+approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
 from rfgp.kernels.exact import CurlFreeKernel, DivFreeKernel, DotProductKernel, HelmholtzKernel

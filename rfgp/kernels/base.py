@@ -112,7 +112,7 @@ class RandomFeatureKernel(Kernel):
         """Whether the random weights have been drawn (they are drawn at the first call)."""
         return bool(self._random_buffer_names)
 
-    def resample(self, generator: Optional[torch.Generator] = None) -> "RandomFeatureKernel":
+    def resample(self, generator: Optional[torch.Generator] = None) -> RandomFeatureKernel:
         """Draw fresh random weights in place and return ``self``.
 
         Args:
@@ -280,11 +280,13 @@ class RandomFeatureKernel(Kernel):
     #: outputs per input ``p``; multi-output subclasses set it (features ``(..., N, p, D)``).
     _outputs_per_input: int = 1
 
-    def num_outputs_per_input(self, x1: Optional[Tensor] = None, x2: Optional[Tensor] = None) -> int:
+    def num_outputs_per_input(
+        self, x1: Optional[Tensor] = None, x2: Optional[Tensor] = None
+    ) -> int:
         """``p``: rows of the GPyTorch covariance per input (GPyTorch calls it with x1, x2)."""
         return self._outputs_per_input
 
-    def __getitem__(self, index) -> "RandomFeatureKernel":
+    def __getitem__(self, index) -> RandomFeatureKernel:
         if len(self.batch_shape) == 0:
             return self
         new_kernel = copy.deepcopy(self)
