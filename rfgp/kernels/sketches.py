@@ -55,11 +55,13 @@ from gpytorch.constraints import Positive
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.exact import DotProductKernel, _init_unit_lengthscale
 from rfgp.ops import (
     complex_gaussian,
     complex_rademacher,
     fwht,
     gaussian,
+    hadamard_matrix,
     next_power_of_two,
     rademacher,
 )
@@ -393,8 +395,8 @@ class _SrhtPlan:
         else:
             combos_total = combos
         self.combos = combos_total
-        h2 = _hadamard(self.a2, dtype, device)
-        self.h1 = _hadamard(self.a1, dtype, device)
+        h2 = hadamard_matrix(self.a2, dtype=dtype, device=device)
+        self.h1 = hadamard_matrix(self.a1, dtype=dtype, device=device)
         s = s.reshape(combos_total, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, C)
         self.stage1 = (s.unsqueeze(-1) * h2.view(1, self.a2, 1, self.a2)).reshape(
             self.a1, self.a2, combos_total * self.a2
@@ -421,12 +423,6 @@ class _SrhtPlan:
         else:
             v = v.reshape(n, self.degree, self.num_features)
         return v.prod(dim=1)  # one pass, several times faster than a loop of products
-
-
-def _hadamard(n: int, dtype, device) -> Tensor:
-    from rfgp.ops import hadamard_matrix
-
-    return hadamard_matrix(n, dtype=dtype, device=device)
 
 
 def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
@@ -576,7 +572,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
             ``bias_prior``, ``bias_constraint``).
 
     Attributes:
-        lengthscale: positive ``(*batch_shape, 1, ard_num_dims or 1)`` parameter (init 1).
+        lengthscale: positive ``(*batch_shape, 1, ard_num_dims or 1)`` parameter (starts at 1
+            when its constraint allows).
         bias: positive ``(*batch_shape, 1, 1)`` parameter, or the constant 0.
         is_complex, num_features, num_real_features (``2D`` if complex, else ``D``).
 
@@ -626,8 +623,7 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         self.degree = degree
         self.projection = projection
         self.is_complex = complex
-        # Unit lengthscale: the kernel starts at the plain (x^T y + b)^p.
-        self.lengthscale = 1.0
+        _init_unit_lengthscale(self)
         self.has_bias = bias > 0
         if self.has_bias:
             self.register_parameter(
@@ -731,10 +727,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
             self.homogenize(x), self._weights(), self.degree, self.projection, self.is_complex
         )
 
-    def exact_kernel(self):
+    def exact_kernel(self) -> DotProductKernel:
         """The exact :class:`~rfgp.kernels.DotProductKernel` with the current hyperparameters."""
-        from rfgp.kernels.exact import DotProductKernel
-
         exact = DotProductKernel(
             kind="polynomial", degree=self.degree, bias=float(self.bias.detach().mean()),
             ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,
