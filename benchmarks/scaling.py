@@ -438,7 +438,12 @@ def main() -> None:
         for peer in ("gpytorch_rff", "sklearn", "exact"):
             r = results.get((n, peer))
             if r and "error" not in r:
-                parts.append(f"{total_time(r) / t:.1f}x faster than {peer}")
+                speedup = total_time(r) / t
+                parts.append(
+                    f"{speedup:.1f}x faster than {peer}"
+                    if speedup >= 1
+                    else f"{1 / speedup:.1f}x slower than {peer}"
+                )
         parts.append(f"peak {own['peak_mb']:.0f} MB")
         lines.append("- " + ", ".join(parts))
     lines += [

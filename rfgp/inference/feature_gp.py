@@ -44,7 +44,7 @@ _SOLVES = ("auto", "weight", "function")
 _LOG_2PI = math.log(2.0 * math.pi)
 # Rows per chunk aim at this many feature entries: large enough for efficient GEMMs, small
 # enough that a chunk of features stays a few tens of MB.
-_CHUNK_ENTRIES = 1 << 23
+_CHUNK_ENTRIES = 1 << 22
 _MAX_JITTER_TRIES = 8
 
 
@@ -177,7 +177,7 @@ class RandomFeatureGP(torch.nn.Module):
         correct_variance: add ``kernel.variance_correction(x)`` (times the outputscale) to the
             predictive variance, when the kernel defines it.
         chunk_size: rows per chunk when accumulating and predicting (default: about
-            ``8 * 10^6 / D`` rows).
+            ``4 * 10^6 / D`` rows).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
@@ -545,7 +545,7 @@ class RandomFeatureGP(torch.nn.Module):
             noise: fixed noise variances (see the class docstring for shapes); ``None`` uses
                 the model noise :attr:`noise`.
             chunk_size: rows per chunk (default: the constructor's, or about
-                ``8 * 10^6 / D`` rows).
+                ``4 * 10^6 / D`` rows).
             distributed: data-parallel fit over ``torch.distributed``: every process passes its
                 own shard, the statistics are all-reduced and every process ends with the same
                 posterior. The kernel's random weights are broadcast from rank 0 first.
