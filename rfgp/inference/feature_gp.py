@@ -75,8 +75,9 @@ def robust_cholesky(matrix: Tensor, jitter: Optional[float] = None, what: str = 
     """
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     base = matrix if not jitter else matrix + jitter * eye
+    # NaN anywhere in the input reaches the diagonal of the factor, so checking it suffices.
     chol, info = torch.linalg.cholesky_ex(base)
-    if int(info) == 0 and torch.isfinite(chol).all():
+    if int(info) == 0 and torch.isfinite(chol.diagonal()).all():
         return chol
     if not torch.isfinite(matrix).all():
         raise NotPSDError(f"the {what} holds NaN or infinite entries; check the inputs and noise")
@@ -85,7 +86,7 @@ def robust_cholesky(matrix: Tensor, jitter: Optional[float] = None, what: str = 
     for attempt in range(_MAX_JITTER_TRIES):
         added = scale * rel * 10.0**attempt
         chol, info = torch.linalg.cholesky_ex(base + added * eye)
-        if int(info) == 0 and torch.isfinite(chol).all():
+        if int(info) == 0 and torch.isfinite(chol.diagonal()).all():
             warnings.warn(
                 f"Cholesky of the {what} failed; succeeded after adding {added:.3g} to the "
                 "diagonal (the noise may be too small for this precision)",
@@ -1106,7 +1107,7 @@ class RandomFeatureGP(torch.nn.Module):
         else:
             rows_noise = self._expand_noise(noise, x_checked.shape[0], rows_y.shape[1], y.dim())
         z = real_form(self._row_features(x_checked))
-        return self._lml_dense(z, rows_y, rows_noise.to(rows_y.dtype))
+        return self._lml_dense(z, rows_y, rows_noise.to(rows_y))
 
     def _train_noise_or_model(self) -> Tensor:
         if self._train_noise is not None:
@@ -1192,7 +1193,7 @@ class RandomFeatureGP(torch.nn.Module):
         params = [p for p in self.kernel.parameters() if p.requires_grad]
         log_noise = None
         if noise is None and optimize_noise:
-            log_noise = self.noise.detach().to(x.dtype).log().clone().requires_grad_(True)
+            log_noise = self.noise.detach().to(x).log().clone().requires_grad_(True)
             params.append(log_noise)
         if not params:
             raise ValueError(
@@ -1285,10 +1286,17 @@ class RandomFeatureGP(torch.nn.Module):
         scores = []
         for value in values:
             self.noise = torch.tensor(float(value), dtype=torch.float64)
-            mean, var, _ = self._predict_rows(phi_val, want_root=False)
+            try:
+                mean, var, _ = self._predict_rows(phi_val, want_root=False)
+            except NotPSDError:
+                # A noise too small for this precision cannot be factorised: it cannot win.
+                scores.append(math.inf)
+                continue
             if corr is not None:
                 var = var + corr.to(var).unsqueeze(-1)
             scores.append(float(mnll(rows_val.to(mean), mean, var + value)))
+        if all(math.isinf(score) for score in scores):
+            raise NotPSDError("select_noise: no noise value in the grid could be factorised")
         best = min(range(len(values)), key=lambda i: (scores[i], i))
         self.noise = torch.tensor(float(values[best]), dtype=torch.float64)
         self._factorize()
