@@ -260,7 +260,8 @@ def rademacher_sketch_variance(
 
 # ---------------------------------------------------------------------------------- TensorSRHT
 def tensorsrht_variance_terms(
-    x: Tensor, y: Tensor, degree: int, complex: bool = False, pseudo: bool = False
+    x: Tensor, y: Tensor, degree: int, complex: bool = False, pseudo: bool = False,
+    ctr: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     r"""Single-feature variance and same-block covariance of TensorSRHT (App. C, Eq. 67).
 
@@ -268,8 +269,9 @@ def tensorsrht_variance_terms(
     :math:`V = (N + ((2q-1)^2+1) a)^p - s^{2p}` (the Rademacher-type single-feature variance)
     and :math:`Cov = (s^2 - V^{(1)}/(d'-1))^p - s^{2p}`, with ``d'`` the power of two ``>= d``
     (``Cov = 0`` when ``d' = 1``). With ``pseudo=True`` both are the pseudo-variance analogues
-    (:math:`V^{(1)} \to \mathrm{PV}^{(1)} = a + (2q-1)^2 (N - S)`). The Maclaurin allocation
-    builds its convex surrogates from these.
+    (:math:`V^{(1)} \to \mathrm{PV}^{(1)} = a + (2q-1)^2 (N - S)`); with ``ctr=True`` (needs
+    ``complex=True``) both are the averages of the two, the terms of the CtR variance. The
+    Maclaurin allocation builds its convex surrogates from these.
 
     Example:
         >>> x = torch.tensor([0.5 ** 0.5, 0.5 ** 0.5], dtype=torch.float64)
@@ -277,6 +279,11 @@ def tensorsrht_variance_terms(
         [3.0, -1.0]
     """
     _check_int("degree", degree)
+    _check_ctr(complex, ctr)
+    if ctr:
+        v_single, v_cov = tensorsrht_variance_terms(x, y, degree, True)
+        p_single, p_cov = tensorsrht_variance_terms(x, y, degree, True, pseudo=True)
+        return _ctr_combine(v_single, p_single), _ctr_combine(v_cov, p_cov)
     padded = next_power_of_two(x.shape[-1])
     s, n, sq = pair_moments(x, y)
     q = 0.5 if complex else 1.0
@@ -317,12 +324,8 @@ def tensorsrht_variance(
     _check_int("num_features", num_features)
     padded = next_power_of_two(x.shape[-1])
     pairs = srht_pair_count(num_features, padded) / num_features**2
-    single, cov = tensorsrht_variance_terms(x, y, degree, complex)
-    v = single / num_features + pairs * cov
-    if ctr:
-        single_p, cov_p = tensorsrht_variance_terms(x, y, degree, complex, pseudo=True)
-        return _ctr_combine(v, single_p / num_features + pairs * cov_p)
-    return v
+    single, cov = tensorsrht_variance_terms(x, y, degree, complex, ctr=ctr)
+    return single / num_features + pairs * cov
 
 
 # ---------------------------------------------------------------------------------- TensorSketch

@@ -123,6 +123,18 @@ def test_tensorsrht_degree_one_multiple_of_block_is_exact():
     assert abs(float(v)) < 1e-14
 
 
+def test_tensorsrht_terms_recombine():
+    x = _pairs(6, seed=9)
+    for cplx, ctr in ((False, False), (True, False), (True, True)):
+        single, cov = tensorsrht_variance_terms(x[0], x[1], 3, cplx, ctr=ctr)
+        for D in (3, 8, 13):
+            expected = single / D + srht_pair_count(D, 8) / D**2 * cov
+            torch.testing.assert_close(tensorsrht_variance(x[0], x[1], 3, D, cplx, ctr), expected)
+    # surrogate facts (App. C): V + (d-1) Cov >= 0 (a variance), and = 0 for degree 1
+    single, cov = tensorsrht_variance_terms(x[2], x[3], 1)
+    assert abs(float(single + 7 * cov)) < 1e-14
+
+
 def test_tensorsrht_orthogonality_bounds():
     g = torch.Generator().manual_seed(3)
     x = _unit(torch.randn(200, 7, dtype=torch.float64, generator=g))

@@ -12,6 +12,7 @@ import copy
 from typing import Any, Dict, Optional
 
 import torch
+from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.models import exact_prediction_strategies
 from linear_operator.operators import (
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from rfgp.ops import make_generator
 
-__all__ = ["RandomFeatureKernel", "real_form"]
+__all__ = ["RandomFeatureKernel", "WeightSpacePredictionStrategy", "real_form"]
 
 
 def real_form(phi: Tensor) -> Tensor:
@@ -46,6 +47,22 @@ def real_form(phi: Tensor) -> Tensor:
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi
+
+
+class WeightSpacePredictionStrategy(exact_prediction_strategies.LinearPredictionStrategy):
+    """GPyTorch's weight-space ``LinearPredictionStrategy``, also for ``p > 1`` outputs per input.
+
+    With a multitask prior GPyTorch flattens the ``(N, p)`` training labels to the interleaved
+    ``(N p)`` vector, but the weight-space cache would subtract the unflattened ``(N, p)`` prior
+    mean; here the cache sees the flat (interleaved) prior mean instead. For single-output
+    kernels it is exactly ``LinearPredictionStrategy``.
+    """
+
+    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
+        prior = self.train_prior_dist
+        if prior.loc.shape != prior.mean.shape:
+            self.train_prior_dist = MultivariateNormal(prior.loc, prior.lazy_covariance_matrix)
 
 
 class RandomFeatureKernel(Kernel):
@@ -294,7 +311,7 @@ class RandomFeatureKernel(Kernel):
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         # Weight-space prediction: O(N D^2) to build the caches, O(D^2) per test point.
-        return exact_prediction_strategies.LinearPredictionStrategy(
+        return WeightSpacePredictionStrategy(
             train_inputs, train_prior_dist, train_labels, likelihood
         )
 

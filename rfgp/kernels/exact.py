@@ -27,7 +27,19 @@ __all__ = [
 # Dot-product kernels: the targets of the polynomial sketches and Maclaurin features.
 # =====================================================================================
 
+
 _KINDS = ("polynomial", "exponential")
+
+
+def _init_unit_lengthscale(kernel: Kernel) -> None:
+    """Start at lengthscale 1 (the plain ``x^T y``) when the constraint allows it.
+
+    GPyTorch's default raw value 0 gives ``softplus(0) = 0.69``, an arbitrary rescaling of a
+    dot-product kernel.
+    """
+    constraint = kernel.raw_lengthscale_constraint
+    if bool((constraint.lower_bound < 1.0).all()) and bool((constraint.upper_bound > 1.0).all()):
+        kernel.lengthscale = 1.0
 
 
 class DotProductKernel(Kernel):
@@ -44,6 +56,8 @@ class DotProductKernel(Kernel):
 
     Conversions: scikit-learn's ``polynomial_kernel(gamma, coef0, degree)`` is
     ``lengthscale = gamma^{-1/2}``, ``bias = coef0``.
+
+    The lengthscale starts at 1 (when its constraint allows).
 
     Args:
         kind: ``"polynomial"`` or ``"exponential"``.
@@ -85,7 +99,7 @@ class DotProductKernel(Kernel):
         super().__init__(**kwargs)
         self.kind = kind
         self.degree = degree
-        self.lengthscale = 1.0
+        _init_unit_lengthscale(self)
         self.has_bias = bias > 0
         if self.has_bias:
             self.register_parameter(

@@ -40,9 +40,7 @@ from typing import Any, Dict, Optional
 
 import torch
 from gpytorch.constraints import Positive
-from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, MaternKernel, MultitaskKernel, RBFKernel
-from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
@@ -207,26 +205,6 @@ def _feature_scale(coefficient: Tensor, num_frequencies: int) -> Tensor:
     return (coefficient / num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
-class MultitaskLinearPredictionStrategy(LinearPredictionStrategy):
-    """GPyTorch's weight-space ``LinearPredictionStrategy`` for ``p > 1`` outputs per input.
-
-    GPyTorch flattens the ``(N, p)`` training labels to the interleaved ``(N p)`` vector but its
-    weight-space cache subtracts the unflattened ``(N, p)`` prior mean; here the cache sees the
-    flat (interleaved) prior mean of the ``MultitaskMultivariateNormal`` instead.
-    """
-
-    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
-        prior = self.train_prior_dist
-        if prior.loc.shape != prior.mean.shape:
-            self.train_prior_dist = MultivariateNormal(prior.loc, prior.lazy_covariance_matrix)
-
-
-def _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood):
-    return MultitaskLinearPredictionStrategy(train_inputs, train_prior_dist, train_labels,
-                                             likelihood)
-
-
 # ------------------------------------------------------------------ decomposable
 class DecomposableFeatureKernel(RandomFeatureKernel):
     r"""Random features for the decomposable kernel :math:`K(x, z) = k(x, z)\,A`.
@@ -375,9 +353,6 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
         scale = 1.0 / math.sqrt(self.num_frequencies)
         return operator_features(x, omega, factor, scale)
 
-    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        return _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
-
     def exact_kernel(self) -> Kernel:
         """GPyTorch's ``MultitaskKernel`` with the same base lengthscale and ``A`` (a copy)."""
         kwargs = dict(ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape)
@@ -499,9 +474,6 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
                 f"dimension = output dimension); x has {d} columns"
             )
         super()._ensure_weights(x)
-
-    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        return _prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
 
     def _sample_frequencies(self, input_dim: int, generator) -> Tensor:
         m = self.num_features // self._columns_per_frequency(input_dim)

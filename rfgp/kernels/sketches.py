@@ -55,11 +55,13 @@ from gpytorch.constraints import Positive
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.exact import DotProductKernel, _init_unit_lengthscale
 from rfgp.ops import (
     complex_gaussian,
     complex_rademacher,
     fwht,
     gaussian,
+    hadamard_matrix,
     next_power_of_two,
     rademacher,
 )
@@ -372,8 +374,9 @@ class _SrhtPlan:
     ``y_c = H_{a1} (X * S_c) H_{a2}``. The signs are folded into the first factor:
     ``G[t1] = [diag(s_c[t1, :]) H_{a2}]_c`` is an ``a2 x (C a2)`` matrix per row index ``t1``, so
     stage 1 is one batched GEMM over ``t1`` for all ``C`` combinations at once (no elementwise
-    pass over the ``C d'`` outputs), stage 2 one GEMM with ``H_{a1}``, and the permutations of
-    every degree and block are a single ``index_select`` on the row-contiguous result.
+    pass over the ``C d'`` outputs) and stage 2 one GEMM with ``H_{a1}``. The rows of a chunk
+    are kept innermost, so that the permutations of every degree and block are one
+    ``index_select`` that moves contiguous runs of ``rows`` values.
     """
 
     def __init__(self, signs: Tensor, indices: Tensor, degree: int, complex: bool, dtype):
@@ -389,44 +392,35 @@ class _SrhtPlan:
         if complex:
             # real parts of all combinations first, then the imaginary parts
             s = torch.cat([s[..., 0], s[..., 1]], dim=0)
-            combos_total = 2 * combos
-        else:
-            combos_total = combos
-        self.combos = combos_total
-        h2 = _hadamard(self.a2, dtype, device)
-        self.h1 = _hadamard(self.a1, dtype, device)
-        s = s.reshape(combos_total, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, C)
-        self.stage1 = (s.unsqueeze(-1) * h2.view(1, self.a2, 1, self.a2)).reshape(
-            self.a1, self.a2, combos_total * self.a2
-        )
+        combos_total = s.shape[0] * s.shape[1]
+        h2 = hadamard_matrix(self.a2, dtype=dtype, device=device)
+        self.h1 = hadamard_matrix(self.a1, dtype=dtype, device=device)
+        s = s.reshape(combos_total, self.a1, self.a2).permute(1, 0, 2)  # (a1, C, a2)
+        # stage1[t1, (c, k2), t2] = s_c[t1, t2] H[t2, k2]
+        self.stage1 = (s.unsqueeze(-1) * h2.view(1, 1, self.a2, self.a2)).transpose(-1, -2)
+        self.stage1 = self.stage1.reshape(self.a1, combos_total * self.a2, self.a2).contiguous()
         # feature l of degree i reads coefficient k = indices[i, l] - b d' of combination
-        # c = i B + b; in the stage-2 layout (c, k2, k1) that is (c a2 + k2) a1 + k1.
+        # c = i B + b, i.e. row k1 (C a2) + c a2 + k2 of the stage-2 output.
         block = torch.arange(self.num_features, device=device) // padded
         coeff = indices - block * padded
         combo = torch.arange(degree, device=device).unsqueeze(-1) * num_blocks + block
-        flat = (combo * self.a2 + coeff % self.a2) * self.a1 + coeff // self.a2
+        flat = (coeff // self.a2) * (combos_total * self.a2) + combo * self.a2 + coeff % self.a2
         if complex:
-            # (real, imaginary) index pairs, so that the gathered rows view as complex for free
-            flat = torch.stack([flat, flat + combos * padded], dim=-1)
+            flat = torch.stack([flat, flat + combos * self.a2])  # real, imaginary parts
         self.flat = flat.reshape(-1)
 
     def rows(self, x: Tensor) -> Tensor:
         n = x.shape[0]
-        xt = x.reshape(n, self.a1, self.a2).transpose(0, 1)  # (a1, n, a2)
-        z = torch.bmm(xt, self.stage1)  # (a1, n, C a2)
-        y = z.reshape(self.a1, -1).transpose(0, 1) @ self.h1  # (n C a2, a1): layout (n, c, k2, k1)
-        v = y.reshape(n, -1).index_select(1, self.flat)
+        xt = x.reshape(n, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, n)
+        z = torch.bmm(self.stage1, xt)  # (a1, C a2, n)
+        y = self.h1 @ z.reshape(self.a1, -1)  # (k1, C a2 n)
+        v = y.reshape(-1, n).index_select(0, self.flat)
         if self.complex:
-            v = torch.view_as_complex(v.reshape(n, self.degree, self.num_features, 2))
+            v = v.reshape(2, self.degree, self.num_features, n)
+            v = torch.complex(v[0], v[1])
         else:
-            v = v.reshape(n, self.degree, self.num_features)
-        return v.prod(dim=1)  # one pass, several times faster than a loop of products
-
-
-def _hadamard(n: int, dtype, device) -> Tensor:
-    from rfgp.ops import hadamard_matrix
-
-    return hadamard_matrix(n, dtype=dtype, device=device)
+            v = v.reshape(self.degree, self.num_features, n)
+        return v.prod(dim=0).transpose(0, 1)
 
 
 def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
@@ -455,7 +449,7 @@ def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         flat = x.reshape(-1, padded)
         chunk = max(1, _PLAN_CHUNK_ELEMENTS // per_row)
         if flat.shape[0] <= chunk:
-            out = plan.rows(flat)
+            out = plan.rows(flat).contiguous()
         else:
             out = torch.cat(
                 [plan.rows(flat[s : s + chunk]) for s in range(0, flat.shape[0], chunk)], dim=0
@@ -576,7 +570,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
             ``bias_prior``, ``bias_constraint``).
 
     Attributes:
-        lengthscale: positive ``(*batch_shape, 1, ard_num_dims or 1)`` parameter (init 1).
+        lengthscale: positive ``(*batch_shape, 1, ard_num_dims or 1)`` parameter (starts at 1
+            when its constraint allows).
         bias: positive ``(*batch_shape, 1, 1)`` parameter, or the constant 0.
         is_complex, num_features, num_real_features (``2D`` if complex, else ``D``).
 
@@ -626,8 +621,7 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         self.degree = degree
         self.projection = projection
         self.is_complex = complex
-        # Unit lengthscale: the kernel starts at the plain (x^T y + b)^p.
-        self.lengthscale = 1.0
+        _init_unit_lengthscale(self)
         self.has_bias = bias > 0
         if self.has_bias:
             self.register_parameter(
@@ -731,10 +725,8 @@ class PolynomialSketchKernel(RandomFeatureKernel):
             self.homogenize(x), self._weights(), self.degree, self.projection, self.is_complex
         )
 
-    def exact_kernel(self):
+    def exact_kernel(self) -> DotProductKernel:
         """The exact :class:`~rfgp.kernels.DotProductKernel` with the current hyperparameters."""
-        from rfgp.kernels.exact import DotProductKernel
-
         exact = DotProductKernel(
             kind="polynomial", degree=self.degree, bias=float(self.bias.detach().mean()),
             ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,

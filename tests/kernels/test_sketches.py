@@ -298,6 +298,12 @@ def test_bad_inputs():
         PolynomialSketchKernel(2, 8, complex="yes")
     with pytest.raises(ValueError, match="num_real_features"):
         PolynomialSketchKernel.ctr(2, 7)
+    with pytest.raises(ValueError, match="complex"):
+        PolynomialSketchKernel.ctr(2, 8, complex=False)
+    with pytest.raises(ValueError, match="projection"):
+        sample_sketch(2, 4, 3, projection="srht")
+    with pytest.raises(TypeError, match="batch_shape"):
+        sample_sketch(2, 4, 3, batch_shape=3)
     with pytest.raises(ValueError, match="degree"):
         sample_sketch(0, 4, 3)
     with pytest.raises(ValueError, match="input_dim"):
