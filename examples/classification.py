@@ -117,7 +117,12 @@ def plot(diagrams: Dict[str, dict], path: str) -> None:
 
 
 def main(output_dir: str = "demo_output") -> List[dict]:
-    """Run both data sets; return one row per (method, data) and save the diagram."""
+    """Run both data sets, save the reliability diagram and return one row per (method, data).
+
+    Returns:
+        The demo's rows: dicts with ``method``, ``data``, ``metrics`` (``accuracy``, ``MNLL``,
+        ``ECE``) and ``time_s``.
+    """
     os.makedirs(output_dir, exist_ok=True)
     results: List[dict] = []
     diagrams: Dict[str, dict] = {}
@@ -129,7 +134,10 @@ def main(output_dir: str = "demo_output") -> List[dict]:
     for r in results:
         print(f"{r['data']:<14}{r['method']:<38}{r['accuracy']:7.3f}{r['mnll']:8.3f}"
               f"{r['ece']:8.3f}{r['time_s']:8.2f}")
-    return results
+    # The demo's row format: method, data, metrics (name -> value), time_s.
+    return [{"method": r["method"], "data": r["data"],
+             "metrics": {"accuracy": r["accuracy"], "MNLL": r["mnll"], "ECE": r["ece"]},
+             "time_s": r["time_s"]} for r in results]
 
 
 if __name__ == "__main__":

@@ -197,6 +197,13 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
 def rmse(y: Tensor, mean: Tensor) -> Tensor:
     r"""Root mean squared error :math:`\sqrt{\frac1n \sum_i (y_i - \mu_i)^2}` over all entries.
 
+    Args:
+        y: targets, any shape.
+        mean: predictions, the shape of ``y``.
+
+    Returns:
+        A scalar tensor.
+
     Example:
         >>> float(rmse(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 1.0])))
         1.0

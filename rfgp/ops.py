@@ -37,7 +37,13 @@ _MAX_BLOCK_LOG2 = 7
 
 
 def next_power_of_two(n: int) -> int:
-    """Smallest power of two ``>= n`` (``n >= 1``).
+    r"""Smallest power of two ``>= n``: :math:`2^{\lceil \log_2 n \rceil}`.
+
+    Args:
+        n: a positive integer.
+
+    Returns:
+        The power of two (an ``int``).
 
     Example:
         >>> next_power_of_two(5), next_power_of_two(8)
@@ -49,7 +55,17 @@ def next_power_of_two(n: int) -> int:
 
 
 def pad_to_power_of_two(x: Tensor, dim: int = -1) -> Tensor:
-    """Zero-pad ``x`` along ``dim`` to the next power of two (no copy if already one).
+    r"""Zero-pad ``x`` along ``dim`` to the next power of two (no copy if already one).
+
+    Hadamard-based methods need :math:`d' = 2^{\lceil \log_2 d \rceil}` coordinates; zeros
+    leave every inner product :math:`x^\top y` unchanged.
+
+    Args:
+        x: tensor of any shape.
+        dim: the dimension to pad.
+
+    Returns:
+        ``x`` with ``x.shape[dim]`` padded to :func:`next_power_of_two` of it.
 
     Example:
         >>> pad_to_power_of_two(torch.ones(2, 3)).shape
@@ -165,7 +181,20 @@ def fwht(x: Tensor, normalized: bool = False, pad: bool = False) -> Tensor:
 def make_generator(
     seed: Optional[int] = None, device: Optional[torch.device] = None
 ) -> Optional[torch.Generator]:
-    """A ``torch.Generator`` seeded with ``seed``, or ``None`` (the global RNG) if seed is None."""
+    """A ``torch.Generator`` seeded with ``seed``, or ``None`` (the global RNG) if seed is None.
+
+    Args:
+        seed: an integer seed, or ``None``.
+        device: device of the generator (default CPU).
+
+    Returns:
+        A seeded ``torch.Generator`` or ``None``.
+
+    Example:
+        >>> a = torch.randn(3, generator=make_generator(0))
+        >>> torch.equal(a, torch.randn(3, generator=make_generator(0))), make_generator(None)
+        (True, None)
+    """
     if seed is None:
         return None
     if not isinstance(seed, int) or isinstance(seed, bool):
@@ -184,7 +213,20 @@ def gaussian(
     generator: Optional[torch.Generator] = None,
     dtype: torch.dtype = torch.float64,
 ) -> Tensor:
-    """Standard normal draws (on the generator's device)."""
+    r"""Standard normal draws :math:`N(0, 1)` (on the generator's device).
+
+    Args:
+        shape: shape of the result.
+        generator: ``torch.Generator`` (``None``: the global RNG).
+        dtype: real floating dtype.
+
+    Returns:
+        A tensor of ``shape``.
+
+    Example:
+        >>> gaussian((2, 3), make_generator(0)).shape
+        torch.Size([2, 3])
+    """
     return torch.randn(*shape, generator=generator, dtype=dtype, device=_device_of(generator))
 
 
@@ -193,7 +235,21 @@ def rademacher(
     generator: Optional[torch.Generator] = None,
     dtype: torch.dtype = torch.float64,
 ) -> Tensor:
-    """Uniform draws from ``{-1, +1}``."""
+    """Uniform draws from ``{-1, +1}`` (mean 0, variance 1).
+
+    Args:
+        shape: shape of the result.
+        generator: ``torch.Generator`` (``None``: the global RNG).
+        dtype: dtype of the result.
+
+    Returns:
+        A tensor of ``shape`` with entries ``-1`` or ``1``.
+
+    Example:
+        >>> r = rademacher((1000,), make_generator(0))
+        >>> sorted(r.unique().tolist()), bool(r.mean().abs() < 0.1)
+        ([-1.0, 1.0], True)
+    """
     bits = torch.randint(0, 2, tuple(shape), generator=generator, device=_device_of(generator))
     return (2 * bits - 1).to(dtype)
 
@@ -203,7 +259,21 @@ def complex_rademacher(
     generator: Optional[torch.Generator] = None,
     dtype: torch.dtype = torch.complex128,
 ) -> Tensor:
-    """Uniform draws from ``{1, -1, i, -i}`` (complex dtype)."""
+    r"""Uniform draws from ``{1, -1, i, -i}``: :math:`E[z] = E[z^2] = 0`, :math:`E|z|^2 = 1`.
+
+    Args:
+        shape: shape of the result.
+        generator: ``torch.Generator`` (``None``: the global RNG).
+        dtype: complex dtype of the result.
+
+    Returns:
+        A complex tensor of ``shape``.
+
+    Example:
+        >>> z = complex_rademacher((4,), make_generator(0))
+        >>> z.dtype, bool((z.abs() == 1).all())
+        (torch.complex128, True)
+    """
     k = torch.randint(0, 4, tuple(shape), generator=generator, device=_device_of(generator))
     real = torch.tensor([1.0, -1.0, 0.0, 0.0], dtype=torch.float64, device=k.device)[k]
     imag = torch.tensor([0.0, 0.0, 1.0, -1.0], dtype=torch.float64, device=k.device)[k]
@@ -215,7 +285,23 @@ def complex_gaussian(
     generator: Optional[torch.Generator] = None,
     dtype: torch.dtype = torch.complex128,
 ) -> Tensor:
-    """Standard complex normal draws ``(v + i w) / sqrt(2)`` with ``v, w ~ N(0, 1)``."""
+    r"""Standard complex normal draws :math:`(v + i w) / \sqrt2` with :math:`v, w \sim N(0, 1)`.
+
+    :math:`E|z|^2 = 1` and :math:`E[z^2] = 0` (circular).
+
+    Args:
+        shape: shape of the result.
+        generator: ``torch.Generator`` (``None``: the global RNG).
+        dtype: complex dtype of the result.
+
+    Returns:
+        A complex tensor of ``shape``.
+
+    Example:
+        >>> z = complex_gaussian((20000,), make_generator(0))
+        >>> bool(abs(z.abs().pow(2).mean() - 1) < 0.05), bool(z.pow(2).mean().abs() < 0.05)
+        (True, True)
+    """
     real_dtype = torch.float64
     v = gaussian(shape, generator, real_dtype)
     w = gaussian(shape, generator, real_dtype)
@@ -223,7 +309,25 @@ def complex_gaussian(
 
 
 def check_finite(name: str, value: Tensor) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``value`` holds NaN or infinite entries."""
+    """Raise ``ValueError`` naming ``name`` if ``value`` holds NaN or infinite entries.
+
+    Args:
+        name: the argument name used in the message.
+        value: the tensor to check.
+
+    Returns:
+        ``None``.
+
+    Raises:
+        ValueError: if any entry is NaN or infinite.
+
+    Example:
+        >>> check_finite("x", torch.ones(2))
+        >>> check_finite("x", torch.tensor([1.0, float("nan")]))
+        Traceback (most recent call last):
+        ...
+        ValueError: x must be finite, but 1 entries are NaN or infinite
+    """
     if not torch.isfinite(value).all():
         bad = (~torch.isfinite(value)).sum().item()
         raise ValueError(f"{name} must be finite, but {bad} entries are NaN or infinite")

@@ -85,6 +85,10 @@ class WindField:
 def load_wind() -> WindField:
     """Load the bundled wind field with its Helmholtz decomposition.
 
+    Returns:
+        A :class:`WindField` of ``(73, 144)`` float32 arrays (latitude x longitude), in m/s
+        for the winds.
+
     Example:
         >>> w = load_wind()
         >>> w.u.shape
@@ -117,6 +121,15 @@ def train_test_split(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Random split into ``(x_train, y_train, x_test, y_test)``.
 
+    Args:
+        x: ``(N, d)`` inputs.
+        y: ``(N, ...)`` targets.
+        test_fraction: share of the rows in the test part, in ``(0, 1)`` (at least one row).
+        generator: ``torch.Generator`` of the permutation.
+
+    Returns:
+        ``(x_train, y_train, x_test, y_test)``.
+
     Example:
         >>> x, y = torch.arange(10.).unsqueeze(-1), torch.arange(10.)
         >>> parts = train_test_split(x, y, 0.2, torch.Generator().manual_seed(0))
@@ -136,9 +149,23 @@ def train_test_split(
 
 
 def standardize(train: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
-    """Standardise columns with the training mean and standard deviation (constant columns kept).
+    r"""Standardise columns with the training mean and standard deviation (constant columns kept).
 
-    Returns ``(train_std, *others_std, mean, std)``.
+    :math:`\tilde x = (x - \bar x_\text{train}) / s_\text{train}` column by column, with the
+    standard deviation :math:`s` replaced by 1 where it is zero.
+
+    Args:
+        train: ``(N, ...)`` the tensor whose statistics are used.
+        *others: tensors standardised with the same statistics (e.g. the test set).
+
+    Returns:
+        ``(train_std, *others_std, mean, std)``.
+
+    Example:
+        >>> train = torch.tensor([[0.0], [2.0]], dtype=torch.float64)
+        >>> a, b, mean, std = standardize(train, torch.tensor([[1.0]], dtype=torch.float64))
+        >>> a.flatten().tolist(), b.flatten().tolist(), mean.tolist()
+        ([-0.7071067811865475, 0.7071067811865475], [0.0], [1.0])
     """
     mean = train.mean(0)
     std = train.std(0)

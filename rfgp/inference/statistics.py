@@ -37,6 +37,20 @@ def accumulate_gram(gram: Tensor, z: Tensor) -> None:
 
     Only blocks on and above the diagonal are written; :func:`symmetrize_upper` completes the
     matrix. With four column panels this does 5/8 of the multiply-adds of a full ``z^T z``.
+
+    Args:
+        gram: ``(D, D)`` accumulator, updated in place.
+        z: ``(n, D)`` rows of (real-form) features.
+
+    Returns:
+        ``None``; ``gram`` holds the sum on and above the block diagonal.
+
+    Example:
+        >>> z = torch.randn(50, 300, dtype=torch.float64)
+        >>> gram = torch.zeros(300, 300, dtype=torch.float64)
+        >>> accumulate_gram(gram, z)
+        >>> torch.allclose(symmetrize_upper(gram), z.T @ z)
+        True
     """
     width = z.shape[-1]
     panel = max(_MIN_PANEL, -(-width // 4))

@@ -33,6 +33,12 @@ def real_form(phi: Tensor) -> Tensor:
     Real input is returned as is; complex ``(..., D)`` input becomes ``(..., 2D)``
     ``[Re Phi, Im Phi]`` (the Complex-to-Real map).
 
+    Args:
+        phi: ``(..., D)`` real or complex features.
+
+    Returns:
+        ``phi`` if real, else the ``(..., 2D)`` real tensor ``[Re phi, Im phi]``.
+
     Example:
         >>> phi = torch.tensor([[1 + 2j]])
         >>> real_form(phi)
@@ -88,6 +94,22 @@ class RandomFeatureKernel(Kernel):
         is_complex (bool): whether ``features`` returns complex values.
         input_dim (int or None): ``d``, once known.
         num_outputs_per_input(): ``p`` (1 for scalar kernels), as GPyTorch's method.
+
+    Example:
+        A linear kernel :math:`\hat k(x, y) = x^\top W^\top W y / D` from a Gaussian ``W``
+        (unbiased for :math:`x^\top y`):
+
+        >>> from rfgp.ops import gaussian
+        >>> class RandomProjection(RandomFeatureKernel):
+        ...     def _sample_weights(self, input_dim, generator):
+        ...         shape = (*self.batch_shape, self.num_features, input_dim)
+        ...         return {"weight": gaussian(shape, generator)}
+        ...     def _features(self, x):
+        ...         return x @ self.weight.to(x).transpose(-1, -2) / self.num_features**0.5
+        >>> k = RandomProjection(num_features=8, seed=0).double()
+        >>> x = torch.randn(5, 3, dtype=torch.float64)
+        >>> k.features(x).shape, k(x).shape
+        (torch.Size([5, 8]), torch.Size([5, 5]))
     """
 
     is_complex: bool = False

@@ -833,6 +833,17 @@ def helmholtz_components(gp: Any, x: Tensor) -> Dict[str, Any]:
     Returns:
         ``{"curl": posterior, "div": posterior}``, each a ``MultitaskMultivariateNormal``
         over the ``(N, d)`` field.
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> x = torch.rand(30, 2, dtype=torch.float64)
+        >>> y = torch.stack([x[:, 1], -x[:, 0]], -1)            # a rotation: div-free
+        >>> k = HelmholtzFeatureKernel(80, input_dim=2, seed=0).double()
+        >>> gp = RandomFeatureGP(k, noise=0.01).fit(x, y)
+        >>> parts = helmholtz_components(gp, x[:4])
+        >>> total = parts["curl"].mean + parts["div"].mean
+        >>> parts["div"].mean.shape, torch.allclose(total, gp.predict(x[:4]))
+        (torch.Size([4, 2]), True)
     """
     from gpytorch.kernels import ScaleKernel
 

@@ -1,0 +1,167 @@
+"""scikit-learn estimators: sklearn's estimator checks, Pipeline, GridSearchCV, GP identities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("sklearn")
+
+from sklearn.base import clone  # noqa: E402
+from sklearn.model_selection import GridSearchCV  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+
+from rfgp.kernels import FourierFeatureKernel  # noqa: E402
+from rfgp.sklearn import (  # noqa: E402
+    KERNELS,
+    RandomFeatureGPClassifier,
+    RandomFeatureGPRegressor,
+    make_kernel,
+)
+
+
+@parametrize_with_checks(
+    [
+        RandomFeatureGPRegressor(num_features=32, max_iter=3, random_state=0),
+        RandomFeatureGPClassifier(num_features=32, mc_samples=64, random_state=0),
+    ]
+)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def _regression_data(n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, size=(n, 2))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+def test_regressor_matches_random_feature_gp():
+    # Without optimisation and normalisation the estimator is RandomFeatureGP on float64 data.
+    from rfgp import RandomFeatureGP
+
+    X, y = _regression_data()
+    kernel = FourierFeatureKernel(64, seed=3).double()
+    reg = RandomFeatureGPRegressor(kernel, optimizer=None, normalize_y=False, noise=0.05)
+    mean, std = reg.fit(X, y).predict(X[:7], return_std=True)
+    gp = RandomFeatureGP(FourierFeatureKernel(64, seed=3).double(), noise=0.05)
+    gp.fit(torch.tensor(X), torch.tensor(y))
+    ref_mean, ref_std = gp.predict(torch.tensor(X[:7]), return_std=True)
+    np.testing.assert_allclose(mean, ref_mean.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(std, ref_std.numpy(), rtol=1e-10, atol=1e-12)
+    # The given kernel is copied, never changed (its weights are still undrawn).
+    assert not kernel.weights_initialized
+
+
+def test_regressor_std_cov_and_samples_agree():
+    X, y = _regression_data()
+    reg = RandomFeatureGPRegressor(num_features=64, max_iter=5, random_state=0).fit(X, y * 10 + 3)
+    Xq = X[:5]
+    mean, std = reg.predict(Xq, return_std=True)
+    mean_c, cov = reg.predict(Xq, return_cov=True)
+    np.testing.assert_allclose(mean, mean_c, rtol=1e-10)
+    np.testing.assert_allclose(np.sqrt(np.diag(cov)), std, rtol=1e-8)
+    draws = reg.sample_y(Xq, n_samples=4000, random_state=1)
+    assert draws.shape == (5, 4000)
+    # Monte Carlo mean of posterior functions: within 5 standard errors of the mean.
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * std / np.sqrt(4000))
+    # Sample variance: relative standard error sqrt(2 / S).
+    np.testing.assert_allclose(draws.var(1), std**2, rtol=5 * np.sqrt(2 / 4000))
+    with pytest.raises(RuntimeError, match="return_std and return_cov"):
+        reg.predict(Xq, return_std=True, return_cov=True)
+
+
+def test_regressor_multi_output_shapes():
+    X, y = _regression_data()
+    Y = np.stack([y, -2 * y], axis=1)
+    reg = RandomFeatureGPRegressor(num_features=32, optimizer=None, random_state=0).fit(X, Y)
+    mean, cov = reg.predict(X[:4], return_cov=True)
+    assert mean.shape == (4, 2) and cov.shape == (4, 4, 2)
+    # The second target is -2 times the first: standardised they have equal posteriors.
+    np.testing.assert_allclose(cov[..., 1], 4 * cov[..., 0], rtol=1e-8)
+    assert reg.sample_y(X[:4], n_samples=3).shape == (4, 2, 3)
+
+
+def test_random_state_controls_the_features():
+    X, y = _regression_data()
+    a = RandomFeatureGPRegressor(num_features=32, optimizer=None, random_state=1).fit(X, y)
+    b = RandomFeatureGPRegressor(num_features=32, optimizer=None, random_state=1).fit(X, y)
+    c = RandomFeatureGPRegressor(num_features=32, optimizer=None, random_state=2).fit(X, y)
+    np.testing.assert_array_equal(a.predict(X), b.predict(X))
+    assert not np.allclose(a.predict(X), c.predict(X))
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_every_named_kernel_fits(name):
+    X, y = _regression_data(80)
+    X = X / 3
+    reg = RandomFeatureGPRegressor(name, num_features=16, optimizer=None, random_state=0)
+    assert np.isfinite(reg.fit(X, y).predict(X)).all()
+
+
+def test_classifier_string_labels_and_probabilities():
+    from sklearn.datasets import load_iris
+
+    X, y_int = load_iris(return_X_y=True)
+    names = np.array(["setosa", "versicolor", "virginica"])[y_int]
+    clf = make_pipeline(StandardScaler(),
+                        RandomFeatureGPClassifier(num_features=64, random_state=0))
+    clf.fit(X, names)
+    proba = clf.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
+    assert list(clf.classes_) == ["setosa", "versicolor", "virginica"]
+    assert set(clf.predict(X)) <= set(names)
+    assert clf.score(X, names) > 0.9
+    # Row-wise invariance: a row's probabilities do not depend on the other rows.
+    np.testing.assert_allclose(clf.predict_proba(X[5:6]), proba[5:6], rtol=1e-12)
+
+
+def test_classifier_validation_selects_alpha():
+    from sklearn.datasets import load_breast_cancer
+
+    from rfgp.inference import ALPHA_GRID
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    clf = RandomFeatureGPClassifier(num_features=32, lengthscale=4.0, optimizer="validation",
+                                    proba_method="mean_field", random_state=0).fit(X, y)
+    assert clf.classifier_.alpha_epsilon in ALPHA_GRID
+    assert sum(r["selected"] for r in clf.classifier_.selection_) == 1
+    assert clf.score(X, y) > 0.9
+
+
+def test_pipeline_and_grid_search():
+    X, y = _regression_data(100)
+    pipe = make_pipeline(StandardScaler(),
+                         RandomFeatureGPRegressor(num_features=32, optimizer=None, random_state=0))
+    search = GridSearchCV(pipe, {"randomfeaturegpregressor__lengthscale": [0.05, 1.0],
+                                 "randomfeaturegpregressor__kernel": ["rbf", "matern32"]}, cv=3)
+    search.fit(X, y)
+    # A lengthscale of 0.05 on standardised inputs interpolates noise: 1.0 must win.
+    assert search.best_params_["randomfeaturegpregressor__lengthscale"] == 1.0
+    assert search.score(X, y) > 0.8
+    clone(search.best_estimator_).fit(X, y)
+
+
+def test_bad_arguments():
+    X, y = _regression_data(20)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        RandomFeatureGPRegressor("nope").fit(X, y)
+    with pytest.raises(TypeError, match="kernel must be"):
+        RandomFeatureGPRegressor(kernel=3.0).fit(X, y)
+    with pytest.raises(ValueError, match="noise must be a positive float"):
+        RandomFeatureGPRegressor(noise=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="optimizer"):
+        RandomFeatureGPRegressor(optimizer="sgd").fit(X, y)
+    with pytest.raises(ValueError, match="num_features"):
+        make_kernel("rbf", num_features=0)
+    with pytest.raises(ValueError, match="lengthscale"):
+        make_kernel("rbf", lengthscale=0.0)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        RandomFeatureGPClassifier().fit(X, np.zeros(20))
+    with pytest.raises(ValueError, match="proba_method"):
+        RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
