@@ -129,6 +129,9 @@ class RandomFeatureKernel(Kernel):
         self.num_features = num_features
         self.seed = seed
         self._random_buffer_names: list[str] = []
+        # Follows .to()/.double() even for kernels without parameters, so weights drawn later
+        # get the module's dtype and device. Not part of the state_dict.
+        self.register_buffer("_dtype_anchor", torch.empty(0), persistent=False)
         if input_dim is None:
             if self.active_dims is not None:
                 input_dim = int(self.active_dims.numel())
@@ -190,10 +193,7 @@ class RandomFeatureKernel(Kernel):
     def _reference_tensor(self) -> Tensor:
         for p in self.parameters():
             return p
-        for b in self.buffers():
-            if b.is_floating_point():
-                return b
-        return torch.empty(0, dtype=torch.get_default_dtype())
+        return self._dtype_anchor
 
     def _ensure_weights(self, x: Tensor) -> None:
         d = x.shape[-1]

@@ -322,6 +322,24 @@ def test_to_dtype_moves_random_buffers(generator):
     assert kernel.weights_initialized
 
 
+def test_weights_drawn_after_cast_follow_the_module_dtype_without_parameters():
+    # A kernel with no parameters has nothing else that records the dtype of .double().
+    class Unscaled(RandomFeatureKernel):
+        def _sample_weights(self, input_dim, generator):
+            return {"w": torch.randn(self.num_features, input_dim, generator=generator,
+                                     dtype=torch.float64)}
+
+        def _features(self, x):
+            return x @ self.w.to(x.dtype).T
+
+    kernel = Unscaled(4, seed=0)
+    assert not list(kernel.parameters())
+    kernel = kernel.double()
+    kernel.features(torch.zeros(2, 3, dtype=torch.float64))
+    assert kernel.w.dtype == torch.float64
+    assert "_dtype_anchor" not in kernel.state_dict()
+
+
 # ---------------------------------------------------------------- contract for subclasses
 def test_complex_subclass_real_form_and_dtype_cast(generator):
     kernel = ComplexExponentialKernel(64, seed=0)
