@@ -18,16 +18,7 @@ from rfgp.kernels import (
     HelmholtzKernel,
 )
 from rfgp.kernels.operator import div_free_factor_rank
-
-DT = torch.float64
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def rand(*shape, seed=0):
-    return torch.rand(*shape, generator=gen(seed), dtype=DT) * 2 - 1
+from tests.helpers import DT, gen, rand
 
 
 def toy_field(x, seed=0):

@@ -19,16 +19,7 @@ from rfgp.kernels import (
 )
 from rfgp.kernels.exact import curl_free_gaussian, div_free_gaussian
 from rfgp.kernels.operator import div_free_factor, div_free_factor_rank
-
-DT = torch.float64
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def rand(*shape, seed=0):
-    return torch.rand(*shape, generator=gen(seed), dtype=DT) * 2 - 1
+from tests.helpers import DT, gen, rand
 
 
 def blocks_from_features(phi1, phi2):
