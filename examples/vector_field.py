@@ -195,29 +195,22 @@ def plot_wind(result: Dict, path: str) -> None:
     fig.colorbar(q, ax=ax, label="posterior std |sigma| (m/s)")
     ax.set_title(f"Helmholtz GP prediction, test RMSE {result['rmse']:.2f} m/s")
 
-    ax = axes[1, 0]
-    quiver(ax, data["divergent"] - data["divergent"].mean(0), scale=60, width=0.002,
-           color="0.6", label="reference (u_chi, v_chi)")
-    cs = result["curl_std"].norm(dim=-1).numpy()
-    q = quiver(ax, result["curl"] - result["curl"].mean(0), cs, cmap="plasma", scale=60,
-               width=0.002, label="GP curl-free part")
-    fig.colorbar(q, ax=ax, label="posterior std (m/s)")
-    sc = result["curl_scores"]
-    ax.set_title(f"divergent (curl-free) part minus mean: corr {sc['correlation']:.2f}, "
-                 f"rel. err {sc['relative_error']:.2f}")
-    ax.legend(loc="lower right")
-
-    ax = axes[1, 1]
-    quiver(ax, data["rotational"] - data["rotational"].mean(0), scale=600, width=0.002,
-           color="0.6", label="reference (u_psi, v_psi)")
-    ds = result["div_std"].norm(dim=-1).numpy()
-    q = quiver(ax, result["div"] - result["div"].mean(0), ds, cmap="plasma", scale=600,
-               width=0.002, label="GP div-free part")
-    fig.colorbar(q, ax=ax, label="posterior std (m/s)")
-    sc = result["div_scores"]
-    ax.set_title(f"rotational (div-free) part minus mean: corr {sc['correlation']:.3f}, "
-                 f"rel. err {sc['relative_error']:.3f}")
-    ax.legend(loc="lower right")
+    # Each Helmholtz component is shown minus its mean, over its reference component.
+    components = [
+        (axes[1, 0], "divergent", "u_chi, v_chi", "curl", "divergent (curl-free)", 60, 2),
+        (axes[1, 1], "rotational", "u_psi, v_psi", "div", "rotational (div-free)", 600, 3),
+    ]
+    for ax, reference, ref_label, part, title, scale, digits in components:
+        quiver(ax, data[reference] - data[reference].mean(0), scale=scale, width=0.002,
+               color="0.6", label=f"reference ({ref_label})")
+        std = result[f"{part}_std"].norm(dim=-1).numpy()
+        q = quiver(ax, result[part] - result[part].mean(0), std, cmap="plasma", scale=scale,
+                   width=0.002, label=f"GP {part}-free part")
+        fig.colorbar(q, ax=ax, label="posterior std (m/s)")
+        sc = result[f"{part}_scores"]
+        ax.set_title(f"{title} part minus mean: corr {sc['correlation']:.{digits}f}, "
+                     f"rel. err {sc['relative_error']:.{digits}f}")
+        ax.legend(loc="lower right")
     for ax in axes.ravel():
         ax.set_xlabel("longitude (deg E)")
         ax.set_ylabel("latitude (deg N)")
