@@ -208,6 +208,20 @@ def _check_positive(name: str, value: Any) -> float:
     return float(value)
 
 
+def _check_positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _store_params(estimator: BaseEstimator, params: Dict[str, Any]) -> None:
+    # scikit-learn's contract: __init__ stores every constructor argument unchanged under its
+    # own name (get_params/clone read them back); validation waits for fit.
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     r"""Random-feature GP regression as a scikit-learn estimator.
 
@@ -277,18 +291,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         normalize_y: bool = True,
         random_state: Any = None,
     ) -> None:
-        self.kernel = kernel
-        self.num_features = num_features
-        self.lengthscale = lengthscale
-        self.sampling = sampling
-        self.degree = degree
-        self.bias = bias
-        self.projection = projection
-        self.noise = noise
-        self.optimizer = optimizer
-        self.max_iter = max_iter
-        self.normalize_y = normalize_y
-        self.random_state = random_state
+        _store_params(self, locals())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -309,9 +312,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         noise = _check_positive("noise", self.noise)
         if self.optimizer not in ("lbfgs", "adam", None):
             raise ValueError(f"optimizer must be 'lbfgs', 'adam' or None, got {self.optimizer!r}")
-        if (not isinstance(self.max_iter, numbers.Integral) or isinstance(self.max_iter, bool)
-                or self.max_iter < 1):
-            raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}")
+        _check_positive_int("max_iter", self.max_iter)
         if self.normalize_y:
             self._y_mean = y.mean(axis=0)
             std = y.std(axis=0)
@@ -518,18 +519,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         mc_samples: int = 1000,
         random_state: Any = None,
     ) -> None:
-        self.kernel = kernel
-        self.num_features = num_features
-        self.lengthscale = lengthscale
-        self.sampling = sampling
-        self.degree = degree
-        self.bias = bias
-        self.projection = projection
-        self.alpha_epsilon = alpha_epsilon
-        self.optimizer = optimizer
-        self.proba_method = proba_method
-        self.mc_samples = mc_samples
-        self.random_state = random_state
+        _store_params(self, locals())
 
     def fit(self, X: Any, y: Any) -> RandomFeatureGPClassifier:
         """Fit one latent GP per class to the Dirichlet-transformed labels.
@@ -557,9 +547,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
                 "proba_method must be 'mc', 'mean_field' or 'lognormal', got "
                 f"{self.proba_method!r}"
             )
-        if (not isinstance(self.mc_samples, numbers.Integral) or isinstance(self.mc_samples, bool)
-                or self.mc_samples < 1):
-            raise ValueError(f"mc_samples must be a positive integer, got {self.mc_samples!r}")
+        _check_positive_int("mc_samples", self.mc_samples)
         seed = _seed(self.random_state)
         kernel = _kernel_from(self, seed)
         model = DirichletGPClassifier(
