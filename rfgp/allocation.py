@@ -71,9 +71,23 @@ def surrogate_variance(
 ) -> float:
     r"""Convex surrogate of a sketch's variance with ``num_features`` features (App. C).
 
-    ``variance`` is the single-feature variance ``V``, ``covariance`` the covariance ``C`` of two
-    features of one structured block of size ``block_dim`` (0 and ``None`` for unstructured
-    sketches, where the result is ``V / D``). Both may be sums over pairs of inputs.
+    .. math::
+        f(D) = \begin{cases} (V - C)/D + C & C \le 0 \text{ and } D \le d \\
+                             (V + (d-1) C)/D & \text{otherwise.} \end{cases}
+
+    Args:
+        variance: the single-feature variance ``V`` (may be a sum over pairs of inputs).
+        covariance: the covariance ``C`` of two features of one structured block (a sum over
+            the same pairs); 0 for unstructured sketches.
+        num_features: ``D >= 1``, the number of features of the sketch.
+        block_dim: block size ``d`` of a structured (TensorSRHT) sketch; ``None`` for
+            unstructured sketches, where the result is ``V / D``.
+
+    Returns:
+        The surrogate ``f(D)`` (a float): convex and non-increasing in ``D``.
+
+    Raises:
+        ValueError: if ``num_features < 1``.
 
     Example:
         >>> surrogate_variance(3.0, 0.0, 3)
@@ -148,6 +162,19 @@ class AllocationStatistics:
         structure: ``"none"`` (``V/D``), ``"tensorsrht"`` (convex surrogate) or
             ``"tensorsketch"`` (exact real TensorSketch variance ``V/D + gcd(2, D) C/D^2``;
             not convex in ``D``, so the greedy is a heuristic there).
+
+    Example:
+        >>> from rfgp.variance import sketch_variance
+        >>> z = torch.randn(10, 3, dtype=torch.float64,
+        ...                 generator=torch.Generator().manual_seed(0)) / 3
+        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
+        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> stats.num_pairs, stats.max_degree, stats.structure
+        (90, 2, 'none')
+
+    References:
+        Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
+        JMLR 2024, Section 5.3.
     """
 
     coefficients: Tensor
@@ -163,6 +190,7 @@ class AllocationStatistics:
 
     @property
     def max_degree(self) -> int:
+        """``L``, the largest degree with a coefficient."""
         return self.coefficients.numel() - 1
 
 
@@ -176,6 +204,11 @@ class AllocationResult:
         truncation_degree: ``p*``, the largest degree with features.
         objective: ``g(p*, D*)`` (mean squared error per pair of the subsample).
         objectives: ``{p: g(p, D(p))}`` for every feasible ``p`` tried.
+
+    Example:
+        >>> result = AllocationResult(torch.tensor([1, 6, 1]), 2, 0.25)
+        >>> int(result.degree_counts.sum()), result.truncation_degree, result.objectives
+        (8, 2, {})
     """
 
     degree_counts: Tensor
@@ -229,6 +262,23 @@ def allocation_objective(stats: AllocationStatistics, degree_counts: Sequence[in
     Returns:
         Mean over ordered pairs of variance plus squared bias (the surrogate variance for
         structured sketches).
+
+    Raises:
+        ValueError: if ``degree_counts`` has more entries than the degrees in ``stats``.
+
+    Example:
+        >>> from rfgp.variance import sketch_variance
+        >>> z = torch.randn(10, 3, dtype=torch.float64,
+        ...                 generator=torch.Generator().manual_seed(0)) / 3
+        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
+        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> g4, g8 = allocation_objective(stats, [1, 4, 4]), allocation_objective(stats, [1, 8, 8])
+        >>> round(g4 / g8, 6)   # no bias: the variance halves with twice the features
+        2.0
+
+    References:
+        Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
+        JMLR 2024, Eq. 49-51 and 55.
     """
     counts = [int(c) for c in degree_counts]
     if len(counts) > stats.max_degree + 1:
@@ -264,6 +314,22 @@ def optimize_allocation(
 
     Raises:
         ValueError: if no truncation degree in the range is feasible with this budget.
+
+    Example:
+        >>> from rfgp.variance import sketch_variance
+        >>> z = torch.randn(10, 3, dtype=torch.float64,
+        ...                 generator=torch.Generator().manual_seed(0)) / 3
+        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
+        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> result = optimize_allocation(stats, budget=16)
+        >>> int(result.degree_counts.sum()), int(result.degree_counts[0])   # constant: 1 feature
+        (16, 1)
+        >>> allocation_objective(stats, result.degree_counts) == result.objective
+        True
+
+    References:
+        Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
+        JMLR 2024, Algorithm 3.
     """
     top = stats.max_degree if max_degree is None else min(max_degree, stats.max_degree)
     if min_degree < 1 or min_degree > top:
@@ -332,6 +398,24 @@ def allocation_statistics(
 
     Returns:
         :class:`AllocationStatistics`.
+
+    Raises:
+        ValueError: for an unknown ``structure``, ``structure="tensorsrht"`` without
+            ``block_dim``, ``z`` not of shape ``(m, d)`` with ``m >= 2``, or variances that
+            overflow.
+
+    Example:
+        >>> from rfgp.variance import sketch_variance
+        >>> z = torch.randn(10, 3, dtype=torch.float64,
+        ...                 generator=torch.Generator().manual_seed(0)) / 3
+        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
+        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> stats.truncation_bias[-1].item() < 1e-20   # all degrees present: no bias
+        True
+
+    References:
+        Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
+        JMLR 2024, Section 5.3 and Appendix C.
     """
     if structure is None:
         structure = "none" if block_dim is None else "tensorsrht"
@@ -429,6 +513,18 @@ def maclaurin_coefficients(target: str, max_degree: int, degree: Optional[int] =
     * ``"polynomial"``: :math:`(x^\top y + b)^p`, :math:`a_n = \binom{p}{n} b^{p-n}` (``L = p``);
     * ``"exponential"`` / ``"gaussian"``: :math:`e^{x^\top y}`, :math:`a_n = 1/n!` (``L`` =
       ``max_degree``).
+
+    Args:
+        target: ``"polynomial"``, ``"exponential"`` or ``"gaussian"``.
+        max_degree: ``L`` of the exponential series (ignored for ``"polynomial"``).
+        degree: ``p`` of ``"polynomial"`` (required there).
+        bias: ``b`` of ``"polynomial"``.
+
+    Returns:
+        ``(L+1,)`` float64 tensor ``a_0..a_L``.
+
+    Raises:
+        ValueError: for an unknown ``target`` or ``"polynomial"`` without ``degree``.
 
     Example:
         >>> maclaurin_coefficients("polynomial", 10, degree=2, bias=1.0)
