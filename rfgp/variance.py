@@ -117,6 +117,16 @@ def pair_moments(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
 
     Row-wise for broadcast ``(..., d)`` inputs, computed in (at least) float64.
 
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+
+    Returns:
+        Three ``(...)`` float64 tensors ``(s, N, S)``.
+
+    Raises:
+        TypeError: if ``x`` or ``y`` is not a real floating tensor.
+        ValueError: if they are scalars or their last dimensions differ.
+
     Example:
         >>> [float(t) for t in pair_moments(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 1.0]))]
         [5.0, 50.0, 13.0]
@@ -142,6 +152,13 @@ def srht_pair_count(num_features: int, padded_dim: int) -> int:
     r""":math:`c(D, d) = \lfloor D/d \rfloor d (d-1) + r (r-1)`, :math:`r = D \bmod d`.
 
     The number of ordered pairs of distinct TensorSRHT features that share a block.
+
+    Args:
+        num_features: ``D >= 1``.
+        padded_dim: block size ``d >= 1`` (the input dimension padded to a power of two).
+
+    Returns:
+        ``c(D, d)`` as an int.
 
     Example:
         >>> [srht_pair_count(D, 8) for D in (1, 2, 8, 9, 19)]
@@ -193,8 +210,17 @@ def unstructured_pseudo_variance(
     .. math::
         \mathrm{PV} = \tfrac1D\big[(m_4 S + 2 (s^2 - S) + (2q-1)^2 (N - S))^p - s^{2p}\big]
 
-    (for real weights, ``q = 1``, it equals the variance). Arguments as
-    :func:`unstructured_variance`.
+    (for real weights, ``q = 1``, it equals the variance).
+
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        num_features: ``D >= 1``.
+        fourth_moment: :math:`m_4 = \mathbb{E}|z|^4` of a weight entry (>= 1).
+        q: :math:`\mathbb{E}[\mathrm{Re}(z)^2]` in ``[0, 1]`` (1 for real weights).
+
+    Returns:
+        ``(...)`` float64 tensor.
 
     Example:
         >>> x = torch.tensor([0.6, 0.8], dtype=torch.float64)
@@ -221,6 +247,22 @@ def gaussian_sketch_variance(
     Real :math:`\tfrac1D[(N + 2s^2)^p - s^{2p}]`, complex :math:`\tfrac1D[(N + s^2)^p -
     s^{2p}]`, CtR :math:`\tfrac1{2D}[(N + s^2)^p + (2 s^2)^p - 2 s^{2p}]`.
 
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        num_features: ``D >= 1`` (complex features when ``complex=True``).
+        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
+            estimator).
+        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+
+    Returns:
+        ``(...)`` float64 tensor.
+
+    Raises:
+        TypeError: if ``complex`` or ``ctr`` is not a bool.
+        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
+            ``num_features`` is not a positive integer.
+
     Example:
         >>> x, y = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])
         >>> float(gaussian_sketch_variance(x, y, 1, 1))
@@ -244,6 +286,22 @@ def rademacher_sketch_variance(
 
     Real :math:`\tfrac1D[(N + 2a)^p - s^{2p}]`, complex :math:`\tfrac1D[(N + a)^p - s^{2p}]`,
     CtR :math:`\tfrac1{2D}[(N + a)^p + (s^2 + a)^p - 2 s^{2p}]`, with :math:`a = s^2 - S`.
+
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        num_features: ``D >= 1`` (complex features when ``complex=True``).
+        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
+            estimator).
+        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+
+    Returns:
+        ``(...)`` float64 tensor.
+
+    Raises:
+        TypeError: if ``complex`` or ``ctr`` is not a bool.
+        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
+            ``num_features`` is not a positive integer.
 
     Example:
         >>> x, y = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])
@@ -272,6 +330,16 @@ def tensorsrht_variance_terms(
     (:math:`V^{(1)} \to \mathrm{PV}^{(1)} = a + (2q-1)^2 (N - S)`); with ``ctr=True`` (needs
     ``complex=True``) both are the averages of the two, the terms of the CtR variance. The
     Maclaurin allocation builds its convex surrogates from these.
+
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        complex: complex weights (``q = 1/2``) instead of real ones (``q = 1``).
+        pseudo: the pseudo-variance analogues instead of the variance terms.
+        ctr: the Complex-to-Real terms (average of the two); needs ``complex=True``.
+
+    Returns:
+        ``(V, Cov)``, two ``(...)`` float64 tensors.
 
     Example:
         >>> x = torch.tensor([0.5 ** 0.5, 0.5 ** 0.5], dtype=torch.float64)
@@ -314,6 +382,22 @@ def tensorsrht_variance(
     bias coordinate, if any, must already be appended) and signs and permutations independent
     across degrees and blocks.
 
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        num_features: ``D >= 1`` (complex features when ``complex=True``).
+        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
+            estimator).
+        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+
+    Returns:
+        ``(...)`` float64 tensor.
+
+    Raises:
+        TypeError: if ``complex`` or ``ctr`` is not a bool.
+        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
+            ``num_features`` is not a positive integer.
+
     Example:
         >>> x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) / 30 ** 0.5
         >>> y = torch.tensor([4.0, 3.0, 2.0, 1.0], dtype=torch.float64) / 30 ** 0.5
@@ -340,6 +424,22 @@ def tensorsketch_variance(
     :math:`T_0 = s^{2p}`, :math:`T_B = (N + a)^p`, :math:`T_C = (s^2 + a)^p`,
     :math:`T = (N + 2a)^p`. Complex signs: :math:`(T_B - T_0)/D` (pseudo-variance
     :math:`(T_C - T_0)/D`), the same as the complex Rademacher sketch.
+
+    Args:
+        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
+        degree: ``p >= 1``.
+        num_features: ``D >= 1`` (complex features when ``complex=True``).
+        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
+            estimator).
+        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+
+    Returns:
+        ``(...)`` float64 tensor.
+
+    Raises:
+        TypeError: if ``complex`` or ``ctr`` is not a bool.
+        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
+            ``num_features`` is not a positive integer.
 
     Example:
         >>> x, y = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
