@@ -213,11 +213,7 @@ def unstructured_pseudo_variance(
     (for real weights, ``q = 1``, it equals the variance).
 
     Args:
-        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
-        degree: ``p >= 1``.
-        num_features: ``D >= 1``.
-        fourth_moment: :math:`m_4 = \mathbb{E}|z|^4` of a weight entry (>= 1).
-        q: :math:`\mathbb{E}[\mathrm{Re}(z)^2]` in ``[0, 1]`` (1 for real weights).
+        x, y, degree, num_features, fourth_moment, q: as in :func:`unstructured_variance`.
 
     Returns:
         ``(...)`` float64 tensor.
@@ -238,6 +234,19 @@ def _ctr_combine(variance: Tensor, pseudo: Tensor) -> Tensor:
     return 0.5 * (variance + pseudo)
 
 
+def _weight_sketch_variance(
+    projection: str, x: Tensor, y: Tensor, degree: int, num_features: int, complex: bool,
+    ctr: bool,
+) -> Tensor:
+    # The Gaussian and Rademacher sketches differ only in the moments of one weight entry.
+    _check_ctr(complex, ctr)
+    m4, q = _WEIGHT_MOMENTS[(projection, complex)]
+    v = unstructured_variance(x, y, degree, num_features, m4, q)
+    if ctr:
+        return _ctr_combine(v, unstructured_pseudo_variance(x, y, degree, num_features, m4, q))
+    return v
+
+
 def gaussian_sketch_variance(
     x: Tensor, y: Tensor, degree: int, num_features: int, complex: bool = False,
     ctr: bool = False,
@@ -248,20 +257,10 @@ def gaussian_sketch_variance(
     s^{2p}]`, CtR :math:`\tfrac1{2D}[(N + s^2)^p + (2 s^2)^p - 2 s^{2p}]`.
 
     Args:
-        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
-        degree: ``p >= 1``.
-        num_features: ``D >= 1`` (complex features when ``complex=True``).
-        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
-            estimator).
-        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+        x, y, degree, num_features, complex, ctr: as in :func:`sketch_variance`.
 
     Returns:
         ``(...)`` float64 tensor.
-
-    Raises:
-        TypeError: if ``complex`` or ``ctr`` is not a bool.
-        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
-            ``num_features`` is not a positive integer.
 
     Example:
         >>> x, y = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])
@@ -270,12 +269,7 @@ def gaussian_sketch_variance(
         >>> float(gaussian_sketch_variance(x, y, 1, 1, complex=True))
         1.0
     """
-    _check_ctr(complex, ctr)
-    m4, q = _WEIGHT_MOMENTS[("gaussian", complex)]
-    v = unstructured_variance(x, y, degree, num_features, m4, q)
-    if ctr:
-        return _ctr_combine(v, unstructured_pseudo_variance(x, y, degree, num_features, m4, q))
-    return v
+    return _weight_sketch_variance("gaussian", x, y, degree, num_features, complex, ctr)
 
 
 def rademacher_sketch_variance(
@@ -288,32 +282,17 @@ def rademacher_sketch_variance(
     CtR :math:`\tfrac1{2D}[(N + a)^p + (s^2 + a)^p - 2 s^{2p}]`, with :math:`a = s^2 - S`.
 
     Args:
-        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
-        degree: ``p >= 1``.
-        num_features: ``D >= 1`` (complex features when ``complex=True``).
-        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
-            estimator).
-        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+        x, y, degree, num_features, complex, ctr: as in :func:`sketch_variance`.
 
     Returns:
         ``(...)`` float64 tensor.
-
-    Raises:
-        TypeError: if ``complex`` or ``ctr`` is not a bool.
-        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
-            ``num_features`` is not a positive integer.
 
     Example:
         >>> x, y = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])
         >>> float(rademacher_sketch_variance(x, y, 3, 4))   # d = 1 in effect: exact
         0.0
     """
-    _check_ctr(complex, ctr)
-    m4, q = _WEIGHT_MOMENTS[("rademacher", complex)]
-    v = unstructured_variance(x, y, degree, num_features, m4, q)
-    if ctr:
-        return _ctr_combine(v, unstructured_pseudo_variance(x, y, degree, num_features, m4, q))
-    return v
+    return _weight_sketch_variance("rademacher", x, y, degree, num_features, complex, ctr)
 
 
 # ---------------------------------------------------------------------------------- TensorSRHT
@@ -383,20 +362,10 @@ def tensorsrht_variance(
     across degrees and blocks.
 
     Args:
-        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
-        degree: ``p >= 1``.
-        num_features: ``D >= 1`` (complex features when ``complex=True``).
-        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
-            estimator).
-        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+        x, y, degree, num_features, complex, ctr: as in :func:`sketch_variance`.
 
     Returns:
         ``(...)`` float64 tensor.
-
-    Raises:
-        TypeError: if ``complex`` or ``ctr`` is not a bool.
-        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
-            ``num_features`` is not a positive integer.
 
     Example:
         >>> x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) / 30 ** 0.5
@@ -426,20 +395,10 @@ def tensorsketch_variance(
     :math:`(T_C - T_0)/D`), the same as the complex Rademacher sketch.
 
     Args:
-        x, y: ``(..., d)`` inputs (broadcast), already scaled, bias coordinate appended.
-        degree: ``p >= 1``.
-        num_features: ``D >= 1`` (complex features when ``complex=True``).
-        complex: complex weights (variance :math:`\mathbb{E}|\hat k - s^p|^2` of the complex
-            estimator).
-        ctr: variance of the real part (Complex-to-Real); needs ``complex=True``.
+        x, y, degree, num_features, complex, ctr: as in :func:`sketch_variance`.
 
     Returns:
         ``(...)`` float64 tensor.
-
-    Raises:
-        TypeError: if ``complex`` or ``ctr`` is not a bool.
-        ValueError: if ``ctr=True`` without ``complex=True``, or ``degree`` /
-            ``num_features`` is not a positive integer.
 
     Example:
         >>> x, y = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
@@ -514,6 +473,12 @@ def sketch_variance(
 
     Returns:
         ``(...)`` float64 tensor (differentiable w.r.t. ``x`` and ``y``).
+
+    Raises:
+        TypeError: if ``x`` or ``y`` is not a real floating tensor, or ``complex`` or ``ctr``
+            is not a bool.
+        ValueError: for an unknown ``projection``, ``ctr=True`` without ``complex=True``, or
+            ``degree`` / ``num_features`` not a positive integer.
 
     Example:
         >>> x = torch.rand(5, 3, dtype=torch.float64)
