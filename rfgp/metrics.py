@@ -462,6 +462,12 @@ def reliability_diagram(probs: Tensor, labels: Tensor, num_bins: int = 15) -> di
         dict with ``bin_edges`` ``(B + 1,)``, ``confidence`` ``(B,)`` (mean confidence per bin,
         NaN for an empty bin), ``accuracy`` ``(B,)`` (NaN for an empty bin) and ``count``
         ``(B,)``.
+
+    Example:
+        >>> probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.35, 0.65], [0.45, 0.55]])
+        >>> diagram = reliability_diagram(probs, torch.tensor([0, 1, 1, 1]), num_bins=4)
+        >>> diagram["count"], diagram["accuracy"][2:]   # bins (0.5, 0.75] and (0.75, 1]
+        (tensor([0, 0, 3, 1]), tensor([0.6667, 1.0000]))
     """
     _check_proba_labels(probs, labels)
     if not isinstance(num_bins, int) or isinstance(num_bins, bool) or num_bins < 1:

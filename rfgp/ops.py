@@ -101,6 +101,12 @@ def hadamard_matrix(
         normalized: divide by ``sqrt(n)`` so that ``H H = I``.
         dtype, device: of the result.
 
+    Returns:
+        ``(n, n)`` tensor of ``+-1`` entries (``+-1/sqrt(n)`` when ``normalized``), symmetric.
+
+    Raises:
+        ValueError: if ``n`` is not a power of two.
+
     Example:
         >>> hadamard_matrix(2)
         tensor([[ 1.,  1.],

@@ -98,6 +98,19 @@ def _resolve_factor(dim: int, factor: str) -> str:
 def div_free_factor_rank(dim: int, factor: str = "auto") -> int:
     """``p'``, the number of columns of the div-free factor ``B(omega)`` in dimension ``dim``.
 
+    Args:
+        dim: input dimension ``d >= 2``.
+        factor: ``"rotation"`` (d = 2), ``"cross"`` (d = 3), ``"complement"``,
+            ``"projection"`` or ``"auto"``, as in :func:`div_free_factor`.
+
+    Returns:
+        ``1``, ``3``, ``d - 1`` or ``d`` for the factors above (``"auto"``: 1 in 2-D, else
+        ``d - 1``).
+
+    Raises:
+        ValueError: for an unknown ``factor``, ``dim < 2``, or a factor that does not exist in
+            dimension ``dim``.
+
     Example:
         >>> [div_free_factor_rank(2), div_free_factor_rank(3, "cross"), div_free_factor_rank(5)]
         [1, 3, 4]

@@ -62,6 +62,13 @@ def fit_spherical_mixture(
     spectral density is :math:`\sum_i c_i N(0, s_i^2 I)`), which is why
     this module uses them instead of Pennington et al.'s signed fit clipped at zero.
 
+    Args:
+        degree: ``p``, the exponent of the target kernel.
+        a: the kernel's scale ``a`` (``a > 0``; the target vanishes for ``z >= a``).
+        num_components: number ``C`` of candidate Gaussian scales on the log-spaced grid.
+        num_points: number of grid points of ``z`` in ``[0, 2]`` (the distances between unit
+            vectors).
+
     Returns:
         ``(scales, weights, max_abs_error)``: ``(C,)`` float64 tensors (components with zero
         weight dropped) and the largest fit error on the grid.
@@ -70,6 +77,9 @@ def fit_spherical_mixture(
         >>> s, c, err = fit_spherical_mixture(7)
         >>> err < 0.05 and abs(float(c.sum()) - 1.0) < 1e-3
         True
+
+    References:
+        Pennington, Yu, Kumar, *Spherical Random Features for Polynomial Kernels*, NIPS 2015.
     """
     base = math.sqrt(2.0 * degree) / a
     scales = base * np.logspace(-1.5, 1.5, num_components)
