@@ -564,7 +564,14 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities ``(n_samples, n_classes)``, columns in the order of ``classes_``."""
+        """Class probabilities ``(n_samples, n_classes)``, columns in the order of ``classes_``.
+
+        Args:
+            X: ``(n_samples, n_features)`` inputs.
+
+        Returns:
+            ``(n_samples, n_classes)`` array whose rows sum to 1.
+        """
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         post = self.classifier_.latent_posterior(_as_tensor(X))
@@ -586,11 +593,25 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         return proba.numpy()
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
-        """Logarithm of :meth:`predict_proba`."""
+        """Logarithm of :meth:`predict_proba`.
+
+        Args:
+            X: ``(n_samples, n_features)`` inputs.
+
+        Returns:
+            ``(n_samples, n_classes)`` array (``-inf`` where a probability is 0).
+        """
         with np.errstate(divide="ignore"):
             return np.log(self.predict_proba(X))
 
     def predict(self, X: Any) -> np.ndarray:
-        """The most probable class of every row, ``(n_samples,)`` with the type of ``classes_``."""
+        """The most probable class of every row.
+
+        Args:
+            X: ``(n_samples, n_features)`` inputs.
+
+        Returns:
+            ``(n_samples,)`` array of labels, with the type of ``classes_``.
+        """
         check_is_fitted(self)
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -68,6 +68,19 @@ class WindField:
 
     ``u = u_chi + u_psi`` and ``v = v_chi + v_psi``: the divergent (curl-free, ``chi``) and the
     rotational (divergence-free, ``psi``) parts from a spherical-harmonic decomposition.
+
+    Attributes:
+        latitude: ``(73,)`` degrees, 90 .. -90.
+        longitude: ``(144,)`` degrees, 0 .. 357.5.
+        u, v: ``(73, 144)`` eastward and northward wind (m/s).
+        u_chi, v_chi: ``(73, 144)`` divergent (curl-free) part (m/s).
+        u_psi, v_psi: ``(73, 144)`` rotational (divergence-free) part (m/s).
+        divergence, vorticity: ``(73, 144)`` fields of the wind (1/s).
+
+    Example:
+        >>> w = load_wind()
+        >>> bool(np.allclose(w.u, w.u_chi + w.u_psi, atol=1e-3 * np.abs(w.u).max()))
+        True
     """
 
     latitude: np.ndarray  # (73,) degrees, 90 .. -90

@@ -434,6 +434,20 @@ def register_helmholtz_parameters(module: Kernel, ard_num_dims: Optional[int]) -
     ``curl_lengthscale`` / ``div_lengthscale``: ``(*batch, 1, ard_num_dims or 1)``;
     ``curl_outputscale`` / ``div_outputscale``: ``(*batch,)``. Shared by the exact and the
     random-feature Helmholtz kernels so that their parameters can be copied one to one.
+
+    Args:
+        module: the kernel to register ``raw_{curl,div}_{lengthscale,outputscale}`` (with
+            ``Positive`` constraints) on; its ``batch_shape`` sets the leading dimensions.
+        ard_num_dims: number of lengthscales per part (``None``: one shared lengthscale).
+
+    Returns:
+        ``None``; ``module`` is changed in place.
+
+    Example:
+        >>> module = gpytorch.kernels.Kernel()
+        >>> register_helmholtz_parameters(module, ard_num_dims=2)
+        >>> module.raw_curl_lengthscale.shape, module.raw_div_outputscale.shape
+        (torch.Size([1, 2]), torch.Size([]))
     """
     batch = module.batch_shape
     width = 1 if ard_num_dims is None else ard_num_dims
