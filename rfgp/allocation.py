@@ -163,14 +163,7 @@ class AllocationStatistics:
             ``"tensorsketch"`` (exact real TensorSketch variance ``V/D + gcd(2, D) C/D^2``;
             not convex in ``D``, so the greedy is a heuristic there).
 
-    Example:
-        >>> from rfgp.variance import sketch_variance
-        >>> z = torch.randn(10, 3, dtype=torch.float64,
-        ...                 generator=torch.Generator().manual_seed(0)) / 3
-        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
-        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
-        >>> stats.num_pairs, stats.max_degree, stats.structure
-        (90, 2, 'none')
+    Built by :func:`allocation_statistics` (see its example).
 
     References:
         Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
@@ -267,14 +260,8 @@ def allocation_objective(stats: AllocationStatistics, degree_counts: Sequence[in
         ValueError: if ``degree_counts`` has more entries than the degrees in ``stats``.
 
     Example:
-        >>> from rfgp.variance import sketch_variance
-        >>> z = torch.randn(10, 3, dtype=torch.float64,
-        ...                 generator=torch.Generator().manual_seed(0)) / 3
-        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
-        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
-        >>> g4, g8 = allocation_objective(stats, [1, 4, 4]), allocation_objective(stats, [1, 8, 8])
-        >>> round(g4 / g8, 6)   # no bias: the variance halves with twice the features
-        2.0
+        See :func:`allocation_statistics` (twice the features halve an unbiased objective)
+        and :func:`optimize_allocation`.
 
     References:
         Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
@@ -317,10 +304,9 @@ def optimize_allocation(
 
     Example:
         >>> from rfgp.variance import sketch_variance
-        >>> z = torch.randn(10, 3, dtype=torch.float64,
-        ...                 generator=torch.Generator().manual_seed(0)) / 3
-        >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
-        >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> z = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        >>> a = maclaurin_coefficients("exponential", 4)   # exp(x^T y), degrees 0..4
+        >>> stats = allocation_statistics(z, a, lambda x, y: torch.exp(x @ y.T), sketch_variance)
         >>> result = optimize_allocation(stats, budget=16)
         >>> int(result.degree_counts.sum()), int(result.degree_counts[0])   # constant: 1 feature
         (16, 1)
@@ -410,8 +396,13 @@ def allocation_statistics(
         ...                 generator=torch.Generator().manual_seed(0)) / 3
         >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)
         >>> stats = allocation_statistics(z, a, lambda x, y: (x @ y.T + 1) ** 2, sketch_variance)
+        >>> stats.num_pairs, stats.max_degree, stats.structure
+        (90, 2, 'none')
         >>> stats.truncation_bias[-1].item() < 1e-20   # all degrees present: no bias
         True
+        >>> g4, g8 = allocation_objective(stats, [1, 4, 4]), allocation_objective(stats, [1, 8, 8])
+        >>> round(g4 / g8, 6)   # no bias: the variance halves with twice the features
+        2.0
 
     References:
         Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
