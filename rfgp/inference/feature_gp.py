@@ -73,14 +73,17 @@ def robust_cholesky(matrix: Tensor, jitter: Optional[float] = None, what: str = 
         >>> torch.allclose(l @ l.T, a)
         True
     """
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    base = matrix if not jitter else matrix + jitter * eye
+    base = matrix
+    if jitter:
+        base = matrix.clone()
+        base.diagonal().add_(jitter)
     # NaN anywhere in the input reaches the diagonal of the factor, so checking it suffices.
     chol, info = torch.linalg.cholesky_ex(base)
     if int(info) == 0 and torch.isfinite(chol.diagonal()).all():
         return chol
     if not torch.isfinite(matrix).all():
         raise NotPSDError(f"the {what} holds NaN or infinite entries; check the inputs and noise")
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     scale = matrix.diagonal().abs().mean().item() or 1.0
     rel = 1e-10 if matrix.real.dtype == torch.float64 else 1e-6
     for attempt in range(_MAX_JITTER_TRIES):
@@ -782,9 +785,10 @@ class RandomFeatureGP(torch.nn.Module):
             rhs = torch.complex(rhs[:half], -rhs[half:])
             width = half
         else:
-            bmat = gram
-        bmat = bmat + torch.eye(width, dtype=bmat.dtype, device=bmat.device)
-        bmat = 0.5 * (bmat + bmat.transpose(0, 1).conj())
+            bmat = gram.clone()
+        # The statistics' Gram is exactly symmetric (symmetrize_upper) and the Cholesky reads
+        # one triangle only, so no symmetrisation pass is needed: just B = G + I in place.
+        bmat.diagonal().add_(1.0)
         chol = robust_cholesky(bmat, self.jitter, "weight-space matrix B")
         weights = torch.cholesky_solve(rhs.to(chol.dtype), chol)
         return _Factor(cols, chol, weights)
