@@ -574,7 +574,11 @@ class DirichletGPClassifier:
     :class:`DirichletLikelihood` with its own heteroscedastic noise. With a random-feature kernel
     (a :class:`rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one; real or complex
     features) the posterior is computed by :class:`rfgp.RandomFeatureGP`: one ``D x D`` (or
-    ``N x N`` when ``N < D``) factorisation per class, cost :math:`O(C(N D^2 + D^3))`. Any
+    ``N x N`` when ``N < D``) factorisation per class. A class's noise takes one value on its
+    own rows and another on the rest, so the ``C`` weighted Gram matrices come from one shared
+    :math:`\Phi^\top\Phi` plus one product over each class's rows
+    (:class:`rfgp.inference.statistics.FeatureStatistics`): cost :math:`O(2 N D^2 + C D^3)`
+    instead of :math:`O(C (N D^2 + D^3))`. Any
     other GPyTorch kernel gives the exact Dirichlet GP (one ``N x N`` Cholesky per class,
     :math:`O(C N^3)`; the posterior of :class:`DirichletExactGP`), the reference the
     random-feature models are measured against.

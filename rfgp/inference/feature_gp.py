@@ -38,7 +38,7 @@ from torch import Tensor
 from rfgp.inference.statistics import FeatureStatistics
 from rfgp.kernels.base import RandomFeatureKernel, real_form
 
-__all__ = ["RandomFeatureGP", "robust_cholesky"]
+__all__ = ["ConvergenceWarning", "RandomFeatureGP", "robust_cholesky"]
 
 _SOLVES = ("auto", "weight", "function")
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -46,6 +46,14 @@ _LOG_2PI = math.log(2.0 * math.pi)
 # enough that a chunk of features stays a few tens of MB.
 _CHUNK_ENTRIES = 1 << 22
 _MAX_JITTER_TRIES = 8
+# optimize_hyperparameters: the log-noise stays within this distance of the log of the targets'
+# mean square; the gradient max-norm of the per-datum loss below which it has converged.
+_LOG_NOISE_RANGE = 25.0
+_GRAD_TOLERANCE = 1e-4
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative optimisation stopped before it converged."""
 
 
 def robust_cholesky(matrix: Tensor, jitter: Optional[float] = None, what: str = "matrix") -> Tensor:
@@ -73,14 +81,17 @@ def robust_cholesky(matrix: Tensor, jitter: Optional[float] = None, what: str = 
         >>> torch.allclose(l @ l.T, a)
         True
     """
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    base = matrix if not jitter else matrix + jitter * eye
+    base = matrix
+    if jitter:
+        base = matrix.clone()
+        base.diagonal().add_(jitter)
     # NaN anywhere in the input reaches the diagonal of the factor, so checking it suffices.
     chol, info = torch.linalg.cholesky_ex(base)
     if int(info) == 0 and torch.isfinite(chol.diagonal()).all():
         return chol
     if not torch.isfinite(matrix).all():
         raise NotPSDError(f"the {what} holds NaN or infinite entries; check the inputs and noise")
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     scale = matrix.diagonal().abs().mean().item() or 1.0
     rel = 1e-10 if matrix.real.dtype == torch.float64 else 1e-6
     for attempt in range(_MAX_JITTER_TRIES):
@@ -782,9 +793,10 @@ class RandomFeatureGP(torch.nn.Module):
             rhs = torch.complex(rhs[:half], -rhs[half:])
             width = half
         else:
-            bmat = gram
-        bmat = bmat + torch.eye(width, dtype=bmat.dtype, device=bmat.device)
-        bmat = 0.5 * (bmat + bmat.transpose(0, 1).conj())
+            bmat = gram.clone()
+        # The statistics' Gram is exactly symmetric (symmetrize_upper) and the Cholesky reads
+        # one triangle only, so no symmetrisation pass is needed: just B = G + I in place.
+        bmat.diagonal().add_(1.0)
         chol = robust_cholesky(bmat, self.jitter, "weight-space matrix B")
         weights = torch.cholesky_solve(rhs.to(chol.dtype), chol)
         return _Factor(cols, chol, weights)
@@ -1171,12 +1183,22 @@ class RandomFeatureGP(torch.nn.Module):
         outputscale, ...) and, when ``noise`` is ``None`` and ``optimize_noise``, the log of the
         model noise; then refits on ``(x, y)``. The random weights stay fixed.
 
+        The log-noise is kept within :math:`\log m \pm 25` (:math:`m` the mean square of the
+        targets: a noise from :math:`10^{-11} m` to :math:`10^{11} m`). A trial point outside
+        that range, with non-finite parameters, a non-finite loss or a matrix that cannot be
+        factorised gets a large finite loss, so the L-BFGS line search backs off instead of
+        failing (Adam projects the log-noise back into the range and stops at a non-finite
+        loss). The parameters finally kept are the best ones evaluated; a
+        :class:`ConvergenceWarning` says when the optimisation did not converge (gradient
+        max-norm above ``1e-4`` and the loss still changing).
+
         Args:
             x, y: training data (as in :meth:`fit`).
             noise: fixed noise (not optimised); ``None`` uses and optimises the model noise.
             method: ``"lbfgs"`` (``torch.optim.LBFGS`` with strong-Wolfe line search) or
                 ``"adam"``.
-            num_iterations: optimiser steps (L-BFGS: outer iterations of up to 20 evaluations).
+            num_iterations: optimiser steps (L-BFGS: outer iterations of up to 20 evaluations;
+                it stops early once the loss no longer changes).
             lr: learning rate (default 1.0 for L-BFGS, 0.05 for Adam).
             optimize_noise: also optimise the model noise.
             progress: show a ``tqdm`` progress bar.
@@ -1201,16 +1223,64 @@ class RandomFeatureGP(torch.nn.Module):
                 "and the noise is fixed"
             )
         scale = 1.0 / rows_y.numel()
+        centre = math.log(float(rows_y.detach().square().mean()) or 1.0)
+        low, high = centre - _LOG_NOISE_RANGE, centre + _LOG_NOISE_RANGE
+        if log_noise is not None:
+            with torch.no_grad():
+                log_noise.clamp_(low, high)
+        best: dict = {"loss": math.inf, "state": None, "grad": math.inf}
 
-        def loss_fn() -> Tensor:
+        def in_range() -> bool:
+            finite = all(bool(torch.isfinite(p).all()) for p in params)
+            if not finite or log_noise is None:
+                return finite
+            return bool(((log_noise >= low) & (log_noise <= high)).all())
+
+        def evaluate() -> Optional[Tensor]:
+            """Loss and gradients at the current parameters; ``None`` if not finite there."""
+            for p in params:
+                p.grad = None
+            if not in_range():
+                return None
             s = noise if log_noise is None else log_noise.exp()
-            return (
-                -self.log_marginal_likelihood(
+            try:
+                loss = -self.log_marginal_likelihood(
                     x, y, s if noise is not None or log_noise is not None else None
-                )
-                * scale
-            )
+                ) * scale
+            except NotPSDError:
+                return None  # a noise or kernel value the data cannot be factorised with
+            if not torch.isfinite(loss):
+                return None
+            loss.backward()
+            grads = [p.grad for p in params if p.grad is not None]
+            if not all(bool(torch.isfinite(g).all()) for g in grads):
+                return None
+            value = float(loss.detach())
+            if value < best["loss"]:
+                best["loss"] = value
+                best["state"] = [p.detach().clone() for p in params]
+                best["grad"] = max((float(g.abs().max()) for g in grads), default=0.0)
+            return loss.detach()
 
+        barrier = None
+
+        def closure() -> Tensor:
+            nonlocal barrier
+            loss = evaluate()
+            if loss is not None:
+                return loss
+            if barrier is None:
+                raise ValueError(
+                    "the log marginal likelihood is not finite at the initial hyperparameters "
+                    "and noise; start from other values"
+                )
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            return torch.tensor(barrier, dtype=x.dtype, device=x.device)
+
+        first = closure()
+        # A finite loss far above any reached: the line search rejects the trial point.
+        barrier = abs(float(first)) * 10.0 + 1e3
         if method == "lbfgs":
             opt = torch.optim.LBFGS(
                 params, lr=lr or 1.0, max_iter=20, line_search_fn="strong_wolfe"
@@ -1222,25 +1292,45 @@ class RandomFeatureGP(torch.nn.Module):
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc=f"optimize ({method})")
-        losses = []
+        losses: List[float] = []
+        stopped_by_failure = False
         for _ in steps:
             if method == "lbfgs":
-
-                def closure() -> Tensor:
-                    opt.zero_grad()
-                    loss = loss_fn()
-                    loss.backward()
-                    return loss
-
-                loss = opt.step(closure)
+                opt.step(closure)
+                # LBFGS returns the loss before its step; the loss after it is the best seen.
+                current = best["loss"]
             else:
-                opt.zero_grad()
-                loss = loss_fn()
-                loss.backward()
+                loss = evaluate()
+                if loss is None:
+                    stopped_by_failure = True
+                    break
                 opt.step()
-            losses.append(float(loss.detach()))
+                if log_noise is not None:
+                    with torch.no_grad():
+                        log_noise.clamp_(low, high)
+                current = float(loss)
+            losses.append(current)
             if progress:
-                steps.set_postfix(loss=losses[-1])
+                steps.set_postfix(loss=current)
+            if method == "lbfgs" and len(losses) > 1 and losses[-1] == losses[-2]:
+                break  # LBFGS met its own tolerances: further steps would not move
+        if method == "adam" and not stopped_by_failure:
+            evaluate()  # the point after the last step
+        with torch.no_grad():
+            for p, value in zip(params, best["state"]):
+                p.copy_(value)
+        changing = len(losses) < 2 or abs(losses[-1] - losses[-2]) > 1e-9 * max(
+            1.0, abs(losses[-1])
+        )
+        if stopped_by_failure or (best["grad"] > _GRAD_TOLERANCE and changing):
+            warnings.warn(
+                f"optimize_hyperparameters ({method}) did not converge in {len(losses)} "
+                f"iterations (gradient max-norm {best['grad']:.3g}"
+                + (", stopped at a non-finite loss" if stopped_by_failure else "")
+                + "); the best parameters evaluated are kept. Increase num_iterations or "
+                "change lr.",
+                ConvergenceWarning,
+            )
         if log_noise is not None:
             self.noise = log_noise.detach().exp().to(self.noise.dtype).reshape(self.noise.shape)
         self.fit(x, y, noise)

@@ -15,12 +15,16 @@ and summed across processes. The complex statistics follow from the real-form on
 
 Outputs (columns) whose noise is equal on every row seen so far share one Gram matrix; when a
 chunk shows two columns' noise to differ, the shared Gram is copied (exact, since all earlier rows
-had equal noise) and the two are accumulated separately from then on.
+had equal noise) and the two are accumulated separately from then on. When the groups' noise is
+one common value :math:`s_g` except on a few rows (the Dirichlet classifier: class :math:`c`'s
+noise differs from the others' only on the rows labelled :math:`c`), a chunk costs one shared
+product plus one over each group's differing rows :math:`Z_g`:
+:math:`Z^\top S_g^{-1} Z = Z^\top Z / s_g + Z_g^\top (S_g^{-1} - 1/s_g) Z_g`.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -30,10 +34,16 @@ __all__ = ["FeatureStatistics", "accumulate_gram"]
 # Column panel width of the blocked Gram product: wide enough for efficient GEMMs, narrow
 # enough that computing only the upper block triangle saves a good part of the work.
 _MIN_PANEL = 256
+# The shared-Gram path of FeatureStatistics.add is taken when its row products (all rows once,
+# plus each group's differing rows) are fewer than this fraction of one product per group.
+# 0 disables it.
+SHARED_GRAM_GAIN = 0.8
 
 
-def accumulate_gram(gram: Tensor, z: Tensor) -> None:
-    r"""``gram += z^T z`` on the upper block triangle only (a blocked ``syrk``).
+def accumulate_gram(
+    gram: Tensor, z: Tensor, weight: Optional[Tensor] = None, alpha: float = 1.0
+) -> None:
+    r"""``gram += alpha z^T diag(weight) z`` on the upper block triangle only (a blocked ``syrk``).
 
     Only blocks on and above the diagonal are written; :func:`symmetrize_upper` completes the
     matrix. With four column panels this does 5/8 of the multiply-adds of a full ``z^T z``.
@@ -41,6 +51,8 @@ def accumulate_gram(gram: Tensor, z: Tensor) -> None:
     Args:
         gram: ``(D, D)`` accumulator, updated in place.
         z: ``(n, D)`` rows of (real-form) features.
+        weight: ``(n,)`` row weights of the right factor (any sign; default all ones).
+        alpha: scale of the added product.
 
     Returns:
         ``None``; ``gram`` holds the sum on and above the block diagonal.
@@ -54,9 +66,19 @@ def accumulate_gram(gram: Tensor, z: Tensor) -> None:
     """
     width = z.shape[-1]
     panel = max(_MIN_PANEL, -(-width // 4))
+    right = z if weight is None else z * weight.unsqueeze(-1)
     for start in range(0, width, panel):
         stop = min(start + panel, width)
-        gram[start:stop, start:].addmm_(z[:, start:stop].transpose(0, 1), z[:, start:])
+        gram[start:stop, start:].addmm_(
+            z[:, start:stop].transpose(0, 1), right[:, start:], alpha=alpha
+        )
+
+
+def _common_value(values: Tensor) -> Tuple[Tensor, Tensor]:
+    """The most frequent entry of ``values`` and the mask of the entries that differ from it."""
+    uniq, counts = torch.unique(values, return_counts=True)
+    mode = uniq[counts.argmax()]
+    return mode, values != mode
 
 
 def symmetrize_upper(gram: Tensor) -> Tensor:
@@ -154,8 +176,24 @@ class FeatureStatistics:
             if bool((differ & ~self.differ).any()):
                 self._refine(differ)
         inv_noise = noise.reciprocal()
-        for gram, cols in zip(self.grams, self.column_groups()):
-            accumulate_gram(gram, z * inv_noise[:, cols[0]].sqrt().unsqueeze(-1))
+        groups = self.column_groups()
+        weights = [inv_noise[:, cols[0]] for cols in groups]
+        # When each group's noise is one common value except on a few rows (e.g. the Dirichlet
+        # classifier: class c's noise differs from the rest only on the rows labelled c),
+        # Z^T W_g Z = w_g Z^T Z + Z_g^T (W_g - w_g) Z_g with Z_g the differing rows: one shared
+        # Gram plus one product over each group's own rows, instead of a full product per group.
+        common = [_common_value(w) for w in weights] if len(groups) > 1 else []
+        differing = sum(int(mask.sum()) for _, mask in common)
+        if common and n + differing < SHARED_GRAM_GAIN * len(groups) * n:
+            shared = torch.zeros_like(self.grams[0])
+            accumulate_gram(shared, z)
+            for gram, w, (value, mask) in zip(self.grams, weights, common):
+                gram.add_(shared, alpha=float(value))
+                if bool(mask.any()):
+                    accumulate_gram(gram, z[mask], w[mask] - value)
+        else:
+            for gram, w in zip(self.grams, weights):
+                accumulate_gram(gram, z * w.sqrt().unsqueeze(-1))
         self.rhs.addmm_(z.transpose(0, 1), y * inv_noise)
         self.yy.add_((y.square() * inv_noise).sum(0))
         self.log_noise_sum.add_(noise.log().sum(0))

@@ -484,3 +484,30 @@ def test_likelihood_with_random_feature_gp_directly():
     probs = lik.class_probabilities(gp.posterior(x), method="mean_field")
     clf = DirichletGPClassifier(kernel, alpha_epsilon=0.1, centre=False, outputscale=1.0).fit(x, y)
     torch.testing.assert_close(probs, clf.predict_proba(x, method="mean_field"))
+
+
+@pytest.mark.parametrize("complex_features", [False, True])
+def test_shared_gram_fit_equals_one_fit_per_class(complex_features):
+    # The classifier's fit accumulates one shared Gram plus one product over each class's own
+    # rows; fitting each class alone takes the generic weighted product. Both are exact.
+    from rfgp import RandomFeatureGP
+
+    x, y = blobs(150, THREE_CENTRES + [[1.0, -1.5]], 0.7, seed=26)
+    if complex_features:
+        kernel = PolynomialSketchKernel(3, 64, bias=1.0, complex=True, seed=0).double()
+    else:
+        kernel = FourierFeatureKernel(128, seed=0).double()
+    clf = DirichletGPClassifier(kernel, alpha_epsilon=0.01, solve="weight").fit(x, y)
+    assert clf.gp.factorization_groups == [[0], [1], [2], [3]]
+    targets = clf.likelihood.transform_labels(y)[0] - clf.likelihood.class_offsets.unsqueeze(-1)
+    noise = clf.likelihood.noise
+    s2 = clf.outputscale_
+    xt = x[:40]
+    for c in range(4):
+        gp = RandomFeatureGP(kernel, solve="weight").fit(
+            x, targets[c] / math.sqrt(s2), noise=noise[c] / s2
+        )
+        mean, std = gp.predict(xt, return_std=True)
+        mean_all, std_all = clf.gp.predict(xt, return_std=True)
+        torch.testing.assert_close(mean_all[:, c], mean, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(std_all[:, c], std, rtol=1e-10, atol=1e-10)

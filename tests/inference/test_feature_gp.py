@@ -13,7 +13,7 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from linear_operator.utils.warnings import NumericalWarning
 
 from rfgp import RandomFeatureGP, metrics
-from rfgp.inference.feature_gp import robust_cholesky
+from rfgp.inference.feature_gp import ConvergenceWarning, robust_cholesky
 from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel
 from rfgp.ops import gaussian
 
@@ -471,6 +471,7 @@ def test_log_marginal_likelihood_heteroscedastic_matches_dense_gaussian():
     )
 
 
+@pytest.mark.filterwarnings("ignore::rfgp.inference.feature_gp.ConvergenceWarning")
 def test_optimize_hyperparameters_improves_the_evidence():
     x, y, xt, _ = make_data(n=150)
     for method in ("lbfgs", "adam"):
@@ -483,6 +484,50 @@ def test_optimize_hyperparameters_improves_the_evidence():
         after = float(gp.log_marginal_likelihood())
         assert after > before + 50 and losses[-1] < losses[0]
         assert gp.is_fitted and float(gp.noise) < 0.5  # the true noise variance is 0.01
+
+
+def _optimize(method, lr, num_iterations):
+    x, y, _, _ = make_data(n=150)
+    k = gpytorch.kernels.ScaleKernel(fourier(40, lengthscale=1.5)).double()
+    gp = RandomFeatureGP(k, noise=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = gp.optimize_hyperparameters(
+            x, y, method=method, lr=lr, num_iterations=num_iterations
+        )
+    return gp, k, losses, [w for w in caught if not issubclass(w.category, NumericalWarning)]
+
+
+def test_lbfgs_line_search_backs_off_from_an_overshooting_step():
+    # With lr = 1000 the first L-BFGS trial step sends the log-noise and the raw lengthscale
+    # thousands of units away (the noise underflowed to 0 and the fit stopped with "noise must
+    # be positive"); out-of-range trial points get a large loss, so the line search backs off
+    # and reaches the optimum of the well-scaled run.
+    gp, k, losses, caught = _optimize("lbfgs", 1000.0, 20)
+    reference, _, ref_losses, _ = _optimize("lbfgs", 1.0, 20)
+    assert caught == []
+    assert all(math.isfinite(v) for v in losses)
+    assert torch.isfinite(gp.noise).all() and torch.isfinite(k.base_kernel.lengthscale).all()
+    assert losses[-1] == pytest.approx(ref_losses[-1], abs=1e-6)
+    assert float(gp.noise) == pytest.approx(float(reference.noise), rel=1e-3)
+    n = 150
+    assert float(gp.log_marginal_likelihood()) == pytest.approx(-losses[-1] * n, rel=1e-9)
+
+
+def test_adam_overshoot_keeps_the_best_finite_parameters_and_warns():
+    gp, k, losses, caught = _optimize("adam", 1000.0, 5)
+    assert any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert torch.isfinite(gp.noise).all() and torch.isfinite(k.base_kernel.lengthscale).all()
+    # The parameters kept are the best evaluated: the evidence is that of the smallest loss.
+    assert float(gp.log_marginal_likelihood()) == pytest.approx(-min(losses) * 150, rel=1e-9)
+
+
+def test_optimize_warns_when_not_converged_and_converts_no_grad_tensor():
+    _, _, _, caught = _optimize("adam", None, 3)
+    assert [w.category for w in caught] == [ConvergenceWarning]
+    _, _, losses, caught = _optimize("lbfgs", None, 30)
+    assert caught == []  # converged, and no "requires_grad ... to a scalar" UserWarning
+    assert len(losses) < 30  # stopped once the loss no longer changed
 
 
 def test_select_noise_scores_equal_refits_and_pick_the_minimum():
