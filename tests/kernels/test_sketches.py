@@ -246,6 +246,31 @@ def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_featu
     torch.testing.assert_close(apply_sketch(x, batched, degree, "tensorsrht", complex), fast)
 
 
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("chunk_elements", [1 << 6, 1 << 12, 1 << 17, 1 << 18])
+def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, complex, chunk_elements):
+    # Several blocks (the last one truncated), partial row chunks, groups of several blocks
+    # and the autograd variant of the plan all give the generic path's features and gradients.
+    import rfgp.kernels.sketches as sk
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(37, 100, dtype=torch.float64, generator=g)
+    w = sample_sketch(3, 300, 100, "tensorsrht", complex, generator=g)
+    batched = {k: v.unsqueeze(0) for k, v in w.items()}
+    reference = apply_sketch(x, batched, 3, "tensorsrht", complex)[0]
+    monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", chunk_elements)
+    torch.testing.assert_close(apply_sketch(x, w, 3, "tensorsrht", complex), reference)
+    weight = torch.randn(reference.shape, dtype=reference.dtype, generator=g)
+    grads = []
+    for weights in (w, batched):
+        xg = x.clone().requires_grad_(True)
+        phi = apply_sketch(xg, weights, 3, "tensorsrht", complex)
+        torch.testing.assert_close(phi.detach().reshape(reference.shape), reference)
+        (phi.reshape(reference.shape) * weight).real.sum().backward()
+        grads.append(xg.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
 @pytest.mark.parametrize("projection", ["gaussian", "rademacher", "tensorsketch"])
 @pytest.mark.parametrize("complex", [False, True])
 def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
