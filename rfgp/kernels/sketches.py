@@ -471,8 +471,28 @@ class _SrhtPlan:
             groups.append((stage1, z, zs, y, pair, source, gathered, acc_all[lo:hi], flat))
         return take("x", a1, a2, m), acc_all, groups
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """Features ``(n, D)`` of ``x`` ``(n, d)`` (``d <= d'``, zero-padded here)."""
+    def _fill_rows(self, xt: Tensor, x: Tensor, start: int, m: int, scale, root) -> None:
+        # xt (a1, a2, m) <- [x / scale, root, 0]^T of the chunk: the homogenisation and the
+        # zero padding happen in the one transposing copy the chunk needs anyway.
+        rows = xt.view(self.padded, m)
+        d = x.shape[-1]
+        chunk = x[start : start + m].T
+        if scale is None:
+            rows[:d].copy_(chunk)
+        else:
+            torch.div(chunk, scale, out=rows[:d])
+        if root is not None:
+            rows[d].fill_(root)
+            d += 1
+        rows[d:].zero_()
+
+    def __call__(self, x: Tensor, scale: Optional[Tensor] = None,
+                 root: Optional[Tensor] = None) -> Tensor:
+        """Features ``(n, D)`` of ``x`` ``(n, d)`` (``d <= d'``, zero-padded here).
+
+        Optionally of the homogenised ``[x / scale, root]`` (``scale`` of shape ``(d, 1)``,
+        ``root`` 0-dimensional), built chunk by chunk; only without autograd.
+        """
         if torch.is_grad_enabled() and x.requires_grad:
             return self._differentiable(x)
         n = x.shape[0]
@@ -492,7 +512,7 @@ class _SrhtPlan:
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             xt, acc_all, groups = full if m == chunk else self._workspace(m, bufs)
-            xt.copy_(self._transposed_rows(x, start, m))
+            self._fill_rows(xt, x, start, m, scale, root)
             for stage1, z, zs, y, pair, source, gathered, acc, flat in groups:
                 torch.bmm(stage1, xt, out=z)
                 for i in range(self.degree):
@@ -531,11 +551,23 @@ class _SrhtPlan:
         return torch.cat(pieces, dim=0)
 
 
-def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
+def _srht_plan_applies(weights: Dict[str, Tensor], complex: bool) -> bool:
+    # _SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM
+    signs, indices = weights.get("signs"), weights.get("indices")
+    if signs is None or indices is None or indices.dim() != 2:
+        return False
+    return (signs.shape[-2] if complex else signs.shape[-1]) <= _PLAN_MAX_DIM
+
+
+def _apply_tensorsrht(
+    x: Tensor, weights, degree: int, complex: bool, scale: Optional[Tensor] = None,
+    root: Optional[Tensor] = None,
+) -> Tensor:
     signs = _weight(weights, "signs", "tensorsrht")
     indices = _weight(weights, "indices", "tensorsrht")
     padded = signs.shape[-2] if complex else signs.shape[-1]
-    if next_power_of_two(x.shape[-1]) != padded:
+    # with root, the input is [x / scale, root]: one column more than x
+    if next_power_of_two(x.shape[-1] + (root is not None)) != padded:
         raise ValueError(
             f"x must have d columns with next_power_of_two(d) == {padded} to match the sketch "
             f"weights (signs of shape {tuple(signs.shape)}), got shape {tuple(x.shape)}"
@@ -548,11 +580,17 @@ def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
     num_features = indices.shape[-1]
     num_blocks = signs.shape[-3] if complex else signs.shape[-2]
     per_row = degree * num_blocks * padded * (2 if complex else 1)
-    if indices.dim() == 2 and padded <= _PLAN_MAX_DIM:
+    if _srht_plan_applies(weights, complex) and (
+        (scale is None and root is None) or not torch.is_grad_enabled()
+    ):
         # the plan folds the 1/sqrt(D) factor into its first GEMM
         plan = _SrhtPlan(signs, indices, degree, complex, x.dtype)
-        out = plan(x.reshape(-1, x.shape[-1]))
+        out = plan(x.reshape(-1, x.shape[-1]), scale, root)
         return out.reshape(*x.shape[:-1], num_features)
+    if scale is not None:
+        x = x / scale.reshape(-1)
+    if root is not None:
+        x = torch.cat([x, root.expand(*x.shape[:-1], 1)], dim=-1)
     if x.shape[-1] < padded:
         x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
     rows = x.shape[-2]
@@ -827,8 +865,18 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         return z
 
     def _features(self, x: Tensor) -> Tensor:
+        weights = self._weights()
+        if (
+            self.projection == "tensorsrht" and not torch.is_grad_enabled()
+            and not self.batch_shape and _srht_plan_applies(weights, self.is_complex)
+        ):
+            # the TensorSRHT plan homogenises row chunk by row chunk in its transposing copy:
+            # no homogenised copy of x
+            scale = self.lengthscale.to(x.dtype).reshape(-1, 1)
+            root = self.bias.to(x.dtype).sqrt().reshape(()) if self.has_bias else None
+            return _apply_tensorsrht(x, weights, self.degree, self.is_complex, scale, root)
         return apply_sketch(
-            self.homogenize(x), self._weights(), self.degree, self.projection, self.is_complex
+            self.homogenize(x), weights, self.degree, self.projection, self.is_complex
         )
 
     def exact_kernel(self) -> DotProductKernel:

@@ -271,6 +271,26 @@ def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, complex, chunk
     torch.testing.assert_close(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("d,bias,ard", [(7, 0.5, True), (7, 0.0, False), (12, 2.0, False)])
+def test_tensorsrht_kernel_fused_homogenisation(monkeypatch, complex, d, bias, ard):
+    # Without autograd the kernel lets the plan scale, append the bias coordinate and pad
+    # chunk by chunk; it must equal the sketch of the explicitly homogenised input.
+    import rfgp.kernels.sketches as sk
+
+    monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", 1 << 8)  # several (partial) row chunks
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(2, 29, d, dtype=torch.float64, generator=g)
+    k = PolynomialSketchKernel(3, 40, bias=bias, projection="tensorsrht", complex=complex,
+                               ard_num_dims=d if ard else None, seed=3).double()
+    k.lengthscale = torch.rand(1, d if ard else 1, dtype=torch.float64, generator=g) + 0.5
+    with torch.no_grad():
+        fused = k.features(x)
+        expected = apply_sketch(k.homogenize(x), k._weights(), 3, "tensorsrht", complex)
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(k.features(x).detach(), expected)  # autograd path
+
+
 @pytest.mark.parametrize("projection", ["gaussian", "rademacher", "tensorsketch"])
 @pytest.mark.parametrize("complex", [False, True])
 def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
