@@ -74,10 +74,14 @@ PROJECTIONS = ("gaussian", "rademacher", "tensorsketch", "tensorsrht")
 # Rows of the TensorSRHT work tensor (rows x degree x blocks x d') processed at once: large enough
 # for efficient GEMMs in the Hadamard transform, small enough to stay cache-friendly.
 _SRHT_CHUNK_ELEMENTS = 1 << 21
-# The two-GEMM TensorSRHT path: rows per chunk so that the (rows x combinations x d')
-# intermediate stays in cache, and the largest d' it handles (its folded stage-1 matrix has
+# The GEMM-based TensorSRHT path (_SrhtPlan): values of the stage-1 output of one row chunk and
+# block group (sized to stay in the L2 cache; measured best at d' = 1024, p = 7), the fewest and
+# most rows per chunk (more rows lengthen the gathers' contiguous runs; beyond that, whole
+# blocks are grouped), and the largest d' it handles (its folded stage-1 matrix has
 # d' * combinations * sqrt(d') entries).
-_PLAN_CHUNK_ELEMENTS = 1 << 20
+_PLAN_CHUNK_ELEMENTS = 1 << 19
+_PLAN_MIN_ROWS = 8
+_PLAN_MAX_ROWS = 128
 _PLAN_MAX_DIM = 1 << 12
 _DENSE_CHUNK_ELEMENTS = 1 << 23
 _NO_BATCH = torch.Size()
@@ -367,67 +371,203 @@ def _srht_rows(x: Tensor, signs: Tensor, indices: Tensor, degree: int, complex: 
 
 
 class _SrhtPlan:
-    """TensorSRHT as two GEMMs and one gather, for unbatched weights.
+    """TensorSRHT by Kronecker-factored GEMMs, fused per block group, for unbatched weights.
 
-    With ``d' = a1 a2`` the Sylvester matrix is ``H_{a1} (x) H_{a2}``, so for every degree/block
-    combination ``c`` (signs ``s_c``) the transform of ``x`` viewed as an ``(a1, a2)`` matrix is
-    ``y_c = H_{a1} (X * S_c) H_{a2}``. The signs are folded into the first factor:
-    ``G[t1] = [diag(s_c[t1, :]) H_{a2}]_c`` is an ``a2 x (C a2)`` matrix per row index ``t1``, so
-    stage 1 is one batched GEMM over ``t1`` for all ``C`` combinations at once (no elementwise
-    pass over the ``C d'`` outputs) and stage 2 one GEMM with ``H_{a1}``. The rows of a chunk
-    are kept innermost, so that the permutations of every degree and block are one
-    ``index_select`` that moves contiguous runs of ``rows`` values.
+    With ``d' = a1 a2`` the Sylvester matrix is ``H_{a1} (x) H_{a2}`` (coefficient
+    ``k = k1 a2 + k2``), so the transform of ``x`` viewed as an ``(a1, a2)`` matrix with the
+    signs ``s`` of one degree/block is ``H_{a1} (X * S) H_{a2}``. The signs (and ``1/sqrt(D)``,
+    on degree 0) are folded into the first factor: ``G[t1] = [diag(s[t1, :]) H_{a2}]`` stacked
+    over degrees and blocks, so stage 1 is one batched GEMM over ``t1`` per group of blocks.
+    Stage 2 is one GEMM with ``H_{a1}`` per degree (its operand a strided view of the stage-1
+    output, no copy), followed by the permutation gather of that degree and the running
+    product over degrees, all on a row chunk whose intermediates stay in cache; the rows of a
+    chunk are innermost, so that every gather moves contiguous runs of ``rows`` values. Without
+    autograd the intermediates live in buffers reused across chunks (fresh allocations of these
+    sizes cost more than the arithmetic) and the last product is written straight into the
+    output. The features and their distribution are exactly those of Algorithm 1 (same signs,
+    same per-degree/per-block permutations); only the order of the floating-point operations
+    differs from the generic path.
     """
 
     def __init__(self, signs: Tensor, indices: Tensor, degree: int, complex: bool, dtype):
         padded = signs.shape[-2] if complex else signs.shape[-1]
         num_blocks = signs.shape[-3] if complex else signs.shape[-2]
         log2 = padded.bit_length() - 1
-        self.a1, self.a2 = 1 << (log2 // 2), 1 << (log2 - log2 // 2)
-        self.degree, self.complex = degree, complex
-        self.num_features = indices.shape[-1]
-        combos = degree * num_blocks
+        a1, a2 = 1 << (log2 // 2), 1 << (log2 - log2 // 2)
+        self.a1, self.a2, self.padded, self.degree, self.complex = a1, a2, padded, degree, complex
+        self.num_features = num_features = indices.shape[-1]
+        self.parts = parts = 2 if complex else 1
         device = signs.device
+        # (p, K, parts, a1, a2): real parts / imaginary parts of the signs as separate "parts".
         s = signs.to(dtype)
-        if complex:
-            # real parts of all combinations first, then the imaginary parts
-            s = torch.cat([s[..., 0], s[..., 1]], dim=0)
-        combos_total = s.shape[0] * s.shape[1]
-        h2 = hadamard_matrix(self.a2, dtype=dtype, device=device)
-        self.h1 = hadamard_matrix(self.a1, dtype=dtype, device=device)
-        s = s.reshape(combos_total, self.a1, self.a2).permute(1, 0, 2)  # (a1, C, a2)
-        # stage1[t1, (c, k2), t2] = s_c[t1, t2] H[t2, k2]
-        self.stage1 = (s.unsqueeze(-1) * h2.view(1, 1, self.a2, self.a2)).transpose(-1, -2)
-        self.stage1 = self.stage1.reshape(self.a1, combos_total * self.a2, self.a2).contiguous()
-        # feature l of degree i reads coefficient k = indices[i, l] - b d' of combination
-        # c = i B + b, i.e. row k1 (C a2) + c a2 + k2 of the stage-2 output.
-        block = torch.arange(self.num_features, device=device) // padded
-        coeff = indices - block * padded
-        combo = torch.arange(degree, device=device).unsqueeze(-1) * num_blocks + block
-        flat = (coeff // self.a2) * (combos_total * self.a2) + combo * self.a2 + coeff % self.a2
-        if complex:
-            flat = torch.stack([flat, flat + combos * self.a2])  # real, imaginary parts
-        self.flat = flat.reshape(-1)
+        s = s.movedim(-1, -2) if complex else s.unsqueeze(-2)
+        s = s.reshape(degree, num_blocks, parts, a1, a2).clone()
+        s[0] /= math.sqrt(num_features)
+        h2 = hadamard_matrix(a2, dtype=dtype, device=device)
+        self.h1 = hadamard_matrix(a1, dtype=dtype, device=device)
+        # Blocks per group and rows per chunk: the stage-1 output of a group (a1 x p x blocks x
+        # parts x a2 x rows) should hold about _PLAN_CHUNK_ELEMENTS values; rows first (long
+        # contiguous runs for the gathers), then whole blocks for small d'.
+        per_block = degree * parts * padded
+        rows = min(_PLAN_MAX_ROWS, _PLAN_CHUNK_ELEMENTS // per_block)
+        # a multiple of 16 rows: the GEMMs' column count, odd sizes leave vector lanes idle
+        self.rows_per_chunk = max(_PLAN_MIN_ROWS, rows - rows % 16 if rows >= 16 else rows)
+        rows = per_block * self.rows_per_chunk
+        self.group = max(1, min(num_blocks, _PLAN_CHUNK_ELEMENTS // rows))
+        self.groups = []  # (first feature, last feature, blocks, stage-1 matrix, flat indices)
+        for b0 in range(0, num_blocks, self.group):
+            nb = min(self.group, num_blocks - b0)
+            lo, hi = b0 * padded, min(num_features, (b0 + nb) * padded)
+            if lo >= hi:
+                break
+            # stage1[t1, (i, b, r, k2), t2] = s[i, b, r, t1, t2] H[t2, k2]
+            sg = s[:, b0 : b0 + nb].permute(3, 0, 1, 2, 4)  # (a1, p, nb, parts, a2)
+            stage1 = sg.unsqueeze(-2) * h2.T.reshape(1, 1, 1, 1, a2, a2)
+            stage1 = stage1.reshape(a1, degree * nb * parts * a2, a2).contiguous()
+            # feature l of degree i reads coefficient k = indices[i, l] - b d' of block b, i.e.
+            # row k1 (nb a2) + (b - b0) a2 + k2 of that degree's stage-2 output (complex: of the
+            # complex combination of its real and imaginary parts).
+            feat = torch.arange(lo, hi, device=device)
+            block = feat // padded
+            coeff = indices[:, lo:hi] - block * padded
+            flat = (coeff // a2) * (nb * a2) + (block - b0) * a2 + coeff % a2
+            self.groups.append((lo, hi, nb, stage1, tuple(flat.contiguous())))
 
-    def rows(self, x: Tensor) -> Tensor:
-        n = x.shape[0]
-        xt = x.reshape(n, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, n)
-        z = torch.bmm(self.stage1, xt)  # (a1, C a2, n)
-        y = self.h1 @ z.reshape(self.a1, -1)  # (k1, C a2 n)
-        v = y.reshape(-1, n).index_select(0, self.flat)
-        if self.complex:
-            v = v.reshape(2, self.degree, self.num_features, n)
-            v = torch.complex(v[0], v[1])
+    def _out_dtype(self, x: Tensor) -> torch.dtype:
+        if not self.complex:
+            return x.dtype
+        return torch.complex64 if x.dtype == torch.float32 else torch.complex128
+
+    def _transposed_rows(self, x: Tensor, start: int, m: int) -> Tensor:
+        rows = x[start : start + m]
+        if x.shape[-1] < self.padded:
+            rows = torch.nn.functional.pad(rows, (0, self.padded - x.shape[-1]))
+        return rows.reshape(m, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, m)
+
+    def _workspace(self, m: int, bufs: Dict[str, Tensor]):
+        # Views of the buffers for an m-row chunk, built once per chunk size: the per-call
+        # overhead of slicing and viewing is comparable to the small GEMMs' run time.
+        a1, a2, p, parts = self.a1, self.a2, self.degree, self.parts
+
+        def take(name: str, *shape: int) -> Tensor:
+            return bufs[name][: math.prod(shape)].view(shape)
+
+        acc_all = take("acc", self.num_features, m)
+        groups = []
+        for lo, hi, nb, stage1, flat in self.groups:
+            size = nb * parts * a2
+            z = take("z", a1, stage1.shape[1], m)
+            # degree i's stage-1 output as a strided (a1, size m) matrix: no copy
+            zs = [z[:, i * size : (i + 1) * size].reshape(a1, size * m) for i in range(p)]
+            y = take("y", a1, size * m)
+            if self.complex:
+                parts_view = y.view(a1, nb, 2, a2 * m)
+                combined = take("c", a1, nb, a2 * m)
+                pair = (parts_view[:, :, 0], parts_view[:, :, 1], combined)
+                source = combined.view(-1, m)
+            else:
+                pair, source = None, y.view(-1, m)
+            gathered = take("g", hi - lo, m)
+            groups.append((stage1, z, zs, y, pair, source, gathered, acc_all[lo:hi], flat))
+        return take("x", a1, a2, m), acc_all, groups
+
+    def _fill_rows(self, xt: Tensor, x: Tensor, start: int, m: int, scale, root) -> None:
+        # xt (a1, a2, m) <- [x / scale, root, 0]^T of the chunk: the homogenisation and the
+        # zero padding happen in the one transposing copy the chunk needs anyway.
+        rows = xt.view(self.padded, m)
+        d = x.shape[-1]
+        chunk = x[start : start + m].T
+        if scale is None:
+            rows[:d].copy_(chunk)
         else:
-            v = v.reshape(self.degree, self.num_features, n)
-        return v.prod(dim=0).transpose(0, 1)
+            torch.div(chunk, scale, out=rows[:d])
+        if root is not None:
+            rows[d].fill_(root)
+            d += 1
+        rows[d:].zero_()
+
+    def __call__(self, x: Tensor, scale: Optional[Tensor] = None,
+                 root: Optional[Tensor] = None) -> Tensor:
+        """Features ``(n, D)`` of ``x`` ``(n, d)`` (``d <= d'``, zero-padded here).
+
+        Optionally of the homogenised ``[x / scale, root]`` (``scale`` of shape ``(d, 1)``,
+        ``root`` 0-dimensional), built chunk by chunk; only without autograd.
+        """
+        if torch.is_grad_enabled() and x.requires_grad:
+            return self._differentiable(x)
+        n = x.shape[0]
+        dtype = self._out_dtype(x)
+        chunk = min(n, self.rows_per_chunk)
+        most = self.group * self.padded * chunk
+        out = torch.empty(n, self.num_features, dtype=dtype, device=x.device)
+        bufs = {
+            "x": x.new_empty(self.padded * chunk),
+            "z": x.new_empty(self.degree * self.parts * most),
+            "y": x.new_empty(self.parts * most),
+            "c": torch.empty(most if self.complex else 0, dtype=dtype, device=x.device),
+            "g": torch.empty(most, dtype=dtype, device=x.device),
+            "acc": torch.empty(self.num_features * chunk, dtype=dtype, device=x.device),
+        }
+        full = self._workspace(chunk, bufs)
+        for start in range(0, n, chunk):
+            m = min(chunk, n - start)
+            xt, acc_all, groups = full if m == chunk else self._workspace(m, bufs)
+            self._fill_rows(xt, x, start, m, scale, root)
+            for stage1, z, zs, y, pair, source, gathered, acc, flat in groups:
+                torch.bmm(stage1, xt, out=z)
+                for i in range(self.degree):
+                    torch.mm(self.h1, zs[i], out=y)
+                    if pair is not None:
+                        torch.complex(pair[0], pair[1], out=pair[2])
+                    if i == 0:
+                        torch.index_select(source, 0, flat[0], out=acc)
+                    else:
+                        acc.mul_(torch.index_select(source, 0, flat[i], out=gathered))
+            # blocked transpose of the chunk's (D, m) features into rows of the output
+            out[start : start + m].copy_(acc_all.T)
+        return out
+
+    def _differentiable(self, x: Tensor) -> Tensor:
+        # The same steps with allocating (autograd-tracked) operations.
+        a1, a2, p, parts = self.a1, self.a2, self.degree, self.parts
+        pieces = []
+        for start in range(0, x.shape[0], self.rows_per_chunk):
+            m = min(self.rows_per_chunk, x.shape[0] - start)
+            xt = self._transposed_rows(x, start, m).contiguous()
+            blocks = []
+            for _, _, nb, stage1, flat in self.groups:
+                size = nb * parts * a2
+                z = torch.bmm(stage1, xt)
+                acc = None
+                for i in range(p):
+                    y = self.h1 @ z[:, i * size : (i + 1) * size].reshape(a1, size * m)
+                    if self.complex:
+                        y = y.view(a1, nb, 2, a2 * m)
+                        y = torch.complex(y[:, :, 0], y[:, :, 1])
+                    g = y.reshape(-1, m).index_select(0, flat[i])
+                    acc = g if acc is None else acc * g
+                blocks.append(acc)
+            pieces.append(torch.cat(blocks, dim=0).T)
+        return torch.cat(pieces, dim=0)
 
 
-def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
+def _srht_plan_applies(weights: Dict[str, Tensor], complex: bool) -> bool:
+    # _SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM
+    signs, indices = weights.get("signs"), weights.get("indices")
+    if signs is None or indices is None or indices.dim() != 2:
+        return False
+    return (signs.shape[-2] if complex else signs.shape[-1]) <= _PLAN_MAX_DIM
+
+
+def _apply_tensorsrht(
+    x: Tensor, weights, degree: int, complex: bool, scale: Optional[Tensor] = None,
+    root: Optional[Tensor] = None,
+) -> Tensor:
     signs = _weight(weights, "signs", "tensorsrht")
     indices = _weight(weights, "indices", "tensorsrht")
     padded = signs.shape[-2] if complex else signs.shape[-1]
-    if next_power_of_two(x.shape[-1]) != padded:
+    # with root, the input is [x / scale, root]: one column more than x
+    if next_power_of_two(x.shape[-1] + (root is not None)) != padded:
         raise ValueError(
             f"x must have d columns with next_power_of_two(d) == {padded} to match the sketch "
             f"weights (signs of shape {tuple(signs.shape)}), got shape {tuple(x.shape)}"
@@ -440,35 +580,32 @@ def _apply_tensorsrht(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
     num_features = indices.shape[-1]
     num_blocks = signs.shape[-3] if complex else signs.shape[-2]
     per_row = degree * num_blocks * padded * (2 if complex else 1)
+    if _srht_plan_applies(weights, complex) and (
+        (scale is None and root is None) or not torch.is_grad_enabled()
+    ):
+        # the plan folds the 1/sqrt(D) factor into its first GEMM
+        plan = _SrhtPlan(signs, indices, degree, complex, x.dtype)
+        out = plan(x.reshape(-1, x.shape[-1]), scale, root)
+        return out.reshape(*x.shape[:-1], num_features)
+    if scale is not None:
+        x = x / scale.reshape(-1)
+    if root is not None:
+        x = torch.cat([x, root.expand(*x.shape[:-1], 1)], dim=-1)
     if x.shape[-1] < padded:
         x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
-    unbatched = indices.dim() == 2 and padded <= _PLAN_MAX_DIM
-    if unbatched:
-        plan = _SrhtPlan(signs, indices, degree, complex, x.dtype)
-        lead = x.shape[:-2]
-        flat = x.reshape(-1, padded)
-        chunk = max(1, _PLAN_CHUNK_ELEMENTS // per_row)
-        if flat.shape[0] <= chunk:
-            out = plan.rows(flat).contiguous()
-        else:
-            out = torch.cat(
-                [plan.rows(flat[s : s + chunk]) for s in range(0, flat.shape[0], chunk)], dim=0
-            )
-        out = out.reshape(*lead, x.shape[-2], num_features)
+    rows = x.shape[-2]
+    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
+    chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
+    if rows <= chunk:
+        out = _srht_rows(x, signs, indices, degree, complex)
     else:
-        rows = x.shape[-2]
-        batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
-        chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
-        if rows <= chunk:
-            out = _srht_rows(x, signs, indices, degree, complex)
-        else:
-            out = torch.cat(
-                [
-                    _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, complex)
-                    for start in range(0, rows, chunk)
-                ],
-                dim=-2,
-            )
+        out = torch.cat(
+            [
+                _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, complex)
+                for start in range(0, rows, chunk)
+            ],
+            dim=-2,
+        )
     return out / math.sqrt(num_features)
 
 
@@ -713,16 +850,33 @@ class PolynomialSketchKernel(RandomFeatureKernel):
 
     def homogenize(self, x: Tensor) -> Tensor:
         r"""``[x / l, sqrt(b)]`` (``x / l`` when homogeneous): ``(..., N, d) -> (..., N, d')``."""
-        z = x / self.lengthscale.to(x.dtype)
-        if self.has_bias:
-            root = self.bias.to(x.dtype).sqrt()
-            shape = torch.broadcast_shapes(z.shape[:-1], root.shape[:-1])
-            z = torch.cat([z.expand(*shape, z.shape[-1]), root.expand(*shape, 1)], dim=-1)
+        scale = self.lengthscale.to(x.dtype)
+        if not self.has_bias:
+            return x / scale
+        root = self.bias.to(x.dtype).sqrt()
+        shape = torch.broadcast_shapes(x.shape[:-1], scale.shape[:-1], root.shape[:-1])
+        if torch.is_grad_enabled():
+            z = x / scale
+            return torch.cat([z.expand(*shape, z.shape[-1]), root.expand(*shape, 1)], dim=-1)
+        # one pass into the result instead of a quotient and its concatenation with the bias
+        z = x.new_empty(*shape, x.shape[-1] + 1)
+        torch.div(x.expand(*shape, x.shape[-1]), scale, out=z[..., :-1])
+        z[..., -1:] = root.expand(*shape, 1)
         return z
 
     def _features(self, x: Tensor) -> Tensor:
+        weights = self._weights()
+        if (
+            self.projection == "tensorsrht" and not torch.is_grad_enabled()
+            and not self.batch_shape and _srht_plan_applies(weights, self.is_complex)
+        ):
+            # the TensorSRHT plan homogenises row chunk by row chunk in its transposing copy:
+            # no homogenised copy of x
+            scale = self.lengthscale.to(x.dtype).reshape(-1, 1)
+            root = self.bias.to(x.dtype).sqrt().reshape(()) if self.has_bias else None
+            return _apply_tensorsrht(x, weights, self.degree, self.is_complex, scale, root)
         return apply_sketch(
-            self.homogenize(x), self._weights(), self.degree, self.projection, self.is_complex
+            self.homogenize(x), weights, self.degree, self.projection, self.is_complex
         )
 
     def exact_kernel(self) -> DotProductKernel:

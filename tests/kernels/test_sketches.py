@@ -246,6 +246,51 @@ def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_featu
     torch.testing.assert_close(apply_sketch(x, batched, degree, "tensorsrht", complex), fast)
 
 
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("chunk_elements", [1 << 6, 1 << 12, 1 << 17, 1 << 18])
+def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, complex, chunk_elements):
+    # Several blocks (the last one truncated), partial row chunks, groups of several blocks
+    # and the autograd variant of the plan all give the generic path's features and gradients.
+    import rfgp.kernels.sketches as sk
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(37, 100, dtype=torch.float64, generator=g)
+    w = sample_sketch(3, 300, 100, "tensorsrht", complex, generator=g)
+    batched = {k: v.unsqueeze(0) for k, v in w.items()}
+    reference = apply_sketch(x, batched, 3, "tensorsrht", complex)[0]
+    monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", chunk_elements)
+    torch.testing.assert_close(apply_sketch(x, w, 3, "tensorsrht", complex), reference)
+    weight = torch.randn(reference.shape, dtype=reference.dtype, generator=g)
+    grads = []
+    for weights in (w, batched):
+        xg = x.clone().requires_grad_(True)
+        phi = apply_sketch(xg, weights, 3, "tensorsrht", complex)
+        torch.testing.assert_close(phi.detach().reshape(reference.shape), reference)
+        (phi.reshape(reference.shape) * weight).real.sum().backward()
+        grads.append(xg.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("d,bias,ard", [(7, 0.5, True), (7, 0.0, False), (12, 2.0, False)])
+def test_tensorsrht_kernel_fused_homogenisation(monkeypatch, complex, d, bias, ard):
+    # Without autograd the kernel lets the plan scale, append the bias coordinate and pad
+    # chunk by chunk; it must equal the sketch of the explicitly homogenised input.
+    import rfgp.kernels.sketches as sk
+
+    monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", 1 << 8)  # several (partial) row chunks
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(2, 29, d, dtype=torch.float64, generator=g)
+    k = PolynomialSketchKernel(3, 40, bias=bias, projection="tensorsrht", complex=complex,
+                               ard_num_dims=d if ard else None, seed=3).double()
+    k.lengthscale = torch.rand(1, d if ard else 1, dtype=torch.float64, generator=g) + 0.5
+    with torch.no_grad():
+        fused = k.features(x)
+        expected = apply_sketch(k.homogenize(x), k._weights(), 3, "tensorsrht", complex)
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(k.features(x).detach(), expected)  # autograd path
+
+
 @pytest.mark.parametrize("projection", ["gaussian", "rademacher", "tensorsketch"])
 @pytest.mark.parametrize("complex", [False, True])
 def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
