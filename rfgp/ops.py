@@ -29,6 +29,7 @@ __all__ = [
     "gaussian",
     "complex_gaussian",
     "check_finite",
+    "all_finite",
 ]
 
 # Largest Hadamard block applied as one dense product. Blocks of 32-128 keep each small GEMM in
@@ -334,6 +335,26 @@ def check_finite(name: str, value: Tensor) -> None:
         ...
         ValueError: x must be finite, but 1 entries are NaN or infinite
     """
-    if not torch.isfinite(value).all():
+    if not all_finite(value):
         bad = (~torch.isfinite(value)).sum().item()
         raise ValueError(f"{name} must be finite, but {bad} entries are NaN or infinite")
+
+
+def all_finite(value: Tensor) -> bool:
+    """Whether every entry of ``value`` is finite, in one reduction pass.
+
+    A NaN or infinity makes the sum non-finite, so a finite sum proves every entry finite
+    without materialising an ``isfinite`` mask; only a non-finite sum (which finite entries can
+    also produce, by overflow) is checked entry by entry.
+
+    Example:
+        >>> all_finite(torch.tensor([1.0, 2.0])), all_finite(torch.tensor([1.0, float("inf")]))
+        (True, False)
+        >>> all_finite(torch.tensor([3e38, 3e38]))  # the sum overflows, the entries are finite
+        True
+    """
+    if value.numel() == 0:
+        return True
+    if bool(torch.isfinite(value.sum())):
+        return True
+    return bool(torch.isfinite(value).all())

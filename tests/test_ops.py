@@ -231,3 +231,22 @@ def test_check_finite():
     check_finite("x", torch.ones(3))
     with pytest.raises(ValueError, match=r"weights must be finite, but 2 entries"):
         check_finite("weights", torch.tensor([1.0, float("nan"), float("inf")]))
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([1.0, -2.0, 0.0], True),
+        ([1.0, float("nan")], False),
+        ([float("inf"), 1.0], False),
+        ([float("-inf"), float("inf")], False),
+        ([3.0e38, 3.0e38], True),  # finite entries whose float32 sum overflows
+        ([], True),
+    ],
+)
+def test_all_finite(values, expected):
+    from rfgp.ops import all_finite
+
+    x = torch.tensor(values, dtype=torch.float32)
+    assert all_finite(x) is expected
+    assert all_finite(x) == bool(torch.isfinite(x).all())

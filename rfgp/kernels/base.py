@@ -22,7 +22,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp.ops import make_generator
+from rfgp.ops import all_finite, make_generator
 
 __all__ = ["RandomFeatureKernel", "WeightSpacePredictionStrategy", "real_form"]
 
@@ -248,7 +248,7 @@ class RandomFeatureKernel(Kernel):
             raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
         if x.dim() == 1:
             x = x.unsqueeze(-1)
-        if not torch.isfinite(x).all():
+        if not all_finite(x):
             raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
         return x
 
