@@ -42,7 +42,54 @@ def _init_unit_lengthscale(kernel: Kernel) -> None:
         kernel.lengthscale = 1.0
 
 
-class DotProductKernel(Kernel):
+class DotProductBias:
+    """The bias ``b >= 0`` of a dot-product kernel ``f(x^T y / l^2 + b)``, shared by the exact
+    kernel and its sketches: a learnable ``Positive``-constrained parameter ``raw_bias`` of shape
+    ``(*batch_shape, 1, 1)`` when built with ``b > 0``, the constant 0 (no parameter) otherwise.
+    """
+
+    def _register_bias(self, bias: float, prior=None, constraint=None) -> None:
+        self.has_bias = bias > 0
+        if not self.has_bias:
+            if prior is not None or constraint is not None:
+                raise ValueError(
+                    "bias_prior / bias_constraint need a learnable bias: pass bias > 0"
+                )
+            return
+        self.register_parameter(
+            "raw_bias", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, 1))
+        )
+        self.register_constraint("raw_bias", constraint if constraint is not None else Positive())
+        if prior is not None:
+            self.register_prior("bias_prior", prior, lambda m: m.bias, lambda m, v: m._set_bias(v))
+        self._set_bias(float(bias))
+
+    @property
+    def bias(self) -> Tensor:
+        """``(*batch_shape, 1, 1)`` bias (zeros for a homogeneous kernel)."""
+        if not self.has_bias:
+            return torch.zeros(*self.batch_shape, 1, 1, dtype=self.lengthscale.dtype,
+                               device=self.lengthscale.device)
+        return self.raw_bias_constraint.transform(self.raw_bias)
+
+    @bias.setter
+    def bias(self, value) -> None:
+        self._set_bias(value)
+
+    def _set_bias(self, value) -> None:
+        if not self.has_bias:
+            raise AttributeError(
+                "this kernel was built with bias=0 (homogeneous) and has no bias parameter; "
+                "build it with bias > 0 to learn the bias"
+            )
+        if not torch.is_tensor(value):
+            value = torch.as_tensor(value).to(self.raw_bias)
+        if (value < 0).any():
+            raise ValueError(f"bias must be non-negative, got {value}")
+        self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
+
+
+class DotProductKernel(DotProductBias, Kernel):
     r"""Exact dot-product kernel :math:`f(x^\top y / \ell^2 + b)`.
 
     .. math::
@@ -65,7 +112,8 @@ class DotProductKernel(Kernel):
         bias: ``b >= 0``. ``b > 0`` makes it a learnable parameter (``Positive`` constraint);
             ``b = 0`` fixes it at 0 (no parameter).
         **kwargs: GPyTorch ``Kernel`` arguments (``ard_num_dims``, ``batch_shape``,
-            ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``).
+            ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``bias_prior``,
+            ``bias_constraint``).
 
     Example:
         >>> k = DotProductKernel("polynomial", degree=2, bias=1.0).double()
@@ -96,34 +144,13 @@ class DotProductKernel(Kernel):
             raise TypeError(f"bias must be a non-negative float, got {type(bias).__name__}")
         if not math.isfinite(bias) or bias < 0:
             raise ValueError(f"bias must be a finite non-negative float, got {bias!r}")
+        bias_prior = kwargs.pop("bias_prior", None)
+        bias_constraint = kwargs.pop("bias_constraint", None)
         super().__init__(**kwargs)
         self.kind = kind
         self.degree = degree
         _init_unit_lengthscale(self)
-        self.has_bias = bias > 0
-        if self.has_bias:
-            self.register_parameter(
-                "raw_bias", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, 1))
-            )
-            self.register_constraint("raw_bias", Positive())
-            self.bias = float(bias)
-
-    @property
-    def bias(self) -> Tensor:
-        if not self.has_bias:
-            return torch.zeros(*self.batch_shape, 1, 1, dtype=self.lengthscale.dtype,
-                               device=self.lengthscale.device)
-        return self.raw_bias_constraint.transform(self.raw_bias)
-
-    @bias.setter
-    def bias(self, value) -> None:
-        if not self.has_bias:
-            raise AttributeError("this kernel was built with bias=0 and has no bias parameter")
-        if not torch.is_tensor(value):
-            value = torch.as_tensor(value).to(self.raw_bias)
-        if (value < 0).any():
-            raise ValueError(f"bias must be non-negative, got {value}")
-        self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
+        self._register_bias(bias, bias_prior, bias_constraint)
 
     def _link(self, inner: Tensor) -> Tensor:
         if self.kind == "polynomial":

@@ -51,11 +51,10 @@ import math
 from typing import Any, Dict, Optional
 
 import torch
-from gpytorch.constraints import Positive
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.exact import DotProductKernel, _init_unit_lengthscale
+from rfgp.kernels.exact import DotProductBias, DotProductKernel, _init_unit_lengthscale
 from rfgp.ops import (
     complex_gaussian,
     complex_rademacher,
@@ -661,7 +660,7 @@ def apply_sketch(
 
 
 # ---------------------------------------------------------------------------------- kernel
-class PolynomialSketchKernel(RandomFeatureKernel):
+class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
     r"""Random sketch of the polynomial kernel :math:`(x^\top y / \ell^2 + b)^p`.
 
     The bias is handled by homogenisation: with :math:`\tilde x = [x / \ell, \sqrt b]`,
@@ -710,7 +709,9 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         lengthscale: positive ``(*batch_shape, 1, ard_num_dims or 1)`` parameter (starts at 1
             when its constraint allows).
         bias: positive ``(*batch_shape, 1, 1)`` parameter, or the constant 0.
-        is_complex, num_features, num_real_features (``2D`` if complex, else ``D``).
+        is_complex: whether the features are complex.
+        num_features: ``D``, columns of ``features(x)`` (complex columns count once).
+        num_real_features: columns of the real form, ``2D`` if complex, else ``D``.
 
     Shapes:
         ``features(x)``: ``(..., N, d) -> (..., N, D)``.
@@ -759,21 +760,7 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         self.projection = projection
         self.is_complex = complex
         _init_unit_lengthscale(self)
-        self.has_bias = bias > 0
-        if self.has_bias:
-            self.register_parameter(
-                "raw_bias", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, 1))
-            )
-            if bias_constraint is None:
-                bias_constraint = Positive()
-            self.register_constraint("raw_bias", bias_constraint)
-            if bias_prior is not None:
-                self.register_prior(
-                    "bias_prior", bias_prior, lambda m: m.bias, lambda m, v: m._set_bias(v)
-                )
-            self._set_bias(float(bias))
-        elif bias_prior is not None or bias_constraint is not None:
-            raise ValueError("bias_prior / bias_constraint need a learnable bias: pass bias > 0")
+        self._register_bias(bias, bias_prior, bias_constraint)
 
     @classmethod
     def ctr(
@@ -808,29 +795,6 @@ class PolynomialSketchKernel(RandomFeatureKernel):
         return cls(degree, num_real_features // 2, complex=True, **kwargs)
 
     # --------------------------------------------------------------- hyperparameters
-    @property
-    def bias(self) -> Tensor:
-        if not self.has_bias:
-            return torch.zeros(*self.batch_shape, 1, 1, dtype=self.lengthscale.dtype,
-                               device=self.lengthscale.device)
-        return self.raw_bias_constraint.transform(self.raw_bias)
-
-    @bias.setter
-    def bias(self, value) -> None:
-        self._set_bias(value)
-
-    def _set_bias(self, value) -> None:
-        if not self.has_bias:
-            raise AttributeError(
-                "this kernel was built with bias=0 (homogeneous) and has no bias parameter; "
-                "build it with bias > 0 to learn the bias"
-            )
-        if not torch.is_tensor(value):
-            value = torch.as_tensor(value).to(self.raw_bias)
-        if (value < 0).any():
-            raise ValueError(f"bias must be non-negative, got {value}")
-        self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
-
     @property
     def sketch_dim(self) -> Optional[int]:
         """Dimension the sketch sees: ``d + 1`` with a bias coordinate, else ``d``."""

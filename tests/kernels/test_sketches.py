@@ -371,3 +371,26 @@ def test_bad_inputs():
         DotProductKernel("gaussian", degree=3)
     with pytest.raises(ValueError, match="bias"):
         DotProductKernel("polynomial", degree=2, bias=-0.1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: DotProductKernel("polynomial", degree=2, **kw),
+    lambda **kw: PolynomialSketchKernel(2, 8, **kw),
+])
+def test_bias_parameter_contract(make):
+    learnable = make(bias=0.7).double()
+    # set in float32 at construction: float32 round-off
+    assert abs(float(learnable.bias) - 0.7) < 1e-6
+    learnable.bias = 0.2
+    assert abs(float(learnable.bias) - 0.2) < 1e-12
+    with pytest.raises(ValueError, match="bias must be non-negative"):
+        learnable.bias = -1.0
+    homogeneous = make(bias=0.0)
+    assert float(homogeneous.bias) == 0.0
+    assert not any("bias" in name for name, _ in homogeneous.named_parameters())
+    with pytest.raises(AttributeError, match="bias=0"):
+        homogeneous.bias = 1.0
+    with pytest.raises(ValueError, match="bias_prior / bias_constraint"):
+        make(bias=0.0, bias_constraint=gpytorch.constraints.Positive())
+    prior = make(bias=0.5, bias_prior=gpytorch.priors.GammaPrior(2.0, 2.0))
+    assert any(name == "bias_prior" for name, *_ in prior.named_priors())
