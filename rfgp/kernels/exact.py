@@ -83,7 +83,8 @@ class DotProductBias:
                 "build it with bias > 0 to learn the bias"
             )
         if not torch.is_tensor(value):
-            value = torch.as_tensor(value).to(self.raw_bias)
+            # straight to the parameter's dtype: a float32 detour would round a float64 model
+            value = torch.as_tensor(value, dtype=self.raw_bias.dtype, device=self.raw_bias.device)
         if (value < 0).any():
             raise ValueError(f"bias must be non-negative, got {value}")
         self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
