@@ -46,15 +46,11 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from gpytorch.kernels import Kernel, ScaleKernel
-from linear_operator.utils.errors import NotPSDError
 from linear_operator.utils.warnings import NumericalWarning
 
 from rfgp.inference.dirichlet import DirichletGPClassifier, softmax_expectation
-from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.kernels.base import RandomFeatureKernel
-
-#: smallest noise variance (standardised units) the regressor's optimiser can reach.
-NOISE_FLOOR = 1e-6
 
 __all__ = ["KERNELS", "make_kernel", "RandomFeatureGPRegressor", "RandomFeatureGPClassifier"]
 
@@ -339,55 +335,17 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     def _optimize(self, gp: RandomFeatureGP, x: torch.Tensor, y: torch.Tensor) -> int:
         """Maximise the log marginal likelihood over the kernel hyperparameters and the noise.
 
-        The noise is parametrised as ``NOISE_FLOOR + exp(r)``: without a floor the optimiser
-        can drive it to zero on data that the features interpolate, and the solve fails. The
-        best point seen is kept (a diverging step never ends the fit in a worse state).
+        Delegates to :meth:`RandomFeatureGP.optimize_hyperparameters` (bounded log-noise, a line
+        search that backs off from unfactorisable points, the best point kept); returns the
+        number of iterations run. A fit that stops at ``max_iter`` is not an error here.
         """
-        raw_noise = torch.tensor(math.log(max(float(gp.noise) - NOISE_FLOOR, NOISE_FLOOR)),
-                                 dtype=torch.float64, requires_grad=True)
-        params = [p for p in gp.kernel.parameters() if p.requires_grad] + [raw_noise]
-        scale = 1.0 / y.numel()
-        best = {"loss": math.inf, "state": None}
-
-        def loss_fn() -> torch.Tensor:
-            noise = NOISE_FLOOR + raw_noise.exp()
-            loss = -gp.log_marginal_likelihood(x, y, noise) * scale
-            value = float(loss.detach())
-            if math.isfinite(value) and value < best["loss"]:
-                best["loss"] = value
-                best["state"] = (copy.deepcopy(gp.kernel.state_dict()),
-                                 float(noise.detach()))
-            return loss
-
-        if self.optimizer == "lbfgs":
-            opt = torch.optim.LBFGS(params, lr=1.0, max_iter=20, line_search_fn="strong_wolfe")
-
-            def closure() -> torch.Tensor:
-                opt.zero_grad()
-                loss = loss_fn()
-                loss.backward()
-                return loss
-        else:
-            opt = torch.optim.Adam(params, lr=0.05)
         with warnings.catch_warnings():
-            # Extreme trial steps of the line search may need jitter; the best point is kept.
+            warnings.simplefilter("ignore", ConvergenceWarning)
             warnings.simplefilter("ignore", NumericalWarning)
-            iterations = 0
-            for _ in range(int(self.max_iter)):
-                iterations += 1
-                try:
-                    if self.optimizer == "lbfgs":
-                        opt.step(closure)
-                    else:
-                        opt.zero_grad()
-                        loss_fn().backward()
-                        opt.step()
-                except NotPSDError:
-                    break
-        if best["state"] is not None:
-            gp.kernel.load_state_dict(best["state"][0])
-            gp.noise = torch.tensor(best["state"][1], dtype=torch.float64)
-        return iterations
+            losses = gp.optimize_hyperparameters(
+                x, y, method=self.optimizer, num_iterations=int(self.max_iter)
+            )
+        return len(losses)
 
     def _scale(self, values: np.ndarray, power: int = 1) -> np.ndarray:
         return values * self._y_std**power
