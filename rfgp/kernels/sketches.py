@@ -53,6 +53,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor
 
+from rfgp.kernels import _srht_numba
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.exact import DotProductBias, DotProductKernel, _init_unit_lengthscale
 from rfgp.ops import (
@@ -256,18 +257,31 @@ def _apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
     w = w.to(x.dtype)
     w = w.reshape(*w.shape[: -3 - complex], d, -1)
 
-    def rows(xs: Tensor) -> Tensor:
+    def rows(xs: Tensor, out: Optional[Tensor] = None) -> Tensor:
         # One GEMM for all degrees (and real/imaginary parts): (..., n, d) @ (..., d, p D [2]).
         proj = xs @ w
         if complex:
             proj = torch.view_as_complex(proj.reshape(*proj.shape[:-1], degree, num_features, 2))
         else:
             proj = proj.reshape(*proj.shape[:-1], degree, num_features)
-        return proj.prod(dim=-2)
+        return proj.prod(dim=-2) if out is None else torch.prod(proj, dim=-2, out=out)
 
     # Row chunks bound the (rows x p D) intermediate; GEMMs of >= 256 rows lose no speed.
-    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], w.shape[:-2]))
-    chunk = max(256, _DENSE_CHUNK_ELEMENTS // max(1, w.shape[-1] * batch))
+    batch_shape = torch.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    chunk = max(256, _DENSE_CHUNK_ELEMENTS // max(1, w.shape[-1] * math.prod(batch_shape)))
+    if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        # No autograd: each chunk's product goes straight into one result and is scaled there
+        # (no concatenation and no separate scaling pass over the N x D features).
+        n = x.shape[-2]
+        dtype = x.dtype if not complex else (
+            torch.complex64 if x.dtype == torch.float32 else torch.complex128
+        )
+        out = torch.empty(*batch_shape, n, num_features, dtype=dtype, device=x.device)
+        for s in range(0, n, chunk):
+            part = out[..., s : s + chunk, :]
+            rows(x[..., s : s + chunk, :], out=part)
+            part.mul_(1.0 / math.sqrt(num_features))
+        return out
     if x.shape[-2] <= chunk:
         out = rows(x)
     else:
@@ -579,6 +593,13 @@ def _apply_tensorsrht(
     num_features = indices.shape[-1]
     num_blocks = signs.shape[-3] if complex else signs.shape[-2]
     per_row = degree * num_blocks * padded * (2 if complex else 1)
+    if _srht_numba.applies(x, indices, scale, root):
+        # compiled fast Walsh-Hadamard kernel (numba installed, CPU, no autograd)
+        out = _srht_numba.tensorsrht(
+            x.reshape(-1, x.shape[-1]), signs, indices, complex, scale, root
+        )
+        if out is not None:  # None: numba could not compile here (warned once)
+            return out.reshape(*x.shape[:-1], num_features)
     if _srht_plan_applies(weights, complex) and (
         (scale is None and root is None) or not torch.is_grad_enabled()
     ):

@@ -13,6 +13,14 @@ from rfgp.ops import hadamard_matrix
 PROJECTIONS = ["gaussian", "rademacher", "tensorsketch", "tensorsrht"]
 
 
+@pytest.fixture
+def gemm_path(monkeypatch):
+    """TensorSRHT through the GEMM plan even where the compiled (numba) kernel is installed."""
+    from rfgp.kernels import _srht_numba
+
+    monkeypatch.setitem(_srht_numba._state, "enabled", False)
+
+
 def _unit(v):
     return v / v.norm(dim=-1, keepdim=True)
 
@@ -229,7 +237,8 @@ def test_degree_one_sketch_is_random_projection():
 
 @pytest.mark.parametrize("complex", [False, True])
 @pytest.mark.parametrize("d,num_features,degree", [(5, 20, 3), (1, 3, 2), (33, 100, 2)])
-def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_features, degree):
+def test_tensorsrht_fast_path_matches_generic(monkeypatch, gemm_path, complex, d, num_features,
+                                             degree):
     # Unbatched weights use the two-GEMM plan (row-chunked); batched ones the generic path.
     import rfgp.kernels.sketches as sk
 
@@ -248,7 +257,8 @@ def test_tensorsrht_fast_path_matches_generic(monkeypatch, complex, d, num_featu
 
 @pytest.mark.parametrize("complex", [False, True])
 @pytest.mark.parametrize("chunk_elements", [1 << 6, 1 << 12, 1 << 17, 1 << 18])
-def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, complex, chunk_elements):
+def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, gemm_path, complex,
+                                                     chunk_elements):
     # Several blocks (the last one truncated), partial row chunks, groups of several blocks
     # and the autograd variant of the plan all give the generic path's features and gradients.
     import rfgp.kernels.sketches as sk
@@ -271,13 +281,19 @@ def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, complex, chunk
     torch.testing.assert_close(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("complex", [False, True])
 @pytest.mark.parametrize("d,bias,ard", [(7, 0.5, True), (7, 0.0, False), (12, 2.0, False)])
-def test_tensorsrht_kernel_fused_homogenisation(monkeypatch, complex, d, bias, ard):
-    # Without autograd the kernel lets the plan scale, append the bias coordinate and pad
-    # chunk by chunk; it must equal the sketch of the explicitly homogenised input.
+def test_tensorsrht_kernel_fused_homogenisation(monkeypatch, compiled, complex, d, bias, ard):
+    # Without autograd the kernel lets the plan (or the compiled kernel) scale, append the bias
+    # coordinate and pad chunk by chunk; it must equal the sketch of the explicitly homogenised
+    # input.
     import rfgp.kernels.sketches as sk
+    from rfgp.kernels import _srht_numba
 
+    if compiled and not _srht_numba.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setitem(_srht_numba._state, "enabled", compiled)
     monkeypatch.setattr(sk, "_PLAN_CHUNK_ELEMENTS", 1 << 8)  # several (partial) row chunks
     g = torch.Generator().manual_seed(d)
     x = torch.randn(2, 29, d, dtype=torch.float64, generator=g)
@@ -305,6 +321,10 @@ def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
     batched = {k: v.unsqueeze(0) for k, v in w.items()}
     monkeypatch.setattr(sk, "_DENSE_CHUNK_ELEMENTS", 1 << 30)
     torch.testing.assert_close(apply_sketch(x, batched, 3, projection, complex)[0], out)
+    # with autograd the dense sketch concatenates chunks instead of filling one result
+    monkeypatch.setattr(sk, "_DENSE_CHUNK_ELEMENTS", 1)
+    xg = x.clone().requires_grad_(True)
+    torch.testing.assert_close(apply_sketch(xg, w, 3, projection, complex).detach(), out)
 
 
 # ---------------------------------------------------------------------------- exact kernel

@@ -1,0 +1,157 @@
+"""The compiled (numba) TensorSRHT kernel against Algorithm 1 written out with dense matrices."""
+
+import math
+
+import pytest
+import torch
+from scipy.linalg import hadamard
+
+from rfgp.kernels import PolynomialSketchKernel, _srht_numba, apply_sketch, sample_sketch
+
+needs_numba = pytest.mark.skipif(not _srht_numba.available(), reason="numba is not installed")
+
+
+def algorithm_1(x, w, degree, complex, scale=None, root=None):
+    """phi_l = prod_i (H_{d'} diag(s_{i, b(l)}) x~)_{pi_i(l)} / sqrt(D) with dense H_{d'}."""
+    x = x.double()
+    if scale is not None:
+        x = x / scale.double().reshape(-1)
+    if root is not None:
+        x = torch.cat([x, root.double().expand(x.shape[0], 1)], dim=-1)
+    signs, idx = w["signs"].double(), w["indices"]
+    padded = signs.shape[-2] if complex else signs.shape[-1]
+    x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+    s = torch.complex(signs[..., 0], signs[..., 1]) if complex else signs  # (p, K, d')
+    h = torch.from_numpy(hadamard(padded)).to(s.dtype)
+    # t[n, i, b, k] = sum_j H[k, j] s[i, b, j] x[n, j]
+    t = torch.einsum("kj,nibj->nibk", h, s.unsqueeze(0) * x[:, None, None, :].to(s.dtype))
+    t = t.reshape(x.shape[0], degree, t.shape[-2] * t.shape[-1])
+    phi = torch.ones(x.shape[0], idx.shape[-1], dtype=s.dtype)
+    for i in range(degree):
+        phi = phi * t[:, i, idx[i]]
+    return phi / math.sqrt(idx.shape[-1])
+
+
+def _close(out, ref):
+    if out.dtype in (torch.float64, torch.complex128):
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    else:  # float32 rounding of p-fold products of sums of d' terms
+        scale = float(ref.abs().max()) if ref.numel() else 1.0
+        torch.testing.assert_close(out, ref.to(out.dtype), rtol=1e-4, atol=1e-5 * scale)
+
+
+# (rows, input dim, features, degree): d' = 1, 2, 4, 8 (odd and even log2 d': radix-2 first
+# pass or not), 64, 2048 (32-row tiles); D below, equal to and above d', not a multiple of d';
+# rows below one tile, several tiles with a partial last one, and none.
+SHAPES = [(7, 1, 5, 3), (100, 2, 3, 2), (65, 3, 9, 4), (130, 5, 20, 3), (1, 16, 16, 1),
+          (130, 33, 200, 4), (65, 8, 24, 7), (70, 1500, 100, 2), (0, 6, 10, 2)]
+
+
+@needs_numba
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n,d,num_features,degree", SHAPES)
+def test_matches_algorithm_1(complex, dtype, n, d, num_features, degree):
+    g = torch.Generator().manual_seed(n + d + num_features)
+    w = sample_sketch(degree, num_features, d, "tensorsrht", complex, generator=g)
+    x = torch.randn(n, d, dtype=dtype, generator=g)
+    out = _srht_numba.tensorsrht(x, w["signs"], w["indices"], complex)
+    assert out.shape == (n, num_features)
+    assert out.dtype == (x.dtype if not complex else torch.complex128 if dtype == torch.float64
+                         else torch.complex64)
+    _close(out, algorithm_1(x, w, degree, complex))
+    # the public entry point takes this path for unbatched CPU weights without autograd
+    _close(apply_sketch(x, w, degree, "tensorsrht", complex), algorithm_1(x, w, degree, complex))
+
+
+@needs_numba
+@pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_homogenisation_in_the_tile_fill(complex, shared):
+    # [x / scale, root] built inside the kernel equals the explicitly homogenised input
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(90, 6, dtype=torch.float64, generator=g)
+    w = sample_sketch(3, 30, 7, "tensorsrht", complex, generator=g)
+    scale = torch.rand(1 if shared else 6, 1, dtype=torch.float64, generator=g) + 0.5
+    root = torch.tensor(0.8, dtype=torch.float64)
+    out = _srht_numba.tensorsrht(x, w["signs"], w["indices"], complex, scale, root)
+    _close(out, algorithm_1(x, w, 3, complex, scale.expand(6, 1), root))
+
+
+@needs_numba
+@pytest.mark.parametrize("complex", [False, True])
+def test_threads_split_rows_without_changing_values(complex):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(333, 20, generator=g)
+    w = sample_sketch(4, 70, 20, "tensorsrht", complex, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _srht_numba.tensorsrht(x, w["signs"], w["indices"], complex)
+        torch.set_num_threads(3)
+        three = _srht_numba.tensorsrht(x, w["signs"], w["indices"], complex)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, three)  # each row is computed by the same sequence of operations
+
+
+@needs_numba
+def test_kernel_features_take_the_compiled_path(monkeypatch):
+    k = PolynomialSketchKernel(3, 40, bias=0.5, projection="tensorsrht", ard_num_dims=5,
+                               seed=0).double()
+    x = torch.randn(50, 5, dtype=torch.float64)
+    calls = []
+    original = _srht_numba.tensorsrht
+    monkeypatch.setattr(_srht_numba, "tensorsrht", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad():
+        phi = k.features(x)
+    assert calls
+    ls = k.lengthscale.detach().reshape(-1, 1)
+    _close(phi, algorithm_1(x, k._weights(), 3, False, ls, k.bias.detach().sqrt().reshape(())))
+    # with autograd the differentiable GEMM path runs, with the same values
+    calls.clear()
+    torch.testing.assert_close(k.features(x).detach(), phi)
+    assert not calls
+
+
+def test_applies_only_where_it_can():
+    g = torch.Generator().manual_seed(0)
+    w = sample_sketch(2, 8, 4, "tensorsrht", generator=g)
+    x = torch.randn(3, 4)
+    xg = x.clone().requires_grad_(True)
+    assert not _srht_numba.applies(xg, w["indices"])
+    assert not _srht_numba.applies(x.half(), w["indices"])
+    assert not _srht_numba.applies(x, w["indices"].unsqueeze(0))  # batched weights
+    with torch.no_grad():
+        assert _srht_numba.applies(xg, w["indices"]) == _srht_numba.available()
+
+
+def test_environment_variable_disables_it(monkeypatch):
+    monkeypatch.setenv("RFGP_DISABLE_NUMBA", "1")
+    assert not _srht_numba.available()
+    g = torch.Generator().manual_seed(1)
+    w = sample_sketch(3, 12, 5, "tensorsrht", generator=g)
+    x = torch.randn(9, 5, dtype=torch.float64, generator=g)
+    _close(apply_sketch(x, w, 3, "tensorsrht"), algorithm_1(x, w, 3, False))
+
+
+def test_compile_failure_falls_back_with_a_warning(monkeypatch):
+    def broken():
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setitem(_srht_numba._state, "enabled", True)
+    monkeypatch.setitem(_srht_numba._state, "checked", True)
+    monkeypatch.setitem(_srht_numba._state, "numba", True)
+    monkeypatch.setattr(_srht_numba, "_kernels", broken)
+    g = torch.Generator().manual_seed(3)
+    w = sample_sketch(2, 10, 3, "tensorsrht", generator=g)
+    x = torch.randn(6, 3, dtype=torch.float64, generator=g)
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        phi = apply_sketch(x, w, 2, "tensorsrht")
+    _close(phi, algorithm_1(x, w, 2, False))
+    assert not _srht_numba.available()  # switched off: no warning on every call
+
+
+def test_set_enabled_checks_its_argument():
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        _srht_numba.set_enabled("yes")
