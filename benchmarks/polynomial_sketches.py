@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rfgp.kernels import DotProductKernel, PolynomialSketchKernel  # noqa: E402
+from rfgp.kernels import DotProductKernel, PolynomialSketchKernel, _srht_numba  # noqa: E402
 from rfgp.kernels.sketches import apply_sketch  # noqa: E402
 from rfgp.variance import sketch_variance  # noqa: E402
 
@@ -181,6 +181,10 @@ def run_timing(num_rows, repeats):
     for projection in ("tensorsrht", "rademacher"):
         w = kernels[(projection, "real")]._weights()
         fns[(projection, "apply")] = lambda w=w, p=projection: apply_sketch(z, w, degree, p)
+    # the same TensorSRHT calls through the GEMM path (what runs without numba, with autograd
+    # or on a GPU)
+    for key in (("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsrht", "apply")):
+        fns[("tensorsrht-gemm", key[1])] = gemm_path(fns[key])
     xn = x.numpy()
     sk = PolynomialCountSketch(degree=degree, gamma=1.0, coef0=1.0, n_components=size,
                                random_state=0).fit(xn)
@@ -192,9 +196,24 @@ def run_timing(num_rows, repeats):
         rows = best_times(fns, repeats)
         for key, value in rows.items():
             print(f"  timing {key}: {value:.3f} s", flush=True)
-        stages, total = srht_stages(z, kernels[("tensorsrht", "real")]._weights(), degree)
+        stages, total = gemm_path(srht_stages)(z, kernels[("tensorsrht", "real")]._weights(),
+                                               degree)
     rows[("stages", "profiled")] = (stages, total)
+    rows[("compiled", "available")] = _srht_numba.available()
     return rows
+
+
+def gemm_path(fn):
+    """``fn`` run with the compiled TensorSRHT kernel switched off."""
+
+    def run(*args):
+        previous = _srht_numba.set_enabled(False)
+        try:
+            return fn(*args)
+        finally:
+            _srht_numba.set_enabled(previous)
+
+    return run
 
 
 # --------------------------------------------------------------------------------- report
@@ -332,6 +351,7 @@ def part1_lines(errors, degrees, multiples, seeds, rows, elapsed, args):
 
 def part2_lines(timing, time_rows, repeats, load_before, load_after, command, elapsed):
     n = time_rows
+    compiled = timing[("compiled", "available")]
     gemm = timing[("gemm", "real")]
     flops_dense = 2.0 * n * 1024 * 7 * 5120
     dense = timing[("rademacher", "real")]
@@ -348,13 +368,27 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
         f"the dense sketch's size (N x 1024 @ 1024 x {7 * 5120}) took {gemm:.2f} s "
         f"({flops_dense / gemm / 1e9:.0f} GFLOP/s).",
         "",
+        "TensorSRHT runs through one of two implementations of the same features (same "
+        "weights, same values up to float rounding): the compiled kernel (`rfgp[fast]`, numba: "
+        "radix-4 fast Walsh-Hadamard transforms on tiles of 64 rows, the signs applied in the "
+        "first pass, permutation gathers, products over degrees and the transposed store "
+        "fused), used on the CPU without autograd when numba is installed, and the GEMM path "
+        "(two Kronecker-factored GEMM stages per transform, in PyTorch), used otherwise "
+        "(autograd, GPU, no numba)"
+        + ("" if compiled else " -- numba was not installed for this run, so both TensorSRHT "
+           "rows below are the GEMM path")
+        + ".",
+        "",
         "Kernel features (`kernel.real_features(x)`: input validation, lengthscale and bias, "
         "sketch):",
         "",
         "| method | real features | time (s) | dense Rademacher / this | this / TensorSRHT |",
         "|---|---|---|---|---|",
     ]
-    names = [("tensorsrht", "real", "TensorSRHT"), ("tensorsrht", "ctr", "CtR-TensorSRHT"),
+    names = [("tensorsrht", "real", "TensorSRHT (compiled kernel)"),
+             ("tensorsrht", "ctr", "CtR-TensorSRHT (compiled kernel)"),
+             ("tensorsrht-gemm", "real", "TensorSRHT (GEMM path)"),
+             ("tensorsrht-gemm", "ctr", "CtR-TensorSRHT (GEMM path)"),
              ("tensorsketch", "real", "TensorSketch (rfgp)"),
              ("tensorsketch", "ctr", "CtR-TensorSketch (rfgp)"),
              ("rademacher", "real", "dense Rademacher"),
@@ -364,22 +398,38 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
         t = timing[(key, mode)]
         lines.append(f"| {name} | 5120 | {t:.3f} | {dense / t:.1f}x | {t / srht:.1f}x |")
     a_srht, a_dense = timing[("tensorsrht", "apply")], timing[("rademacher", "apply")]
+    a_gemm = timing[("tensorsrht-gemm", "apply")]
+    srht_gemm = timing[("tensorsrht-gemm", "real")]
+    additions = 35 * 1024 * 10 * n  # butterfly additions: 35 transforms x d' log2 d' per row
     lines += [
         "",
         "The sketches alone (`apply_sketch` on the already homogenised float32 input):",
         "",
-        "| method | time (s) | dense / TensorSRHT |",
+        "| method | time (s) | dense / this |",
         "|---|---|---|",
-        f"| TensorSRHT | {a_srht:.3f} | {a_dense / a_srht:.1f}x |",
+        f"| TensorSRHT (compiled kernel) | {a_srht:.3f} | {a_dense / a_srht:.1f}x |",
+        f"| TensorSRHT (GEMM path) | {a_gemm:.3f} | {a_dense / a_gemm:.1f}x |",
         f"| dense Rademacher | {a_dense:.3f} | 1.0x |",
         "",
         f"TensorSRHT kernel features are {dense / srht:.1f}x faster than the dense Rademacher "
-        f"sketch's (target: >= 10x); the sketch alone is {a_dense / a_srht:.1f}x faster. "
+        f"sketch's (target: >= 10x), and {gemm / srht:.1f}x faster than the reference GEMM "
+        "alone (the floor of any dense sketch of this size: its one GEMM at full rate, "
+        "without the products over degrees); the sketch alone is "
+        f"{a_dense / a_srht:.1f}x faster than the dense sketch alone. The GEMM path (no numba, "
+        f"or autograd) is {dense / srht_gemm:.1f}x faster than the dense sketch. "
         "CtR-TensorSRHT is "
         f"{timing[('rademacher', 'ctr')] / timing[('tensorsrht', 'ctr')]:.1f}x faster than CtR "
         "dense Rademacher; TensorSRHT is "
         f"{timing[('sklearn', 'real')] / srht:.1f}x faster than scikit-learn's "
         "PolynomialCountSketch at the same D.",
+        "",
+        "What the compiled kernel does per row: 35 transforms of length 1024 (7 degrees x 5 "
+        "independent blocks), each 1024 x log2(1024) = 10,240 additions in 5 radix-4 passes "
+        f"over a tile in the L2 cache ({additions / a_srht / 1e9:.1f} G additions/s over the "
+        "whole sketch, gathers, products and stores included), against 73.4 M multiply-adds "
+        "per row for the dense sketch; what remains is memory traffic: the 35 permutation "
+        "gathers (whole 64-row vectors), the products, the transposed store and the first "
+        f"touch of the {4 * 5120 * n / 1e6:.0f} MB output.",
         "",
     ]
     stages, total = timing[("stages", "profiled")]
@@ -395,7 +445,8 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
          "aten::copy_", None, 2 * 4 * (1024 + 5120) * n),
     ]
     lines += [
-        "Where the TensorSRHT time goes (`apply_sketch`, one run under `torch.profiler`, self "
+        "Where the GEMM path's time goes (`apply_sketch` with the compiled kernel switched "
+        "off, one run under `torch.profiler`, self "
         f"time per operation; total {total:.3f} s with profiling overhead). Work per row: 35 "
         "transforms of length 1024 (7 degrees x 5 independent blocks), each two GEMMs with "
         "inner dimension 32 over the Kronecker factors of H_1024 = H_32 (x) H_32: "
@@ -420,7 +471,7 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
         f"| other (dispatch, views, plan set-up) | {max(total - accounted, 0.0):.3f} | "
         f"{max(total - accounted, 0.0) / total:.0%} | |",
         "",
-        "What bounds the ratio: the two GEMM stages run at close to the dense GEMM's rate "
+        "What bounds the GEMM path: the two GEMM stages run at close to the dense GEMM's rate "
         f"({gemms:.3f} s together, {gemm / max(gemms, 1e-9):.1f}x "
         "below the reference GEMM's time: the 16x of the operation count, less their lower "
         f"rate), and take {gemms / total:.0%} of the time. The rest are memory passes "
@@ -435,8 +486,8 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
         "input) and the homogenisation, fixed costs that the dense sketch also pays but "
         "that weigh 16x more against TensorSRHT.",
         "",
-        "Layout choices behind these numbers (each measured against the alternative on this "
-        "machine): both transform stages are GEMMs with inner dimension 32 (three-factor "
+        "Layout choices behind the GEMM path's numbers (each measured against the alternative "
+        "on this machine): both transform stages are GEMMs with inner dimension 32 (three-factor "
         "splits such as 16 x 8 x 8 halve the operations, but GEMMs with inner dimension 8 or "
         "16 are bound by cache bandwidth and end up no faster); a row chunk of 64 rows and "
         "one block at a time keeps every intermediate in the L2 cache; the intermediates "
@@ -503,11 +554,12 @@ def plot_errors(plt, errors, degrees, multiples):
 
 def plot_timing(plt, timing):
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    keys = [("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsketch", "real"),
+    keys = [("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsrht-gemm", "real"),
+            ("tensorsrht-gemm", "ctr"), ("tensorsketch", "real"),
             ("tensorsketch", "ctr"), ("rademacher", "real"), ("rademacher", "ctr"),
             ("sklearn", "real")]
-    names = ["TensorSRHT", "CtR-TSRHT", "TensorSketch", "CtR-TS", "Rademacher", "CtR-Rad.",
-             "sklearn PCS"]
+    names = ["TensorSRHT", "CtR-TSRHT", "TensorSRHT (GEMM)", "CtR-TSRHT (GEMM)",
+             "TensorSketch", "CtR-TS", "Rademacher", "CtR-Rad.", "sklearn PCS"]
     ax.barh(names, [timing[k] for k in keys], color="C0")
     ax.set_xlabel("seconds (d = 1024, p = 7, D = 5120)")
     ax.invert_yaxis()
