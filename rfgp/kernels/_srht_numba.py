@@ -178,43 +178,54 @@ def _build():
                     out[r0 + r, lo + l] = acc[l, r]
 
     @numba.njit(nogil=True, cache=True)
-    def real_rows(x, scale, root, has_root, signs, coeff, scales, out, start, stop, rows):
-        p, num_blocks, dp = signs.shape
-        num_features = out.shape[1]
-        xt = np.zeros((dp, rows), x.dtype)
-        t = np.empty((dp, rows), x.dtype)
-        acc = np.empty((dp, rows), x.dtype)
-        for r0 in range(start, stop, rows):
-            m = min(rows, stop - r0)
-            fill(xt, x, scale, root, has_root, r0, m)
-            for b in range(num_blocks):
-                lo = b * dp
-                nb = min(num_features, lo + dp) - lo
-                for i in range(p):
-                    signed_fwht(t, xt, signs[i, b], scales[i])
-                    if i == 0:
-                        for l in range(nb):
-                            k = coeff[i, lo + l]
-                            for r in range(rows):
-                                acc[l, r] = t[k, r]
-                    else:
-                        for l in range(nb):
-                            k = coeff[i, lo + l]
-                            for r in range(rows):
-                                acc[l, r] *= t[k, r]
-                store(out, acc, r0, m, lo, nb)
+    def accumulate(acc, t, coeff, first):
+        # acc[l] (*)= t[coeff[l]]: the permutation gather and the product over degrees
+        rows = t.shape[1]
+        if first:
+            for l in range(coeff.shape[0]):
+                k = coeff[l]
+                for r in range(rows):
+                    acc[l, r] = t[k, r]
+        else:
+            for l in range(coeff.shape[0]):
+                k = coeff[l]
+                for r in range(rows):
+                    acc[l, r] *= t[k, r]
 
     @numba.njit(nogil=True, cache=True)
-    def complex_rows(x, scale, root, has_root, sre, sim, coeff, scales, out_re, out_im,
-                     start, stop, rows):
-        # transform of (sre + i sim) * x = H(sre * x) + i H(sim * x); complex running product
+    def accumulate_complex(ar, ai, tr, ti, coeff, first):
+        # (ar + i ai)[l] (*)= (tr + i ti)[coeff[l]]
+        rows = tr.shape[1]
+        if first:
+            for l in range(coeff.shape[0]):
+                k = coeff[l]
+                for r in range(rows):
+                    ar[l, r] = tr[k, r]
+                    ai[l, r] = ti[k, r]
+        else:
+            for l in range(coeff.shape[0]):
+                k = coeff[l]
+                for r in range(rows):
+                    u = ar[l, r]
+                    v = ai[l, r]
+                    gr = tr[k, r]
+                    gi = ti[k, r]
+                    ar[l, r] = u * gr - v * gi
+                    ai[l, r] = u * gi + v * gr
+
+    @numba.njit(nogil=True, cache=True)
+    def sketch_rows(x, scale, root, has_root, sre, sim, coeff, scales, out_re, out_im,
+                    start, stop, rows, is_complex):
+        # Rows start..stop of the features. Complex signs sre + i sim: the transform of
+        # (sre + i sim) * x is H(sre * x) + i H(sim * x); real: sim and out_im are unused.
         p, num_blocks, dp = sre.shape
         num_features = out_re.shape[1]
         xt = np.zeros((dp, rows), x.dtype)
         tr = np.empty((dp, rows), x.dtype)
-        ti = np.empty((dp, rows), x.dtype)
         ar = np.empty((dp, rows), x.dtype)
-        ai = np.empty((dp, rows), x.dtype)
+        extra = dp if is_complex else 1
+        ti = np.empty((extra, rows), x.dtype)
+        ai = np.empty((extra, rows), x.dtype)
         for r0 in range(start, stop, rows):
             m = min(rows, stop - r0)
             fill(xt, x, scale, root, has_root, r0, m)
@@ -223,27 +234,16 @@ def _build():
                 nb = min(num_features, lo + dp) - lo
                 for i in range(p):
                     signed_fwht(tr, xt, sre[i, b], scales[i])
-                    signed_fwht(ti, xt, sim[i, b], scales[i])
-                    if i == 0:
-                        for l in range(nb):
-                            k = coeff[i, lo + l]
-                            for r in range(rows):
-                                ar[l, r] = tr[k, r]
-                                ai[l, r] = ti[k, r]
+                    if is_complex:
+                        signed_fwht(ti, xt, sim[i, b], scales[i])
+                        accumulate_complex(ar, ai, tr, ti, coeff[i, lo : lo + nb], i == 0)
                     else:
-                        for l in range(nb):
-                            k = coeff[i, lo + l]
-                            for r in range(rows):
-                                u = ar[l, r]
-                                v = ai[l, r]
-                                gr = tr[k, r]
-                                gi = ti[k, r]
-                                ar[l, r] = u * gr - v * gi
-                                ai[l, r] = u * gi + v * gr
+                        accumulate(ar, tr, coeff[i, lo : lo + nb], i == 0)
                 store(out_re, ar, r0, m, lo, nb)
-                store(out_im, ai, r0, m, lo, nb)
+                if is_complex:
+                    store(out_im, ai, r0, m, lo, nb)
 
-    return real_rows, complex_rows
+    return sketch_rows
 
 
 def _kernels():
@@ -310,7 +310,7 @@ def tensorsrht(
     scales = np.ones(degree, dtype=xs.dtype)
     scales[0] = 1.0 / math.sqrt(num_features)
     rows = _tile_rows(padded)
-    kernels = []  # (real_rows, complex_rows), compiled on first use inside the try below
+    kernels = []  # the compiled kernel, built on first use inside the try below
     if complex:
         out = torch.empty(n, num_features, dtype=torch.complex64 if dtype == torch.float32
                           else torch.complex128)
@@ -320,22 +320,23 @@ def tensorsrht(
         sre, sim = s[..., 0].contiguous().numpy(), s[..., 1].contiguous().numpy()
 
         def work(start, stop):
-            kernels[1](xs, sc, rt, has_root, sre, sim, coeff, scales, out_re, out_im,
-                         start, stop, rows)
+            kernels[0](xs, sc, rt, has_root, sre, sim, coeff, scales, out_re, out_im,
+                       start, stop, rows, True)
     else:
         out = torch.empty(n, num_features, dtype=dtype)
         res = out.numpy()
         s = signs.detach().to(dtype).contiguous().numpy()
 
         def work(start, stop):
-            kernels[0](xs, sc, rt, has_root, s, coeff, scales, res, start, stop, rows)
+            kernels[0](xs, sc, rt, has_root, s, s, coeff, scales, res, res, start, stop, rows,
+                       False)
 
     if n == 0:
         return out
     tiles = -(-n // rows)
     threads = max(1, min(torch.get_num_threads(), tiles))
     try:
-        kernels.extend(_kernels())
+        kernels.append(_kernels())
         if threads == 1:
             work(0, n)
         else:
