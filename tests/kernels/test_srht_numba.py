@@ -66,6 +66,27 @@ def test_matches_algorithm_1(complex, dtype, n, d, num_features, degree):
 
 @needs_numba
 @pytest.mark.parametrize("complex", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_any_tile_height(monkeypatch, complex, rows):
+    # tiles of fewer rows (what very large d' gets) and heights that leave vector remainders
+    monkeypatch.setattr(_srht_numba, "_tile_rows", lambda padded: rows)
+    g = torch.Generator().manual_seed(rows)
+    w = sample_sketch(3, 40, 12, "tensorsrht", complex, generator=g)
+    x = torch.randn(11, 12, dtype=torch.float64, generator=g)
+    _close(_srht_numba.tensorsrht(x, w["signs"], w["indices"], complex),
+           algorithm_1(x, w, 3, complex))
+
+
+def test_tile_rows_bound_the_tile_size():
+    for log2 in range(0, 21):
+        rows = _srht_numba._tile_rows(1 << log2)
+        assert 1 <= rows <= 64 and (rows << log2) <= max(1 << 16, 1 << log2)
+        if log2 <= 12:
+            assert rows % 16 == 0
+
+
+@needs_numba
+@pytest.mark.parametrize("complex", [False, True])
 @pytest.mark.parametrize("shared", [False, True])
 def test_homogenisation_in_the_tile_fill(complex, shared):
     # [x / scale, root] built inside the kernel equals the explicitly homogenised input
