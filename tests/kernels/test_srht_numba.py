@@ -160,6 +160,7 @@ def test_compile_failure_falls_back_with_a_warning(monkeypatch):
     def broken():
         raise RuntimeError("no compiler here")
 
+    monkeypatch.delenv("RFGP_DISABLE_NUMBA", raising=False)
     monkeypatch.setitem(_srht_numba._state, "enabled", True)
     monkeypatch.setitem(_srht_numba._state, "checked", True)
     monkeypatch.setitem(_srht_numba._state, "numba", True)
