@@ -197,11 +197,8 @@ def _build():
         # (ar + i ai)[l] (*)= (tr + i ti)[coeff[l]]
         rows = tr.shape[1]
         if first:
-            for l in range(coeff.shape[0]):
-                k = coeff[l]
-                for r in range(rows):
-                    ar[l, r] = tr[k, r]
-                    ai[l, r] = ti[k, r]
+            accumulate(ar, tr, coeff, True)
+            accumulate(ai, ti, coeff, True)
         else:
             for l in range(coeff.shape[0]):
                 k = coeff[l]
