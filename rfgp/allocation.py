@@ -453,7 +453,7 @@ def allocation_statistics(
         partial = torch.zeros_like(k)
         for p in range(top + 1):
             partial = partial + a[p].item() * powers[p]
-            residual = (k - partial) * mask
+            residual = k - partial  # k and every power are masked already
             truncation_bias[p] += float((residual * residual).sum())
         x_pairs, y_pairs = zi[:, None, :], z[None, :, :]
         weight = scale * scale * mask

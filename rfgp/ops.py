@@ -215,6 +215,11 @@ def _device_of(generator: Optional[torch.Generator]) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
+def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    # complex features of real inputs: complex64 for float32, complex128 otherwise
+    return torch.complex64 if dtype == torch.float32 else torch.complex128
+
+
 def gaussian(
     shape: Sequence[int],
     generator: Optional[torch.Generator] = None,

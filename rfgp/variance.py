@@ -80,7 +80,6 @@ __all__ = [
     "sketch_variance",
 ]
 
-_PROJECTIONS = ("gaussian", "rademacher", "tensorsketch", "tensorsrht")
 # (fourth moment E|z|^4, q = E[Re(z)^2]) of one weight entry.
 _WEIGHT_MOMENTS = {
     ("gaussian", False): (3.0, 1.0),
@@ -438,11 +437,11 @@ def _check_ctr(complex, ctr) -> None:
         )
 
 
-_DISPATCH = {
+_DISPATCH = {  # the projections of rfgp.kernels.sketches, in its order
     "gaussian": gaussian_sketch_variance,
     "rademacher": rademacher_sketch_variance,
-    "tensorsrht": tensorsrht_variance,
     "tensorsketch": tensorsketch_variance,
+    "tensorsrht": tensorsrht_variance,
 }
 
 
@@ -487,5 +486,5 @@ def sketch_variance(
         torch.Size([5])
     """
     if projection not in _DISPATCH:
-        raise ValueError(f"projection must be one of {list(_PROJECTIONS)}, got {projection!r}")
+        raise ValueError(f"projection must be one of {list(_DISPATCH)}, got {projection!r}")
     return _DISPATCH[projection](x, y, degree, num_features, complex=complex, ctr=ctr)

@@ -40,6 +40,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from rfgp.ops import _complex_dtype
+
 __all__ = ["available", "applies", "tensorsrht"]
 
 _state = {"checked": False, "numba": False, "kernels": None, "enabled": True}
@@ -308,33 +310,29 @@ def tensorsrht(
     scales = np.ones(degree, dtype=xs.dtype)
     scales[0] = 1.0 / math.sqrt(num_features)
     rows = _tile_rows(padded)
-    kernels = []  # the compiled kernel, built on first use inside the try below
     if complex:
-        out = torch.empty(n, num_features, dtype=torch.complex64 if dtype == torch.float32
-                          else torch.complex128)
+        out = torch.empty(n, num_features, dtype=_complex_dtype(dtype))
         parts = torch.view_as_real(out).numpy()
-        out_re, out_im = parts[..., 0], parts[..., 1]
         s = signs.detach().to(dtype)
-        sre, sim = s[..., 0].contiguous().numpy(), s[..., 1].contiguous().numpy()
-
-        def work(start, stop):
-            kernels[0](xs, sc, rt, has_root, sre, sim, coeff, scales, out_re, out_im,
-                       start, stop, rows, True)
+        # signs sre + i sim into the real and imaginary views of the output
+        arrays = (s[..., 0].contiguous().numpy(), s[..., 1].contiguous().numpy(), coeff, scales,
+                  parts[..., 0], parts[..., 1])
     else:
         out = torch.empty(n, num_features, dtype=dtype)
-        res = out.numpy()
         s = signs.detach().to(dtype).contiguous().numpy()
-
-        def work(start, stop):
-            kernels[0](xs, sc, rt, has_root, s, s, coeff, scales, res, res, start, stop, rows,
-                       False)
+        res = out.numpy()
+        arrays = (s, s, coeff, scales, res, res)  # the imaginary slots are unused
 
     if n == 0:
         return out
     tiles = -(-n // rows)
     threads = max(1, min(torch.get_num_threads(), tiles))
     try:
-        kernels.append(_kernels())
+        kernel = _kernels()  # compiled (or loaded from numba's cache) on first use
+
+        def work(start: int, stop: int) -> None:
+            kernel(xs, sc, rt, has_root, *arrays, start, stop, rows, complex)
+
         if threads == 1:
             work(0, n)
         else:

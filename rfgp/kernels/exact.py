@@ -6,7 +6,7 @@ Each block below holds the exact kernels of one family of approximations.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from gpytorch.constraints import Positive
@@ -47,6 +47,15 @@ class DotProductBias:
     kernel and its sketches: a learnable ``Positive``-constrained parameter ``raw_bias`` of shape
     ``(*batch_shape, 1, 1)`` when built with ``b > 0``, the constant 0 (no parameter) otherwise.
     """
+
+    @staticmethod
+    def _pop_bias_kwargs(bias: Any, kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
+        # validate the constructor's bias; take bias_prior / bias_constraint out of kwargs
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise TypeError(f"bias must be a non-negative float, got {type(bias).__name__}")
+        if not math.isfinite(bias) or bias < 0:
+            raise ValueError(f"bias must be a finite non-negative float, got {bias!r}")
+        return kwargs.pop("bias_prior", None), kwargs.pop("bias_constraint", None)
 
     def _register_bias(self, bias: float, prior=None, constraint=None) -> None:
         self.has_bias = bias > 0
@@ -141,12 +150,7 @@ class DotProductKernel(DotProductBias, Kernel):
                 )
         elif degree is not None:
             raise ValueError(f"degree must be None for kind='exponential', got {degree!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise TypeError(f"bias must be a non-negative float, got {type(bias).__name__}")
-        if not math.isfinite(bias) or bias < 0:
-            raise ValueError(f"bias must be a finite non-negative float, got {bias!r}")
-        bias_prior = kwargs.pop("bias_prior", None)
-        bias_constraint = kwargs.pop("bias_constraint", None)
+        bias_prior, bias_constraint = self._pop_bias_kwargs(bias, kwargs)
         super().__init__(**kwargs)
         self.kind = kind
         self.degree = degree
@@ -507,37 +511,14 @@ class _HelmholtzParameters:
         constraint = getattr(self, f"raw_{name}_constraint")
         self.initialize(**{f"raw_{name}": constraint.inverse_transform(value)})
 
-    @property
-    def curl_lengthscale(self) -> Tensor:
-        return self._get("curl_lengthscale")
-
-    @curl_lengthscale.setter
-    def curl_lengthscale(self, value) -> None:
-        self._set("curl_lengthscale", value)
-
-    @property
-    def div_lengthscale(self) -> Tensor:
-        return self._get("div_lengthscale")
-
-    @div_lengthscale.setter
-    def div_lengthscale(self, value) -> None:
-        self._set("div_lengthscale", value)
-
-    @property
-    def curl_outputscale(self) -> Tensor:
-        return self._get("curl_outputscale")
-
-    @curl_outputscale.setter
-    def curl_outputscale(self, value) -> None:
-        self._set("curl_outputscale", value)
-
-    @property
-    def div_outputscale(self) -> Tensor:
-        return self._get("div_outputscale")
-
-    @div_outputscale.setter
-    def div_outputscale(self, value) -> None:
-        self._set("div_outputscale", value)
+    curl_lengthscale = property(lambda self: self._get("curl_lengthscale"),
+                                lambda self, value: self._set("curl_lengthscale", value))
+    div_lengthscale = property(lambda self: self._get("div_lengthscale"),
+                               lambda self, value: self._set("div_lengthscale", value))
+    curl_outputscale = property(lambda self: self._get("curl_outputscale"),
+                                lambda self, value: self._set("curl_outputscale", value))
+    div_outputscale = property(lambda self: self._get("div_outputscale"),
+                               lambda self, value: self._set("div_outputscale", value))
 
 
 class HelmholtzKernel(_HelmholtzParameters, _VectorFieldKernel):

@@ -105,6 +105,24 @@ def sample_frequencies(
     return w
 
 
+def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
+    r"""``scale * [cos(proj), sin(proj)]`` along the last dimension: ``(..., m) -> (..., 2m)``.
+
+    The real form of :math:`e^{i \omega^\top x}` used by every random Fourier feature map.
+    """
+    m = proj.shape[-1]
+    if torch.is_grad_enabled() and proj.requires_grad:
+        # Scaling cat's fresh output in place saves a pass (cat keeps no output for
+        # backward, the product with a Python scalar keeps no input).
+        return torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1).mul_(scale)
+    # Without autograd: cos and sin written straight into the halves of one buffer
+    # (measured about 2x faster than cat of two temporaries, N = 1e5, D = 1024).
+    out = proj.new_empty(*proj.shape[:-1], 2 * m)
+    torch.cos(proj, out=out[..., :m])
+    torch.sin(proj, out=out[..., m:])
+    return out.mul_(scale)
+
+
 class FourierFeatureKernel(RandomFeatureKernel):
     r"""Random Fourier features for the RBF and Matérn kernels (i.i.d., ORF or SORF frequencies).
 
@@ -285,19 +303,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = x / self.lengthscale.to(x.dtype)
-        proj = self.projections(z)
-        scale = 1.0 / math.sqrt(self.num_frequencies)
-        m = proj.shape[-1]
-        if torch.is_grad_enabled() and proj.requires_grad:
-            # Scaling cat's fresh output in place saves a pass (cat keeps no output for
-            # backward, the product with a Python scalar keeps no input).
-            return torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1).mul_(scale)
-        # Without autograd: cos and sin written straight into the halves of one buffer
-        # (measured about 2x faster than cat of two temporaries, N = 1e5, D = 1024).
-        out = proj.new_empty(*proj.shape[:-1], 2 * m)
-        torch.cos(proj, out=out[..., :m])
-        torch.sin(proj, out=out[..., m:])
-        return out.mul_(scale)
+        return cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""

@@ -39,7 +39,7 @@ from scipy.stats import poisson
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.ops import next_power_of_two, rademacher
+from rfgp.ops import _device_of, next_power_of_two, rademacher
 
 __all__ = ["GaussianSketchKernel", "choose_truncation", "VARIANTS"]
 
@@ -52,7 +52,7 @@ def _sample_tree(
 ) -> Dict[str, Tensor]:
     """Random hashes and signs of one recursive tensor sketch (int64 / float64)."""
     leaves = next_power_of_two(num_factors)
-    device = generator.device if generator is not None else torch.device("cpu")
+    device = _device_of(generator)
     weights: Dict[str, Tensor] = {}
     if factor_dim > num_features:
         weights["leaf_hash"] = torch.randint(0, num_features, (leaves, factor_dim),
@@ -75,25 +75,31 @@ def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features:
     leaves = next_power_of_two(len(factors))
     n = factors[0].shape[-1]
     m = num_features
-    e1 = torch.zeros_like(factors[0])
-    e1[..., 0] = 1.0
     level = []
     for i in range(leaves):
-        u = factors[i] if i < len(factors) else e1
+        if i < len(factors):
+            u = factors[i]
+        else:  # padding factors e_1: the tensor product with them leaves the others unchanged
+            u = torch.zeros_like(factors[0])
+            u[..., 0] = 1.0
         if "leaf_hash" in weights:
             u = _count_sketch(u, weights["leaf_hash"][i], weights["leaf_signs"][i], m)
-        elif n < m:
-            u = torch.nn.functional.pad(u, (0, m - n))
         level.append(u)
+    if leaves == 1 and level[0].shape[-1] < m:
+        # no tree node to sketch into m columns: zero-pad the single factor
+        return torch.nn.functional.pad(level[0], (0, m - n))
     node = 0
     while len(level) > 1:
         nxt = []
         for left, right in zip(level[0::2], level[1::2]):
             # TensorSketch: the CountSketch of left ⊗ right with hash (h1 + h2) mod m and sign
-            # s1 s2, computed as a circular convolution.
+            # s1 s2, computed as a circular convolution. Leaves narrower than m (no leaf
+            # sketch) use the first columns of the node's hashes: their zero padding would add
+            # nothing.
             hashes, signs = weights["node_hash"][node], weights["node_signs"][node]
-            a = _count_sketch(left, hashes[0], signs[0], m)
-            b = _count_sketch(right, hashes[1], signs[1], m)
+            a = _count_sketch(left, hashes[0, : left.shape[-1]], signs[0, : left.shape[-1]], m)
+            b = _count_sketch(right, hashes[1, : right.shape[-1]], signs[1, : right.shape[-1]],
+                              m)
             nxt.append(torch.fft.irfft(torch.fft.rfft(a) * torch.fft.rfft(b), n=m))
             node += 1
         level = nxt
@@ -152,7 +158,7 @@ def choose_truncation(
         sq = (x.detach().to(torch.float64) ** 2 * scale).cpu().numpy()
         if variant == "degree":
             rates = 2.0 * sq.sum(-1)
-            groups = [(r, 1) for r in [rates.max()]]
+            groups = [(rates.max(), 1)]
         else:
             rates = 2.0 * sq  # (N, d)
             groups = None

@@ -37,8 +37,8 @@ from rfgp.allocation import (
     optimize_allocation,
 )
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.sketches import PROJECTIONS, apply_sketch, sample_sketch
-from rfgp.ops import make_generator, next_power_of_two
+from rfgp.kernels.sketches import _check_projection, apply_sketch, sample_sketch
+from rfgp.ops import _device_of, make_generator, next_power_of_two
 
 __all__ = ["MaclaurinKernel", "TARGETS", "ALLOCATIONS"]
 
@@ -134,10 +134,7 @@ class MaclaurinKernel(RandomFeatureKernel):
             raise ValueError(f"target must be one of {list(TARGETS)}, got {target!r}")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
-        if projection not in PROJECTIONS:
-            raise ValueError(f"projection must be one of {list(PROJECTIONS)}, got {projection!r}")
-        if not isinstance(complex, bool):
-            raise TypeError(f"complex must be a bool, got {type(complex).__name__}")
+        _check_projection(projection, complex)
         if target == "polynomial" and (
             not isinstance(degree, int) or isinstance(degree, bool) or degree < 1
         ):
@@ -252,10 +249,10 @@ class MaclaurinKernel(RandomFeatureKernel):
             if lengthscale.dim() > 2:
                 # One allocation shared by all batch members: use the first member's scale.
                 lengthscale = lengthscale.reshape(-1, *lengthscale.shape[-2:])[0]
-            z = x.detach().to(torch.float64) / lengthscale.cpu().to(x.device).squeeze(0)
+            z = x.detach().to(torch.float64) / lengthscale.to(x.device).squeeze(0)
             if z.shape[0] > self.num_samples:
-                device = generator.device if generator is not None else torch.device("cpu")
-                perm = torch.randperm(z.shape[0], generator=generator, device=device)
+                perm = torch.randperm(z.shape[0], generator=generator,
+                                      device=_device_of(generator))
                 z = z[perm[: self.num_samples].to(z.device)]
             stats = self._statistics(z)
             result = optimize_allocation(stats, self.num_features, self.min_degree,
@@ -312,8 +309,8 @@ class MaclaurinKernel(RandomFeatureKernel):
     def _random_counts(self, generator) -> Tensor:
         random_columns = self.num_features - int(self.has_constant)
         cdf = torch.cumsum(self._degree_measure(), 0)
-        device = generator.device if generator is not None else torch.device("cpu")
-        u = torch.rand(random_columns, generator=generator, dtype=torch.float64, device=device)
+        u = torch.rand(random_columns, generator=generator, dtype=torch.float64,
+                       device=_device_of(generator))
         degrees = torch.searchsorted(cdf, u.cpu(), right=True).clamp(max=self.max_degree)
         counts = torch.bincount(degrees, minlength=self.max_degree + 1)
         counts[0] = int(self.has_constant)

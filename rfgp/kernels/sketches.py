@@ -61,12 +61,15 @@ from rfgp.kernels import _srht_numba
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.exact import DotProductBias, DotProductKernel, _init_unit_lengthscale
 from rfgp.ops import (
+    _complex_dtype,
+    _device_of,
     complex_gaussian,
     complex_rademacher,
     fwht,
     gaussian,
     hadamard_matrix,
     next_power_of_two,
+    pad_to_power_of_two,
     rademacher,
 )
 
@@ -183,7 +186,7 @@ def sample_sketch(
         raise TypeError(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}"
         )
-    device = generator.device if generator is not None else torch.device("cpu")
+    device = _device_of(generator)
     b = tuple(batch_shape)
 
     def signs(shape):
@@ -277,9 +280,7 @@ def _apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         # No autograd: each chunk's product goes straight into one result and is scaled there
         # (no concatenation and no separate scaling pass over the N x D features).
         n = x.shape[-2]
-        dtype = x.dtype if not complex else (
-            torch.complex64 if x.dtype == torch.float32 else torch.complex128
-        )
+        dtype = _complex_dtype(x.dtype) if complex else x.dtype
         out = torch.empty(*batch_shape, n, num_features, dtype=dtype, device=x.device)
         for s in range(0, n, chunk):
             part = out[..., s : s + chunk, :]
@@ -367,9 +368,7 @@ def _take(values: Tensor, index: Tensor) -> Tensor:
 
 
 def _srht_rows(x: Tensor, signs: Tensor, indices: Tensor, degree: int, complex: bool) -> Tensor:
-    padded = signs.shape[-2] if complex else signs.shape[-1]
-    if x.shape[-1] < padded:
-        x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+    # x is already zero-padded to d'.
     # (..., N, 1, 1, d') * (*B, 1, p, K, d') -> (..., N, p, K, d'): all degrees and blocks at once.
     xs = x.unsqueeze(-2).unsqueeze(-2)
     if complex:
@@ -451,14 +450,10 @@ class _SrhtPlan:
             self.groups.append((lo, hi, nb, stage1, tuple(flat.contiguous())))
 
     def _out_dtype(self, x: Tensor) -> torch.dtype:
-        if not self.complex:
-            return x.dtype
-        return torch.complex64 if x.dtype == torch.float32 else torch.complex128
+        return _complex_dtype(x.dtype) if self.complex else x.dtype
 
     def _transposed_rows(self, x: Tensor, start: int, m: int) -> Tensor:
-        rows = x[start : start + m]
-        if x.shape[-1] < self.padded:
-            rows = torch.nn.functional.pad(rows, (0, self.padded - x.shape[-1]))
+        rows = pad_to_power_of_two(x[start : start + m])  # d' = next_power_of_two(d)
         return rows.reshape(m, self.a1, self.a2).permute(1, 2, 0)  # (a1, a2, m)
 
     def _workspace(self, m: int, bufs: Dict[str, Tensor]):
@@ -568,14 +563,6 @@ class _SrhtPlan:
         return torch.cat(pieces, dim=0)
 
 
-def _srht_plan_applies(weights: Dict[str, Tensor], complex: bool) -> bool:
-    # _SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM
-    signs, indices = weights.get("signs"), weights.get("indices")
-    if signs is None or indices is None or indices.dim() != 2:
-        return False
-    return (signs.shape[-2] if complex else signs.shape[-1]) <= _PLAN_MAX_DIM
-
-
 def _apply_tensorsrht(
     x: Tensor, weights, degree: int, complex: bool, scale: Optional[Tensor] = None,
     root: Optional[Tensor] = None,
@@ -595,8 +582,6 @@ def _apply_tensorsrht(
             f"{tuple(indices.shape)})"
         )
     num_features = indices.shape[-1]
-    num_blocks = signs.shape[-3] if complex else signs.shape[-2]
-    per_row = degree * num_blocks * padded * (2 if complex else 1)
     if _srht_numba.applies(x, indices, scale, root):
         # compiled fast Walsh-Hadamard kernel (numba installed, CPU, no autograd)
         out = _srht_numba.tensorsrht(
@@ -604,7 +589,9 @@ def _apply_tensorsrht(
         )
         if out is not None:  # None: numba could not compile here (warned once)
             return out.reshape(*x.shape[:-1], num_features)
-    if _srht_plan_applies(weights, complex) and (
+    # _SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM, and scale/root only without
+    # autograd (its differentiable variant takes x as it is)
+    if indices.dim() == 2 and padded <= _PLAN_MAX_DIM and (
         (scale is None and root is None) or not torch.is_grad_enabled()
     ):
         # the plan folds the 1/sqrt(D) factor into its first GEMM
@@ -615,9 +602,10 @@ def _apply_tensorsrht(
         x = x / scale.reshape(-1)
     if root is not None:
         x = torch.cat([x, root.expand(*x.shape[:-1], 1)], dim=-1)
-    if x.shape[-1] < padded:
-        x = torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+    x = pad_to_power_of_two(x)  # to d', checked above
     rows = x.shape[-2]
+    num_blocks = signs.shape[-3] if complex else signs.shape[-2]
+    per_row = degree * num_blocks * padded * (2 if complex else 1)
     batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
     chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
     if rows <= chunk:
@@ -774,12 +762,7 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
         _check_positive_int("degree", degree)
         _check_positive_int("num_features", num_features)
         _check_projection(projection, complex)
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise TypeError(f"bias must be a non-negative float, got {type(bias).__name__}")
-        if not math.isfinite(bias) or bias < 0:
-            raise ValueError(f"bias must be a finite non-negative float, got {bias!r}")
-        bias_prior = kwargs.pop("bias_prior", None)
-        bias_constraint = kwargs.pop("bias_constraint", None)
+        bias_prior, bias_constraint = self._pop_bias_kwargs(bias, kwargs)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.projection = projection
@@ -855,12 +838,9 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         weights = self._weights()
-        if (
-            self.projection == "tensorsrht" and not torch.is_grad_enabled()
-            and not self.batch_shape and _srht_plan_applies(weights, self.is_complex)
-        ):
-            # the TensorSRHT plan homogenises row chunk by row chunk in its transposing copy:
-            # no homogenised copy of x
+        if self.projection == "tensorsrht" and not torch.is_grad_enabled() and not self.batch_shape:
+            # the TensorSRHT kernels (compiled or GEMM plan) homogenise row chunk by row chunk
+            # while filling their tiles: no homogenised copy of x
             scale = self.lengthscale.to(x.dtype).reshape(-1, 1)
             root = self.bias.to(x.dtype).sqrt().reshape(()) if self.has_bias else None
             return _apply_tensorsrht(x, weights, self.degree, self.is_complex, scale, root)

@@ -22,8 +22,8 @@ from scipy.optimize import nnls
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.fourier import haar_orthogonal
-from rfgp.ops import gaussian
+from rfgp.kernels.fourier import _check_choice, cos_sin_features, sample_frequencies
+from rfgp.ops import _device_of
 
 __all__ = ["SphericalFeatureKernel", "spherical_polynomial", "fit_spherical_mixture"]
 
@@ -158,8 +158,7 @@ class SphericalFeatureKernel(RandomFeatureKernel):
             raise ValueError(f"degree must be a positive integer, got {degree!r}")
         if not isinstance(a, (int, float)) or not a >= 2.0:
             raise ValueError(f"a must be a number >= 2, got {a!r}")
-        if sampling not in ("iid", "orthogonal"):
-            raise ValueError(f"sampling must be one of ['iid', 'orthogonal'], got {sampling!r}")
+        _check_choice("sampling", sampling, ("iid", "orthogonal"))
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.a = float(a)
@@ -179,25 +178,17 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         # Component of each frequency by inverse-CDF sampling on the generator's device.
         probs = self.mixture_weights.detach().to(torch.float64).cpu()
         cdf = torch.cumsum(probs / probs.sum(), 0)
-        device = generator.device if generator is not None else torch.device("cpu")
-        u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device).cpu()
+        u = torch.rand(shape, generator=generator, dtype=torch.float64,
+                       device=_device_of(generator)).cpu()
         component = torch.searchsorted(cdf, u.reshape(-1)).clamp(max=cdf.numel() - 1)
         scale = self.mixture_scales.detach().to(torch.float64).cpu()[component].reshape(shape)
-        if self.sampling == "iid":
-            w = gaussian((*shape, input_dim), generator)
-        else:
-            blocks = math.ceil(m / input_dim)
-            q = haar_orthogonal((*self.batch_shape, blocks), input_dim, generator)
-            norms = gaussian((*self.batch_shape, blocks, input_dim, input_dim),
-                             generator).norm(dim=-1)
-            w = (q * norms.unsqueeze(-1)).reshape(*self.batch_shape, blocks * input_dim,
-                                                  input_dim)[..., :m, :]
+        w = sample_frequencies(m, input_dim, "rbf", self.sampling, self.batch_shape, generator)
         return {"frequencies": w * scale.to(w.device).unsqueeze(-1)}
 
     def _features(self, x: Tensor) -> Tensor:
         proj = x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         amplitude = math.sqrt(float(self.mixture_weights.sum()) / self.num_frequencies)
-        return torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1) * amplitude
+        return cos_sin_features(proj, amplitude)
 
     def fitted_kernel(self, distance: Tensor) -> Tensor:
         r""":math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}`, the kernel the features estimate."""
