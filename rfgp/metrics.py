@@ -16,6 +16,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from rfgp.ops import all_finite
+
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
 
@@ -374,7 +376,7 @@ def _check_proba_labels(probs: Tensor, labels: Tensor) -> None:
     if probs.dim() != 2 or probs.shape[1] < 2:
         raise ValueError(f"probs must have shape (N, C) with C >= 2, got {tuple(probs.shape)}")
     _check_labels(labels, probs.shape[0], probs.shape[1])
-    if not torch.isfinite(probs).all() or (probs < 0).any() or (probs > 1).any():
+    if not all_finite(probs) or (probs < 0).any() or (probs > 1).any():
         raise ValueError("probs must be finite and lie in [0, 1]")
 
 

@@ -44,6 +44,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.ops import all_finite
 
 __all__ = [
     "ALPHA_GRID",
@@ -185,7 +186,14 @@ def dirichlet_transform(
         True
     """
     labels, num_classes = validate_labels(labels, num_classes, require_two_classes=False)
-    alpha_epsilon = _check_alpha(alpha_epsilon)
+    return _transform_valid_labels(labels, num_classes, _check_alpha(alpha_epsilon), dtype)
+
+
+def _transform_valid_labels(
+    labels: Tensor, num_classes: int, alpha_epsilon: float, dtype: torch.dtype
+) -> Tuple[Tensor, Tensor]:
+    # dirichlet_transform without validation, for labels validate_labels already returned (long,
+    # in range) and a checked alpha: validating again costs a min and a max, each a device sync.
     onehot = torch.nn.functional.one_hot(labels, num_classes).to(dtype)
     alpha = onehot + alpha_epsilon
     noise = torch.log1p(1.0 / alpha)
@@ -248,7 +256,7 @@ def softmax_expectation(
         )
     if mean.dim() == 0:
         raise ValueError("mean must have a trailing class dimension of size C")
-    if not (torch.isfinite(mean).all() and torch.isfinite(variance).all()):
+    if not (all_finite(mean) and all_finite(variance)):
         raise ValueError("mean and variance must be finite")
     variance = variance.clamp_min(0.0)
     if method == "lognormal":
@@ -373,7 +381,13 @@ class DirichletLikelihood(_GaussianLikelihoodBase):
             ``(targets, noise)``, both ``(C, N)``: row ``c`` is the regression problem of class
             ``c`` (transpose them for :class:`rfgp.RandomFeatureGP`, which takes ``(N, C)``).
         """
-        targets, noise = dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, dtype)
+        labels, _ = validate_labels(labels, self.num_classes, require_two_classes=False)
+        return self._transform_valid_labels(labels, dtype)
+
+    def _transform_valid_labels(self, labels: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        # transform_labels for labels validate_labels already returned.
+        targets, noise = _transform_valid_labels(labels, self.num_classes,
+                                                 _check_alpha(self.alpha_epsilon), dtype)
         return targets.transpose(0, 1).contiguous(), noise.transpose(0, 1).contiguous()
 
     def set_train_labels(self, labels: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -388,7 +402,11 @@ class DirichletLikelihood(_GaussianLikelihoodBase):
             ``train_targets``.
         """
         labels, _ = validate_labels(labels, self.num_classes, require_two_classes=True)
-        targets, noise = self.transform_labels(labels, dtype)
+        return self._set_valid_train_labels(labels, dtype)
+
+    def _set_valid_train_labels(self, labels: Tensor, dtype: torch.dtype) -> Tensor:
+        # set_train_labels for labels validate_labels already returned (two classes present).
+        targets, noise = self._transform_valid_labels(labels, dtype)
         if self.centre:
             offsets = targets.mean(dim=-1)
             targets = targets - offsets.unsqueeze(-1)
@@ -562,7 +580,7 @@ def _to_tensor_x(x: Any, name: str = "x") -> Tensor:
         x = x.unsqueeze(-1)
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (N, d), got {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
+    if not all_finite(x):
         raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
     return x
 
@@ -687,7 +705,8 @@ class DirichletGPClassifier:
             )
         self.num_classes_ = num_classes
         likelihood = DirichletLikelihood(num_classes, self.alpha_epsilon, centre=self.centre)
-        targets = likelihood.set_train_labels(labels, dtype=x.dtype)  # (C, N)
+        # labels passed validate_labels above (>= 2 classes, < num_classes): skip re-checking.
+        targets = likelihood._set_valid_train_labels(labels, dtype=x.dtype)  # (C, N)
         noise = likelihood.noise
         if self.outputscale == "auto":
             scale2 = float(targets.var(unbiased=False)) if self.centre else float(
@@ -798,9 +817,7 @@ class DirichletGPClassifier:
         n, c = self._train_size, self.num_classes_
         # log N(y; 0, s^2 A) = log N(y / s; 0, A) - N log s per class.
         correction = -0.5 * n * c * math.log(self.outputscale_)
-        if self.is_random_feature:
-            return float(self.gp.log_marginal_likelihood()) + correction
-        return self.gp.log_marginal_likelihood() + correction
+        return float(self.gp.log_marginal_likelihood()) + correction
 
     # -------------------------------------------------------------- model selection
     def select_alpha(
@@ -839,6 +856,7 @@ class DirichletGPClassifier:
             ``self``; the scores are in ``selection_`` (a list of dicts with ``alpha_epsilon``,
             ``lengthscale``, ``mnll``, ``log_marginal_likelihood``, ``selected``).
         """
+        from rfgp.datasets import train_test_split
         from rfgp.metrics import mnll_classification
 
         x = _to_tensor_x(x)
@@ -868,10 +886,9 @@ class DirichletGPClassifier:
                 raise ValueError(
                     f"lengthscales given but the kernel {type(base).__name__} has no lengthscale"
                 )
-        generator = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(x.shape[0], generator=generator)
-        num_val = max(1, int(round(validation_fraction * x.shape[0])))
-        val_idx, train_idx = perm[:num_val], perm[num_val:]
+        x_train, labels_train, x_val, labels_val = train_test_split(
+            x, labels, validation_fraction, torch.Generator().manual_seed(seed)
+        )
         saved_alpha, saved_classes = self.alpha_epsilon, self.num_classes
         saved_ls = base.lengthscale.detach().clone() if lengthscales is not None else None
         self.num_classes = num_classes
@@ -883,12 +900,12 @@ class DirichletGPClassifier:
                 for ls in lengthscales if lengthscales is not None else [None]:
                     if ls is not None:
                         base.lengthscale = torch.full_like(base.lengthscale, ls)
-                    self.fit(x[train_idx], labels[train_idx])
+                    self.fit(x_train, labels_train)
                     lml = self.log_marginal_likelihood() if (
                         lengthscale_criterion == "marginal_likelihood"
                     ) else float("nan")
-                    proba = self.predict_proba(x[val_idx], method=method)
-                    score = float(mnll_classification(proba, labels[val_idx]))
+                    proba = self.predict_proba(x_val, method=method)
+                    score = float(mnll_classification(proba, labels_val))
                     row = {"alpha_epsilon": alpha, "lengthscale": ls, "mnll": score,
                            "log_marginal_likelihood": lml, "selected": False}
                     rows.append(row)

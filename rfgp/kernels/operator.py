@@ -399,6 +399,8 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
     """Shared plumbing: ``p = d`` outputs, Gaussian frequencies, dimension checks."""
 
     _min_dim = 1
+    #: the exact kernel class :meth:`exact_kernel` builds (set by each subclass).
+    _exact_class: type
 
     def __init__(
         self,
@@ -496,31 +498,31 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
     def _sample_weights(self, input_dim: int, generator) -> Dict[str, Tensor]:
         return {"frequencies": self._sample_frequencies(input_dim, generator)}
 
+    def exact_kernel(self) -> Kernel:
+        """The exact :class:`~rfgp.kernels.CurlFreeKernel` or :class:`~rfgp.kernels.DivFreeKernel`
+        (``_exact_class``) with the current lengthscale (a copy)."""
+        exact = self._exact_class(input_dim=self.input_dim, normalize=self.normalize,
+                                  ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,
+                                  active_dims=self.active_dims).to(self.lengthscale)
+        exact.lengthscale = self.lengthscale.detach().clone()
+        return exact
+
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, input_dim={self.input_dim}, "
                 f"sampling={self.sampling!r}, normalize={self.normalize}")
 
 
-def _curl_features(x: Tensor, frequencies: Tensor, lengthscale: Tensor, normalize: bool) -> Tensor:
+def _vector_field_features(x: Tensor, frequencies: Tensor, lengthscale: Tensor, normalize: bool,
+                           kind: str, factor: str = "auto") -> Tensor:
+    # kind "curl": B(omega) = omega; "div": the closed-form div-free factor named by ``factor``.
     omega = frequencies.to(x.dtype) / lengthscale
     m = omega.shape[-2]
     if normalize:
-        coefficient = vector_field_normalizer(lengthscale, "curl", x.shape[-1])
+        coefficient = vector_field_normalizer(lengthscale, kind, x.shape[-1])
     else:
         coefficient = torch.ones(lengthscale.shape[:-1], dtype=x.dtype, device=x.device)
-    return operator_features(x, omega, omega.unsqueeze(-1), _feature_scale(coefficient, m))
-
-
-def _div_features(x: Tensor, frequencies: Tensor, lengthscale: Tensor, normalize: bool,
-                  factor: str) -> Tensor:
-    omega = frequencies.to(x.dtype) / lengthscale
-    m = omega.shape[-2]
-    if normalize:
-        coefficient = vector_field_normalizer(lengthscale, "div", x.shape[-1])
-    else:
-        coefficient = torch.ones(lengthscale.shape[:-1], dtype=x.dtype, device=x.device)
-    return operator_features(x, omega, div_free_factor(omega, factor),
-                             _feature_scale(coefficient, m))
+    b = omega.unsqueeze(-1) if kind == "curl" else div_free_factor(omega, factor)
+    return operator_features(x, omega, b, _feature_scale(coefficient, m))
 
 
 class CurlFreeFeatureKernel(_VectorFieldFeatureKernel):
@@ -567,20 +569,14 @@ class CurlFreeFeatureKernel(_VectorFieldFeatureKernel):
     """
 
     has_lengthscale = True
+    _exact_class = CurlFreeKernel
 
     def _columns_per_frequency(self, dim: int) -> int:
         return 2
 
     def _features(self, x: Tensor) -> Tensor:
-        return _curl_features(x, self.frequencies, self.lengthscale.to(x.dtype), self.normalize)
-
-    def exact_kernel(self) -> CurlFreeKernel:
-        """The exact :class:`~rfgp.kernels.CurlFreeKernel` with the current lengthscale (copy)."""
-        exact = CurlFreeKernel(input_dim=self.input_dim, normalize=self.normalize,
-                               ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,
-                               active_dims=self.active_dims).to(self.lengthscale)
-        exact.lengthscale = self.lengthscale.detach().clone()
-        return exact
+        return _vector_field_features(x, self.frequencies, self.lengthscale.to(x.dtype),
+                                      self.normalize, "curl")
 
 
 class DivFreeFeatureKernel(_VectorFieldFeatureKernel):
@@ -623,6 +619,7 @@ class DivFreeFeatureKernel(_VectorFieldFeatureKernel):
 
     has_lengthscale = True
     _min_dim = 2
+    _exact_class = DivFreeKernel
 
     def __init__(self, num_features: int, input_dim: Optional[int] = None,
                  num_outputs: Optional[int] = None, factor: str = "auto", sampling: str = "iid",
@@ -638,16 +635,8 @@ class DivFreeFeatureKernel(_VectorFieldFeatureKernel):
         return 2 * div_free_factor_rank(dim, self.factor)
 
     def _features(self, x: Tensor) -> Tensor:
-        return _div_features(x, self.frequencies, self.lengthscale.to(x.dtype), self.normalize,
-                             self.factor)
-
-    def exact_kernel(self) -> DivFreeKernel:
-        """The exact :class:`~rfgp.kernels.DivFreeKernel` with the current lengthscale (copy)."""
-        exact = DivFreeKernel(input_dim=self.input_dim, normalize=self.normalize,
-                              ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,
-                              active_dims=self.active_dims).to(self.lengthscale)
-        exact.lengthscale = self.lengthscale.detach().clone()
-        return exact
+        return _vector_field_features(x, self.frequencies, self.lengthscale.to(x.dtype),
+                                      self.normalize, "div", self.factor)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", factor={self.factor!r}"
@@ -751,10 +740,10 @@ class HelmholtzFeatureKernel(_HelmholtzParameters, _VectorFieldFeatureKernel):
 
     def _blocks(self, x: Tensor):
         dtype = x.dtype
-        curl = _curl_features(x, self.curl_frequencies, self.curl_lengthscale.to(dtype),
-                              self.normalize)
-        div = _div_features(x, self.div_frequencies, self.div_lengthscale.to(dtype),
-                            self.normalize, self.factor)
+        curl = _vector_field_features(x, self.curl_frequencies, self.curl_lengthscale.to(dtype),
+                                      self.normalize, "curl")
+        div = _vector_field_features(x, self.div_frequencies, self.div_lengthscale.to(dtype),
+                                     self.normalize, "div", self.factor)
         s_curl = self.curl_outputscale.to(dtype).sqrt()[..., None, None, None]
         s_div = self.div_outputscale.to(dtype).sqrt()[..., None, None, None]
         return curl * s_curl, div * s_div
