@@ -149,17 +149,21 @@ def plot(curves, tags, rows, path_kl, path_err):
     cents = ["non-centred", "centred"]
     styles = {"Rademacher real": ("C0", "--o"), "Rademacher complex": ("C0", "-s"),
               "TensorSRHT real": ("C1", "--o"), "TensorSRHT complex": ("C1", "-s")}
+
+    def plot_curves(ax, tag, x_index, y_index):
+        for name, (color, style) in styles.items():
+            c = curves.get((tag, name))
+            if not c:
+                continue
+            ax.plot([v[x_index] for v in c], [v[y_index] for v in c], style, color=color,
+                    label=name, ms=4)
+
     fig, axes = plt.subplots(2, len(degrees), figsize=(4.2 * len(degrees), 7), squeeze=False)
     for i, cent in enumerate(cents):
         for j, deg in enumerate(degrees):
             ax = axes[i, j]
             tag = f"{deg}, {cent}"
-            for name, (color, style) in styles.items():
-                c = curves.get((tag, name))
-                if not c:
-                    continue
-                ax.plot([v[1] for v in c], [v[2] for v in c], style, color=color, label=name,
-                        ms=4)
+            plot_curves(ax, tag, 1, 2)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -180,12 +184,7 @@ def plot(curves, tags, rows, path_kl, path_err):
             tag = f"{deg}, {cent}"
             for k, (metric, idx) in enumerate((("test error", 3), ("MNLL", 4))):
                 ax = axes[i, 2 * j + k]
-                for name, (color, style) in styles.items():
-                    c = curves.get((tag, name))
-                    if not c:
-                        continue
-                    ax.plot([v[0] for v in c], [v[idx] for v in c], style, color=color,
-                            label=name, ms=4)
+                plot_curves(ax, tag, 0, idx)
                 exact = [r for r in rows if r["config"] == tag and r["method"] == "exact GP"]
                 if exact:
                     ax.axhline(exact[0]["error" if idx == 3 else "mnll"], color="k", ls=":",
@@ -293,6 +292,7 @@ def main() -> None:
             largest_c = comp[-1]
             summary.append((tag, label, ratios, best_real, largest_c))
 
+    x_train, _, x_test, _ = load(False)
     cmd = "python benchmarks/classification.py" + (" --quick" if args.quick else "")
     lines = [
         "# Dirichlet GP classification: complex vs real polynomial sketches",
@@ -303,7 +303,7 @@ def main() -> None:
         f"{platform.processor() or 'cpu'}, torch {torch.__version__}, {args.threads} torch "
         f"thread(s) on a shared 2-core machine (other jobs ran at the same time, so single "
         f"timings are noisy). Sketch draws per point: {len(seeds)}; training points "
-        f"{int(0.75 * 1797)}, test points {1797 - int(0.75 * 1797)}.",
+        f"{x_train.shape[0]}, test points {x_test.shape[0]}.",
         "",
         "## At equal time: complex KL / real KL",
         "",

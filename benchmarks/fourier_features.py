@@ -39,10 +39,9 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rfgp.datasets import load_uci  # noqa: E402
+from rfgp.datasets import load_uci, standardize  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 
-SAMPLINGS = ("iid", "orthogonal", "structured")
 LABELS = {"iid": "RFF (iid)", "orthogonal": "ORF", "structured": "SORF",
           "structured-pad64": "SORF, pad_to=64"}
 #: methods of the error comparison: name -> FourierFeatureKernel keywords.
@@ -71,7 +70,7 @@ def load_sets():
     from sklearn.datasets import load_digits
 
     x_wine, _ = load_uci("wine-quality-red")
-    x_wine = (x_wine - x_wine.mean(0)) / x_wine.std(0)
+    x_wine = standardize(x_wine)[0]
     x_digits = torch.from_numpy(load_digits().data).double() / 16.0
     return {"wine-quality-red (UCI)": x_wine, "digits (sklearn)": x_digits}
 
@@ -81,9 +80,10 @@ def approximation_error(x, ratios, num_points, num_seeds):
     gen = torch.Generator().manual_seed(1)
     sub = x[torch.randperm(len(x), generator=gen)[:num_points]]
     d = x.shape[-1]
-    exact = torch.exp(-torch.cdist(sub, sub).pow(2) / (2 * lengthscale**2))
+    dist = torch.cdist(sub, sub)
+    exact = torch.exp(-dist.pow(2) / (2 * lengthscale**2))
     off_diagonal = ~torch.eye(len(sub), dtype=torch.bool)
-    z = (torch.cdist(sub, sub) / lengthscale)[off_diagonal]
+    z = (dist / lengthscale)[off_diagonal]
     results = {s: np.zeros((len(ratios), num_seeds)) for s in ERROR_METHODS}
     with torch.no_grad():
         for i, ratio in enumerate(ratios):

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from rfgp.kernels import DotProductKernel, PolynomialSketchKernel, _srht_numba  # noqa: E402
 from rfgp.kernels.sketches import apply_sketch  # noqa: E402
+from rfgp.metrics import relative_frobenius_error  # noqa: E402
 from rfgp.variance import sketch_variance  # noqa: E402
 
 LENGTHSCALE, BIAS = math.sqrt(2.0), 0.5
@@ -118,7 +119,7 @@ def run_errors(degrees, multiples, seeds, num_rows):
                         for mode in MODES:
                             gram = sketch_gram(x, degree, size, projection, mode,
                                                seed=seed * 7919 + degree * 31 + mult)
-                            err = float((gram - exact).abs().pow(2).sum().sqrt()) / norm
+                            err = float(relative_frobenius_error(gram, exact, real_part=False))
                             key = (centred, degree, size, projection, mode)
                             entry = results.setdefault(key, ([], []))
                             entry[0].append(err)

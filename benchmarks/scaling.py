@@ -175,17 +175,12 @@ def _exact(x, y, xt, n, dtype):
 
 
 def _rfgp_stream(n, xt, dtype):
-    import torch
-
     from rfgp import RandomFeatureGP
     from rfgp.kernels import FourierFeatureKernel
 
     def batches():
         for index, start in enumerate(range(0, n, STREAM_CHUNK)):
-            rows = min(STREAM_CHUNK, n - start)
-            g = torch.Generator().manual_seed(1000 + index)
-            xb = torch.rand(rows, D_IN, generator=g, dtype=dtype)
-            yield xb, torch.sin(xb.sum(-1)) + 0.3 * torch.randn(rows, generator=g, dtype=dtype)
+            yield _data(min(STREAM_CHUNK, n - start), 1000 + index, dtype)
 
     kernel = FourierFeatureKernel(NUM_FEATURES, seed=0).to(dtype)
     kernel.lengthscale = LENGTHSCALE
@@ -210,6 +205,16 @@ def run_worker(spec: dict, timeout: float) -> dict:
 
 
 # ---------------------------------------------------------------------------- complex vs real
+def _exact_posterior(kxx, kxt, prior_var, y):
+    """Exact GP posterior mean and variance at the test points (Cholesky, noise ``NOISE``)."""
+    import torch
+
+    chol = torch.linalg.cholesky(kxx + NOISE * torch.eye(kxx.shape[0], dtype=kxx.dtype))
+    mean = kxt.T @ torch.cholesky_solve(y.unsqueeze(-1), chol).squeeze(-1)
+    var = prior_var - torch.linalg.solve_triangular(chol, kxt, upper=False).square().sum(0)
+    return mean, var
+
+
 def complex_vs_real(threads: int, num_train: int, num_test: int, sizes, seeds) -> list:
     import torch
 
@@ -241,9 +246,7 @@ def complex_vs_real(threads: int, num_train: int, num_test: int, sizes, seeds) -
     xt, _ = _data(num_test, 6, dt)
     kxx = torch.exp(-torch.cdist(x, x).square() / (2 * LENGTHSCALE**2))
     kxt = torch.exp(-torch.cdist(x, xt).square() / (2 * LENGTHSCALE**2))
-    chol = torch.linalg.cholesky(kxx + NOISE * torch.eye(num_train, dtype=dt))
-    mean_e = kxt.T @ torch.cholesky_solve(y.unsqueeze(-1), chol).squeeze(-1)
-    var_e = 1 - torch.linalg.solve_triangular(chol, kxt, upper=False).square().sum(0)
+    mean_e, var_e = _exact_posterior(kxx, kxt, 1, y)
     rows = []
     for size in sizes:
         for kind in ("complex D", "real 2D"):
@@ -304,9 +307,7 @@ def complex_vs_real_sketches(threads: int, num_train: int, num_test: int, sizes,
                 kxx = exact(x, x).to_dense()
                 kxt = exact(x, xt).to_dense()
                 kdiag = exact(xt, xt, diag=True)
-            chol = torch.linalg.cholesky(kxx + NOISE * torch.eye(num_train, dtype=dt))
-            mean_e = kxt.T @ torch.cholesky_solve(y.unsqueeze(-1), chol).squeeze(-1)
-            var_e = kdiag - torch.linalg.solve_triangular(chol, kxt, upper=False).square().sum(0)
+            mean_e, var_e = _exact_posterior(kxx, kxt, kdiag, y)
             config = f"p={degree}, {'centred' if centred else 'non-centred'}"
             for projection, name in SKETCH_NAMES.items():
                 for size in sizes:
@@ -467,9 +468,9 @@ def main() -> None:
 
     if args.quick:
         args.max_n, args.stream_n, args.peer_max_n, args.exact_max_n = 1e5, 3e5, 3e4, 3e3
-    sizes = [n for n in (1e4, 3e4, 1e5, 3e5, 1e6, 1e7) if n <= max(args.max_n, args.stream_n)]
-    if args.quick:
         sizes = [3e3, 1e4, 3e4, 1e5, 3e5]
+    else:
+        sizes = [n for n in (1e4, 3e4, 1e5, 3e5, 1e6, 1e7) if n <= max(args.max_n, args.stream_n)]
     results = {}
     start = time.perf_counter()
     for n in sizes:
@@ -516,9 +517,8 @@ def main() -> None:
     part1 = time.perf_counter() - start
 
     cvr_sizes = [64, 128, 256, 512, 1024] if not args.quick else [64, 128, 256]
-    cvr = complex_vs_real(
-        args.threads, 2000 if args.quick else 4000, 1000, cvr_sizes, seeds=range(3)
-    )
+    cvr_train, cvr_test, cvr_seeds = 2000 if args.quick else 4000, 1000, 3
+    cvr = complex_vs_real(args.threads, cvr_train, cvr_test, cvr_sizes, seeds=range(cvr_seeds))
     for row in cvr:
         print(row, flush=True)
     sketch_section_lines = run_sketch_part(args)
@@ -613,9 +613,10 @@ def main() -> None:
         "`[cos, sin] / sqrt(D)` (real 2D x 2D matrix). Both have the kernel "
         "`Re k_hat` in common (footnote 19 of the paper), so this isolates the cost and "
         "accuracy of the posterior. KL: the corrected Eq. 93, summed over "
-        "1000 test points, against the exact RBF GP on the same "
-        f"{2000 if args.quick else 4000} training points (float64, mean over 3 seeds; time: "
-        "fit + predict, best of 3). For random Fourier features the 2D real features are "
+        f"{cvr_test} test points, against the exact RBF GP on the same "
+        f"{cvr_train} training points (float64, mean over {cvr_seeds} seeds; time: "
+        f"fit + predict, best of {cvr_seeds}). "
+        "For random Fourier features the 2D real features are "
         "exactly the real form of the D complex ones, so the complex posterior (which also "
         "conditions on the noisy `Im k_hat`) is a different and, here, less accurate estimator "
         "of the same kernel; the paper's gains from complex features come from complex "

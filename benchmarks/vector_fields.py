@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from examples.vector_field import five_gaussian_field  # noqa: E402
 from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp.kernels import (  # noqa: E402
     CurlFreeFeatureKernel,
@@ -37,17 +38,9 @@ from rfgp.kernels import (  # noqa: E402
     DivFreeFeatureKernel,
     HelmholtzFeatureKernel,
 )
-from rfgp.metrics import relative_frobenius_error  # noqa: E402
+from rfgp.metrics import relative_frobenius_error, rmse  # noqa: E402
 
 DT = torch.float64
-CENTRES = torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, -1.0], [-1.0, 0.0], [1.0, 0.0]], dtype=DT)
-SIGNS = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0], dtype=DT)
-
-
-def five_gaussian_field(x: torch.Tensor, width: float = 0.4) -> torch.Tensor:
-    diff = x.unsqueeze(1) - CENTRES
-    bumps = SIGNS * torch.exp(-diff.pow(2).sum(-1) / (2 * width**2))
-    return -(bumps.unsqueeze(-1) * diff).sum(1) / width**2
 
 
 def timed(fn, repeats: int = 1):
@@ -92,7 +85,7 @@ def time_vs_n(sizes, exact_max: int, num_features: int, lengthscale: float = 0.3
         repeats = 3 if n <= 3000 else 1
         rf_time, gp = timed(lambda x=x, y=y, s=scale: fit_random_features(
             x, y, s, num_features, lengthscale, noise), repeats)
-        rf_rmse = float((gp.predict(x_test) - y_test).pow(2).mean().sqrt())
+        rf_rmse = float(rmse(y_test, gp.predict(x_test)))
         row = {"N": n, "rf_time": rf_time, "rf_rmse": rf_rmse,
                "exact_time": None, "exact_rmse": None}
         if n <= exact_max:
@@ -103,7 +96,7 @@ def time_vs_n(sizes, exact_max: int, num_features: int, lengthscale: float = 0.3
             with torch.no_grad():
                 pred = (exact(x_test, x).to_dense() * scale) @ alpha
             row["exact_time"] = exact_time
-            row["exact_rmse"] = float((pred.reshape(-1, 2) - y_test).pow(2).mean().sqrt())
+            row["exact_rmse"] = float(rmse(y_test, pred.reshape(-1, 2)))
         rows.append(row)
         exact_note = f"{row['exact_time']:.3f}s" if row["exact_time"] is not None else "-"
         print(f"N={n:6d}  RF {rf_time:8.3f}s rmse {rf_rmse:.4f}  exact {exact_note}", flush=True)

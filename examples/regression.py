@@ -19,7 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Dict, List
 import gpytorch
 import torch
 
+from rfgp import metrics
 from rfgp.datasets import load_uci, standardize, train_test_split
 from rfgp.kernels import FourierFeatureKernel
 
@@ -80,9 +80,7 @@ def evaluate(model, likelihood, x, y):
     with torch.no_grad():
         predictive = likelihood(model(x))
     mean, var = predictive.mean, predictive.variance
-    rmse = (mean - y).pow(2).mean().sqrt().item()
-    mnll = (0.5 * torch.log(2 * math.pi * var) + (y - mean).pow(2) / (2 * var)).mean().item()
-    return mean, var, rmse, mnll
+    return mean, var, metrics.rmse(y, mean).item(), metrics.mnll(y, mean, var).item()
 
 
 def main(output_dir: str = "demo_output") -> List[dict]:

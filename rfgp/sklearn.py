@@ -104,6 +104,19 @@ KERNELS: Dict[str, Callable[[Dict[str, Any], int], RandomFeatureKernel]] = {
 }
 
 
+def _check_positive(name: str, value: Any) -> float:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)):
+        raise ValueError(f"{name} must be a positive float, got {value!r}")
+    return float(value)
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def make_kernel(
     name: str,
     num_features: int = 256,
@@ -143,17 +156,13 @@ def make_kernel(
     """
     if not isinstance(name, str) or name not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)} or an rfgp kernel, got {name!r}")
-    if (not isinstance(num_features, numbers.Integral) or isinstance(num_features, bool)
-            or num_features < 1):
-        raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
-    if (not isinstance(lengthscale, numbers.Real) or isinstance(lengthscale, bool)
-            or not (math.isfinite(lengthscale) and lengthscale > 0)):
-        raise ValueError(f"lengthscale must be a positive float, got {lengthscale!r}")
-    params = {"num_features": int(num_features), "sampling": sampling, "degree": degree,
+    num_features = _check_positive_int("num_features", num_features)
+    lengthscale = _check_positive("lengthscale", lengthscale)
+    params = {"num_features": num_features, "sampling": sampling, "degree": degree,
               "bias": float(bias), "projection": projection}
     kernel = KERNELS[name](params, seed).to(torch.float64)
     if getattr(kernel, "has_lengthscale", False):
-        kernel.lengthscale = torch.full_like(kernel.lengthscale, float(lengthscale))
+        kernel.lengthscale = torch.full_like(kernel.lengthscale, lengthscale)
     return kernel
 
 
@@ -195,19 +204,6 @@ def _kernel_from(estimator: Any, seed: int) -> Kernel:
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
     # A copy: read-only (memory-mapped) inputs cannot be shared with torch.
     return torch.tensor(np.asarray(array, dtype=np.float64))
-
-
-def _check_positive(name: str, value: Any) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise ValueError(f"{name} must be a positive float, got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _store_params(estimator: BaseEstimator, params: Dict[str, Any]) -> None:
@@ -571,5 +567,5 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         Returns:
             ``(n_samples,)`` array of labels, with the type of ``classes_``.
         """
-        check_is_fitted(self)
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)  # checks that the estimator is fitted
+        return self.classes_[np.argmax(proba, axis=1)]
