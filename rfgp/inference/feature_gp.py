@@ -37,6 +37,7 @@ from torch import Tensor
 
 from rfgp.inference.statistics import FeatureStatistics
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.ops import check_finite
 
 __all__ = ["ConvergenceWarning", "RandomFeatureGP", "robust_cholesky"]
 
@@ -128,10 +129,15 @@ def _check_tensor(value: Any, name: str) -> Tensor:
         )
     if not value.is_floating_point():
         raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
-    if not torch.isfinite(value).all():
-        bad = int((~torch.isfinite(value)).sum())
-        raise ValueError(f"{name} must be finite, but {bad} entries are NaN or infinite")
+    check_finite(name, value)
     return value
+
+
+def _equal_noise_columns(noise: Tensor) -> List[List[int]]:
+    """Columns of ``noise (R, T)`` equal on every row, grouped in the sorted order of the
+    distinct noise columns (that of ``torch.unique``)."""
+    ids = torch.unique(noise.transpose(0, 1), dim=0, return_inverse=True)[1]
+    return [[int(c) for c in torch.nonzero(ids == gid).reshape(-1)] for gid in torch.unique(ids)]
 
 
 class RandomFeatureGP(torch.nn.Module):
@@ -396,9 +402,7 @@ class RandomFeatureGP(torch.nn.Module):
             f"{name} must have shape ({n},) or ({n}, T) to match x, got {tuple(y.shape)}"
         )
 
-    def _expand_noise(
-        self, noise: Any, n: int, num_columns: int, y_ndim: int, name: str = "noise"
-    ) -> Tensor:
+    def _expand_noise(self, noise: Any, n: int, num_columns: int, name: str = "noise") -> Tensor:
         """Noise as a ``(rows, T)`` tensor (validated positive and finite)."""
         if isinstance(noise, bool) or not isinstance(noise, (int, float, Tensor)):
             raise TypeError(f"{name} must be a float or a tensor, got {type(noise).__name__}")
@@ -443,7 +447,7 @@ class RandomFeatureGP(torch.nn.Module):
                     f"{expected} outputs"
                 )
             noise = noise.unsqueeze(0)
-        return self._expand_noise(noise, n, num_columns, 2)
+        return self._expand_noise(noise, n, num_columns)
 
     def _model_noise_uniform(self) -> bool:
         """Whether the model noise is constant over rows within each column."""
@@ -473,7 +477,7 @@ class RandomFeatureGP(torch.nn.Module):
         rows_y = rows_y.to(device=x.device, dtype=x.dtype)
         num_columns = rows_y.shape[1]
         if noise is not None:
-            rows_noise = self._expand_noise(noise, x.shape[0], num_columns, y_ndim)
+            rows_noise = self._expand_noise(noise, x.shape[0], num_columns)
         elif not self._model_noise_uniform():
             rows_noise = self._model_noise_rows(x.shape[0], num_columns)
         else:
@@ -504,10 +508,10 @@ class RandomFeatureGP(torch.nn.Module):
         for name in base._random_buffer_names:
             dist.broadcast(getattr(base, name), src=src, group=process_group)
 
-    def _new_stats(
-        self, width: int, num_columns: int, weighted: bool, like: Tensor
-    ) -> FeatureStatistics:
-        return FeatureStatistics(width, num_columns, weighted, like.dtype, like.device)
+    def _new_stats(self, num_columns: int, weighted: bool, like: Tensor) -> FeatureStatistics:
+        return FeatureStatistics(
+            self.base_kernel.num_real_features, num_columns, weighted, like.dtype, like.device
+        )
 
     def _accumulate(
         self,
@@ -569,11 +573,7 @@ class RandomFeatureGP(torch.nn.Module):
         self._check_chunk_size(chunk_size)
         distributed = distributed or process_group is not None
         x, rows_y, rows_noise, y_ndim = self._prepare(x, y, noise)
-        self._maybe_allocate(x, distributed)
-        if distributed:
-            self._sync_kernel_weights(x, process_group)
-        self._reset()
-        self._begin(rows_y.shape[1], y_ndim, noise is not None)
+        self._begin(x, rows_y, y_ndim, noise is not None, distributed, process_group)
         mode = "weight" if distributed else self._choose_solve(rows_y.shape[0])
         if mode == "function":
             with torch.no_grad():
@@ -582,9 +582,7 @@ class RandomFeatureGP(torch.nn.Module):
             self._train_noise = rows_noise
             self._mode = "function"
         else:
-            stats = self._new_stats(
-                self.base_kernel.num_real_features, rows_y.shape[1], rows_noise is not None, x
-            )
+            stats = self._new_stats(rows_y.shape[1], rows_noise is not None, x)
             self._accumulate(stats, x, rows_y, rows_noise, chunk_size)
             if distributed:
                 stats.all_reduce(process_group)
@@ -593,8 +591,22 @@ class RandomFeatureGP(torch.nn.Module):
         self._factorize()
         return self
 
-    def _begin(self, num_columns: int, y_ndim: int, fixed_noise: bool) -> None:
-        self._num_columns = num_columns
+    def _begin(
+        self,
+        x: Tensor,
+        rows_y: Tensor,
+        y_ndim: int,
+        fixed_noise: bool,
+        distributed: bool,
+        process_group: Any,
+    ) -> None:
+        """Start a fit (``fit``, ``fit_stream``) on its first, prepared batch: allocate and
+        share the kernel's weights, drop the previous fit and record the data layout."""
+        self._maybe_allocate(x, distributed)
+        if distributed:
+            self._sync_kernel_weights(x, process_group)
+        self._reset()
+        self._num_columns = rows_y.shape[1]
         self._y_ndim = y_ndim
         self._fixed_noise = fixed_noise
         if not fixed_noise and not self._model_noise_uniform():
@@ -653,18 +665,11 @@ class RandomFeatureGP(torch.nn.Module):
         stats = None
         for index, batch in enumerate(iterator):
             x, y, noise = self._unpack_batch(batch, index)
+            x, rows_y, rows_noise, y_ndim = self._prepare(x, y, noise)
             if stats is None:
-                x, rows_y, rows_noise, y_ndim = self._prepare(x, y, noise)
-                self._maybe_allocate(x, distributed)
-                if distributed:
-                    self._sync_kernel_weights(x, process_group)
-                self._reset()
-                self._begin(rows_y.shape[1], y_ndim, noise is not None)
-                stats = self._new_stats(
-                    self.base_kernel.num_real_features, rows_y.shape[1], rows_noise is not None, x
-                )
+                self._begin(x, rows_y, y_ndim, noise is not None, distributed, process_group)
+                stats = self._new_stats(rows_y.shape[1], rows_noise is not None, x)
             else:
-                x, rows_y, rows_noise, y_ndim = self._prepare(x, y, noise)
                 self._check_batch_layout(rows_y, y_ndim, noise, f"fit_stream (batch {index})")
             self._accumulate(stats, x, rows_y, rows_noise, None)
         if stats is None:
@@ -721,9 +726,7 @@ class RandomFeatureGP(torch.nn.Module):
         else:
             if self._mode == "function":
                 self._function_to_weight()
-            stats = self._new_stats(
-                self.base_kernel.num_real_features, self._num_columns, rows_noise is not None, x
-            )
+            stats = self._new_stats(self._num_columns, rows_noise is not None, x)
             self._accumulate(stats, x, rows_y, rows_noise, None)
             if distributed:
                 stats.all_reduce(process_group)
@@ -731,12 +734,15 @@ class RandomFeatureGP(torch.nn.Module):
         self._factorize()
         return self
 
-    def _function_to_weight(self) -> None:
+    def _stats_from_rows(self) -> FeatureStatistics:
+        """The weight-space statistics of the rows stored by a function-space fit."""
         z = real_form(self._train_rows)
-        noise = self._train_noise
-        stats = self._new_stats(z.shape[1], self._num_columns, noise is not None, z)
-        stats.add(z, self._train_y, noise)
-        self._stats = stats
+        stats = self._new_stats(self._num_columns, self._train_noise is not None, z)
+        stats.add(z, self._train_y, self._train_noise)
+        return stats
+
+    def _function_to_weight(self) -> None:
+        self._stats = self._stats_from_rows()
         self._train_rows = self._train_y = self._train_noise = None
         self._mode = "weight"
 
@@ -765,8 +771,8 @@ class RandomFeatureGP(torch.nn.Module):
             return specs
         col_noise = self._column_noise().to(device=stats.device, dtype=stats.dtype)
         gram = stats.gram(0)
-        for value in torch.unique(col_noise):
-            cols = [int(c) for c in torch.nonzero(col_noise == value).reshape(-1)]
+        for cols in _equal_noise_columns(col_noise.unsqueeze(0)):
+            value = col_noise[cols[0]]
             specs.append(
                 (
                     cols,
@@ -784,6 +790,8 @@ class RandomFeatureGP(torch.nn.Module):
         return specs
 
     def _weight_factor(self, cols: List[int], gram: Tensor, rhs: Tensor) -> _Factor:
+        """Factor ``B = G + I``; ``gram`` (``G``, a fresh matrix from ``_weight_specs``) may be
+        overwritten."""
         width = gram.shape[0]
         if self._complex_solve:
             half = width // 2
@@ -793,7 +801,7 @@ class RandomFeatureGP(torch.nn.Module):
             rhs = torch.complex(rhs[:half], -rhs[half:])
             width = half
         else:
-            bmat = gram.clone()
+            bmat = gram  # no copy: every caller passes a matrix of its own (stats.gram, G / s)
         # The statistics' Gram is exactly symmetric (symmetrize_upper) and the Cholesky reads
         # one triangle only, so no symmetrisation pass is needed: just B = G + I in place.
         bmat.diagonal().add_(1.0)
@@ -805,21 +813,18 @@ class RandomFeatureGP(torch.nn.Module):
         """(columns, noise (R,)) per factorisation of the function-space solve."""
         if self._train_noise is None:
             col_noise = self._column_noise().to(self._train_y)
-            groups = []
-            for value in torch.unique(col_noise):
-                cols = [int(c) for c in torch.nonzero(col_noise == value).reshape(-1)]
-                groups.append((cols, value.expand(self._train_y.shape[0])))
-            return groups
-        ids = torch.unique(self._train_noise.transpose(0, 1), dim=0, return_inverse=True)[1]
-        groups = []
-        for gid in torch.unique(ids):
-            cols = [int(c) for c in torch.nonzero(ids == gid).reshape(-1)]
-            groups.append((cols, self._train_noise[:, cols[0]]))
+            return [
+                (cols, col_noise[cols[0]].expand(self._train_y.shape[0]))
+                for cols in _equal_noise_columns(col_noise.unsqueeze(0))
+            ]
+        groups = [
+            (cols, self._train_noise[:, cols[0]])
+            for cols in _equal_noise_columns(self._train_noise)
+        ]
         return sorted(groups, key=lambda g: g[0][0])
 
-    def _function_factor(self, cols: List[int], noise: Tensor) -> _Factor:
-        rows = self._solver_form(self._train_rows)
-        kmat = rows @ rows.transpose(0, 1).conj()
+    def _function_factor(self, cols: List[int], noise: Tensor, kmat: Tensor) -> _Factor:
+        """Factor ``K + S`` for the columns ``cols`` of noise ``(R,)``, ``kmat = Phi Phi^H``."""
         kmat = kmat + torch.diag(noise.to(kmat.dtype))
         kmat = 0.5 * (kmat + kmat.transpose(0, 1).conj())
         chol = robust_cholesky(kmat, self.jitter, "function-space matrix K + S")
@@ -835,9 +840,11 @@ class RandomFeatureGP(torch.nn.Module):
                     for cols, g, h, _, _ in self._weight_specs(self._stats)
                 ]
             else:
-                self._factors = [
-                    self._function_factor(cols, s) for cols, s in self._function_groups()
-                ]
+                groups = self._function_groups()
+                # K = Phi Phi^H is shared by all groups; only the noise diagonal differs.
+                rows = self._solver_form(self._train_rows)
+                kmat = rows @ rows.transpose(0, 1).conj()
+                self._factors = [self._function_factor(cols, s, kmat) for cols, s in groups]
         self._factor_noise = self.noise.detach().clone()
 
     def _current_factors(self) -> List[_Factor]:
@@ -852,9 +859,7 @@ class RandomFeatureGP(torch.nn.Module):
         if self._mode == "weight":
             return factors
         if self._weight_factor_cache is None:
-            z = real_form(self._train_rows)
-            stats = self._new_stats(z.shape[1], self._num_columns, self._train_noise is not None, z)
-            stats.add(z, self._train_y, self._train_noise)
+            stats = self._stats_from_rows()
             with torch.no_grad():
                 self._weight_factor_cache = [
                     self._weight_factor(cols, g, h)
@@ -871,6 +876,13 @@ class RandomFeatureGP(torch.nn.Module):
         mean = feats.new_zeros(feats.shape[0], self._num_columns, dtype=dtype)
         var = feats.new_zeros(feats.shape[0], self._num_columns, dtype=dtype)
         roots = []
+        if self._mode == "function":
+            # Shared by all factors: only the Cholesky factor and weights differ per group.
+            train = self._solver_form(self._train_rows)
+            cross = feats @ train.transpose(0, 1).conj()  # k_hat(x, x_i), (M, R)
+            prior = feats.real.square().sum(-1) + (
+                feats.imag.square().sum(-1) if feats.is_complex() else 0
+            )
         for factor in factors:
             chol = factor.chol.to(feats.dtype) if feats.is_complex() else factor.chol
             if self._mode == "weight":
@@ -879,13 +891,8 @@ class RandomFeatureGP(torch.nn.Module):
                 fvar = v.real.square().sum(0) + (v.imag.square().sum(0) if v.is_complex() else 0)
                 root = (real_form(v.transpose(0, 1)),) if want_root else None
             else:
-                train = self._solver_form(self._train_rows)
-                cross = feats @ train.transpose(0, 1).conj()  # k_hat(x, x_i), (M, R)
                 mean[:, factor.columns] = (cross @ factor.weights.to(cross.dtype)).real
                 v = torch.linalg.solve_triangular(chol, cross.transpose(0, 1).conj(), upper=False)
-                prior = feats.real.square().sum(-1) + (
-                    feats.imag.square().sum(-1) if feats.is_complex() else 0
-                )
                 fvar = prior - (
                     v.real.square().sum(0) + (v.imag.square().sum(0) if v.is_complex() else 0)
                 )
@@ -1117,7 +1124,7 @@ class RandomFeatureGP(torch.nn.Module):
         if noise is None:
             rows_noise = self._model_noise_rows(x_checked.shape[0], rows_y.shape[1])
         else:
-            rows_noise = self._expand_noise(noise, x_checked.shape[0], rows_y.shape[1], y.dim())
+            rows_noise = self._expand_noise(noise, x_checked.shape[0], rows_y.shape[1])
         z = real_form(self._row_features(x_checked))
         return self._lml_dense(z, rows_y, rows_noise.to(rows_y))
 
@@ -1126,34 +1133,34 @@ class RandomFeatureGP(torch.nn.Module):
             return self._train_noise
         return self._column_noise().to(self._train_y).unsqueeze(0).expand_as(self._train_y)
 
+    def _weight_evidence_terms(
+        self, gram: Tensor, rhs: Tensor, yy: Tensor
+    ) -> Tuple[Tensor, Tensor]:
+        """``y^T S^{-1} y - h^T B^{-1} h`` per column and ``log|B|``, ``B = G + I``."""
+        bmat = gram + torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+        chol = robust_cholesky(0.5 * (bmat + bmat.T), self.jitter, "weight-space matrix B")
+        proj = torch.linalg.solve_triangular(chol, rhs, upper=False)
+        return yy - proj.square().sum(0), 2.0 * chol.diagonal().log().sum()
+
     def _lml_from_specs(self, specs, count: int) -> Tensor:
         total = 0.0
         for _, gram, rhs, yy, log_noise_sum in specs:
-            bmat = gram + torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-            chol = robust_cholesky(0.5 * (bmat + bmat.T), self.jitter, "weight-space matrix B")
-            proj = torch.linalg.solve_triangular(chol, rhs, upper=False)
-            logdet = 2.0 * chol.diagonal().log().sum()
-            quad = yy - proj.square().sum(0)
+            quad, logdet = self._weight_evidence_terms(gram, rhs, yy)
             total = total - 0.5 * (quad + logdet + log_noise_sum + count * _LOG_2PI).sum()
         return total
 
     def _lml_dense(self, z: Tensor, rows_y: Tensor, rows_noise: Tensor) -> Tensor:
         """Differentiable evidence from real-form features ``z (R, Dr)`` and noise ``(R, T)``."""
         num_rows, width = z.shape
-        ids = torch.unique(rows_noise.detach().transpose(0, 1), dim=0, return_inverse=True)[1]
         total = z.new_zeros(())
-        for gid in torch.unique(ids):
-            cols = [int(c) for c in torch.nonzero(ids == gid).reshape(-1)]
+        for cols in _equal_noise_columns(rows_noise.detach()):
             s = rows_noise[:, cols[0]]
             yg = rows_y[:, cols]
             if num_rows >= width:
                 zw = z * s.rsqrt().unsqueeze(-1)
-                bmat = zw.T @ zw + torch.eye(width, dtype=z.dtype, device=z.device)
-                chol = robust_cholesky(0.5 * (bmat + bmat.T), self.jitter, "weight-space matrix B")
                 yw = yg * s.rsqrt().unsqueeze(-1)
-                proj = torch.linalg.solve_triangular(chol, zw.T @ yw, upper=False)
-                quad = yw.square().sum(0) - proj.square().sum(0)
-                logdet = 2.0 * chol.diagonal().log().sum() + s.log().sum()
+                quad, logdet = self._weight_evidence_terms(zw.T @ zw, zw.T @ yw, yw.square().sum(0))
+                logdet = logdet + s.log().sum()
             else:
                 kmat = z @ z.T + torch.diag(s)
                 chol = robust_cholesky(
@@ -1244,9 +1251,7 @@ class RandomFeatureGP(torch.nn.Module):
                 return None
             s = noise if log_noise is None else log_noise.exp()
             try:
-                loss = -self.log_marginal_likelihood(
-                    x, y, s if noise is not None or log_noise is not None else None
-                ) * scale
+                loss = -self.log_marginal_likelihood(x, y, s) * scale
             except NotPSDError:
                 return None  # a noise or kernel value the data cannot be factorised with
             if not torch.isfinite(loss):

@@ -40,6 +40,12 @@ _MIN_PANEL = 256
 SHARED_GRAM_GAIN = 0.8
 
 
+def _panel(width: int) -> int:
+    """Column panel width of the blocked Gram product of ``width`` columns."""
+    # One formula for accumulate_gram and symmetrize_upper: they must agree on the blocks.
+    return max(_MIN_PANEL, -(-width // 4))
+
+
 def accumulate_gram(
     gram: Tensor, z: Tensor, weight: Optional[Tensor] = None, alpha: float = 1.0
 ) -> None:
@@ -65,7 +71,7 @@ def accumulate_gram(
         True
     """
     width = z.shape[-1]
-    panel = max(_MIN_PANEL, -(-width // 4))
+    panel = _panel(width)
     right = z if weight is None else z * weight.unsqueeze(-1)
     for start in range(0, width, panel):
         stop = min(start + panel, width)
@@ -84,7 +90,7 @@ def _common_value(values: Tensor) -> Tuple[Tensor, Tensor]:
 def symmetrize_upper(gram: Tensor) -> Tensor:
     """The symmetric matrix whose upper block triangle (see :func:`accumulate_gram`) is ``gram``."""
     width = gram.shape[-1]
-    panel = max(_MIN_PANEL, -(-width // 4))
+    panel = _panel(width)
     out = gram.clone()
     for start in range(0, width, panel):
         stop = min(start + panel, width)
@@ -122,6 +128,9 @@ class FeatureStatistics:
         self.grams: List[Tensor] = [torch.zeros(num_real_features, num_real_features, **zeros)]
         # differ[i, j]: the noise of columns i and j differed on some row.
         self.differ = torch.zeros(num_columns, num_columns, dtype=torch.bool, device=device)
+        # column_groups() of the current differ (None: not computed yet). Computing it costs a
+        # device sync and O(T^2) work, and differ changes only in _refine, which resets it.
+        self._groups: Optional[List[List[int]]] = None
         self.rhs = torch.zeros(num_real_features, num_columns, **zeros)
         self.yy = torch.zeros(num_columns, **zeros)
         self.log_noise_sum = torch.zeros(num_columns, **zeros)
@@ -130,6 +139,15 @@ class FeatureStatistics:
     # ----------------------------------------------------------------- column groups
     def column_groups(self) -> List[List[int]]:
         """Columns grouped by equal noise, ordered by their first column."""
+        return [list(cols) for cols in self._column_groups()]
+
+    def _column_groups(self) -> List[List[int]]:
+        """:meth:`column_groups`, cached (not to be modified by the caller)."""
+        if self._groups is None:
+            self._groups = self._group_columns()
+        return self._groups
+
+    def _group_columns(self) -> List[List[int]]:
         groups: List[List[int]] = []
         seen = set()
         differ = self.differ.cpu()
@@ -143,10 +161,11 @@ class FeatureStatistics:
 
     def _refine(self, differ: Tensor) -> None:
         """Split the Gram groups to match ``differ`` (which must contain ``self.differ``)."""
-        old_groups = self.column_groups()
+        old_groups = self._column_groups()
         old_of_column = {c: g for g, cols in enumerate(old_groups) for c in cols}
         self.differ = self.differ | differ
-        new_groups = self.column_groups()
+        self._groups = None
+        new_groups = self._column_groups()
         used = set()
         grams = []
         for cols in new_groups:
@@ -176,7 +195,7 @@ class FeatureStatistics:
             if bool((differ & ~self.differ).any()):
                 self._refine(differ)
         inv_noise = noise.reciprocal()
-        groups = self.column_groups()
+        groups = self._column_groups()
         weights = [inv_noise[:, cols[0]] for cols in groups]
         # When each group's noise is one common value except on a few rows (e.g. the Dirichlet
         # classifier: class c's noise differs from the rest only on the rows labelled c),
