@@ -751,13 +751,6 @@ class RandomFeatureGP(torch.nn.Module):
         """(columns, G, h, yy, sum log noise) per factorisation, all ``S^{-1}``-weighted."""
         specs = []
         if stats.weighted:
-            if self._frozen_model_noise is not None and not torch.equal(
-                self._frozen_model_noise, self.noise.to(self._frozen_model_noise)
-            ):
-                raise RuntimeError(
-                    "the model noise changed since fit, but its per-output values were folded "
-                    "into the statistics; call fit again"
-                )
             for g, cols in enumerate(stats.column_groups()):
                 specs.append(
                     (
@@ -831,7 +824,20 @@ class RandomFeatureGP(torch.nn.Module):
         alpha = torch.cholesky_solve(self._train_y[:, cols].to(chol.dtype), chol)
         return _Factor(cols, chol, alpha)
 
+    def _check_frozen_noise(self) -> None:
+        # Per-output model noise that varies over the rows of one output column was expanded
+        # into row noise at fit time (in the weight statistics or the stored function-space
+        # rows): a later change of the model noise cannot reach it.
+        if self._frozen_model_noise is not None and not torch.equal(
+            self._frozen_model_noise, self.noise.to(self._frozen_model_noise)
+        ):
+            raise RuntimeError(
+                "the model noise changed since fit, but its per-output values were folded "
+                "into the statistics; call fit again"
+            )
+
     def _factorize(self) -> None:
+        self._check_frozen_noise()
         self._weight_factor_cache = None
         with torch.no_grad():
             if self._mode == "weight":
@@ -1112,6 +1118,7 @@ class RandomFeatureGP(torch.nn.Module):
             if noise is not None:
                 raise ValueError("noise needs x and y; without them the fitted noise is used")
             self._require_fit("log_marginal_likelihood")
+            self._check_frozen_noise()
             with torch.no_grad():
                 if self._mode == "weight":
                     return self._lml_from_specs(self._weight_specs(self._stats), self._stats.count)

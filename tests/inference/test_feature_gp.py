@@ -397,6 +397,26 @@ def test_changing_model_noise_refactorises_without_refit():
     torch.testing.assert_close(gp.predict(xt), ref.predict(xt), rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.parametrize("solve", ["weight", "function"])
+def test_changed_per_output_noise_of_vector_outputs_needs_a_refit(solve):
+    # With d outputs per input and one model noise per output, the noise is expanded into row
+    # noise at fit time: both solvers must refuse to reuse it after the model noise changed
+    # (the function-space solve used to keep the old noise silently).
+    from rfgp.kernels import CurlFreeFeatureKernel
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, dtype=torch.float64, generator=g)
+    y = torch.randn(40, 2, dtype=torch.float64, generator=g)
+    gp = RandomFeatureGP(CurlFreeFeatureKernel(32, seed=0).double(),
+                         noise=torch.tensor([0.1, 0.2], dtype=torch.float64), solve=solve)
+    gp.fit(x, y)
+    gp.noise = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="model noise changed since fit"):
+        gp.predict(x[:3])
+    with pytest.raises(RuntimeError, match="model noise changed since fit"):
+        gp.log_marginal_likelihood()
+
+
 # ============================================================================= marginal likelihood
 def test_log_marginal_likelihood_matches_gpytorch_exact_mll():
     x, y, _, _ = make_data(n=100)
