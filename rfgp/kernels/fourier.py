@@ -105,7 +105,7 @@ def sample_frequencies(
     return w
 
 
-def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
+def _cos_sin_features(proj: Tensor, scale: float) -> Tensor:
     r"""``scale * [cos(proj), sin(proj)]`` along the last dimension: ``(..., m) -> (..., 2m)``.
 
     The real form of :math:`e^{i \omega^\top x}` used by every random Fourier feature map.
@@ -303,7 +303,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = x / self.lengthscale.to(x.dtype)
-        return cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
+        return _cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""

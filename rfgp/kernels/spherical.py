@@ -22,7 +22,7 @@ from scipy.optimize import nnls
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.fourier import _check_choice, cos_sin_features, sample_frequencies
+from rfgp.kernels.fourier import _check_choice, _cos_sin_features, sample_frequencies
 from rfgp.ops import _device_of
 
 __all__ = ["SphericalFeatureKernel", "spherical_polynomial", "fit_spherical_mixture"]
@@ -188,7 +188,7 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     def _features(self, x: Tensor) -> Tensor:
         proj = x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         amplitude = math.sqrt(float(self.mixture_weights.sum()) / self.num_frequencies)
-        return cos_sin_features(proj, amplitude)
+        return _cos_sin_features(proj, amplitude)
 
     def fitted_kernel(self, distance: Tensor) -> Tensor:
         r""":math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}`, the kernel the features estimate."""
