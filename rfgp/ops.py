@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ._validation import all_finite, check_finite
+
 __all__ = [
     "next_power_of_two",
     "pad_to_power_of_two",
@@ -318,48 +320,3 @@ def complex_gaussian(
     v = gaussian(shape, generator, real_dtype)
     w = gaussian(shape, generator, real_dtype)
     return (torch.complex(v, w) / math.sqrt(2.0)).to(dtype)
-
-
-def check_finite(name: str, value: Tensor) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``value`` holds NaN or infinite entries.
-
-    Args:
-        name: the argument name used in the message.
-        value: the tensor to check.
-
-    Returns:
-        ``None``.
-
-    Raises:
-        ValueError: if any entry is NaN or infinite.
-
-    Example:
-        >>> check_finite("x", torch.ones(2))
-        >>> check_finite("x", torch.tensor([1.0, float("nan")]))
-        Traceback (most recent call last):
-        ...
-        ValueError: x must be finite, but 1 entries are NaN or infinite
-    """
-    if not all_finite(value):
-        bad = (~torch.isfinite(value)).sum().item()
-        raise ValueError(f"{name} must be finite, but {bad} entries are NaN or infinite")
-
-
-def all_finite(value: Tensor) -> bool:
-    """Whether every entry of ``value`` is finite, in one reduction pass.
-
-    A NaN or infinity makes the sum non-finite, so a finite sum proves every entry finite
-    without materialising an ``isfinite`` mask; only a non-finite sum (which finite entries can
-    also produce, by overflow) is checked entry by entry.
-
-    Example:
-        >>> all_finite(torch.tensor([1.0, 2.0])), all_finite(torch.tensor([1.0, float("inf")]))
-        (True, False)
-        >>> all_finite(torch.tensor([3e38, 3e38]))  # the sum overflows, the entries are finite
-        True
-    """
-    if value.numel() == 0:
-        return True
-    if bool(torch.isfinite(value.sum())):
-        return True
-    return bool(torch.isfinite(value).all())
