@@ -504,15 +504,17 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, dtype=np.float64)
         y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
         try:
-            self.classes_, encoded = np.unique(y, return_inverse=True)
-        except TypeError as error:  # labels that cannot be sorted together, e.g. 1 and "a"
-            kinds = sorted({type(v).__name__ for v in y.ravel().tolist()})
+            check_classification_targets(y)
+        except TypeError as error:
+            # Labels that cannot be sorted together (1 and "a") fail with this TypeError in
+            # scikit-learn's own classifiers too; this one says why.
+            names = sorted({type(v).__name__ for v in y.tolist()})
             raise TypeError(
                 "y must hold labels of one kind, all strings or all numbers (as scikit-learn's "
-                f"encoders require), got a mix of {kinds}"
+                f"encoders require), got a mix of {names}"
             ) from error
+        self.classes_, encoded = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(
                 f"{type(self).__name__} needs at least 2 classes in y, got "
