@@ -33,9 +33,10 @@ with the branch chosen from the covariance summed over the pairs. Unstructured s
 ``C = 0`` and ``f(D) = V / D``.
 
 This module holds the optimiser only; the per-pair variances come from a function with the
-signature of :func:`rfgp.variance.sketch_variance` so that every sketch of the package (real or
-complex, any projection) can serve a degree. It lives apart from :mod:`rfgp.variance` (the
-closed forms) because it is a different idea: the optimisation over allocations.
+signature of :func:`rfgp.kernels.maclaurin.variance.sketch_variance` so that every sketch of
+the package (real or complex, any projection) can serve a degree. It lives apart from
+:mod:`rfgp.kernels.maclaurin.variance` (the closed forms) because it is a different idea: the
+optimisation over allocations.
 
 References:
     Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
@@ -59,10 +60,12 @@ __all__ = [
     "optimize_allocation",
     "allocation_statistics",
     "allocation_objective",
+    "maclaurin_coefficients",
 ]
 
-#: signature of :func:`rfgp.variance.sketch_variance` restricted to what the optimiser needs:
-#: ``variance_fn(x, y, degree, num_features) -> (...)`` for row-wise pairs ``x, y (..., d)``.
+#: signature of :func:`rfgp.kernels.maclaurin.variance.sketch_variance` restricted to what
+#: the optimiser needs: ``variance_fn(x, y, degree, num_features) -> (...)`` for row-wise
+#: pairs ``x, y (..., d)``.
 VarianceFn = Callable[[Tensor, Tensor, int, int], Tensor]
 
 
@@ -303,7 +306,7 @@ def optimize_allocation(
         ValueError: if no truncation degree in the range is feasible with this budget.
 
     Example:
-        >>> from rfgp.variance import sketch_variance
+        >>> from rfgp.kernels.maclaurin.variance import sketch_variance
         >>> z = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         >>> a = maclaurin_coefficients("exponential", 4)   # exp(x^T y), degrees 0..4
         >>> stats = allocation_statistics(z, a, lambda x, y: torch.exp(x @ y.T), sketch_variance)
@@ -372,7 +375,8 @@ def allocation_statistics(
         exact_kernel: ``(m1, d), (m2, d) -> (m1, m2)`` the kernel being approximated (row
             scale included).
         variance_fn: ``(x, y, degree, num_features) -> (...)`` variance of the degree-``n``
-            sketch for row-wise pairs (e.g. a partial of :func:`rfgp.variance.sketch_variance`).
+            sketch for row-wise pairs (e.g. a partial of
+            :func:`rfgp.kernels.maclaurin.variance.sketch_variance`).
         row_scale: ``(m,)`` factor ``r(x)`` (Gaussian kernel), ``None`` for 1.
         block_dim: block size of a TensorSRHT sketch (the padded input dimension), ``None``
             for unstructured sketches.
@@ -391,7 +395,7 @@ def allocation_statistics(
             overflow.
 
     Example:
-        >>> from rfgp.variance import sketch_variance
+        >>> from rfgp.kernels.maclaurin.variance import sketch_variance
         >>> z = torch.randn(10, 3, dtype=torch.float64,
         ...                 generator=torch.Generator().manual_seed(0)) / 3
         >>> a = maclaurin_coefficients("polynomial", 2, degree=2, bias=1.0)

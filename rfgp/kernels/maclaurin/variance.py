@@ -48,7 +48,7 @@ Notation: :math:`s = x^\top y`, :math:`N = \|x\|^2\|y\|^2`, :math:`S = \sum_k x_
   \mathrm{Im}\,\Phi]`): :math:`\mathbb{V}[\mathrm{Re}\,\hat k] = \tfrac12(\mathbb{V} +
   \mathrm{PV})`.
 
-All formulas are checked against Monte Carlo in ``tests/test_variance.py``.
+All formulas are checked against Monte Carlo in the test suite.
 
 References:
     Wacker, Kanagawa & Filippone, *Improved Random Features for Dot Product Kernels*, 2022
