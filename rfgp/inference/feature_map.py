@@ -34,8 +34,8 @@ def resolve_feature_kernel(kernel: Kernel) -> Tuple[RandomFeatureKernel, Optiona
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     scale = kernel if isinstance(kernel, ScaleKernel) else None
-    # Composed kernels (sums and products of random-feature kernels) plug in on this line, by
-    # turning the unwrapped kernel into one RandomFeatureKernel: as_feature_kernel(...).
+    # Composed kernels (sums and products of random-feature kernels) plug in on this line:
+    # base = as_feature_kernel(kernel.base_kernel if scale is not None else kernel)
     base = unwrap_scale_kernel(kernel)
     return base, scale
 
