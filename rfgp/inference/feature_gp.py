@@ -128,7 +128,7 @@ class RandomFeatureGP(torch.nn.Module):
         statistics_dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        self.feature_map = FeatureMap(kernel)
+        FeatureMap(kernel)  # validates the kernel before anything is registered
         self.solve = check_choice("solve", solve, _SOLVES)
         self.complex_posterior = check_bool("complex_posterior", complex_posterior)
         self.jitter = None if jitter is None else check_real("jitter", jitter, low=0.0)
@@ -146,6 +146,12 @@ class RandomFeatureGP(torch.nn.Module):
         super().__setattr__(name, value)
 
     # ================================================================== properties
+    @property
+    def feature_map(self) -> FeatureMap:
+        """The kernel as the solvers see it (built from :attr:`kernel` at every use, so a
+        reassigned kernel is seen too)."""
+        return FeatureMap(self.kernel)
+
     @property
     def base_kernel(self) -> RandomFeatureKernel:
         """The :class:`RandomFeatureKernel` (inside the ``ScaleKernel``, if any)."""
