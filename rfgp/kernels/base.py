@@ -26,6 +26,7 @@ from rfgp._validation import check_kernel_input
 from rfgp.ops import all_finite, make_generator
 
 __all__ = [
+    "InputCheckedKernel",
     "RandomFeatureKernel",
     "WeightSpacePredictionStrategy",
     "check_hyperparameters",
@@ -63,6 +64,32 @@ def check_hyperparameters(kernel: Kernel) -> None:
                 f"{_hyper_name(name)} must be finite and positive, got {bad} "
                 f"(in {type(kernel).__name__})"
             )
+
+
+class InputCheckedKernel(Kernel):
+    """A GPyTorch kernel whose calls check their inputs and hyperparameters first.
+
+    Inputs must be float32 / float64 tensors with at least one dimension, at least one column
+    and finite entries; hyperparameters must be finite (and positive where constrained so).
+    Without the checks GPyTorch fails on a 0-d input or one without columns with raw indexing
+    errors, and a zero lengthscale gives NaN. The exact kernels of rfgp derive from it.
+
+    Example:
+        >>> from rfgp.kernels import DotProductKernel
+        >>> DotProductKernel("polynomial", degree=2)(torch.tensor(1.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: x1 must have shape (..., N, d) or (N,) (at least 1 dimension), got a 0-d tensor
+    """
+
+    def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
+                 last_dim_is_batch: bool = False, **params):
+        x1 = check_kernel_input("x1", x1)
+        if x2 is not None:
+            x2 = check_kernel_input("x2", x2)
+        check_hyperparameters(self)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
+                                **params)
 
 
 def _hyper_name(name: str) -> str:
@@ -565,9 +592,8 @@ class RandomFeatureKernel(Kernel):
         """The floating dtype of the kernel's parameters (of its buffers if it has none)."""
         if self.has_lengthscale:
             return self.lengthscale.dtype
-        dtypes = {p.dtype for p in self.parameters()}
-        if not dtypes:
-            return self._dtype_anchor.dtype
+        # the anchor buffer follows .to(dtype) like the parameters do
+        dtypes = {p.dtype for p in self.parameters()} | {self._dtype_anchor.dtype}
         if len(dtypes) > 1:
             raise RuntimeError(f"The kernel's parameters have multiple dtypes: {dtypes}.")
         return dtypes.pop()

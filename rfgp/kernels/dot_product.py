@@ -14,6 +14,8 @@ from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp.kernels.base import InputCheckedKernel
+
 __all__ = ["DotProductKernel", "DotProductBias", "DOT_PRODUCT_KINDS"]
 
 #: the link functions f of f(x^T y / l^2 + b).
@@ -88,7 +90,7 @@ class DotProductBias:
         self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
 
 
-class DotProductKernel(DotProductBias, Kernel):
+class DotProductKernel(DotProductBias, InputCheckedKernel):
     r"""Exact dot-product kernel :math:`f(x^\top y / \ell^2 + b)`.
 
     .. math::
