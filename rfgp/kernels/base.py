@@ -334,6 +334,7 @@ class RandomFeatureKernel(Kernel):
         # features from a zero, infinite or NaN lengthscale would be NaN. Later calls do not
         # (an optimiser that overshoots sees the non-finite loss and steps back).
         self.check_hyperparameters()
+        self._draw_batch_shape, self._pending_batch_ops = None, []
         ref = self._reference_tensor()
         for name, value in weights.items():
             if value.is_floating_point():

@@ -159,6 +159,12 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         if not isinstance(a, (int, float)) or not a >= 2.0:
             raise ValueError(f"a must be a number >= 2, got {a!r}")
         _check_choice("sampling", sampling, ("iid", "orthogonal"))
+        if kwargs.get("ard_num_dims") is not None:
+            raise ValueError(
+                "ard_num_dims does not apply to SphericalFeatureKernel: it has no lengthscale "
+                "(inputs lie on the unit sphere and the scale is the fixed a), got "
+                f"ard_num_dims={kwargs['ard_num_dims']!r}"
+            )
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.a = float(a)
@@ -199,6 +205,10 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     def exact(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix :func:`spherical_polynomial` ``(x1, x2, degree, a)``."""
         return spherical_polynomial(x1, x2, self.degree, self.a)
+
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "degree": self.degree, "a": self.a,
+                "sampling": self.sampling}
 
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, degree={self.degree}, a={self.a}, "

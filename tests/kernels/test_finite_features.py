@@ -39,6 +39,22 @@ def test_finite_at_large_float32_inputs(name):
         assert bool(torch.isfinite(kernel(x).to_dense()).all()), name
 
 
+@pytest.mark.parametrize("kernel", [
+    GaussianSketchKernel(64, truncation=10, seed=0),
+    GaussianSketchKernel(64, truncation=10, variant="degree", seed=0),
+    MaclaurinKernel("gaussian", 64, allocation="random", seed=0),
+    MaclaurinKernel("gaussian", 64, allocation="random", projection="tensorsrht", complex=True,
+                    seed=0),
+], ids=["gaussian-sketch-coordinate-s10", "gaussian-sketch-degree-s10", "maclaurin-gaussian",
+        "maclaurin-gaussian-tensorsrht-complex"])
+def test_high_degree_gaussian_features_finite_at_large_float32_inputs(kernel):
+    # Degrees up to 9 / 10: the powers z^n of inputs 10^4 lengthscales out overflow float32
+    # unless the Gaussian envelope is folded into them.
+    phi = kernel.features(data(8) * 1e4)
+    assert bool(torch.isfinite(phi).all())
+    assert phi.abs().max() < 1e-30  # the kernel value there is e^{-10^8} = 0
+
+
 @pytest.mark.parametrize("name", ["maclaurin-random-gaussian-complex",
                                   "maclaurin-optimized-gaussian", "gaussian-sketch-coordinate",
                                   "gaussian-sketch-degree"])
@@ -53,13 +69,17 @@ def test_gaussian_features_vanish_far_away(name):
 
 
 @pytest.mark.parametrize("scale", [10.0, 30.0])
-def test_gaussian_sketch_large_truncation_is_finite_and_matches_its_expectation(scale):
-    # truncation 10 at ||x|| ~ 30 lengthscales: the powers z^a overflow float32 when formed
-    # directly; in log space the features stay finite and estimate the truncated kernel.
-    kernel = GaussianSketchKernel(64, truncation=10, seed=0)
+@pytest.mark.parametrize("variant", ["coordinate", "degree"])
+def test_gaussian_sketch_large_truncation_in_float32_agrees_with_float64(scale, variant):
+    # truncation 10 at 10 and 30 lengthscales: the float32 features stay finite and equal the
+    # float64 ones (same weights) up to float32 round-off relative to the largest feature.
+    kernel = GaussianSketchKernel(64, truncation=10, variant=variant, seed=0)
     x = data(5, seed=1) * scale
-    phi = kernel.features(x)
-    assert bool(torch.isfinite(phi).all())
+    single = kernel.features(x)
+    double = kernel.double().features(x.double())
+    assert bool(torch.isfinite(single).all())
+    scale_of = double.abs().max().item()
+    torch.testing.assert_close(single.double(), double, rtol=1e-4, atol=1e-5 * scale_of)
 
 
 def test_gaussian_maclaurin_high_degrees_match_float64():
