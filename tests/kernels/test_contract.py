@@ -284,3 +284,37 @@ def test_strict_load_of_an_unused_kernel_into_a_used_one_reports_the_weights_mis
     used = _trained("fourier-iid-rbf")
     with pytest.raises(RuntimeError, match="Missing key"):
         used.load_state_dict(FourierFeatureKernel(32).state_dict())
+
+
+# ------------------------------------------------------------------------------ batch operations
+@feature_names
+def test_expand_batch_before_the_first_call_repeats_the_original_draws(name):
+    # expand_batch on a kernel whose weights are not drawn yet: member (i, j) of the expanded
+    # kernel is member j of the original, whichever of the two draws first.
+    original = build(name, batch_shape=torch.Size([2]))
+    expanded = original.expand_batch(torch.Size([3, 2]))
+    x = data()
+    phi = expanded.features(x)
+    reference = original.features(x)
+    assert phi.shape[:2] == (3, 2)
+    for i in range(3):  # equal weights; batched products may round differently
+        torch.testing.assert_close(phi[i], reference, rtol=1e-4,
+                                   atol=1e-5 * reference.abs().max().item())
+
+
+@feature_names
+def test_indexing_before_the_first_call_selects_the_original_draws(name):
+    original = build(name, batch_shape=torch.Size([3]))
+    index = torch.tensor([2, 0])
+    picked = original[index]
+    x = data()
+    phi = picked.features(x)
+    reference = original.features(x)
+    torch.testing.assert_close(phi, reference[index], rtol=1e-4,
+                               atol=1e-5 * reference.abs().max().item())
+
+
+def test_expand_batch_refuses_incompatible_shapes():
+    kernel = build("fourier-iid-rbf", batch_shape=torch.Size([2]))
+    with pytest.raises(ValueError, match="cannot expand"):
+        kernel.expand_batch(torch.Size([3]))
