@@ -70,12 +70,15 @@ for _projection in ("gaussian", "rademacher", "tensorsketch", "tensorsrht"):
             3, 128, bias=1.0, projection=projection, seed=0, **kw
         )
     )
-    # complex weights: GPyTorch sees the Complex-to-Real form [Re Phi, Im Phi]
+    # CtR: complex weights, and GPyTorch sees the real form [Re Phi, Im Phi] of 128 columns
     _SCALAR[f"PolynomialSketch_{_projection}_ctr"] = (
         lambda projection=_projection, **kw: PolynomialSketchKernel.ctr(
             2, 128, bias=0.5, projection=projection, seed=0, **kw
         )
     )
+_SCALAR["PolynomialSketch_gaussian_complex"] = lambda **kw: PolynomialSketchKernel(
+    3, 64, bias=1.0, projection="gaussian", complex=True, seed=0, **kw
+)
 _SCALAR["PolynomialSketch_rademacher_homogeneous"] = lambda **kw: PolynomialSketchKernel(
     2, 64, projection="rademacher", seed=0, **kw
 )
@@ -123,7 +126,7 @@ _VECTOR: Dict[str, Factory] = {
 
 
 def _register(name: str, factory: Factory, *bases: type) -> None:
-    cls_name = f"Test{name.replace('_', '')}"
+    cls_name = "Test" + "".join(part[:1].upper() + part[1:] for part in name.split("_"))
     cls = type(cls_name, (*bases, _Conformance, unittest.TestCase),
                {"factory": staticmethod(factory), "__module__": __name__})
     globals()[cls_name] = cls
