@@ -190,7 +190,7 @@ def _trained(name: str, **kwargs: Any) -> RandomFeatureKernel:
 
 
 def _random_keys(kernel: RandomFeatureKernel):
-    return list(kernel.weight_names)
+    return list(kernel.random_weight_names)
 
 
 @feature_names
