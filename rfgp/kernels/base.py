@@ -530,6 +530,9 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             loaded.append(weight)
         if input_dim is not None:
             self.input_dim = input_dim
+        pending = local_metadata.get("rfgp_pending_batch_ops")
+        if pending is not None and not names and not self.weights_initialized:
+            self._draw_batch_shape, self._pending_batch_ops = pending[0], list(pending[1])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         try:
@@ -569,6 +572,11 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             entry["rfgp_random_buffers"] = list(self._random_buffer_names)
             entry["rfgp_input_dim"] = self.input_dim
             entry["rfgp_weight_settings"] = self.weight_settings()
+            if self._pending_batch_ops:
+                # weights not drawn yet after expand_batch / kernel[index]: the first draw
+                # replays these, so a loaded copy draws the same weights
+                entry["rfgp_pending_batch_ops"] = (self._draw_batch_shape,
+                                                   list(self._pending_batch_ops))
 
     # ------------------------------------------------------------------ features
     def check_input(self, x: Tensor, name: str = "x") -> Tensor:

@@ -314,6 +314,17 @@ def test_indexing_before_the_first_call_selects_the_original_draws(name):
                                atol=1e-5 * reference.abs().max().item())
 
 
+def test_state_dict_of_an_expanded_kernel_before_the_first_call():
+    original = build("sketch-tensorsrht-real", batch_shape=torch.Size([2]))
+    expanded = original.expand_batch(torch.Size([3, 2]))[torch.tensor([0, 2])]
+    fresh = FEATURE_KERNELS["sketch-tensorsrht-real"](seed=0, batch_shape=torch.Size([2, 2]))
+    fresh.load_state_dict(expanded.state_dict())
+    x = data()
+    assert torch.equal(fresh.features(x), expanded.features(x))
+    torch.testing.assert_close(fresh.features(x)[1], original.features(x), rtol=1e-4,
+                               atol=1e-5 * original.features(x).abs().max().item())
+
+
 def test_expand_batch_refuses_incompatible_shapes():
     kernel = build("fourier-iid-rbf", batch_shape=torch.Size([2]))
     with pytest.raises(ValueError, match="cannot expand"):
