@@ -222,11 +222,25 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     * :meth:`exact_kernel` (raises ``NotImplementedError``): the exact GPyTorch kernel being
       approximated; :meth:`exact_matrix` evaluates it.
 
+    * :meth:`weight_settings`: the constructor settings the random weights were drawn for
+      (``num_features``, degree, sampling, allocation, ...), saved with ``state_dict``.
+
     **Provided**, for callers such as solvers: :meth:`features`, :meth:`prepare_input`,
     :meth:`check_input`, :meth:`ensure_weights`, :attr:`random_weight_names`, ``forward``
     (GPyTorch semantics on the real form), :meth:`resample`, lazy weight initialisation at the
-    first call, batch indexing, ``state_dict`` loading into a fresh kernel and a weight-space
+    first call, batch indexing and ``expand_batch`` (also before the first call: the first
+    draw then replays them), ``state_dict`` loading into a fresh kernel and a weight-space
     ``LinearPredictionStrategy``.
+
+    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``: with ``strict=True``
+    a random weight the checkpoint's kernel held but the state dict lacks is a missing key and
+    a stray key is unexpected (never registered as a weight); weights drawn for other
+    :meth:`weight_settings`, another input dimension or of another shape are refused whatever
+    ``strict`` says, as torch refuses a size mismatch.
+
+    **Inputs** are float32 or float64 (half precision is refused with a ``TypeError``), at
+    least 1-D with at least one column; ``N = 0`` rows give empty features. A NaN, infinite or
+    zero lengthscale (any constrained hyperparameter) is refused when the weights are drawn.
 
     Args:
         num_features: number of columns ``D`` of ``features(x)`` (a complex column counts once).
