@@ -1,7 +1,6 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
 from rfgp import (
-    allocation,
     classification,
     datasets,
     inference,
@@ -21,7 +20,6 @@ __all__ = [
     "RandomFeatureGP",
     "DirichletGPClassifier",
     "helmholtz_components",
-    "allocation",
     "classification",
     "datasets",
     "inference",
