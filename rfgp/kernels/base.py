@@ -439,6 +439,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # (an optimiser that overshoots sees the non-finite loss and steps back).
         self.check_hyperparameters()
         self._draw_batch_shape, self._pending_batch_ops = None, []
+        self._incomplete_weights: list[str] = []
         ref = self._reference_tensor()
         for name, value in weights.items():
             if value.is_floating_point():
@@ -474,6 +475,12 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             )
         if not self.weights_initialized:
             self._draw_initial_weights(make_generator(self.seed))
+        elif getattr(self, "_incomplete_weights", None):
+            raise RuntimeError(
+                f"{type(self).__name__}: the random weights {self._incomplete_weights} were "
+                "missing from the state_dict loaded with strict=False, so the loaded ones "
+                "cannot be used; load a complete checkpoint or call resample()"
+            )
 
     def _expected_weight_shapes(self, input_dim: int) -> Dict[str, torch.Size]:
         """Names and shapes of the random weights for input dimension ``input_dim``.
@@ -532,11 +539,12 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
                 if old not in names:
                     del self._buffers[old]
                     self._random_buffer_names.remove(old)
-        loaded = []
+        loaded, absent = [], []
         for weight in names:
             key = prefix + weight
             if key not in state_dict:
                 missing_keys.append(key)
+                absent.append(weight)
                 continue
             if weight not in self._buffers:
                 self.register_buffer(weight, torch.empty_like(state_dict[key]))
@@ -553,6 +561,8 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             self.check_hyperparameters()
         except ValueError as err:
             error_msgs.append(f"{name}: {err}")
+        # a non-strict load that left the weights incomplete: refused at the next use
+        self._incomplete_weights = [w for w in absent if w not in self._buffers]
         if loaded:
             self._draw_batch_shape, self._pending_batch_ops = None, []
             if self.input_dim is not None:

@@ -225,6 +225,12 @@ def test_non_strict_load_keeps_torch_semantics(name):
     assert victim in result.missing_keys
     assert "stray_weights" in result.unexpected_keys
     assert "stray_weights" not in dict(fresh.named_buffers())
+    if any(name != victim for name in kernel.random_weight_names):
+        # the loaded weights alone cannot make features: a clear error, not a missing attribute
+        with pytest.raises(RuntimeError, match="strict=False"):
+            fresh.features(data())
+        fresh.resample(torch.Generator().manual_seed(0))
+    assert fresh.features(data()).shape[-1] == kernel.num_features
 
 
 def test_strict_load_refuses_another_number_of_features():
