@@ -10,6 +10,7 @@ from rfgp.inference.dirichlet import (
     validate_labels,
 )
 from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.recipe import fit_auto
 
 __all__ = [
     "ALPHA_GRID",
@@ -18,6 +19,7 @@ __all__ = [
     "DirichletLikelihood",
     "RandomFeatureGP",
     "dirichlet_transform",
+    "fit_auto",
     "softmax_expectation",
     "validate_labels",
 ]
