@@ -59,11 +59,13 @@ sys.path.insert(0, str(ROOT))
 
 from rfgp import metrics  # noqa: E402
 from rfgp.datasets import UCI_DATASETS, load_uci, standardize, train_test_split  # noqa: E402
-from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
+from rfgp.inference.recipe import FitReport, fit_auto, negative_log_evidence  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 #: rfgp tuned: the best settings found (a refinement on all rows, 1024 search features).
 TUNED = dict(refine_iterations=20, search_features=1024)
+METHODS = ["rfgp default", "rfgp tuned", "SGPR 512", "SGPR 1024", "SVGP", "exact GP",
+           "RFF + RidgeCV"]
 LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 
 
@@ -80,7 +82,7 @@ def scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> dict:
                                    torch.from_numpy(var))),
         "cov95": coverage[0.95],
         "cal": float(np.mean([abs(coverage[p] - p) for p in LEVELS])),
-        "cov": coverage,
+        "cov": {str(p): c for p, c in coverage.items()},
     }
 
 
@@ -246,7 +248,7 @@ def load_set(name: str, repeats: int = 1, seed: int = 0):
 
 
 # ====================================================================== profile
-def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats: int = 3):
+def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats: int = 5):
     """Seconds of the parts of one evidence-with-gradient evaluation (the minimum of repeats)."""
     from rfgp import RandomFeatureGP
     from rfgp.inference.recipe import make_ard_kernel
@@ -273,72 +275,115 @@ def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats
         out["Gram Z^T Z"] = best(lambda: z.T @ z)
         bmat = z.T @ z + torch.eye(num_features, dtype=torch.float64)
         out["Cholesky of B"] = best(lambda: torch.linalg.cholesky(bmat))
-    out["evidence (forward)"] = best(lambda: gp.log_marginal_likelihood(x, y, log_noise.exp()))
-    out["evidence + gradient"] = best(
+    out["evidence + gradient (autograd, RandomFeatureGP.log_marginal_likelihood)"] = best(
         lambda: (-gp.log_marginal_likelihood(x, y, log_noise.exp())).backward())
+
+    def closed_form():
+        z = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
+        negative_log_evidence(z, y.unsqueeze(-1), log_noise.exp()).backward()
+
+    out["evidence + gradient (closed form, the recipe)"] = best(closed_form)
     # The floor: forward features + Gram + Cholesky, and in the backward pass one more N x D^2
-    # product (the gradient Z B^-1), the Cholesky's inverse and the features' backward.
-    out["floor (2 Gram + 2 features + 2 Cholesky)"] = 2 * (
+    # product (Z B^-1), the Cholesky's inverse and the features' backward.
+    out["floor (2 x (features + Gram + Cholesky))"] = 2 * (
         out["features"] + out["Gram Z^T Z"] + out["Cholesky of B"])
     return out
 
 
 # ====================================================================== driver
-def run(args) -> dict:
+def make_plan(args):
+    """``(label, data name, repeats, splits, methods)`` per set, the most expensive first."""
+    base = ["rfgp default", "SGPR 512", "SGPR 1024", "SVGP", "RFF + RidgeCV"]
+    if args.quick:
+        return [("concrete", "concrete", 1, 1, base + ["rfgp tuned", "exact GP"]),
+                ("power-plant x 2", "power-plant", 2, 1, ["rfgp default", "SGPR 512"])]
+    plan = [("power-plant", "power-plant", 1, args.big_splits, base + ["rfgp tuned"]),
+            (f"power-plant x {args.repeats}", "power-plant", args.repeats, 1,
+             ["rfgp default", "SGPR 512", "SVGP"])]
+    sizes = {name: load_uci(name)[0].shape[0] for name in UCI_DATASETS}
+    for name in sorted((n for n in UCI_DATASETS if n != "power-plant"), key=lambda n: -sizes[n]):
+        splits = args.splits if sizes[name] <= args.small_rows else args.big_splits
+        plan.append((name, name, 1, splits, base + ["exact GP"]))
+    return plan
+
+
+def run_set(task):
+    """All splits and methods of one data set, in one process; rows and the equivalence check."""
+    (label, name, repeats, splits, methods), args = task
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    plan = []  # (label, data name, repeats, splits, methods)
-    small = [n for n in UCI_DATASETS if n != "power-plant"]
-    base = ["rfgp default", "rfgp tuned", "SGPR 512", "SGPR 1024", "SVGP", "RFF + RidgeCV"]
-    if args.quick:
-        plan.append(("concrete", "concrete", 1, 1, base + ["exact GP"]))
-        plan.append(("power-plant x 2", "power-plant", 2, 1, ["rfgp default", "SGPR 512"]))
-    else:
-        for name in small:
-            plan.append((name, name, 1, args.splits, base + ["exact GP"]))
-        plan.append(("power-plant", "power-plant", 1, args.big_splits,
-                     base + (["exact GP"] if args.exact_max >= 8611 else [])))
-        plan.append((f"power-plant x {args.repeats}", "power-plant", args.repeats, 1,
-                     ["rfgp default", "SGPR 512", "SVGP"]))
+    rows, equivalent = [], None
+    x, y = load_set(name, repeats)
+    for split in range(splits):
+        xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(split))
+        xtr, xte, _, _ = standardize(xtr, xte)
+        ytr, yte, _, _ = standardize(ytr, yte)
+        for method in methods:
+            if method == "exact GP" and xtr.shape[0] > args.exact_max:
+                continue
+            if method == "SGPR 512" and repeats > 1:
+                steps = args.big_sgpr_steps
+            else:
+                steps = args.sgpr_steps
+            start = time.perf_counter()
+            extra = None
+            if method == "rfgp default":
+                mean, var, info, extra = rfgp_default(xtr, ytr, xte)
+            elif method == "rfgp tuned":
+                mean, var, info = rfgp_recipe(xtr, ytr, xte, **TUNED)
+            elif method.startswith("SGPR"):
+                mean, var, info = sgpr(xtr, ytr, xte, int(method.split()[1]), steps)
+                info["steps"] = steps
+            elif method == "SVGP":
+                mean, var, info = svgp(xtr, ytr, xte, args.svgp_steps)
+            elif method == "exact GP":
+                mean, var, info = exact_gp(xtr, ytr, xte, args.sgpr_steps)
+            else:
+                mean, var, info = rff_ridge(xtr, ytr, xte)
+            seconds = time.perf_counter() - start
+            row = {"set": label, "n_train": xtr.shape[0], "d": xtr.shape[1], "split": split,
+                   "method": method, "time": seconds, **scores(yte.numpy(), mean, var),
+                   "info": info}
+            rows.append(row)
+            print(f"{label:18s} {split} {method:14s} rmse {row['rmse']:.3f} mnll "
+                  f"{row['mnll']:7.3f} cov95 {row['cov95']:.2f} time {seconds:7.1f}s {info}",
+                  flush=True)
+            if extra is not None and split == 0 and xtr.shape[0] <= args.check_max:
+                equivalent = equivalence(extra, xtr, ytr, xte)
+    return {"label": label, "rows": rows, "equivalence": equivalent}
+
+
+def run(args, partial: Path) -> dict:
+    torch.set_num_threads(args.threads)
+    plan = make_plan(args)
     results = {"plan": [p[:4] for p in plan], "rows": [], "equivalence": {}, "profile": {}}
-    for label, name, repeats, splits, methods in plan:
-        x, y = load_set(name, repeats)
-        for split in range(splits):
-            xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(split))
-            xtr, xte, _, _ = standardize(xtr, xte)
-            ytr, yte, _, _ = standardize(ytr, yte)
-            for method in methods:
-                if method == "exact GP" and xtr.shape[0] > args.exact_max:
-                    continue
-                start = time.perf_counter()
-                extra = None
-                if method == "rfgp default":
-                    mean, var, info, extra = rfgp_default(xtr, ytr, xte)
-                elif method == "rfgp tuned":
-                    mean, var, info = rfgp_recipe(xtr, ytr, xte, **TUNED)
-                elif method.startswith("SGPR"):
-                    mean, var, info = sgpr(xtr, ytr, xte, int(method.split()[1]), args.sgpr_steps)
-                elif method == "SVGP":
-                    mean, var, info = svgp(xtr, ytr, xte, args.svgp_steps)
-                elif method == "exact GP":
-                    mean, var, info = exact_gp(xtr, ytr, xte, args.sgpr_steps)
-                else:
-                    mean, var, info = rff_ridge(xtr, ytr, xte)
-                seconds = time.perf_counter() - start
-                row = {"set": label, "n_train": xtr.shape[0], "d": xtr.shape[1], "split": split,
-                       "method": method, "time": seconds, **scores(yte.numpy(), mean, var),
-                       "info": info}
-                results["rows"].append(row)
-                print(f"{label:18s} {split} {method:14s} rmse {row['rmse']:.3f} mnll "
-                      f"{row['mnll']:7.3f} cov95 {row['cov95']:.2f} time {seconds:7.1f}s {info}",
-                      flush=True)
-                if extra is not None and split == 0:
-                    results["equivalence"][label] = equivalence(extra, xtr, ytr, xte)
+    tasks = [(p, args) for p in plan]
+    if args.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+            done = list(_collect(pool.map(run_set, tasks), partial))
+    else:
+        done = list(_collect(map(run_set, tasks), partial))
+    for part in done:
+        results["rows"] += part["rows"]
+        if part["equivalence"] is not None:
+            results["equivalence"][part["label"]] = part["equivalence"]
     for rows, features in ([2000, 512], [8611, 512], [8611, 4096]):
         if args.quick and rows > 2000:
             continue
         results["profile"][f"N = {rows}, D = {features}"] = profile_evaluation(rows, features)
     return results
+
+
+def _collect(parts, partial: Path):
+    # Each finished set is appended to a JSON-lines file, so a cut-off run keeps its sets.
+    for part in parts:
+        with partial.open("a") as handle:
+            handle.write(json.dumps(part, default=str) + "\n")
+        yield part
 
 
 def equivalence(reg, xtr, ytr, xte) -> dict:
@@ -374,7 +419,7 @@ def plot(results, path):
 
     table = summarise(results)
     sets = list(dict.fromkeys(r["set"] for r in results["rows"]))
-    methods = list(dict.fromkeys(r["method"] for r in results["rows"]))
+    methods = [m for m in METHODS if any(r["method"] == m for r in results["rows"])]
     cols = min(4, len(sets))
     rows_ = math.ceil(len(sets) / cols)
     fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False)
@@ -437,12 +482,12 @@ def targets(results):
 def write_markdown(results, args, path):
     table = summarise(results)
     sets = list(dict.fromkeys(r["set"] for r in results["rows"]))
-    methods = list(dict.fromkeys(r["method"] for r in results["rows"]))
+    methods = [m for m in METHODS if any(r["method"] == m for r in results["rows"])]
     out = ["# Regression on UCI data: accuracy and calibration per second", ""]
     out += [
         "Generated by `python benchmarks/regression_uci.py"
         + (" --quick" if args.quick else "") + "` in one run, all methods side by side in one "
-        f"process with {args.threads} threads, float64 "
+        "process per data set, float64 "
         f"({platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"torch {torch.__version__}). The machine was shared with other jobs, so absolute times "
         "are noisy; compare the ratios within a row of the same set.", "",
@@ -454,16 +499,23 @@ def write_markdown(results, args, path):
         "the splits.", "",
         "## What ran (every reduction stated)", "",
     ]
-    for label, _, _, splits in results["plan"]:
-        out.append(f"* {label}: {splits} split(s)")
+    out.append("* splits: " + ", ".join(
+        f"{label} {splits}" for label, _, _, splits in results["plan"]) + ".")
     out += [
-        f"* SGPR and the exact GP: Adam (lr 0.1), {args.sgpr_steps} steps; SVGP: Adam (lr 0.01), "
-        f"{args.svgp_steps} minibatch steps of 1024 rows, 500 inducing points; SGPR with M "
-        "larger than the training set uses all training inputs as inducing points.",
+        f"* SGPR and the exact GP: Adam (lr 0.1), {args.sgpr_steps} steps; SGPR with M at least "
+        "the training set's size uses all training inputs as inducing points. SVGP: Adam (lr "
+        f"0.01), {args.svgp_steps} minibatch steps of 1024 rows, 500 learned inducing points.",
         f"* exact GP only where the training set has at most {args.exact_max} rows.",
-        "* the large set runs rfgp's default, SGPR M = 512 and SVGP only (SGPR M = 1024 and the "
-        "exact GP do not fit the time of this run), one split.",
-        f"* rfgp tuned = `fit_auto(x, y, {', '.join(f'{k}={v!r}' for k, v in TUNED.items())})`.",
+        "* the repeated set runs rfgp's default, SVGP and SGPR M = 512 with only "
+        f"{args.big_sgpr_steps} Adam steps (to show the time of a step: {args.sgpr_steps} steps "
+        f"would take about {args.sgpr_steps // max(args.big_sgpr_steps, 1)} times its time "
+        "shown here); SGPR M = 1024 and the exact GP do not fit this run.",
+        f"* rfgp tuned = `fit_auto(x, y, {', '.join(f'{k}={v!r}' for k, v in TUNED.items())})`, "
+        "on power-plant only (on the sets below 2000 rows there is no subsample to refine).",
+        f"* {args.threads} thread(s) per process and {args.jobs} data sets in parallel: on this "
+        "machine (2 cores shared with other jobs) two threads per process were many times "
+        "slower than one (the threads wait for each other); every method of a data set ran in "
+        "the same process, one after the other.",
         "",
         "## Results", "",
         "| data set | N | method | RMSE | MNLL | time (s) | 95% coverage | calibration error |",
@@ -499,9 +551,9 @@ def write_markdown(results, args, path):
         rows = table.get((name, "rfgp default"))
         if rows:
             out.append(f"| {name} | " + " | ".join(
-                f"{np.mean([r['cov'][p] for r in rows]):.2f}" for p in LEVELS) + " |")
+                f"{np.mean([r['cov'][str(p)] for r in rows]):.2f}" for p in LEVELS) + " |")
     out += ["", "## One evidence evaluation", "",
-            "Seconds (minimum of 3) of the parts of one log-marginal-likelihood evaluation with "
+            "Seconds (minimum of 5) of the parts of one log-marginal-likelihood evaluation with "
             "its gradient, orthogonal RFF with ARD lengthscales, d = 4. The evidence search of "
             "the recipe runs at the first size (2000 rows, D = 512).", "",
             "| size | " + " | ".join(next(iter(results["profile"].values())).keys()) + " |",
@@ -514,24 +566,49 @@ def write_markdown(results, args, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--splits", type=int, default=5)
-    parser.add_argument("--big-splits", type=int, default=2)
+    parser.add_argument("--splits", type=int, default=1, help="splits of the small sets")
+    parser.add_argument("--small-rows", type=int, default=1000,
+                        help="sets up to this many rows are small")
+    parser.add_argument("--big-splits", type=int, default=1, help="splits of the other sets")
     parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--sgpr-steps", type=int, default=100)
-    parser.add_argument("--svgp-steps", type=int, default=1000)
-    parser.add_argument("--exact-max", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sgpr-steps", type=int, default=30)
+    parser.add_argument("--big-sgpr-steps", type=int, default=2,
+                        help="Adam steps of SGPR on the repeated set")
+    parser.add_argument("--svgp-steps", type=int, default=100)
+    parser.add_argument("--exact-max", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=2, help="data sets run in parallel")
+    parser.add_argument("--from-partial", action="store_true",
+                        help="only write the page from the sets a previous run finished")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--check-max", type=int, default=20000,
+                        help="compare the estimator with fit_auto up to this many rows")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.quick:
         args.sgpr_steps, args.svgp_steps = 20, 50
     if args.out is None:  # a quick run does not overwrite the page
         args.out = Path(tempfile.gettempdir()) if args.quick else OUT
-    started = time.perf_counter()
-    results = run(args)
-    results["total_seconds"] = time.perf_counter() - started
     name = "regression_uci_quick" if args.quick else "regression_uci"
     args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / f"{name}.partial.jsonl"
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    if args.from_partial:
+        results = {"plan": [p[:4] for p in make_plan(args)], "rows": [], "equivalence": {},
+                   "profile": {}}
+        for line in partial.read_text().splitlines():
+            part = json.loads(line)
+            results["rows"] += part["rows"]
+            if part["equivalence"] is not None:
+                results["equivalence"][part["label"]] = part["equivalence"]
+        results["plan"] = [p for p in results["plan"]
+                           if any(r["set"] == p[0] for r in results["rows"])]
+        for rows, features in ([2000, 512], [8611, 512]):
+            results["profile"][f"N = {rows}, D = {features}"] = profile_evaluation(rows, features)
+    else:
+        partial.unlink(missing_ok=True)
+        results = run(args, partial)
+    results["total_seconds"] = time.perf_counter() - started
     (args.out / f"{name}.json").write_text(json.dumps(results, default=str, indent=1))
     plot(results, args.out / f"{name}.png")
     write_markdown(results, args, args.out / f"{name}.md")
