@@ -1,7 +1,18 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import allocation, datasets, inference, kernels, likelihoods, metrics, ops, variance
-from rfgp.inference import DirichletGPClassifier, RandomFeatureGP
+from rfgp import (
+    allocation,
+    classification,
+    datasets,
+    inference,
+    kernels,
+    likelihoods,
+    metrics,
+    ops,
+    variance,
+)
+from rfgp.classification import DirichletGPClassifier
+from rfgp.inference import RandomFeatureGP
 from rfgp.kernels.operator import helmholtz_components
 
 __version__ = "0.1.0"
@@ -11,6 +22,7 @@ __all__ = [
     "DirichletGPClassifier",
     "helmholtz_components",
     "allocation",
+    "classification",
     "datasets",
     "inference",
     "kernels",
