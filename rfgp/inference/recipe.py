@@ -23,7 +23,7 @@ Example:
     >>> g = torch.Generator().manual_seed(0)
     >>> x = torch.rand(300, 2, generator=g, dtype=torch.float64)
     >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)
-    >>> gp = fit_auto(x, y - y.mean(), num_features=512, seed=0)
+    >>> gp = fit_auto(x, y - y.mean(), num_features=256, seed=0)
     >>> mean, std = gp.predict(x[:3], return_std=True)
     >>> bool(gp.noise < 0.05), mean.shape
     (True, torch.Size([3]))

@@ -80,7 +80,8 @@ def test_initial_scales_split_the_targets_mean_square():
 
 def test_initial_hyperparameters_edge_cases_and_checks():
     one = initial_hyperparameters(torch.zeros(1, 2, dtype=DT), torch.zeros(1, dtype=DT))
-    assert torch.equal(one["lengthscale"], torch.ones(2, dtype=DT))
+    # No pair of rows: s_j = 1 and m = 1, so l_j = 1 / sqrt(2).
+    torch.testing.assert_close(one["lengthscale"], torch.full((2,), 0.5**0.5, dtype=DT))
     assert float(one["outputscale"] + one["noise"]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="signal_fraction"):
         initial_hyperparameters(torch.zeros(3, 2, dtype=DT), torch.zeros(3, dtype=DT), 1000, 1.0)
