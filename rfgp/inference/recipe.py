@@ -387,7 +387,7 @@ def maximize_evidence(
             line_search_fn="strong_wolfe",
         )
         opt.step(closure)
-    iterations = int(opt.state[opt._params[0]]["n_iter"])
+    iterations = int(opt.state[params[0]]["n_iter"])
     with torch.no_grad():
         for p, value in zip(params, state["params"]):
             p.copy_(value)

@@ -206,6 +206,7 @@ def test_refit_with_more_features_is_the_direct_fit_at_the_searched_hyperparamet
     torch.testing.assert_close(s1, s2, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_fit_auto_recovers_the_generating_hyperparameters():
     # Data from an RFF GP with lengthscales (0.5, 2), outputscale 1 and noise 0.01: the recipe's
     # estimates (search on a subsample, all rows at the end) land near them.
