@@ -1,7 +1,6 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
 from rfgp import (
-    allocation,
     classification,
     datasets,
     inference,
@@ -13,7 +12,7 @@ from rfgp import (
 )
 from rfgp.classification import DirichletGPClassifier
 from rfgp.inference import RandomFeatureGP
-from rfgp.kernels.operator import helmholtz_components
+from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
 
@@ -21,7 +20,6 @@ __all__ = [
     "RandomFeatureGP",
     "DirichletGPClassifier",
     "helmholtz_components",
-    "allocation",
     "classification",
     "datasets",
     "inference",
@@ -32,3 +30,14 @@ __all__ = [
     "variance",
     "__version__",
 ]
+
+
+
+def __getattr__(name: str):
+    # rfgp.allocation moved to rfgp.kernels.maclaurin.allocation; the old submodule still
+    # imports on first use (each name read from it warns).
+    if name == "allocation":
+        import importlib
+
+        return importlib.import_module("rfgp.allocation")
+    raise AttributeError(f"module 'rfgp' has no attribute {name!r}")

@@ -13,8 +13,8 @@ with :math:`r(x) = e^{-\|z_x\|^2/2}` for the Gaussian kernel (1 otherwise). The 
 
 * ``"optimized"`` (Wacker et al., Algorithms 2-3): truncation degree ``p*`` and counts minimise
   the closed-form variance plus squared truncation bias on a subsample of the training inputs
-  (:mod:`rfgp.allocation`); :math:`w_n = \sqrt{a_n}`; biased (degrees above ``p*`` dropped),
-  unbiased for the truncated series.
+  (:mod:`rfgp.kernels.maclaurin.allocation`); :math:`w_n = \sqrt{a_n}`; biased (degrees above
+  ``p*`` dropped), unbiased for the truncated series.
 * ``"random"`` (Kar & Karnick): the non-constant columns draw their degrees i.i.d. from
   :math:`\mu(n) \propto 2^{-n}` on the degrees ``1..L`` with :math:`a_n > 0`;
   :math:`w_n = \sqrt{a_n D_n / (R\,\mu(n))}` with ``R`` the number of non-constant columns.
@@ -30,15 +30,19 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp.allocation import (
+from rfgp._deprecation import renamed_method
+from rfgp._validation import check_choice, check_int, check_real
+from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.maclaurin.allocation import (
     AllocationResult,
     allocation_statistics,
     maclaurin_coefficients,
     optimize_allocation,
 )
-from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.sketches import _check_projection, apply_sketch, sample_sketch
-from rfgp.ops import _device_of, make_generator, next_power_of_two
+from rfgp.kernels.maclaurin.variance import sketch_variance
+from rfgp.kernels.sketches.apply import apply_sketch
+from rfgp.kernels.sketches.sampling import check_projection, sample_sketch
+from rfgp.ops import generator_device, make_generator, next_power_of_two
 
 __all__ = ["MaclaurinKernel", "TARGETS", "ALLOCATIONS"]
 
@@ -94,7 +98,8 @@ class MaclaurinKernel(RandomFeatureKernel):
         degree_counts: ``(L+1,)`` int64 buffer, columns per degree (entry 0: the constant).
         truncation_degree: largest degree with columns (``None`` before allocation).
         needs_allocation: true for an optimised kernel that has not been allocated.
-        allocation_result: the :class:`~rfgp.allocation.AllocationResult` of the last
+        allocation_result: the
+            :class:`~rfgp.kernels.maclaurin.allocation.AllocationResult` of the last
             :meth:`allocate` (objective per truncation degree), or ``None``.
 
     Example:
@@ -113,6 +118,7 @@ class MaclaurinKernel(RandomFeatureKernel):
     """
 
     has_lengthscale = True
+    has_variance_correction = True
 
     def __init__(
         self,
@@ -130,29 +136,23 @@ class MaclaurinKernel(RandomFeatureKernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if target not in TARGETS:
-            raise ValueError(f"target must be one of {list(TARGETS)}, got {target!r}")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
-        _check_projection(projection, complex)
-        if target == "polynomial" and (
-            not isinstance(degree, int) or isinstance(degree, bool) or degree < 1
-        ):
-            raise ValueError(
-                f"degree must be a positive integer for target='polynomial', got {degree!r}"
-            )
-        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not bias >= 0:
-            raise ValueError(f"bias must be a non-negative float, got {bias!r}")
-        for name, value in (("max_degree", max_degree), ("min_degree", min_degree),
-                            ("num_samples", num_samples)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_choice("target", target, TARGETS)
+        check_choice("allocation", allocation, ALLOCATIONS)
+        projection, is_complex = check_projection(projection, complex)
+        if target == "polynomial":
+            if degree is None:
+                raise ValueError("degree (a positive integer) is required for target='polynomial'")
+            degree = check_int("degree", degree)
+        bias = check_real("bias", bias, low=0.0)
+        max_degree = check_int("max_degree", max_degree)
+        min_degree = check_int("min_degree", min_degree)
+        num_samples = check_int("num_samples", num_samples)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.target = target
         self.degree = degree if target == "polynomial" else None
         self.bias = float(bias)
         self.projection = projection
-        self.is_complex = complex
+        self.is_complex = is_complex
         self.allocation = allocation
         self.max_degree = degree if target == "polynomial" else max_degree
         if min_degree > self.max_degree:
@@ -215,9 +215,9 @@ class MaclaurinKernel(RandomFeatureKernel):
 
         Runs Algorithm 3 on a subsample of ``min(num_samples, N)`` rows (drawn with
         ``generator``, or the kernel's seed), using the closed-form variances of
-        :func:`rfgp.variance.sketch_variance` (convex surrogates for TensorSRHT), then draws
-        fresh sketch weights for the new counts. A no-op returning ``self`` for
-        ``allocation="random"``.
+        :func:`rfgp.kernels.maclaurin.variance.sketch_variance` (convex surrogates for
+        TensorSRHT), then draws fresh sketch weights for the new counts. A no-op returning
+        ``self`` for ``allocation="random"``.
 
         Args:
             x: ``(N, d)`` training inputs (``active_dims`` is applied).
@@ -228,7 +228,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         """
         if self.allocation == "random":
             return self
-        x = self._check_input(x)
+        x = self.check_input(x)
         if x.dim() != 2:
             raise ValueError(f"x must have shape (N, d), got {tuple(x.shape)}")
         if self.active_dims is not None:
@@ -252,7 +252,7 @@ class MaclaurinKernel(RandomFeatureKernel):
             z = x.detach().to(torch.float64) / lengthscale.to(x.device).squeeze(0)
             if z.shape[0] > self.num_samples:
                 perm = torch.randperm(z.shape[0], generator=generator,
-                                      device=_device_of(generator))
+                                      device=generator_device(generator))
                 z = z[perm[: self.num_samples].to(z.device)]
             stats = self._statistics(z)
             result = optimize_allocation(stats, self.num_features, self.min_degree,
@@ -263,8 +263,6 @@ class MaclaurinKernel(RandomFeatureKernel):
         return self
 
     def _statistics(self, z: Tensor):
-        from rfgp.variance import sketch_variance
-
         projection, complex_ = self.projection, self.is_complex
 
         def variance_fn(x, y, n, num):
@@ -310,7 +308,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         random_columns = self.num_features - int(self.has_constant)
         cdf = torch.cumsum(self._degree_measure(), 0)
         u = torch.rand(random_columns, generator=generator, dtype=torch.float64,
-                       device=_device_of(generator))
+                       device=generator_device(generator))
         degrees = torch.searchsorted(cdf, u.cpu(), right=True).clamp(max=self.max_degree)
         counts = torch.bincount(degrees, minlength=self.max_degree + 1)
         counts[0] = int(self.has_constant)
@@ -330,20 +328,45 @@ class MaclaurinKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = self._scaled(x)
+        gaussian = self.target == "gaussian"
+        if gaussian:
+            half_sq = 0.5 * self._row_scale_sq(z).unsqueeze(-1)  # (..., N, 1)
         blocks = []
         for n, count in enumerate(self.degree_counts.tolist()):
             if n == 0 or count == 0:
                 continue
-            phi = apply_sketch(z, self._degree_weights(n), n, self.projection, self.is_complex)
+            # The Gaussian envelope e^{-||z||^2 / 2} enters a degree-n sketch (homogeneous of
+            # degree n in its input) as the factor e^{-||z||^2 / (2n)} on z: no z^n overflows
+            # where the envelope underflows (which gave inf * 0 = NaN far from the origin).
+            zn = z * torch.exp(-half_sq / n) if gaussian else z
+            phi = apply_sketch(zn, self._degree_weights(n), n, self.projection, self.is_complex)
             blocks.append(phi * self._block_scale(n, count))
         phi = torch.cat(blocks, dim=-1)
         if self.has_constant:
             const = math.sqrt(float(self._coefficients[0]))
             ones = torch.full((*phi.shape[:-1], 1), const, dtype=phi.dtype, device=phi.device)
+            if gaussian:
+                ones = ones * torch.exp(-half_sq).to(phi.dtype)
             phi = torch.cat([ones, phi], dim=-1)
-        if self.target == "gaussian":
-            phi = phi * torch.exp(-0.5 * self._row_scale_sq(z)).unsqueeze(-1).to(phi.dtype)
         return phi
+
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "target": self.target,
+                "allocation": self.allocation, "projection": self.projection,
+                "degree": self.degree, "max_degree": self.max_degree}
+
+    def _expected_weight_shapes(self, input_dim: int) -> Dict[str, torch.Size]:
+        # The layout follows the (loaded) degree counts; a throwaway draw per degree, which
+        # leaves the counts as they are (a random allocation would redraw them).
+        generator = torch.Generator().manual_seed(0)
+        shapes: Dict[str, torch.Size] = {}
+        for n, count in enumerate(self.degree_counts.tolist()):
+            if n == 0 or count == 0:
+                continue
+            sketch = sample_sketch(n, count, input_dim, self.projection, self.is_complex,
+                                   self.batch_shape, generator)
+            shapes.update({f"degree{n}_{key}": value.shape for key, value in sketch.items()})
+        return shapes
 
     # ------------------------------------------------------------------ exact values
     def _exact_scaled(self, z1: Tensor, z2: Tensor) -> Tensor:
@@ -356,19 +379,19 @@ class MaclaurinKernel(RandomFeatureKernel):
         sq2 = self._row_scale_sq(z2).unsqueeze(-2)
         return torch.exp(inner - 0.5 * sq1 - 0.5 * sq2)
 
-    def exact(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix ``k(x1, x2)`` with the current lengthscale, ``(N, M)``."""
-        x1, x2 = self._check_input(x1, "x1"), self._check_input(x2, "x2")
+        x1, x2 = self.check_input(x1, "x1"), self.check_input(x2, "x2")
         return self._exact_scaled(self._scaled(x1), self._scaled(x2))
 
-    def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def expected_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         r""":math:`\mathbb{E}[\hat k(x_1, x_2)]` for the current allocation, ``(N, M)``.
 
         The series over the degrees with columns (optimised) or over all degrees ``<= L`` with
         :math:`a_n > 0` (random allocation, unbiased), times ``r(x_1) r(x_2)`` (Gaussian).
         """
-        z1 = self._scaled(self._check_input(x1, "x1"))
-        z2 = self._scaled(self._check_input(x2, "x2"))
+        z1 = self._scaled(self.check_input(x1, "x1"))
+        z2 = self._scaled(self.check_input(x2, "x2"))
         inner = z1 @ z2.transpose(-1, -2)
         present = self._present_degrees()
         value = sum(float(self._coefficients[n]) * inner**n for n in present)
@@ -377,6 +400,9 @@ class MaclaurinKernel(RandomFeatureKernel):
             sq2 = self._row_scale_sq(z2).unsqueeze(-2)
             value = value * torch.exp(-0.5 * sq1 - 0.5 * sq2)
         return value
+
+    exact = renamed_method("exact", "exact_matrix")
+    expected_kernel = renamed_method("expected_kernel", "expected_matrix")
 
     def _present_degrees(self):
         if self.allocation == "random":
@@ -395,7 +421,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         collapse of the approximate posterior variance far from the origin (Sec. 5.6 of
         Wacker et al.), e.g. with ``RandomFeatureGP(..., correct_variance=True)``.
         """
-        x = self._check_input(x)
+        x = self.check_input(x)
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
         sq = self._row_scale_sq(self._scaled(x))
@@ -419,7 +445,7 @@ class MaclaurinKernel(RandomFeatureKernel):
 
             exact = RBFKernel(**kwargs)
         else:
-            from rfgp.kernels.exact import DotProductKernel
+            from rfgp.kernels.dot_product import DotProductKernel
 
             exact = DotProductKernel(self.target, degree=self.degree, bias=self.bias, **kwargs)
         exact = exact.to(self.lengthscale)
