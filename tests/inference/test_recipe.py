@@ -138,6 +138,39 @@ def test_closed_form_evidence_equals_the_solvers_evidence_and_gradient():
         torch.testing.assert_close(gb, ga, rtol=1e-8, atol=1e-10)
 
 
+def test_closed_form_evidence_holds_with_fewer_rows_than_features():
+    # With N < D the weight-space identities (Woodbury, tr K^{-1} = (N - D + tr B^{-1}) / s)
+    # still hold: the value and gradient equal the exact N x N Gaussian's.
+    g = gen(21)
+    z = torch.randn(12, 40, generator=g, dtype=DT, requires_grad=True)
+    y = torch.randn(12, 1, generator=g, dtype=DT)
+    noise = torch.tensor(0.2, dtype=DT, requires_grad=True)
+    a = negative_log_evidence(z, y, noise)
+    cov = z @ z.T + noise * torch.eye(12, dtype=DT)
+    b = -torch.distributions.MultivariateNormal(torch.zeros(12, dtype=DT), cov).log_prob(y[:, 0])
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=0)
+    for ga, gb in zip(torch.autograd.grad(a, (z, noise)), torch.autograd.grad(b, (z, noise))):
+        torch.testing.assert_close(ga, gb, rtol=1e-8, atol=1e-10)
+
+
+def test_evidence_search_with_fewer_rows_than_features_reaches_the_solvers_optimum():
+    # N = 100 < D = 256: the search (closed-form gradient) stops where the solver's own
+    # evidence is stationary.
+    x, y, _ = rff_gp_data(100, noise=0.05, seed=22)
+    kernel = make_ard_kernel(256, 2, seed=3)
+    init = initial_hyperparameters(x, y)
+    kernel.base_kernel.lengthscale = init["lengthscale"].reshape(1, -1)
+    kernel.outputscale = init["outputscale"]
+    gp = RandomFeatureGP(kernel, noise=init["noise"])
+    losses, _, converged = maximize_evidence(gp, x, y, max_iterations=300, tolerance=1e-7)
+    assert converged and min(losses) < losses[0]
+    log_noise = gp.noise.detach().log().requires_grad_(True)
+    value = -gp.log_marginal_likelihood(x, y, log_noise.exp()) / x.shape[0]
+    raw = [p for p in kernel.parameters() if p.requires_grad]
+    for grad in torch.autograd.grad(value, [*raw, log_noise]):
+        assert float(grad.abs().max()) < 1e-4
+
+
 # ----------------------------------------------------------------------------- convergence
 def test_evidence_search_converges_to_a_stationary_point():
     x, y, _ = rff_gp_data(1500, noise=0.01, seed=4)
@@ -167,16 +200,38 @@ def test_fit_auto_reports_convergence_and_stages():
     gp = fit_auto(x, y, num_features=1024, search_features=128, subsample=300,
                   refine_iterations=3, report=report)
     assert report.converged["subsample"] and report.iterations["subsample"] > 3
-    assert report.iterations["all rows"] <= 3
-    assert set(report.seconds) == {"subsample", "all rows", "refit"}
+    assert report.iterations["refine"] <= 3
+    assert set(report.seconds) == {"subsample", "refine", "refit"}
     assert gp.kernel.base_kernel.num_features == 1024 and gp.num_data == 600
+
+
+def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
+    x, y, _ = rff_gp_data(600, noise=0.05, seed=23)
+    capped = FitReport(0, 0, 0)
+    fit_auto(x, y, num_features=64, search_features=64, subsample=200, refine_rows=400,
+             refine_iterations=2, report=capped)
+    assert capped.subsample == 200 and capped.refine_rows == 400
+    searched, refined = FitReport(0, 0, 0), FitReport(0, 0, 0)
+    options = dict(num_features=64, search_features=64, subsample=200, seed=1)
+    a = fit_auto(x, y, refine_iterations=0, report=searched, **options)
+    b = fit_auto(x, y, refine_iterations=5, report=refined, **options)
+    assert searched.refine_rows == 0 and refined.refine_rows == 600
+    assert "refine" not in searched.iterations and refined.iterations["refine"] <= 5
+    # The refinement starts at the subsample's optimum and keeps its best point: the evidence
+    # of all rows can only rise.
+    assert float(b.log_marginal_likelihood()) >= float(a.log_marginal_likelihood()) - 1e-9
+    # Without more rows than the subsample there is nothing to refine.
+    small = FitReport(0, 0, 0)
+    fit_auto(x, y, num_features=64, subsample=600, report=small)
+    assert small.refine_rows == 0 and set(small.iterations) == {"subsample"}
 
 
 # ----------------------------------------------------------------------------- multi-fidelity
 def test_refit_at_equal_features_reproduces_a_direct_fit():
     x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
-    auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3)
+    auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3,
+                    tolerance=1e-5)
     # The same steps by hand: start, converged search on all rows, fit.
     init = initial_hyperparameters(x, y, generator=gen(3))
     kernel = make_ard_kernel(256, 2, seed=3)
@@ -223,6 +278,8 @@ def test_fit_auto_checks_its_arguments():
         fit_auto(x, y, spectral="laplace")
     with pytest.raises(ValueError, match="subsample"):
         fit_auto(x, y, subsample=1)
+    with pytest.raises(ValueError, match="refine_rows"):
+        fit_auto(x, y, refine_rows=1)
     with pytest.raises(TypeError, match="num_features"):
         fit_auto(x, y, num_features=64.0)
 
