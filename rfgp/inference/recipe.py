@@ -265,6 +265,30 @@ class _WeightSpaceEvidence(torch.autograd.Function):
         return grad_z, None, grad * grad_s
 
 
+class _FunctionSpaceEvidence(torch.autograd.Function):
+    """The same ``-log p(y)`` through the ``N x N`` matrix ``K = Z Z^T + s I`` (for ``N < D``)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+        n = z.shape[0]
+        kmat = torch.addmm(torch.diag_embed(noise.expand(n)), z, z.T)
+        chol = robust_cholesky(kmat, None, "kernel matrix K")
+        alpha = torch.cholesky_solve(y, chol)
+        quad = (y * alpha).sum(0)
+        logdet = 2.0 * chol.diagonal().log().sum()
+        ctx.save_for_backward(z, chol, alpha)
+        return 0.5 * (quad + logdet + n * _LOG_2PI).sum()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        z, chol, alpha = ctx.saved_tensors
+        outputs = alpha.shape[1]
+        kinv = torch.cholesky_inverse(chol)
+        grad_z = (outputs * kinv - alpha @ alpha.T) @ z * grad
+        grad_s = 0.5 * (outputs * kinv.diagonal().sum() - alpha.square().sum())
+        return grad_z, None, grad * grad_s
+
+
 def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     r"""``-log p(y)`` for :math:`y_t \sim N(0, Z Z^\top + \sigma^2 I)` (independent columns),
     computed in weight space, with the gradient in closed form.
@@ -282,7 +306,11 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     One evaluation with its gradient costs two :math:`N D^2` products (:math:`Z^\top Z` and
     :math:`Z B^{-1}`), a Cholesky factor and its inverse: the floor of the weight-space
     evidence, where automatic differentiation of the same formula adds a Cholesky backward pass
-    and several ``N x D`` temporaries.
+    and several ``N x D`` temporaries. With fewer rows than features (``N < D``) the same value
+    is computed through :math:`K = Z Z^\top + \sigma^2 I` at :math:`O(N^2 D + N^3)`:
+    :math:`\partial/\partial Z = (T K^{-1} - a a^\top) Z`,
+    :math:`\partial/\partial \sigma^2 = \tfrac12 (T\,\mathrm{tr} K^{-1} - \|a\|^2)`,
+    :math:`a = K^{-1} y`.
 
     Args:
         z: ``(N, D)`` real features (times the square root of the outputscale).
@@ -303,6 +331,8 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         ...                    exact))
         True
     """
+    if z.shape[0] < z.shape[1]:
+        return _FunctionSpaceEvidence.apply(z, y, noise)
     return _WeightSpaceEvidence.apply(z, y, noise)
 
 

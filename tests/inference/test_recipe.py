@@ -120,6 +120,10 @@ def test_closed_form_evidence_gradient_passes_gradcheck():
     y = torch.randn(15, 2, generator=g, dtype=DT)
     noise = torch.tensor(0.3, dtype=DT, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, s: negative_log_evidence(a, y, s), (z, noise))
+    # Fewer rows than features: the function-space branch.
+    z = torch.randn(6, 9, generator=g, dtype=DT, requires_grad=True)
+    y = torch.randn(6, 2, generator=g, dtype=DT)
+    assert torch.autograd.gradcheck(lambda a, s: negative_log_evidence(a, y, s), (z, noise))
 
 
 def test_closed_form_evidence_equals_the_solvers_evidence_and_gradient():
