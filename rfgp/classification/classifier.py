@@ -29,7 +29,7 @@ from rfgp._validation import (
 )
 from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.softmax import PROBA_METHODS, softmax_expectation
-from rfgp.classification.state import StateSnapshot
+from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.likelihoods import DirichletLikelihood, validate_labels
 
@@ -289,7 +289,7 @@ class DirichletGPClassifier:
         self._train_size = x.shape[0]
         self._input_dim = x.shape[1]
         self._fit_settings = self._settings()
-        self._fit_state = StateSnapshot(self.kernel, self._likelihood_tensors())
+        self._fit_state = Fingerprint.of(self.kernel, self._likelihood_tensors())
         self.fit_time_ = time.perf_counter() - start
         return self
 
@@ -301,7 +301,7 @@ class DirichletGPClassifier:
         if self.gp is None:
             raise RuntimeError("DirichletGPClassifier is not fitted; call fit(x, labels) first")
         changed = [] if self._settings() == self._fit_settings else ["settings"]
-        changed += self._fit_state.changed(self.kernel, self._likelihood_tensors())
+        changed += self._fit_state.changes(self.kernel, self._likelihood_tensors())
         if changed:
             raise RuntimeError(
                 f"DirichletGPClassifier: {', '.join(changed)} changed since fit; the fitted "
