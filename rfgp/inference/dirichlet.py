@@ -44,6 +44,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.composition import as_feature_kernel, is_feature_composition
 from rfgp.ops import all_finite
 
 __all__ = [
@@ -608,7 +609,9 @@ class DirichletGPClassifier:
     latent posterior back, which is exactly a GP with kernel :math:`s^2 k`.
 
     Args:
-        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes.
+        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes. A sum /
+            product tree of random-feature kernels is turned into one feature map
+            (:func:`rfgp.kernels.as_feature_kernel`) and takes the weight-space path.
         alpha_epsilon: Dirichlet concentration added to every class; choose it with
             :meth:`select_alpha` on the grid :data:`ALPHA_GRID`.
         num_classes: ``C``; ``None`` takes ``max(labels) + 1`` at :meth:`fit`.
@@ -653,7 +656,8 @@ class DirichletGPClassifier:
     ) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
-        self.kernel = kernel
+        # Sums and products of feature kernels take the weight-space path as one feature map.
+        self.kernel = as_feature_kernel(kernel) if is_feature_composition(kernel) else kernel
         self.alpha_epsilon = _check_alpha(alpha_epsilon)
         self.num_classes = None if num_classes is None else _check_num_classes(num_classes)
         if not isinstance(centre, bool):

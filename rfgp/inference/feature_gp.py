@@ -37,6 +37,7 @@ from torch import Tensor
 
 from rfgp.inference.statistics import FeatureStatistics
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.composition import as_feature_kernel, is_composition
 from rfgp.ops import check_finite
 
 __all__ = ["ConvergenceWarning", "RandomFeatureGP", "robust_cholesky"]
@@ -180,9 +181,13 @@ class RandomFeatureGP(torch.nn.Module):
       be changed after fitting (:meth:`select_noise`, :meth:`optimize_hyperparameters`).
 
     Args:
-        kernel: a :class:`~rfgp.kernels.RandomFeatureKernel` or a
+        kernel: a :class:`~rfgp.kernels.RandomFeatureKernel`, a
             ``gpytorch.kernels.ScaleKernel`` around one (features times
-            ``sqrt(outputscale)``). Kernels with a ``batch_shape`` are not supported.
+            ``sqrt(outputscale)``), or a sum / product tree of them (built with ``+``, ``*``,
+            ``ScaleKernel``), which :func:`~rfgp.kernels.as_feature_kernel` turns into one
+            feature map sharing the tree's parameters (then :attr:`kernel` is that
+            :class:`~rfgp.kernels.ComposedFeatureKernel`). Kernels with a ``batch_shape`` are
+            not supported.
         noise: model noise variance, a positive scalar or a 1-D tensor with one value per
             output (``T`` or ``p``).
         complex_posterior: for complex features, use the complex posterior (default) or the
@@ -229,6 +234,8 @@ class RandomFeatureGP(torch.nn.Module):
         chunk_size: Optional[int] = None,
     ) -> None:
         super().__init__()
+        # Sums and products of feature kernels: one feature map sharing the tree's parameters.
+        kernel = as_feature_kernel(kernel) if is_composition(kernel) else kernel
         if isinstance(kernel, ScaleKernel):
             base = kernel.base_kernel
         else:

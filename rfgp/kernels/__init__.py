@@ -2,6 +2,7 @@
 approximate."""
 
 from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.composition import ComposedFeatureKernel, as_feature_kernel
 from rfgp.kernels.exact import CurlFreeKernel, DivFreeKernel, DotProductKernel, HelmholtzKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
@@ -19,6 +20,8 @@ from rfgp.kernels.spherical import SphericalFeatureKernel
 __all__ = [
     "RandomFeatureKernel",
     "real_form",
+    "ComposedFeatureKernel",
+    "as_feature_kernel",
     "FourierFeatureKernel",
     "PolynomialSketchKernel",
     "sample_sketch",
