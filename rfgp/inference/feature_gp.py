@@ -950,7 +950,8 @@ class RandomFeatureGP(torch.nn.Module):
                 f"phi must be {'complex' if self.base_kernel.is_complex else 'real'} like the "
                 f"kernel's features, got {phi.dtype}"
             )
-        with torch.no_grad():
+        # Differentiable in the query only when asked (phi requires grad).
+        with torch.set_grad_enabled(torch.is_grad_enabled() and phi.requires_grad):
             rows = self._scale_features(phi)
             mean, _, roots = self._predict_rows(rows, want_root=True)
         covs = []
@@ -992,7 +993,7 @@ class RandomFeatureGP(torch.nn.Module):
             ``MultitaskMultivariateNormal`` (mean ``(M, T)`` or ``(M, p)``).
         """
         self._require_fit("posterior")
-        with torch.no_grad():
+        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
             phi = self.base_kernel.features(x)
             corr = self._variance_correction(x)
         return self.posterior_from_features(phi, corr)
@@ -1071,7 +1072,8 @@ class RandomFeatureGP(torch.nn.Module):
         num_columns = self._num_columns
 
         def evaluate(x: Tensor) -> Tensor:
-            with torch.no_grad():
+            # Differentiable in x when x requires grad (Thompson sampling ascends the paths).
+            with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
                 feats = self._solver_form(self._row_features(x))
                 out = feats.new_zeros(
                     num_samples, feats.shape[0], num_columns, dtype=feats.real.dtype
