@@ -9,7 +9,11 @@ the same Sobol design of ``q`` points and proposes ``q`` points per iteration:
   modes): the MAP hyperparameters are re-fitted each iteration by L-BFGS on rfgp's
   feature-space evidence (``log_marginal_likelihood``, ``O(N D^2)``), warm-started, then
   :func:`rfgp.bayesopt.thompson_sample` draws ``q`` weight-space sample paths and maximises
-  each by projected Adam from its best starts among the shared candidates.
+  each by projected Adam (30 steps of at most 0.002 per coordinate in the unit cube) from its
+  two best starts among the shared candidates.
+* ``rfgp-ts-candidates``: the same model and paths, each path's maximum over the candidate set
+  (``steps=0``): the selection rule of ``MaxPosteriorSampling``, with random-feature paths in
+  place of joint exact draws.
 * ``exact-ts``: BoTorch ``SingleTaskGP`` (its default kernel and priors, ``Standardize``),
   ``fit_gpytorch_mll`` each iteration, ``MaxPosteriorSampling`` (joint exact posterior draws
   over the candidate set, without replacement).
@@ -30,6 +34,9 @@ Usage::
 
     python benchmarks/bayesopt.py            # the measured run (about 20 minutes)
     python benchmarks/bayesopt.py --quick    # a short run (a minute or two)
+    # or the two parts side by side, then the report:
+    python benchmarks/bayesopt.py --part loops & python benchmarks/bayesopt.py --part sweep
+    python benchmarks/bayesopt.py --part report
 """
 
 from __future__ import annotations
@@ -47,9 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT_DIR = ROOT / "docs" / "benchmarks"
 
-METHODS = ("rfgp-ts", "exact-ts", "exact-pathwise", "random")
+METHODS = ("rfgp-ts", "rfgp-ts-candidates", "exact-ts", "exact-pathwise", "random")
 LABELS = {
-    "rfgp-ts": "rfgp Thompson (random features)",
+    "rfgp-ts": "rfgp Thompson, gradient ascent",
+    "rfgp-ts-candidates": "rfgp Thompson, candidate set",
     "exact-ts": "exact GP, MaxPosteriorSampling",
     "exact-pathwise": "exact GP, pathwise sampler",
     "random": "random search",
@@ -85,7 +93,7 @@ class RfgpThompson:
     """rfgp: the same model as the exact baseline (RBF, ARD, BoTorch's priors), in features."""
 
     def __init__(self, dim: int, num_features: int, seed: int, pool: int, fit_iterations: int,
-                 sampling: str = "orthogonal"):
+                 sampling: str = "orthogonal", steps: int = 30):
         import torch
         from gpytorch.priors import LogNormalPrior
 
@@ -104,6 +112,7 @@ class RfgpThompson:
         self.log_noise = torch.tensor(float(self.noise_prior.mode), dtype=torch.float64).log()
         self.pool = pool
         self.fit_iterations = fit_iterations
+        self.steps = steps
 
     def fit(self, x_unit, ys):
         """MAP hyperparameters (L-BFGS on rfgp's feature-space evidence plus the priors),
@@ -155,8 +164,8 @@ class RfgpThompson:
             raw_samples=self.pool // 2,
             candidates=candidate_pool(x_unit, y, self.pool // 2, generator),
             num_restarts=2,
-            steps=30,
-            lr=0.01,
+            steps=self.steps,
+            lr=0.002,  # at most ~0.06 per coordinate: a local refinement of the best starts
             generator=generator,
         )
 
@@ -229,8 +238,9 @@ def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_i
     x = SobolEngine(dim, scramble=True, seed=seed).draw(q).double()
     y = evaluate(x)
     generator = torch.Generator().manual_seed(1000 + seed)
-    if method == "rfgp-ts":
-        optimizer = RfgpThompson(dim, num_features, seed, pool, fit_iterations)
+    if method.startswith("rfgp-ts"):
+        steps = 0 if method == "rfgp-ts-candidates" else 30
+        optimizer = RfgpThompson(dim, num_features, seed, pool, fit_iterations, steps=steps)
     elif method == "exact-ts":
         optimizer = ExactThompson(pool)
     elif method == "exact-pathwise":
@@ -251,31 +261,57 @@ def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_i
 
 
 def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterations=20):
-    """Seconds of one BO iteration (fit + batch selection, from scratch) at N Sobol points."""
+    """Seconds of one BO iteration (fit from the initial hyperparameters + batch selection) at
+    N Sobol points. Each model is fitted once per N and timed once; each selection rule is
+    timed on that fit, and a method's iteration is fit + its selection."""
     import torch
+    from botorch.generation import MaxPosteriorSampling
+    from botorch.sampling.pathwise import draw_matheron_paths
+    from botorch.utils.sampling import optimize_posterior_samples
     from torch.quasirandom import SobolEngine
+
+    from rfgp.bayesopt import thompson_sample
 
     problem = make_problem(problem_name)
     lower, upper = problem.bounds[0].double(), problem.bounds[1].double()
+    bounds = torch.stack([torch.zeros(problem.dim), torch.ones(problem.dim)]).double()
     rows = []
     for n in sizes:
         x = SobolEngine(problem.dim, scramble=True, seed=n).draw(n).double()
         y = problem(lower + x * (upper - lower)).double()
+        generator = torch.Generator().manual_seed(0)
+        candidates = candidate_pool(x, y, pool, generator)
         row = {"n": n}
-        for method in methods:
-            if method == "random":
-                continue
-            torch.manual_seed(0)
-            generator = torch.Generator().manual_seed(0)
-            if method == "rfgp-ts":
-                optimizer = RfgpThompson(problem.dim, num_features, 0, pool, fit_iterations)
-            elif method == "exact-ts":
-                optimizer = ExactThompson(pool)
-            else:
-                optimizer = ExactPathwise(pool)
+        if any(m.startswith("rfgp") for m in methods):
+            rfgp = RfgpThompson(problem.dim, num_features, 0, pool, fit_iterations)
             start = time.perf_counter()
-            optimizer.propose(x, y, q, generator)
-            row[method] = time.perf_counter() - start
+            gp = rfgp.fit(x, (y - y.mean()) / y.std())
+            fit_seconds = time.perf_counter() - start
+            for method, steps in (("rfgp-ts", 30), ("rfgp-ts-candidates", 0)):
+                if method not in methods:
+                    continue
+                start = time.perf_counter()
+                thompson_sample(gp, bounds, q, raw_samples=pool // 2,
+                                candidates=candidates[pool // 2:], num_restarts=2, steps=steps,
+                                lr=0.002, generator=generator)
+                row[method] = fit_seconds + time.perf_counter() - start
+        if any(m.startswith("exact") for m in methods):
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            model = fit_exact(x, y)
+            fit_seconds = time.perf_counter() - start
+            if "exact-ts" in methods:
+                start = time.perf_counter()
+                with torch.no_grad():
+                    MaxPosteriorSampling(model=model, replacement=False)(candidates, num_samples=q)
+                row["exact-ts"] = fit_seconds + time.perf_counter() - start
+            if "exact-pathwise" in methods:
+                start = time.perf_counter()
+                paths = draw_matheron_paths(model, sample_shape=torch.Size([q]))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimize_posterior_samples(paths, bounds, raw_samples=pool, num_restarts=2)
+                row["exact-pathwise"] = fit_seconds + time.perf_counter() - start
         print("sweep", problem_name, row, flush=True)
         rows.append(row)
     return rows
@@ -376,7 +412,8 @@ def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
         f"{config['seeds']}, rfgp with D = {config['num_features']} Fourier features "
         "(RBF, ARD, orthogonal frequencies; the exact GP's kernel and priors), candidate / "
         f"start pool of {config['pool']} points, "
-        f"one torch thread. Whole run: {elapsed / 60:.1f} minutes.",
+        f"one torch thread. Compute time of the run: {elapsed / 60:.1f} minutes (loops and "
+        "sweep, which may run as two processes side by side).",
         "",
         "Regret is the optimum minus the best value found (mean over seeds, ± standard error); "
         "'last iteration' is the median time of the final iteration (model fit + choosing the "
@@ -410,11 +447,13 @@ def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
             f"q = {config['q']}) on N Sobol points of the problem, each method from scratch:",
             "",
             "| N | " + " | ".join(LABELS[m] + " (s)" for m in sweep[0] if m != "n")
-            + " | exact / rfgp |",
+            + " | speed-up of rfgp (gradient) over "
+            + ", ".join(m for m in sweep[0] if m.startswith("exact"))
+            + " |",
             "|---:|" + "---:|" * (len(sweep[0]) - 1) + "---:|",
         ]
         for row in sweep:
-            ratios = [row[m] / row["rfgp-ts"] for m in row if m not in ("n", "rfgp-ts")]
+            ratios = [row[m] / row["rfgp-ts"] for m in row if m.startswith("exact")]
             lines.append(
                 f"| {row['n']} | "
                 + " | ".join(f"{row[m]:.2f}" for m in row if m != "n")
@@ -429,16 +468,21 @@ def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument(
+        "--part", default="all", choices=["all", "loops", "sweep", "report"],
+        help="run the BO loops, the timing sweep (each saves its JSON; two processes can run "
+        "them side by side), write the report from the saved JSON, or all three",
+    )
     parser.add_argument("--problems", nargs="+", default=["hartmann6", "ackley10", "levy20"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--q", type=int, default=50)
-    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--num-features", type=int, default=512)
-    parser.add_argument("--pool", type=int, default=2000)
+    parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--fit-iterations", type=int, default=20)
     parser.add_argument("--sweep-problem", default="ackley10")
-    parser.add_argument("--sweep-sizes", nargs="*", type=int, default=[500, 1000, 2000])
+    parser.add_argument("--sweep-sizes", nargs="*", type=int, default=[500, 1000, 2000, 3000])
     parser.add_argument("--output", default="bayesopt")
     args = parser.parse_args(argv)
     if args.quick:
@@ -446,51 +490,66 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(1)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    loops_path = OUT_DIR / f"{args.output}.json"
+    sweep_path = OUT_DIR / f"{args.output}_sweep.json"
     seeds = list(range(args.seeds))
-    results = {p: {m: {} for m in args.methods} for p in args.problems}
-    began = time.perf_counter()
-    for problem in args.problems:
-        for seed in seeds:
-            for method in args.methods:
-                trace = run_one(
-                    problem, method, seed, args.q, args.iterations, args.num_features, args.pool,
-                    args.fit_iterations,
-                )
-                results[problem][method][str(seed)] = trace
-                total = sum(step["seconds"] for step in trace)
-                print(
-                    f"{problem:10s} seed {seed} {method:15s} best {trace[-1]['best']:9.4f} "
-                    f"time {total:7.1f} s (last iteration {trace[-1]['seconds']:.2f} s)",
-                    flush=True,
-                )
-    sweep = None
-    if args.sweep_sizes:
+    if args.part in ("all", "loops"):
+        results = {p: {m: {} for m in args.methods} for p in args.problems}
+        began = time.perf_counter()
+        for problem in args.problems:
+            for seed in seeds:
+                for method in args.methods:
+                    trace = run_one(
+                        problem, method, seed, args.q, args.iterations, args.num_features,
+                        args.pool, args.fit_iterations,
+                    )
+                    results[problem][method][str(seed)] = trace
+                    total = sum(step["seconds"] for step in trace)
+                    print(
+                        f"{problem:10s} seed {seed} {method:18s} best {trace[-1]['best']:9.4f} "
+                        f"time {total:7.1f} s (last iteration {trace[-1]['seconds']:.2f} s)",
+                        flush=True,
+                    )
+        config = {
+            "quick": args.quick,
+            "q": args.q,
+            "iterations": args.iterations,
+            "seeds": seeds,
+            "problems": args.problems,
+            "methods": args.methods,
+            "num_features": args.num_features,
+            "pool": args.pool,
+            "machine": f"{platform.machine()} / torch {torch.__version__}",
+            "minutes": (time.perf_counter() - began) / 60,
+        }
+        loops_path.write_text(json.dumps({"config": config, "results": results}, indent=1))
+    if args.part in ("all", "sweep") and args.sweep_sizes:
+        began = time.perf_counter()
         sweep = timing_sweep(
             args.sweep_problem, args.sweep_sizes, args.methods, args.q, args.num_features,
             args.pool, args.fit_iterations,
         )
-    elapsed = time.perf_counter() - began
-    config = {
-        "sweep_problem": args.sweep_problem,
-        "quick": args.quick,
-        "q": args.q,
-        "iterations": args.iterations,
-        "seeds": seeds,
-        "num_features": args.num_features,
-        "pool": args.pool,
-        "machine": f"{platform.machine()} / torch {torch.__version__}",
-    }
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    rows = summarise(results, args.problems, args.methods, seeds)
-    plot_name = f"{args.output}.png"
-    plot(results, args.problems, args.methods, seeds, OUT_DIR / plot_name, sweep,
-         args.sweep_problem)
-    write_markdown(rows, config, OUT_DIR / f"{args.output}.md", plot_name, elapsed, sweep)
-    (OUT_DIR / f"{args.output}.json").write_text(
-        json.dumps({"config": config, "results": results, "sweep": sweep}, indent=1)
-    )
-    for row in rows:
-        print(row)
+        sweep_path.write_text(json.dumps({
+            "problem": args.sweep_problem, "rows": sweep,
+            "minutes": (time.perf_counter() - began) / 60,
+        }, indent=1))
+    if args.part in ("all", "report"):
+        saved = json.loads(loops_path.read_text())
+        config, results = saved["config"], saved["results"]
+        sweep_saved = json.loads(sweep_path.read_text()) if sweep_path.exists() else None
+        sweep = sweep_saved["rows"] if sweep_saved else None
+        config["sweep_problem"] = sweep_saved["problem"] if sweep_saved else None
+        minutes = config["minutes"] + (sweep_saved["minutes"] if sweep_saved else 0.0)
+        problems, methods, seeds = config["problems"], config["methods"], config["seeds"]
+        rows = summarise(results, problems, methods, seeds)
+        plot_name = f"{args.output}.png"
+        plot(results, problems, methods, seeds, OUT_DIR / plot_name, sweep,
+             config["sweep_problem"])
+        write_markdown(rows, config, OUT_DIR / f"{args.output}.md", plot_name, minutes * 60,
+                       sweep)
+        for row in rows:
+            print(row)
 
 
 if __name__ == "__main__":
