@@ -135,6 +135,10 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     sees, and a ``ScaleKernel`` passes its (already selected) inputs to its base kernel without
     selecting again (it copies the base kernel's ``active_dims`` at construction).
 
+    The leaves keep their own random weights (drawn at their first call, from their own
+    ``seed``); :meth:`resample` redraws all of them. For a distributed fit give every leaf a
+    ``seed`` so that all processes hold the same features.
+
     Args:
         kernel: a tree of ``AdditiveKernel`` / ``ProductKernel`` / ``ScaleKernel`` nodes over
             :class:`~rfgp.kernels.RandomFeatureKernel` leaves (built with ``+``, ``*``,
