@@ -29,6 +29,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference.linalg import check_memory
+
 __all__ = ["FeatureStatistics", "accumulate_gram"]
 
 # Column panel width of the blocked Gram product: wide enough for efficient GEMMs, narrow
@@ -108,7 +110,11 @@ class FeatureStatistics:
         weighted: whether rows are weighted by their noise (``S^{-1}``) at accumulation time.
             If ``False`` the statistics are unweighted (``S = I``) and a per-column noise is
             applied when the posterior is formed, so the noise can change without a refit.
-        dtype, device: of the statistics.
+        dtype, device: of the statistics. Features, targets and noise added in another dtype
+            are cast to it chunk by chunk (float32 features accumulated in float64, say).
+
+    Raises:
+        MemoryError: if the ``D_r x D_r`` Gram matrix cannot fit in the device's memory.
     """
 
     def __init__(
@@ -123,7 +129,12 @@ class FeatureStatistics:
         self.num_columns = num_columns
         self.weighted = weighted
         self.dtype = dtype
-        self.device = device
+        self.device = torch.device(device)
+        check_memory(
+            (num_real_features, num_real_features), dtype, self.device,
+            "the Gram matrix of the features",
+            "use fewer features (num_features), or with few rows solve='function'",
+        )
         zeros = dict(dtype=dtype, device=device)
         self.grams: List[Tensor] = [torch.zeros(num_real_features, num_real_features, **zeros)]
         # differ[i, j]: the noise of columns i and j differed on some row.
@@ -183,6 +194,9 @@ class FeatureStatistics:
         n = z.shape[0]
         if n == 0:
             return
+        z, y = z.to(self.dtype), y.to(self.dtype)
+        if noise is not None:
+            noise = noise.to(self.dtype)
         if not self.weighted:
             accumulate_gram(self.grams[0], z)
             self.rhs.addmm_(z.transpose(0, 1), y)
@@ -249,3 +263,37 @@ class FeatureStatistics:
     def gram(self, group: int) -> Tensor:
         """The full symmetric Gram matrix of column group ``group``."""
         return symmetrize_upper(self.grams[group])
+
+    # ----------------------------------------------------------------- state
+    def to(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Move (and cast) the statistics in place."""
+        self.grams = [g.to(device=device, dtype=dtype) for g in self.grams]
+        self.rhs = self.rhs.to(device=device, dtype=dtype)
+        self.yy = self.yy.to(device=device, dtype=dtype)
+        self.log_noise_sum = self.log_noise_sum.to(device=device, dtype=dtype)
+        self.differ = self.differ.to(device=device)
+        self.dtype, self.device = dtype, torch.device(device)
+
+    def state(self) -> dict:
+        """The statistics as a dict of tensors and plain values (for checkpoints)."""
+        return {
+            "grams": list(self.grams),
+            "differ": self.differ,
+            "rhs": self.rhs,
+            "yy": self.yy,
+            "log_noise_sum": self.log_noise_sum,
+            "count": self.count,
+            "weighted": self.weighted,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> FeatureStatistics:
+        """The statistics saved by :meth:`state`."""
+        rhs = state["rhs"]
+        stats = cls(rhs.shape[0], rhs.shape[1], state["weighted"], rhs.dtype, rhs.device)
+        stats.grams = list(state["grams"])
+        stats.differ = state["differ"]
+        stats._groups = None
+        stats.rhs, stats.yy = rhs, state["yy"]
+        stats.log_noise_sum, stats.count = state["log_noise_sum"], int(state["count"])
+        return stats

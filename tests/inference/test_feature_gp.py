@@ -399,22 +399,29 @@ def test_changing_model_noise_refactorises_without_refit():
 
 @pytest.mark.parametrize("solve", ["weight", "function"])
 def test_changed_per_output_noise_of_vector_outputs_needs_a_refit(solve):
-    # With d outputs per input and one model noise per output, the noise is expanded into row
-    # noise at fit time: both solvers must refuse to reuse it after the model noise changed
-    # (the function-space solve used to keep the old noise silently).
+    # With p outputs per input and one model noise per output, the noise is expanded into row
+    # noise at fit time: neither solver may reuse it after the model noise changed. With the
+    # training data held the model refits (equal to a fresh fit); without it, it raises.
     from rfgp.kernels import CurlFreeFeatureKernel
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 2, dtype=torch.float64, generator=g)
     y = torch.randn(40, 2, dtype=torch.float64, generator=g)
-    gp = RandomFeatureGP(CurlFreeFeatureKernel(32, seed=0).double(),
-                         noise=torch.tensor([0.1, 0.2], dtype=torch.float64), solve=solve)
+    kernel = CurlFreeFeatureKernel(32, seed=0).double()
+    gp = RandomFeatureGP(kernel, noise=torch.tensor([0.1, 0.2], dtype=DT), solve=solve)
     gp.fit(x, y)
     gp.noise = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="model noise changed since fit"):
-        gp.predict(x[:3])
-    with pytest.raises(RuntimeError, match="model noise changed since fit"):
-        gp.log_marginal_likelihood()
+    fresh = RandomFeatureGP(kernel, noise=torch.tensor([1.0, 2.0], dtype=DT), solve=solve)
+    torch.testing.assert_close(gp.predict(x[:3]), fresh.fit(x, y).predict(x[:3]))
+    torch.testing.assert_close(gp.log_marginal_likelihood(), fresh.log_marginal_likelihood())
+    if solve == "weight":
+        streamed = RandomFeatureGP(kernel, noise=torch.tensor([0.1, 0.2], dtype=DT))
+        streamed.fit_stream([(x, y)])
+        streamed.noise = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        with pytest.raises(RuntimeError, match="model noise changed since fit.*call fit"):
+            streamed.predict(x[:3])
+        with pytest.raises(RuntimeError, match="model noise changed since fit"):
+            streamed.log_marginal_likelihood()
 
 
 # ============================================================================= marginal likelihood
@@ -632,9 +639,13 @@ def test_allocation_and_variance_correction_hooks():
     torch.testing.assert_close(
         gp.posterior(xt).variance - plain.posterior(xt).variance, torch.full((20,), 0.5, dtype=DT)
     )
+    # fit_stream cannot allocate on all the data as fit does: it asks for an allocation first.
     k2 = AllocatingKernel(20, seed=0).double()
+    with pytest.raises(ValueError, match=r"kernel\.allocate\(x_sample\)"):
+        RandomFeatureGP(k2, noise=0.1).fit_stream([(x[:10], y[:10]), (x[10:], y[10:])])
+    k2.allocate(x)
     RandomFeatureGP(k2, noise=0.1).fit_stream([(x[:10], y[:10]), (x[10:], y[10:])])
-    assert k2.allocated_on == 10  # the first chunk
+    assert k2.allocated_on == 50
 
 
 @pytest.mark.parametrize("make_kernel", [fourier, complex_fourier])

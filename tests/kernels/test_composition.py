@@ -306,3 +306,18 @@ def test_gpytorch_exact_gp_trains_with_a_composed_kernel():
     loss = -mll(model(x), y)
     loss.backward()
     assert all(p.grad is not None for p in tree.parameters())
+
+
+def test_a_changed_tree_parameter_is_never_stale_in_the_solver():
+    tree = mixed_tree(width=16)
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(30, 4, generator=g, dtype=DT)
+    y = torch.cos(3 * x[:, 1])
+    gp = RandomFeatureGP(tree, noise=0.1).fit(x, y)
+    xs = torch.rand(5, 4, generator=g, dtype=DT)
+    before = gp.predict(xs)
+    tree.kernels[1].kernels[0].lengthscale = torch.tensor(0.3, dtype=DT)  # a leaf deep inside
+    after = gp.predict(xs)
+    fresh = RandomFeatureGP(gp.kernel, noise=0.1).fit(x, y).predict(xs)
+    torch.testing.assert_close(after, fresh)
+    assert not torch.allclose(after, before)

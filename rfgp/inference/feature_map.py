@@ -1,0 +1,154 @@
+r"""The one place where the solvers reach into a kernel: :class:`FeatureMap`.
+
+A :class:`FeatureMap` wraps the kernel module a user passed (a
+:class:`~rfgp.kernels.RandomFeatureKernel`, or a ``gpytorch.kernels.ScaleKernel`` around one)
+and gives the solvers what they need of it: checked inputs, feature rows (outputscale applied,
+``p`` outputs per input flattened to interleaved rows), the data-dependent allocation, the
+variance correction, the random weights shared across processes, and a
+:class:`~rfgp.inference.fingerprint.Fingerprint` of every parameter and buffer.
+
+Kernels know nothing about solvers; solvers know kernels only through this adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+from gpytorch.kernels import Kernel, ScaleKernel
+from torch import Tensor
+
+from rfgp.inference.fingerprint import Fingerprint
+from rfgp.kernels.base import RandomFeatureKernel, real_form
+
+__all__ = ["FeatureMap", "resolve_feature_kernel"]
+
+
+def resolve_feature_kernel(kernel: Kernel) -> Tuple[RandomFeatureKernel, Optional[ScaleKernel]]:
+    """The random-feature kernel inside ``kernel`` and the ``ScaleKernel`` around it (if any).
+
+    Raises:
+        TypeError: if ``kernel`` is neither a random-feature kernel nor a ``ScaleKernel`` around
+            one.
+    """
+    scale = kernel if isinstance(kernel, ScaleKernel) else None
+    base = kernel.base_kernel if scale is not None else kernel
+    # Composed kernels (sums and products of random-feature kernels) arrive here already turned
+    # into one ComposedFeatureKernel (RandomFeatureGP does it at construction, so that the
+    # composition's own random permutations are drawn once and fingerprinted with the kernel).
+    if not isinstance(base, RandomFeatureKernel):
+        raise TypeError(
+            "kernel must be a RandomFeatureKernel or a gpytorch ScaleKernel around one (or a "
+            "sum / product tree of them, through rfgp.kernels.as_feature_kernel), got "
+            f"{type(kernel).__name__}" + (f"({type(base).__name__})" if scale is not None else "")
+        )
+    return base, scale
+
+
+class FeatureMap:
+    """The kernel as the solvers see it.
+
+    Args:
+        kernel: the module the user passed (kept as is: its whole module tree is fingerprinted).
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> fmap = FeatureMap(FourierFeatureKernel(16, seed=0))
+        >>> fmap.rows(torch.zeros(3, 2)).shape
+        torch.Size([3, 16])
+    """
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.module = kernel
+        self.base, self.scale = resolve_feature_kernel(kernel)
+        if len(self.base.batch_shape) or len(kernel.batch_shape):
+            raise ValueError(
+                f"kernel must have an empty batch_shape, got {tuple(kernel.batch_shape)}"
+            )
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def num_features(self) -> int:
+        """``D``: columns of the features (a complex column counts once)."""
+        return int(self.base.num_features)
+
+    @property
+    def num_real_features(self) -> int:
+        """Columns of the real form ``[Re Phi, Im Phi]``."""
+        return int(self.base.num_real_features)
+
+    @property
+    def is_complex(self) -> bool:
+        return bool(self.base.is_complex)
+
+    @property
+    def outputs_per_input(self) -> int:
+        """``p``: outputs per input (1 for scalar kernels)."""
+        return int(self.base.num_outputs_per_input())
+
+    # ------------------------------------------------------------------ inputs and features
+    def check_input(self, x: Any, name: str = "x") -> Tensor:
+        """``x`` as a finite floating ``(N, d)`` tensor (1-D means ``d = 1``)."""
+        x = self.base._check_input(x, name)
+        if x.dim() != 2:
+            raise ValueError(f"{name} must have shape (N, d), got {tuple(x.shape)}")
+        return x
+
+    def rows(self, x: Tensor) -> Tensor:
+        """Feature rows at ``x``: ``(N p, D)``, interleaved, times ``sqrt(outputscale)``."""
+        return self.scale_rows(self.base.features(x))
+
+    def scale_rows(self, phi: Tensor) -> Tensor:
+        """Flatten ``(M, p, D)`` to interleaved rows and apply ``sqrt(outputscale)``."""
+        if phi.dim() == 3:
+            phi = phi.reshape(phi.shape[0] * phi.shape[1], phi.shape[2])
+        if self.scale is not None:
+            phi = phi * self.scale.outputscale.sqrt().to(phi.real.dtype)
+        return phi
+
+    def real_rows(self, x: Tensor) -> Tensor:
+        """``real_form`` of :meth:`rows`."""
+        return real_form(self.rows(x))
+
+    def variance_correction(self, x: Tensor) -> Optional[Tensor]:
+        """The kernel's variance correction at ``x`` times the outputscale, ``(N p,)``, or
+        ``None`` for kernels without one."""
+        hook = getattr(self.base, "variance_correction", None)
+        if hook is None:
+            return None
+        corr = hook(x)
+        if self.scale is not None:
+            corr = corr * self.scale.outputscale.to(corr.dtype)
+        return corr.reshape(-1)
+
+    # ------------------------------------------------------------------ allocation, weights
+    @property
+    def needs_allocation(self) -> bool:
+        """Whether the kernel still needs a data-dependent allocation."""
+        return bool(getattr(self.base, "needs_allocation", False))
+
+    def allocate(self, x: Tensor) -> None:
+        self.base.allocate(x)
+
+    def share_random_weights(self, x: Tensor, process_group: Any) -> None:
+        """Give every process rank 0's random weights (they must define the same features)."""
+        import torch.distributed as dist
+
+        base = self.base
+        sample = x[:1] if base.active_dims is None else x[:1].index_select(-1, base.active_dims)
+        base._ensure_weights(sample)
+        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        for name in base._random_buffer_names:
+            dist.broadcast(getattr(base, name), src=src, group=process_group)
+
+    # ------------------------------------------------------------------ state
+    def fingerprint(self) -> Fingerprint:
+        """Values of every parameter and buffer of the kernel's module tree."""
+        return Fingerprint.of(self.module)
+
+    def reference(self) -> Tensor:
+        """A floating tensor of the kernel: its dtype and device are the kernel's."""
+        for tensor in list(self.module.parameters()) + list(self.module.buffers()):
+            if tensor.is_floating_point():
+                return tensor
+        return torch.empty(0)

@@ -1,0 +1,123 @@
+r"""The state of one fit: the solver, the noise layout and what the fit depends on.
+
+:class:`FitState` is what ``RandomFeatureGP`` holds after ``fit``: the
+:class:`~rfgp.inference.solvers.Solver`, the :class:`~rfgp.inference.noise.NoiseLayout`, the
+kernel's :class:`~rfgp.inference.fingerprint.Fingerprint`, the model noise the factorisation
+used, the dtype and device of the features, and (after ``fit``, not ``fit_stream``) references
+to the training batches, so that a changed kernel can be refitted. It moves with ``.to()`` and
+round-trips through a ``state_dict`` without the training data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp.inference.fingerprint import Fingerprint
+from rfgp.inference.noise import NoiseLayout, check_noise_usable
+from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
+
+__all__ = ["Batch", "FitState", "StaleFitError", "power_of_two_scale"]
+
+#: ``(x, y, noise)`` as the user passed them to ``fit`` or ``update``
+Batch = Tuple[Any, Any, Any]
+
+_SOLVER_TYPES = {cls.name: cls for cls in (WeightSpaceSolver, FunctionSpaceSolver)}
+
+
+class StaleFitError(RuntimeError):
+    """The kernel or noise changed since the fit and the model cannot refit by itself."""
+
+
+def power_of_two_scale(values: Tensor) -> float:
+    """The power of two nearest below ``max |values|`` (1 for zeros): dividing by it is exact
+    and keeps targets of any magnitude finite in squared sums.
+
+    Example:
+        >>> power_of_two_scale(torch.tensor([3.0, -5.0]))
+        4.0
+        >>> power_of_two_scale(torch.tensor([1e160], dtype=torch.float64)) == 2.0**531
+        True
+    """
+    largest = float(values.detach().abs().max()) if values.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
+        return 1.0
+    return 2.0 ** math.floor(math.log2(largest))
+
+
+def _move_value(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    return fn(value) if isinstance(value, Tensor) else value
+
+
+@dataclass
+class FitState:
+    """Everything a fitted ``RandomFeatureGP`` holds (see the module docstring)."""
+
+    solver: Solver
+    layout: NoiseLayout
+    fingerprint: Fingerprint
+    factor_noise: Tensor
+    feature_dtype: torch.dtype
+    device: torch.device
+    held: Optional[List[Batch]] = None
+    chunk: Optional[int] = None
+
+    def changes(self, kernel: torch.nn.Module, model_noise: Tensor) -> List[str]:
+        """What changed since the fit that a refactorisation cannot follow (empty: nothing)."""
+        check_noise_usable(model_noise, self.solver.dtype)
+        changes = self.fingerprint.changes(kernel)
+        if self.layout.frozen_noise_changed(model_noise):
+            changes.append("the model noise changed since fit (its per-output values were "
+                           "folded into the statistics)")
+        return changes
+
+    def follow_model_noise(self, model_noise: Tensor, column_noise: Optional[Tensor]) -> None:
+        """Refactorise if the model noise, applied at factorisation, changed."""
+        if self.layout.uses_model_noise and not torch.equal(self.factor_noise, model_noise):
+            self.solver.factorise(column_noise)
+            self.factor_noise = model_noise.detach().clone()
+
+    def move(self, fn, device: torch.device, dtype: torch.dtype, stats_dtype: torch.dtype) -> None:
+        """Follow ``Module._apply(fn)``: features in ``dtype`` on ``device``."""
+        self.solver.to(device, stats_dtype)
+        self.fingerprint.apply(fn)
+        self.factor_noise = fn(self.factor_noise)
+        if self.layout.frozen is not None:
+            self.layout.frozen = fn(self.layout.frozen)
+        if self.held is not None:
+            self.held = [tuple(_move_value(v, fn) for v in batch) for batch in self.held]
+        self.feature_dtype, self.device = dtype, device
+
+    def to_dict(self) -> dict:
+        """Tensors and plain values only (``torch.load(weights_only=True)`` reads them)."""
+        return {
+            "fitted": True,
+            "solver": self.solver.state(),
+            "target_scale": self.solver.target_scale,
+            "layout": self.layout.state(),
+            "fingerprint": dict(self.fingerprint.tensors),
+            "factor_noise": self.factor_noise,
+            "feature_dtype": str(self.feature_dtype).replace("torch.", ""),
+            "device": str(self.device),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict, complex_solve: bool, jitter) -> Optional[FitState]:
+        if not state.get("fitted"):
+            return None
+        solver_state = state["solver"]
+        solver = _SOLVER_TYPES[solver_state["solver"]].from_state(
+            solver_state, complex_solve, jitter, state["target_scale"]
+        )
+        return cls(
+            solver=solver,
+            layout=NoiseLayout(**state["layout"]),
+            fingerprint=Fingerprint(dict(state["fingerprint"])),
+            factor_noise=state["factor_noise"],
+            feature_dtype=getattr(torch, state["feature_dtype"]),
+            device=torch.device(state["device"]),
+        )
