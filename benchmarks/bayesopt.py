@@ -412,8 +412,8 @@ def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
         f"{config['seeds']}, rfgp with D = {config['num_features']} Fourier features "
         "(RBF, ARD, orthogonal frequencies; the exact GP's kernel and priors), candidate / "
         f"start pool of {config['pool']} points, "
-        f"one torch thread. Compute time of the run: {elapsed / 60:.1f} minutes (loops and "
-        "sweep, which may run as two processes side by side).",
+        f"one torch thread per process. Wall time summed over the parts of the run: "
+        f"{elapsed / 60:.1f} minutes (the parts may run as processes side by side).",
         "",
         "Regret is the optimum minus the best value found (mean over seeds, ± standard error); "
         "'last iteration' is the median time of the final iteration (model fit + choosing the "
@@ -482,8 +482,13 @@ def main(argv=None):
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--fit-iterations", type=int, default=20)
     parser.add_argument("--sweep-problem", default="ackley10")
-    parser.add_argument("--sweep-sizes", nargs="*", type=int, default=[500, 1000, 2000, 3000])
+    parser.add_argument("--sweep-sizes", nargs="*", type=int, default=[500, 1000, 2000])
     parser.add_argument("--output", default="bayesopt")
+    parser.add_argument(
+        "--merge", nargs="*", default=[],
+        help="report: also merge the loops of these outputs (e.g. one process per problem, "
+        "each run with --part loops --problems P --output NAME)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.iterations, args.pool, args.sweep_sizes = 1, 3, 500, [200, 400]
@@ -535,7 +540,15 @@ def main(argv=None):
             "minutes": (time.perf_counter() - began) / 60,
         }, indent=1))
     if args.part in ("all", "report"):
-        saved = json.loads(loops_path.read_text())
+        saved = json.loads(loops_path.read_text()) if loops_path.exists() else None
+        for name in args.merge:
+            part = json.loads((OUT_DIR / f"{name}.json").read_text())
+            if saved is None:
+                saved = part
+                continue
+            saved["results"].update(part["results"])
+            saved["config"]["problems"] += part["config"]["problems"]
+            saved["config"]["minutes"] += part["config"]["minutes"]
         config, results = saved["config"], saved["results"]
         sweep_saved = json.loads(sweep_path.read_text()) if sweep_path.exists() else None
         sweep = sweep_saved["rows"] if sweep_saved else None
