@@ -1,6 +1,15 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import classification, datasets, inference, kernels, likelihoods, metrics, ops, variance
+from rfgp import (
+    classification,
+    datasets,
+    inference,
+    kernels,
+    likelihoods,
+    metrics,
+    ops,
+    variance,
+)
 from rfgp.classification import DirichletGPClassifier
 from rfgp.inference import RandomFeatureGP
 from rfgp.inference.vector_field import helmholtz_components

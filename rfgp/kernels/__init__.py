@@ -9,7 +9,7 @@ One family per module or subpackage: :mod:`~rfgp.kernels.fourier`,
 """
 
 from rfgp._deprecation import moved_names
-from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.base import RandomFeatureKernel, real_form, unwrap_scale_kernel
 from rfgp.kernels.composition import ComposedFeatureKernel, as_feature_kernel
 from rfgp.kernels.dot_product import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
@@ -35,6 +35,7 @@ from rfgp.kernels.vector_field import (
 __all__ = [
     "RandomFeatureKernel",
     "real_form",
+    "unwrap_scale_kernel",
     "ComposedFeatureKernel",
     "as_feature_kernel",
     "FourierFeatureKernel",

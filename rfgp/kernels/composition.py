@@ -261,7 +261,9 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         self._set_weights(self._sample_weights(0, generator))
         return self
 
-    def _ensure_weights(self, x: Tensor) -> None:
+    def ensure_weights(self, x: Tensor) -> None:
+        """Fix the input dimension from ``x`` and draw the product permutations if not drawn
+        yet (the leaves draw their own weights at their first call)."""
         if self.input_dim is None:
             self.input_dim = int(x.shape[-1])
         elif x.shape[-1] != self.input_dim:
@@ -286,8 +288,9 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         if select and node.active_dims is not None:
             x = x.index_select(-1, node.active_dims.to(x.device))
         if isinstance(node, RandomFeatureKernel):
-            x = node._check_input(x)
-            node._ensure_weights(x)
+            # The leaf's own active_dims were applied above (or, under a ScaleKernel, by it).
+            x = node.check_input(x)
+            node.ensure_weights(x)
             return node._features(x)
         if isinstance(node, ScaleKernel):
             phi = self._evaluate(node.base_kernel, x, counter, select=False)

@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rfgp.ops import _complex_dtype
+from rfgp.ops import complex_dtype
 
 __all__ = ["available", "applies", "tensorsrht"]
 
@@ -311,7 +311,7 @@ def tensorsrht(
     scales[0] = 1.0 / math.sqrt(num_features)
     rows = _tile_rows(padded)
     if complex:
-        out = torch.empty(n, num_features, dtype=_complex_dtype(dtype))
+        out = torch.empty(n, num_features, dtype=complex_dtype(dtype))
         parts = torch.view_as_real(out).numpy()
         s = signs.detach().to(dtype)
         # signs sre + i sim into the real and imaginary views of the output
