@@ -13,6 +13,12 @@ to that measurement alone):
 * ``sklearn``: ``RBFSampler(n_components=D)`` + ``Ridge`` (mean only).
 * ``exact``: GPyTorch ``ExactGP`` + ``RBFKernel`` with its default settings.
 
+A precision part (``--only precision``) fits N = 10^6 points (d = 8, D = 1024) three ways in
+fresh processes: float64, mixed (float32 features, ``statistics_dtype=torch.float64``) and
+float32, and compares their predictions with the float64 ones and their fit times with one
+``Z^T Z`` product of the same size; ``--baseline REF`` adds the fits of the implementation at git
+revision ``REF`` (before/after in one run).
+
 A second part compares D complex random Fourier features (complex posterior) with 2D real ones
 at the same frequencies, and a third D complex polynomial sketches (``PolynomialSketchKernel``,
 complex posterior) with D and 2D real ones: time and KL divergence to the exact GP.
@@ -22,6 +28,7 @@ Usage::
     python benchmarks/scaling.py            # the full run
     python benchmarks/scaling.py --quick    # a short run
     python benchmarks/scaling.py --only complex   # only the sketch comparison (updates the .md)
+    python benchmarks/scaling.py --only precision --baseline main   # mixed precision, fit cost
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# A baseline measurement points this at an exported older tree of the package.
+sys.path.insert(0, os.environ.get("SCALING_RFGP_PATH", str(ROOT)))
 OUT_DIR = ROOT / "docs" / "benchmarks"
 D_IN = 8
 NUM_FEATURES = 1024
@@ -67,6 +76,8 @@ def worker(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
+    if spec["method"] == "precision":
+        return _precision_worker(spec)
     dtype = getattr(torch, spec["dtype"])
     n, method = spec["n"], spec["method"]
     xt, _ = _data(NUM_TEST, 1, dtype)
@@ -192,8 +203,9 @@ def _rfgp_stream(n, xt, dtype):
     return t1 - t0, time.perf_counter() - t1
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONPATH=str(ROOT))
+def run_worker(spec: dict, timeout: float, rfgp_path: str = str(ROOT)) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONPATH=rfgp_path,
+               SCALING_RFGP_PATH=rfgp_path)
     cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -202,6 +214,166 @@ def run_worker(spec: dict, timeout: float) -> dict:
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:120]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------- precision
+PRECISION_VARIANTS = ("float64", "mixed", "float32")
+
+
+def _precision_kernel(dtype):
+    """D float32-drawn RFF weights (the same values in every variant), in ``dtype``."""
+    import torch
+
+    from rfgp.kernels import FourierFeatureKernel
+
+    kernel = FourierFeatureKernel(NUM_FEATURES, seed=0)
+    kernel.lengthscale = LENGTHSCALE
+    kernel.features(torch.zeros(1, D_IN))
+    return kernel.to(dtype)
+
+
+def _precision_worker(spec: dict) -> dict:
+    """Fit one variant on N float32-generated points; save the test predictions."""
+    import torch
+
+    from rfgp import RandomFeatureGP
+
+    variant = spec["variant"]
+    dtype = torch.float64 if variant == "float64" else torch.float32
+    if variant == "floor":
+        return _floor_time(spec["n"], getattr(torch, spec["dtype"]))
+    options = {"statistics_dtype": torch.float64} if variant == "mixed" else {}
+    xt = _data(NUM_TEST, 1, torch.float32)[0].to(dtype)
+    xw, yw = _data(2048, 2, torch.float32)
+    RandomFeatureGP(_precision_kernel(dtype), noise=NOISE, **options).fit(
+        xw.to(dtype), yw.to(dtype)).predict(xt[:256])
+    x, y = _data(spec["n"], 0, torch.float32)
+    x, y = x.to(dtype), y.to(dtype)
+    gp = RandomFeatureGP(_precision_kernel(dtype), noise=NOISE, solve="weight", **options)
+    t0 = time.perf_counter()
+    gp.fit(x, y)
+    t1 = time.perf_counter()
+    mean, std = gp.predict(xt, return_std=True)
+    t2 = time.perf_counter()
+    torch.save({"mean": mean, "std": std}, spec["out"])
+    return {"fit": t1 - t0, "predict": t2 - t1, "peak_mb": _rss_mb()}
+
+
+def _floor_time(n: int, dtype) -> dict:
+    import torch
+
+    small = torch.randn(2048, NUM_FEATURES, dtype=dtype)
+    small.T @ small
+    z = torch.randn(min(n, FLOOR_BLOCK), NUM_FEATURES, dtype=dtype)
+    elapsed, done = 0.0, 0
+    while done < n:
+        block = z[: min(FLOOR_BLOCK, n - done)]
+        t0 = time.perf_counter()
+        block.T @ block
+        elapsed += time.perf_counter() - t0
+        done += block.shape[0]
+    return {"fit": elapsed, "predict": 0.0, "peak_mb": _rss_mb()}
+
+
+def _export_tree(ref: str, into: str) -> str:
+    """The package as it was at git revision ``ref``, exported under ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "rfgp"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return into
+
+
+def run_precision_part(args) -> list:
+    import torch
+
+    n = int(1e5 if args.quick else args.precision_n)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"": str(ROOT)}
+        if args.baseline:
+            trees[f" ({args.baseline})"] = _export_tree(args.baseline, tempfile.mkdtemp(dir=tmp))
+        for dtype in ("float32", "float64"):
+            spec = {"method": "precision", "variant": "floor", "n": n, "dtype": dtype,
+                    "threads": args.threads}
+            runs[f"floor {dtype}"] = run_worker(spec, args.timeout)
+            print(f"floor {dtype}: {runs[f'floor {dtype}']}", flush=True)
+        for suffix, tree in trees.items():
+            variants = PRECISION_VARIANTS if not suffix else ("float64", "float32")
+            for variant in variants:
+                out = str(Path(tmp) / f"{variant}{len(suffix)}.pt")
+                spec = {"method": "precision", "variant": variant, "n": n, "out": out,
+                        "threads": args.threads}
+                res = run_worker(spec, args.timeout, tree)
+                if "error" not in res:
+                    res.update(torch.load(out))
+                runs[variant + suffix] = res
+                shown = {k: v for k, v in res.items() if k not in ("mean", "std")}
+                print(f"{variant}{suffix}: {shown}", flush=True)
+    return precision_section(runs, n, args)
+
+
+def _relative(values, reference) -> float:
+    return float((values.double() - reference).norm() / reference.norm())
+
+
+def precision_section(runs: dict, n: int, args) -> list:
+    reference = runs["float64"]
+    lines = [
+        "## Mixed precision and the cost of a fit",
+        "",
+        "Generated by `python benchmarks/scaling.py --only precision"
+        + (" --quick" if args.quick else "")
+        + (f" --baseline {args.baseline}" if args.baseline else "")
+        + "` (one run, each row its own process, 2 shared CPU cores, "
+        f"{args.threads} torch threads). N = {n:,}, d = {D_IN}, D = {NUM_FEATURES} random "
+        f"Fourier features (float32 weights, the same values in every variant), noise {NOISE}, "
+        f"weight-space solve; errors are relative 2-norm differences of the predictive mean and "
+        f"standard deviation at {NUM_TEST:,} test points from the float64 fit. *mixed*: float32 "
+        "features, `statistics_dtype=torch.float64` (Gram statistics and Cholesky in float64). "
+        "*floor*: one `Z^T Z` product of an N x D matrix of the same dtype (blocks of "
+        f"{FLOOR_BLOCK} rows); *fit / floor* divides the fit time by the floor of the features' "
+        "dtype (float64 for the float64 fit, float32 otherwise).",
+        "",
+        "| fit | fit (s) | fit / floor | predict (s) | mean rel. error | std rel. error | "
+        "peak (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, res in runs.items():
+        if name.startswith("floor"):
+            continue
+        if "error" in res:
+            lines.append(f"| {name} | {res['error']} | | | | | |")
+            continue
+        floor = runs["floor float64" if name.startswith("float64") else "floor float32"]
+        ratio = f"{res['fit'] / floor['fit']:.2f}" if "error" not in floor else "—"
+        err_mean = _relative(res["mean"], reference["mean"]) if "mean" in reference else None
+        err_std = _relative(res["std"], reference["std"]) if "std" in reference else None
+        lines.append(
+            f"| {name} | {res['fit']:.2f} | {ratio} | {res['predict']:.2f} | "
+            f"{err_mean:.1e} | {err_std:.1e} | {res['peak_mb']:.0f} |"
+        )
+    for dtype in ("float32", "float64"):
+        res = runs[f"floor {dtype}"]
+        if "error" not in res:
+            lines.append(f"| floor {dtype} | {res['fit']:.2f} | 1.00 | | | | |")
+    lines += ["", "GPU numbers are not measured yet (no GPU on the machine that ran this).", ""]
+    return lines
+
+
+def _replace_section(section: list) -> Path:
+    """Put ``section`` into scaling.md in place of its previous version (or append it)."""
+    path = OUT_DIR / "scaling.md"
+    text = path.read_text() if path.exists() else ""
+    title = section[0]
+    if title in text:
+        head, rest = text.split(title, 1)
+        following = rest.find("\n## ")
+        tail = rest[following + 1:] if following >= 0 else ""
+        text = head.rstrip("\n") + "\n\n" + "\n".join(section) + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(section)
+    path.write_text(text)
+    return path
 
 
 # ---------------------------------------------------------------------------- complex vs real
@@ -442,13 +614,21 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per measurement")
     parser.add_argument(
-        "--only", choices=("complex",),
-        help="run only the complex vs real sketch comparison and update its section of the "
-        "existing scaling.md (the other numbers are kept)",
+        "--only", choices=("complex", "precision"),
+        help="run only the complex vs real sketch comparison (or the precision part) and update "
+        "its section of the existing scaling.md (the other numbers are kept)",
     )
+    parser.add_argument("--precision-n", type=float, default=1e6, help="N of the precision part")
+    parser.add_argument("--baseline", default=None,
+                        help="git revision whose fits the precision part also times")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
+        return
+    if args.only == "precision":
+        start = time.perf_counter()
+        path = _replace_section(run_precision_part(args))
+        print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
         return
     if args.only == "complex":
         start = time.perf_counter()

@@ -359,6 +359,14 @@ class RandomFeatureGP(torch.nn.Module):
     def set_extra_state(self, state: dict) -> None:
         self._state = FitState.from_dict(state, self._complex_solve, self.jitter)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The model noise takes the checkpoint's shape (scalar or one value per output), so a
+        # freshly built model loads any checkpoint; its values are checked at use.
+        saved = state_dict.get(prefix + "noise")
+        if isinstance(saved, Tensor) and saved.shape != self.noise.shape:
+            self._buffers["noise"] = torch.empty_like(saved)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     # ================================================================== prediction
     def _feature_rows(self, phi: Tensor) -> Tensor:
         """Checked features in the base kernel's layout, as scaled interleaved rows."""
