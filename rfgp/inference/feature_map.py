@@ -19,7 +19,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from rfgp.inference.fingerprint import Fingerprint
-from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.base import RandomFeatureKernel, real_form, unwrap_scale_kernel
 
 __all__ = ["FeatureMap", "resolve_feature_kernel"]
 
@@ -31,17 +31,14 @@ def resolve_feature_kernel(kernel: Kernel) -> Tuple[RandomFeatureKernel, Optiona
         TypeError: if ``kernel`` is neither a random-feature kernel nor a ``ScaleKernel`` around
             one.
     """
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     scale = kernel if isinstance(kernel, ScaleKernel) else None
-    base = kernel.base_kernel if scale is not None else kernel
     # Composed kernels (sums and products of random-feature kernels) arrive here already turned
-    # into one ComposedFeatureKernel (RandomFeatureGP does it at construction, so that the
-    # composition's own random permutations are drawn once and fingerprinted with the kernel).
-    if not isinstance(base, RandomFeatureKernel):
-        raise TypeError(
-            "kernel must be a RandomFeatureKernel or a gpytorch ScaleKernel around one (or a "
-            "sum / product tree of them, through rfgp.kernels.as_feature_kernel), got "
-            f"{type(kernel).__name__}" + (f"({type(base).__name__})" if scale is not None else "")
-        )
+    # into one ComposedFeatureKernel: RandomFeatureGP calls as_feature_kernel once, at
+    # construction, so that the composition's random permutations are drawn once, belong to the
+    # kernel module the fit fingerprints, and travel with the sample paths' copy of it.
+    base = unwrap_scale_kernel(kernel)
     return base, scale
 
 
@@ -89,7 +86,7 @@ class FeatureMap:
     # ------------------------------------------------------------------ inputs and features
     def check_input(self, x: Any, name: str = "x") -> Tensor:
         """``x`` as a finite floating ``(N, d)`` tensor (1-D means ``d = 1``)."""
-        x = self.base._check_input(x, name)
+        x = self.base.check_input(x, name)
         if x.dim() != 2:
             raise ValueError(f"{name} must have shape (N, d), got {tuple(x.shape)}")
         return x
@@ -113,10 +110,9 @@ class FeatureMap:
     def variance_correction(self, x: Tensor) -> Optional[Tensor]:
         """The kernel's variance correction at ``x`` times the outputscale, ``(N p,)``, or
         ``None`` for kernels without one."""
-        hook = getattr(self.base, "variance_correction", None)
-        if hook is None:
+        if not self.base.has_variance_correction:
             return None
-        corr = hook(x)
+        corr = self.base.variance_correction(x)
         if self.scale is not None:
             corr = corr * self.scale.outputscale.to(corr.dtype)
         return corr.reshape(-1)
@@ -125,7 +121,7 @@ class FeatureMap:
     @property
     def needs_allocation(self) -> bool:
         """Whether the kernel still needs a data-dependent allocation."""
-        return bool(getattr(self.base, "needs_allocation", False))
+        return bool(self.base.needs_allocation)
 
     def allocate(self, x: Tensor) -> None:
         self.base.allocate(x)
@@ -134,12 +130,10 @@ class FeatureMap:
         """Give every process rank 0's random weights (they must define the same features)."""
         import torch.distributed as dist
 
-        base = self.base
-        sample = x[:1] if base.active_dims is None else x[:1].index_select(-1, base.active_dims)
-        base._ensure_weights(sample)
+        self.base.prepare_input(x[:1])  # draws the weights if they are not drawn yet
         src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-        for name in base._random_buffer_names:
-            dist.broadcast(getattr(base, name), src=src, group=process_group)
+        for name in self.base.random_weight_names:
+            dist.broadcast(getattr(self.base, name), src=src, group=process_group)
 
     # ------------------------------------------------------------------ state
     def fingerprint(self) -> Fingerprint:

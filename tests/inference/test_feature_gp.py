@@ -616,6 +616,7 @@ def test_sample_functions_multi_output_shapes():
 # ============================================================================= hooks, dtypes
 class AllocatingKernel(FourierFeatureKernel):
     needs_allocation = True
+    has_variance_correction = True
 
     def allocate(self, x):
         self.allocated_on = x.shape[0]
