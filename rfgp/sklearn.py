@@ -50,6 +50,7 @@ from linear_operator.utils.warnings import NumericalWarning
 
 from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
+from rfgp.inference.recipe import FitReport, choose_num_features, fit_auto
 from rfgp.kernels.base import RandomFeatureKernel
 
 __all__ = ["KERNELS", "make_kernel", "RandomFeatureGPRegressor", "RandomFeatureGPClassifier"]
@@ -102,6 +103,10 @@ KERNELS: Dict[str, Callable[[Dict[str, Any], int], RandomFeatureKernel]] = {
     "gaussian_maclaurin": _maclaurin("gaussian"),
     "gaussian_sketch": _gaussian_sketch,
 }
+
+
+#: kernel names the default recipe (``optimizer="auto"``) fits: the Fourier kernels.
+_RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 
 
 def _check_positive(name: str, value: Any) -> float:
@@ -170,15 +175,20 @@ def _seed(random_state: Any) -> int:
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
 
 
-def _kernel_from(estimator: Any, seed: int) -> Kernel:
+def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
     """The estimator's kernel: built from its name, or a deep copy of the given object.
+
+    A named kernel with ``num_features=None`` gets ``choose_num_features(num_rows)`` features.
 
     A given kernel keeps its own random weights when ``random_state`` is ``None``; otherwise
     its (copy's) weights are redrawn from ``seed`` so that ``random_state`` controls them.
     """
     if isinstance(estimator.kernel, str):
+        num_features = estimator.num_features
+        if num_features is None:
+            num_features = choose_num_features(num_rows)
         return make_kernel(
-            estimator.kernel, estimator.num_features, estimator.lengthscale, estimator.sampling,
+            estimator.kernel, num_features, estimator.lengthscale, estimator.sampling,
             estimator.degree, estimator.bias, estimator.projection, seed,
         )
     if not isinstance(estimator.kernel, Kernel):
@@ -246,24 +256,37 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     :math:`f \sim GP(0, \sigma_f^2 \hat k)`, :math:`\hat k(x, x') = \Phi(x)^\top
     \overline{\Phi(x')}` a random-feature kernel with ``D`` features, and
     :math:`\varepsilon \sim N(0, s^2 \sigma^2)`, where ``m``, ``s`` standardise the targets
-    (``normalize_y``). Fitting costs :math:`O(N D^2 + D^3)` (:class:`rfgp.RandomFeatureGP`);
-    with ``optimizer="lbfgs"`` the lengthscale, the outputscale :math:`\sigma_f^2` and the noise
-    :math:`\sigma^2` first maximise the log marginal likelihood (the random weights stay fixed).
+    (``normalize_y``). Fitting costs :math:`O(N D^2 + D^3)` (:class:`rfgp.RandomFeatureGP`).
+
+    By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
+    rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
+    noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
+    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), and the GP
+    is refitted on all rows with ``num_features`` features (default: as many as the operation
+    budget allows for ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
+    then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
+    lengthscale, the outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the
+    kernel built from the arguments maximise the log marginal likelihood (the random weights
+    stay fixed).
 
     Args:
         kernel: a name in :data:`KERNELS` (wrapped in a ``ScaleKernel``) or an rfgp kernel
             (a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one),
             deep-copied at ``fit``.
-        num_features: ``D`` of a named kernel.
-        lengthscale: initial lengthscale of a named kernel.
+        num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
+            (:func:`rfgp.inference.recipe.choose_num_features`).
+        lengthscale: initial lengthscale of a named kernel (not used by ``"auto"``).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
-            ``"structured"``).
+            ``"structured"``; ``"auto"`` uses orthogonal frequencies).
         degree: degree ``p`` of ``"polynomial"``.
         bias: bias ``b`` of ``"polynomial"``.
         projection: sketch of the dot-product kernels.
-        noise: (initial) noise variance :math:`\sigma^2`, in units of the standardised targets.
-        optimizer: ``"lbfgs"``, ``"adam"`` or ``None`` (keep the hyperparameters).
-        max_iter: optimiser iterations (L-BFGS: outer iterations of up to 20 evaluations).
+        noise: (initial) noise variance :math:`\sigma^2`, in units of the standardised targets
+            (not used by ``"auto"``).
+        optimizer: ``"auto"`` (the recipe), ``"lbfgs"``, ``"adam"`` or ``None`` (keep the
+            hyperparameters).
+        max_iter: optimiser iterations (``"auto"``: L-BFGS iterations of the evidence search;
+            ``"lbfgs"``: outer iterations of up to 20 evaluations).
         normalize_y: standardise the targets (mean and standard deviation per column);
             otherwise only the zero prior mean is used.
         random_state: seed (int, ``RandomState`` or ``None``) of the random features. A given
@@ -276,6 +299,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         log_marginal_likelihood_value_ (float): log marginal likelihood of the standardised
             targets at the fitted hyperparameters.
         n_iter_ (int): optimiser iterations run (0 without ``optimizer``).
+        fit_report_ (FitReport or None): what the recipe did (``"auto"`` only).
         n_features_in_ (int): number of input columns seen in ``fit``.
 
     Example:
@@ -296,15 +320,15 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     def __init__(
         self,
         kernel: Any = "rbf",
-        num_features: int = 256,
+        num_features: Optional[int] = None,
         lengthscale: float = 1.0,
         sampling: str = "iid",
         degree: int = 2,
         bias: float = 1.0,
         projection: str = "rademacher",
         noise: float = 0.1,
-        optimizer: Optional[str] = "lbfgs",
-        max_iter: int = 20,
+        optimizer: Optional[str] = "auto",
+        max_iter: int = 200,
         normalize_y: bool = True,
         random_state: Any = None,
     ) -> None:
@@ -330,25 +354,48 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         # convert string to float"); numeric strings are converted, as they are there.
         y = np.asarray(y).astype(np.float64)
         noise = _check_positive("noise", self.noise)
-        if self.optimizer not in ("lbfgs", "adam", None):
-            raise ValueError(f"optimizer must be 'lbfgs', 'adam' or None, got {self.optimizer!r}")
+        if self.optimizer not in ("auto", "lbfgs", "adam", None):
+            raise ValueError(
+                f"optimizer must be 'auto', 'lbfgs', 'adam' or None, got {self.optimizer!r}"
+            )
         _check_positive_int("max_iter", self.max_iter)
         self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
-        kernel = _kernel_from(self, _seed(self.random_state))
-        if isinstance(self.kernel, str):
-            kernel = ScaleKernel(kernel).to(torch.float64)
+        seed = _seed(self.random_state)
         x_t = _as_tensor(X)
         y_t = _as_tensor((y - self._y_mean) / self._y_std)
-        gp = RandomFeatureGP(kernel, noise=noise)
-        self.n_iter_ = 0
-        if self.optimizer is not None:
-            self.n_iter_ = self._optimize(gp, x_t, y_t)
-        gp.fit(x_t, y_t)
+        self.fit_report_ = None
+        named = isinstance(self.kernel, str)
+        if self.optimizer == "auto" and named and self.kernel in _RECIPE_KERNELS:
+            gp = self._fit_recipe(x_t, y_t, seed)
+        else:
+            kernel = _kernel_from(self, seed, X.shape[0])
+            if isinstance(self.kernel, str):
+                kernel = ScaleKernel(kernel).to(torch.float64)
+            gp = RandomFeatureGP(kernel, noise=noise)
+            self.n_iter_ = 0
+            if self.optimizer is not None:
+                self.n_iter_ = self._optimize(gp, x_t, y_t)
+            gp.fit(x_t, y_t)
         self.gp_ = gp
         self.kernel_ = gp.kernel
         self.noise_ = (gp.noise.detach().double().numpy() * self._y_std**2).squeeze()
         self.log_marginal_likelihood_value_ = float(gp.log_marginal_likelihood())
         return self
+
+    def _fit_recipe(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> RandomFeatureGP:
+        """The default recipe, :func:`rfgp.inference.recipe.fit_auto`."""
+        num_features = self.num_features
+        if num_features is not None:
+            num_features = _check_positive_int("num_features", num_features)
+        report = FitReport(0, 0, 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            warnings.simplefilter("ignore", NumericalWarning)
+            gp = fit_auto(x, y, spectral=self.kernel, num_features=num_features,
+                          max_iterations=int(self.max_iter), seed=seed, report=report)
+        self.fit_report_ = report
+        self.n_iter_ = sum(report.iterations.values())
+        return gp
 
     def _optimize(self, gp: RandomFeatureGP, x: torch.Tensor, y: torch.Tensor) -> int:
         """Maximise the log marginal likelihood over the kernel hyperparameters and the noise.
@@ -528,7 +575,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
             )
         _check_positive_int("mc_samples", self.mc_samples)
         seed = _seed(self.random_state)
-        kernel = _kernel_from(self, seed)
+        kernel = _kernel_from(self, seed, X.shape[0])
         model = DirichletGPClassifier(
             kernel, alpha_epsilon=_check_positive("alpha_epsilon", self.alpha_epsilon),
             num_classes=len(self.classes_), seed=seed,

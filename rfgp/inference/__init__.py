@@ -3,8 +3,9 @@
 from typing import Any
 
 from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.recipe import fit_auto
 
-__all__ = ["RandomFeatureGP"]
+__all__ = ["RandomFeatureGP", "fit_auto"]
 
 # The Dirichlet classifier moved to rfgp.classification (and its likelihood to
 # rfgp.likelihoods); the old names still resolve here, with a DeprecationWarning.

@@ -136,7 +136,7 @@ class RandomFeatureGP(torch.nn.Module):
         # Sums and products of feature kernels become one feature map here, once, so that the
         # fit, its fingerprint and the sample paths all hold the same composed kernel.
         kernel = as_feature_kernel(kernel) if is_composition(kernel) else kernel
-        self.feature_map = FeatureMap(kernel)
+        FeatureMap(kernel)  # validates the kernel before anything is registered
         self.solve = check_choice("solve", solve, _SOLVES)
         self.complex_posterior = check_bool("complex_posterior", complex_posterior)
         self.jitter = None if jitter is None else check_real("jitter", jitter, low=0.0)
@@ -151,9 +151,17 @@ class RandomFeatureGP(torch.nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "noise" and "_buffers" in self.__dict__ and "noise" in self._buffers:
             value = check_model_noise(value)
+        if name == "kernel" and isinstance(value, Kernel) and is_composition(value):
+            value = as_feature_kernel(value)  # a reassigned kernel tree, as at construction
         super().__setattr__(name, value)
 
     # ================================================================== properties
+    @property
+    def feature_map(self) -> FeatureMap:
+        """The kernel as the solvers see it (built from :attr:`kernel` at every use, so a
+        reassigned kernel is seen too)."""
+        return FeatureMap(self.kernel)
+
     @property
     def base_kernel(self) -> RandomFeatureKernel:
         """The :class:`RandomFeatureKernel` (inside the ``ScaleKernel``, if any)."""
@@ -535,6 +543,22 @@ class RandomFeatureGP(torch.nn.Module):
             rows_noise = expand_noise(noise, x_checked.shape[0], rows_y.shape[1], p)
         z = self.feature_map.real_rows(x_checked)
         return log_evidence_from_features(z, rows_y, rows_noise.to(rows_y), self.jitter)
+
+    # ================================================================== default recipe
+    @classmethod
+    def fit_auto(cls, x: Tensor, y: Tensor, **options: Any) -> RandomFeatureGP:
+        """Fit by rfgp's default recipe: :func:`rfgp.inference.recipe.fit_auto` (data-driven
+        start, evidence search at few features on a subsample, refit with many features).
+
+        Example:
+            >>> x = torch.linspace(0, 1, 50, dtype=torch.float64).unsqueeze(-1)
+            >>> gp = RandomFeatureGP.fit_auto(x, torch.sin(6 * x[:, 0]), num_features=256)
+            >>> gp.num_data
+            50
+        """
+        from rfgp.inference.recipe import fit_auto
+
+        return fit_auto(x, y, **options)
 
     # ================================================================== hyperparameters
     def optimize_hyperparameters(

@@ -184,3 +184,12 @@ def test_classifier_probabilities_never_come_from_a_stale_fit():
         assert "call fit" in str(err)
     else:
         torch.testing.assert_close(probs, expected)
+
+
+def test_a_reassigned_kernel_is_the_one_used():
+    x, y, xt = _data("fourier")
+    gp = RandomFeatureGP(FourierFeatureKernel(32, seed=0).double(), noise=0.1).fit(x, y)
+    other = FourierFeatureKernel(24, seed=4).double()
+    gp.kernel = other
+    fresh = RandomFeatureGP(other, noise=0.1).fit(x, y)
+    torch.testing.assert_close(gp.predict(xt), fresh.predict(xt))

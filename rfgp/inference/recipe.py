@@ -1,0 +1,488 @@
+r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accurate out of the box.
+
+:func:`fit_auto` fits a GP with an ARD random Fourier feature kernel in up to four steps:
+
+1. **Data-driven start.** :func:`initial_hyperparameters`: per-input lengthscales from the
+   inputs' spread (median heuristic), outputscale and noise from the targets' mean square.
+2. **Evidence at low fidelity.** The log marginal likelihood is maximised by L-BFGS
+   (:func:`maximize_evidence`, run until its own tolerances are met, not for a fixed handful of
+   iterations) with ``search_features`` features on a random subsample of ``subsample`` rows.
+   One evaluation costs :math:`O(n D_s^2 + D_s^3)` instead of :math:`O(N D^2 + D^3)`.
+3. **Refinement on all rows** (optional, ``refine_iterations``; off by default). A few more
+   L-BFGS iterations on all ``N`` rows at ``search_features`` features correct the subsample's
+   bias (long lengthscales, large noise), at :math:`O(N D_s^2)` per evaluation.
+4. **High-fidelity refit.** The hyperparameters are copied to a kernel with ``num_features``
+   features (default :func:`choose_num_features`: as many as an operation budget allows for
+   ``N`` rows, up to 8192) and the posterior is computed once, in closed form.
+
+The random frequencies are fixed by ``seed``; with ``num_features == search_features`` and
+``subsample >= N`` the refit is the direct fit at the optimised hyperparameters.
+
+Example:
+    >>> from rfgp.inference.recipe import fit_auto
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.rand(300, 2, generator=g, dtype=torch.float64)
+    >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)
+    >>> gp = fit_auto(x, y - y.mean(), num_features=256, seed=0)
+    >>> mean, std = gp.predict(x[:3], return_std=True)
+    >>> bool(gp.noise < 0.05), mean.shape
+    (True, torch.Size([3]))
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from gpytorch.kernels import ScaleKernel
+from linear_operator.utils.errors import NotPSDError
+from linear_operator.utils.warnings import NumericalWarning
+from torch import Tensor
+
+from rfgp._validation import check_choice, check_int, check_positive, check_tensor
+from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP, robust_cholesky
+from rfgp.kernels.fourier import SPECTRAL_DENSITIES, FourierFeatureKernel
+
+__all__ = [
+    "DEFAULT_COST_BUDGET",
+    "FitReport",
+    "choose_num_features",
+    "fit_auto",
+    "initial_hyperparameters",
+    "make_ard_kernel",
+    "maximize_evidence",
+    "negative_log_evidence",
+]
+
+#: Operation budget of the final fit, :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds: about
+#: ten seconds of one CPU core's double-precision matrix products.
+DEFAULT_COST_BUDGET = 2.0e11
+_MAX_FEATURES = 8192
+_MIN_FEATURES = 512
+# The noise is exp(log_noise) + this share of the targets' mean square: a floor that keeps the
+# weight-space matrix factorisable without a barrier in the search.
+_NOISE_FLOOR = 1e-6
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+@dataclass
+class FitReport:
+    """What :func:`fit_auto` did.
+
+    Attributes:
+        num_features: ``D`` of the final fit.
+        search_features: ``D`` of the evidence search.
+        subsample: rows of the first search stage.
+        iterations: L-BFGS iterations per stage (``"subsample"``, ``"all rows"``).
+        converged: per stage, whether L-BFGS met its tolerances before its iteration limit.
+        seconds: wall time per stage (``"subsample"``, ``"all rows"``, ``"refit"``).
+        initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
+        losses: per stage, the negative log evidence per datum at each evaluation.
+    """
+
+    num_features: int
+    search_features: int
+    subsample: int
+    iterations: Dict[str, int] = field(default_factory=dict)
+    converged: Dict[str, bool] = field(default_factory=dict)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    initial: Dict[str, Tensor] = field(default_factory=dict)
+    losses: Dict[str, List[float]] = field(default_factory=dict)
+
+
+def _check_data(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
+    y = check_tensor("y", y, min_dim=1, max_dim=2)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"y must have shape (N,) or (N, T) with N = {x.shape[0]} rows of x, got "
+            f"{tuple(y.shape)}"
+        )
+    return x, y
+
+
+def initial_hyperparameters(
+    x: Tensor,
+    y: Tensor,
+    max_rows: int = 1000,
+    signal_fraction: float = 0.9,
+    generator: Optional[torch.Generator] = None,
+) -> Dict[str, Tensor]:
+    r"""A data-driven starting point for the evidence search.
+
+    With :math:`s_j` the standard deviation of input column :math:`j` (1 for a constant column)
+    and :math:`m` the median of :math:`\|(x_a - x_b) / s\|` over pairs of distinct rows (at most
+    ``max_rows`` rows, drawn at random; 1 without such pairs), the lengthscales are
+
+    .. math::
+        \ell_j = s_j \, m / \sqrt 2,
+
+    so that :math:`\|(x_a - x_b)/\ell\|^2 / 2` is one at the median pair: the RBF kernel of the
+    median pair is :math:`e^{-1}` whatever the scale of each column (for standardised Gaussian
+    inputs :math:`\ell_j \approx \sqrt d`). With :math:`v` the mean square of the (centred)
+    targets, the outputscale is ``signal_fraction`` :math:`\cdot v` and the noise the rest.
+
+    Args:
+        x: ``(N, d)`` inputs.
+        y: ``(N,)`` or ``(N, T)`` targets, centred (the GP's prior mean is zero).
+        max_rows: rows used for the median.
+        signal_fraction: share of the targets' mean square given to the outputscale, in
+            ``(0, 1)``.
+        generator: random rows for the median when ``N > max_rows``.
+
+    Returns:
+        ``{"lengthscale": (d,), "outputscale": (), "noise": ()}`` tensors in ``x``'s dtype.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.randn(500, 2, dtype=torch.float64, generator=g) * torch.tensor([1.0, 10.0])
+        >>> init = initial_hyperparameters(x, torch.randn(500, dtype=torch.float64))
+        >>> ratio = init["lengthscale"][1] / init["lengthscale"][0]
+        >>> bool(9 < ratio < 11)
+        True
+    """
+    x, y = _check_data(x, y)
+    max_rows = check_int("max_rows", max_rows, minimum=2)
+    signal_fraction = check_positive("signal_fraction", signal_fraction)
+    if signal_fraction >= 1.0:
+        raise ValueError(f"signal_fraction must be in (0, 1), got {signal_fraction!r}")
+    n = x.shape[0]
+    scale = x.std(0) if n > 1 else torch.ones_like(x[0])
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    rows = x if n <= max_rows else x[torch.randperm(n, generator=generator)[:max_rows]]
+    dist = torch.pdist(rows / scale)
+    positive = dist[dist > 0]
+    median = float(positive.median()) if positive.numel() else 1.0
+    lengthscale = scale * (median / math.sqrt(2.0))
+    second_moment = float(y.square().mean())
+    second_moment = second_moment if second_moment > 0 else 1.0
+    like = torch.ones((), dtype=x.dtype, device=x.device)
+    return {
+        "lengthscale": lengthscale,
+        "outputscale": like * signal_fraction * second_moment,
+        "noise": like * (1.0 - signal_fraction) * second_moment,
+    }
+
+
+def choose_num_features(
+    num_data: int,
+    cost_budget: float = DEFAULT_COST_BUDGET,
+    minimum: int = _MIN_FEATURES,
+    maximum: int = _MAX_FEATURES,
+) -> int:
+    r"""The largest power of two ``D`` in ``[minimum, maximum]`` whose fit fits the budget.
+
+    The fit's cost is :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds (the cheaper of the
+    weight-space Gram matrix and the function-space kernel matrix, plus a Cholesky factor);
+    ``minimum`` is returned when even that is over budget. The rule depends on ``N`` alone, so
+    a fit is reproducible; scale ``cost_budget`` with the machine's speed (about
+    :math:`2 \cdot 10^{10}` multiply-adds per second per CPU core in double precision).
+
+    Example:
+        >>> choose_num_features(500), choose_num_features(9000), choose_num_features(10**6)
+        (8192, 4096, 512)
+    """
+    num_data = check_int("num_data", num_data)
+    cost_budget = check_positive("cost_budget", cost_budget)
+    minimum = check_int("minimum", minimum, minimum=2)
+    maximum = check_int("maximum", maximum, minimum=minimum)
+    best = minimum
+    d = minimum
+    while d <= maximum:
+        cost = min(num_data * d * d, num_data * num_data * d) + d**3 / 3
+        if cost <= cost_budget:
+            best = d
+        d *= 2
+    return best
+
+
+def make_ard_kernel(
+    num_features: int,
+    input_dim: int,
+    spectral: str = "rbf",
+    seed: Optional[int] = None,
+    dtype: torch.dtype = torch.float64,
+) -> ScaleKernel:
+    """``ScaleKernel(FourierFeatureKernel(..., sampling="orthogonal", ard_num_dims=input_dim))``.
+
+    Orthogonal frequencies (ORF) lower the kernel's approximation error at no extra cost.
+
+    Example:
+        >>> k = make_ard_kernel(64, 3, "matern52", seed=0)
+        >>> tuple(k.base_kernel.lengthscale.shape), k.base_kernel.spectral
+        ((1, 3), 'matern52')
+    """
+    num_features = check_int("num_features", num_features, minimum=2)
+    input_dim = check_int("input_dim", input_dim)
+    check_choice("spectral", spectral, tuple(SPECTRAL_DENSITIES))
+    base = FourierFeatureKernel(
+        num_features, spectral=spectral, sampling="orthogonal", input_dim=input_dim,
+        ard_num_dims=input_dim, seed=seed,
+    )
+    return ScaleKernel(base).to(dtype)
+
+
+def _set_hyperparameters(kernel: ScaleKernel, lengthscale: Tensor, outputscale: Tensor) -> None:
+    kernel.base_kernel.lengthscale = lengthscale.detach().reshape(1, -1)
+    kernel.outputscale = outputscale.detach()
+
+
+class _WeightSpaceEvidence(torch.autograd.Function):
+    """``-log p(y)`` of ``y ~ N(0, Z Z^T + s I)`` with its gradient in closed form."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+        n, width = z.shape
+        s = noise
+        bmat = torch.addmm(torch.eye(width, dtype=z.dtype, device=z.device), z.T, z, alpha=1 / s)
+        chol = robust_cholesky(bmat, None, "weight-space matrix B")
+        h = (z.T @ y) / s
+        alpha = torch.cholesky_solve(h, chol)
+        resid = y - z @ alpha
+        quad = (y * resid).sum(0) / s  # y^T (Z Z^T + s I)^{-1} y, per output
+        logdet = 2.0 * chol.diagonal().log().sum() + n * torch.log(s)
+        ctx.save_for_backward(z, chol, alpha, resid, noise)
+        return 0.5 * (quad + logdet + n * _LOG_2PI).sum()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        z, chol, alpha, resid, s = ctx.saved_tensors
+        n, width = z.shape
+        outputs = resid.shape[1]
+        binv = torch.cholesky_inverse(chol)
+        grad_z = (outputs * (z @ binv) - resid @ alpha.T) * (grad / s)
+        grad_s = 0.5 * (
+            -resid.square().sum() / s**2 + outputs * (n - width + binv.diagonal().sum()) / s
+        )
+        return grad_z, None, grad * grad_s
+
+
+def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+    r"""``-log p(y)`` for :math:`y_t \sim N(0, Z Z^\top + \sigma^2 I)` (independent columns),
+    computed in weight space, with the gradient in closed form.
+
+    With :math:`B = I + Z^\top Z / \sigma^2`, :math:`\alpha = B^{-1} Z^\top y / \sigma^2` and
+    :math:`r = y - Z \alpha = \sigma^2 (Z Z^\top + \sigma^2 I)^{-1} y`,
+
+    .. math::
+        -\log p(y) = \tfrac12 \textstyle\sum_t \big(y_t^\top r_t / \sigma^2 + \log|B|
+            + N \log \sigma^2 + N \log 2\pi\big),\quad
+        \frac{\partial}{\partial Z} = \frac{T Z B^{-1} - r \alpha^\top}{\sigma^2},\quad
+        \frac{\partial}{\partial \sigma^2} = \tfrac12 \Big(-\frac{\|r\|^2}{\sigma^4}
+            + T\,\frac{N - D + \mathrm{tr} B^{-1}}{\sigma^2}\Big).
+
+    One evaluation with its gradient costs two :math:`N D^2` products (:math:`Z^\top Z` and
+    :math:`Z B^{-1}`), a Cholesky factor and its inverse: the floor of the weight-space
+    evidence, where automatic differentiation of the same formula adds a Cholesky backward pass
+    and several ``N x D`` temporaries.
+
+    Args:
+        z: ``(N, D)`` real features (times the square root of the outputscale).
+        y: ``(N, T)`` targets.
+        noise: 0-d positive tensor :math:`\sigma^2`.
+
+    Returns:
+        A 0-d tensor, differentiable in ``z`` and ``noise``.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z = torch.randn(50, 4, dtype=torch.float64, generator=g)
+        >>> y = torch.randn(50, 1, dtype=torch.float64, generator=g)
+        >>> cov = z @ z.T + 0.5 * torch.eye(50, dtype=torch.float64)
+        >>> exact = -torch.distributions.MultivariateNormal(torch.zeros(50, dtype=torch.float64),
+        ...                                                 cov).log_prob(y[:, 0])
+        >>> bool(torch.isclose(negative_log_evidence(z, y, torch.tensor(0.5, dtype=torch.float64)),
+        ...                    exact))
+        True
+    """
+    return _WeightSpaceEvidence.apply(z, y, noise)
+
+
+def maximize_evidence(
+    gp: RandomFeatureGP,
+    x: Tensor,
+    y: Tensor,
+    max_iterations: int = 100,
+    tolerance: float = 1e-6,
+) -> Tuple[List[float], int, bool]:
+    r"""Maximise :math:`\log p(y)` over the kernel's hyperparameters and the model noise.
+
+    Minimises :math:`-\log p(y) / (N T)` with ``torch.optim.LBFGS`` (strong-Wolfe line search)
+    over the kernel's trainable parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, where the
+    floor :math:`\sigma^2_0 = 10^{-6}` times the targets' mean square keeps the weight-space
+    matrix factorisable. L-BFGS runs until the largest gradient entry is below ``tolerance``,
+    the loss changes by less than ``tolerance**2``, or ``max_iterations`` iterations; a trial
+    point that cannot be factorised gets a loss above all others, so the line search backs off.
+    The model noise is set to the optimum; the GP is not refitted.
+
+    Args:
+        gp: the model (its kernel's parameters and :attr:`~RandomFeatureGP.noise` are changed).
+        x, y: training data.
+        max_iterations: L-BFGS iterations (each one line search, a few evaluations).
+        tolerance: gradient tolerance on the loss per datum.
+
+    Returns:
+        ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
+        iterations, and whether L-BFGS stopped on its tolerances before ``max_iterations``.
+    """
+    max_iterations = check_int("max_iterations", max_iterations)
+    tolerance = check_positive("tolerance", tolerance)
+    floor = _NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
+    start = (gp.noise.detach().to(x) - floor).clamp_min(floor)
+    log_noise = start.log().clone().requires_grad_(True)
+    params = [p for p in gp.kernel.parameters() if p.requires_grad] + [log_noise]
+    scale = 1.0 / y.numel()
+    # Real features of a ScaleKernel in weight space (N >= D): the closed-form gradient.
+    base = gp.kernel.base_kernel if isinstance(gp.kernel, ScaleKernel) else None
+    closed_form = (
+        base is not None and not getattr(base, "is_complex", False)
+        and base.num_outputs_per_input(x, x) == 1 and x.shape[0] >= base.num_features
+    )
+    y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
+
+    def objective() -> Tensor:
+        if closed_form:
+            z = base.features(x) * gp.kernel.outputscale.sqrt()
+            return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
+        return -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
+
+    state: Dict[str, object] = {"best": math.inf, "params": None, "barrier": None}
+    trace: List[float] = []
+
+    def closure() -> Tensor:
+        for p in params:
+            p.grad = None
+        loss = None
+        try:
+            loss = objective() * scale
+        except NotPSDError:
+            pass
+        if loss is None or not torch.isfinite(loss):
+            if state["barrier"] is None:
+                raise ValueError(
+                    "the log marginal likelihood is not finite at the initial hyperparameters"
+                )
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            return torch.tensor(state["barrier"], dtype=x.dtype, device=x.device)
+        loss.backward()
+        value = float(loss.detach())
+        trace.append(value)
+        if value < state["best"]:
+            state["best"] = value
+            state["params"] = [p.detach().clone() for p in params]
+        return loss.detach()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        first = closure()
+        state["barrier"] = abs(float(first)) * 10.0 + 1e3
+        opt = torch.optim.LBFGS(
+            params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
+            tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+        opt.step(closure)
+    iterations = int(opt.state[params[0]]["n_iter"])
+    with torch.no_grad():
+        for p, value in zip(params, state["params"]):
+            p.copy_(value)
+    gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(gp.noise.shape)
+    return trace, iterations, iterations < max_iterations
+
+
+def fit_auto(
+    x: Tensor,
+    y: Tensor,
+    spectral: str = "rbf",
+    num_features: Optional[int] = None,
+    search_features: int = 512,
+    subsample: int = 2000,
+    refine_iterations: int = 0,
+    max_iterations: int = 200,
+    tolerance: float = 1e-5,
+    cost_budget: float = DEFAULT_COST_BUDGET,
+    seed: int = 0,
+    report: Optional[FitReport] = None,
+) -> RandomFeatureGP:
+    r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
+
+    The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
+    predictions. Standardised inputs are not needed (the lengthscales start from each column's
+    spread).
+
+    Args:
+        x: ``(N, d)`` inputs.
+        y: ``(N,)`` or ``(N, T)`` centred targets.
+        spectral: ``"rbf"`` or a Matérn kernel (``"matern12"``, ``"matern32"``,
+            ``"matern52"``).
+        num_features: ``D`` of the final fit; default :func:`choose_num_features` ``(N,
+            cost_budget)``.
+        search_features: ``D`` of the evidence search (at most ``num_features``).
+        subsample: rows of the first search stage (all rows when ``N`` is not larger).
+        refine_iterations: L-BFGS iterations on all rows after the subsample stage (0: none;
+            skipped when the subsample holds all rows).
+        max_iterations: L-BFGS iterations of the subsample stage.
+        tolerance: L-BFGS gradient tolerance (per datum).
+        cost_budget: operation budget of the final fit (see :func:`choose_num_features`).
+        seed: seed of the random frequencies and of the subsample.
+        report: a :class:`FitReport` to fill in (iterations, convergence, times).
+
+    Returns:
+        The fitted model, ``num_features`` features, conditioned on all rows.
+    """
+    x, y = _check_data(x, y)
+    check_choice("spectral", spectral, tuple(SPECTRAL_DENSITIES))
+    search_features = check_int("search_features", search_features, minimum=2)
+    subsample = check_int("subsample", subsample, minimum=2)
+    refine_iterations = check_int("refine_iterations", refine_iterations, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
+    n, d = x.shape
+    if num_features is None:
+        num_features = choose_num_features(n, cost_budget)
+    num_features = check_int("num_features", num_features, minimum=2)
+    search_features = min(search_features, num_features)
+    generator = torch.Generator().manual_seed(seed)
+    info = report if report is not None else FitReport(0, 0, 0)
+    info.num_features, info.search_features = num_features, search_features
+    init = initial_hyperparameters(x, y, generator=generator)
+    info.initial = init
+
+    kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
+    _set_hyperparameters(kernel, init["lengthscale"], init["outputscale"])
+    gp = RandomFeatureGP(kernel, noise=init["noise"])
+    stages = []
+    if n > subsample:
+        rows = torch.randperm(n, generator=generator)[:subsample].to(x.device)
+        stages.append(("subsample", x[rows], y[rows], max_iterations))
+        if refine_iterations:
+            stages.append(("all rows", x, y, refine_iterations))
+    else:
+        stages.append(("subsample", x, y, max_iterations))
+    info.subsample = min(n, subsample)
+    for name, xs, ys, iters in stages:
+        started = time.perf_counter()
+        losses, iterations, converged = maximize_evidence(gp, xs, ys, iters, tolerance)
+        info.seconds[name] = time.perf_counter() - started
+        info.iterations[name], info.converged[name], info.losses[name] = (
+            iterations, converged, losses
+        )
+    if not info.converged["subsample"]:
+        warnings.warn(
+            f"fit_auto: the evidence search did not converge in {max_iterations} L-BFGS "
+            "iterations; increase max_iterations",
+            ConvergenceWarning,
+        )
+    started = time.perf_counter()
+    if num_features != search_features:
+        final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
+        _set_hyperparameters(final, kernel.base_kernel.lengthscale, kernel.outputscale)
+        gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())
+    with torch.no_grad():
+        gp.fit(x, y)
+    info.seconds["refit"] = time.perf_counter() - started
+    return gp

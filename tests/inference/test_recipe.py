@@ -1,0 +1,247 @@
+"""Tests of the default fitting recipe: the data-driven start, the choice of D, the evidence search
+running to convergence, and the multi-fidelity refit against direct fits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rfgp import RandomFeatureGP
+from rfgp.inference.recipe import (
+    DEFAULT_COST_BUDGET,
+    FitReport,
+    choose_num_features,
+    fit_auto,
+    initial_hyperparameters,
+    make_ard_kernel,
+    maximize_evidence,
+    negative_log_evidence,
+)
+
+DT = torch.float64
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rff_gp_data(n: int, noise: float, seed: int = 0, lengthscale=(0.5, 2.0)):
+    """Draws from a GP whose kernel is exactly an RFF kernel (weights w ~ N(0, I))."""
+    g = gen(seed)
+    kernel = make_ard_kernel(256, len(lengthscale), seed=seed + 100)
+    kernel.base_kernel.lengthscale = torch.tensor([lengthscale], dtype=DT)
+    kernel.outputscale = torch.tensor(1.0, dtype=DT)
+    x = torch.randn(n, len(lengthscale), generator=g, dtype=DT)
+    with torch.no_grad():
+        phi = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
+    w = torch.randn(phi.shape[1], generator=g, dtype=DT)
+    y = phi @ w + math.sqrt(noise) * torch.randn(n, generator=g, dtype=DT)
+    return x, y, kernel
+
+
+# ----------------------------------------------------------------------------- initialisation
+def test_initial_lengthscales_scale_with_each_column():
+    # Rescaling column j by c rescales lengthscale j by c exactly: the median is taken over
+    # distances of the columns divided by their standard deviations.
+    g = gen(0)
+    x = torch.randn(300, 3, generator=g, dtype=DT)
+    y = torch.randn(300, generator=g, dtype=DT)
+    c = torch.tensor([1.0, 7.0, 0.01], dtype=DT)
+    a = initial_hyperparameters(x, y)["lengthscale"]
+    b = initial_hyperparameters(x * c, y)["lengthscale"]
+    torch.testing.assert_close(b, a * c, rtol=1e-12, atol=0)
+
+
+def test_initial_lengthscale_is_sqrt_median_chi2_for_gaussian_inputs():
+    # For x ~ N(0, I_d) the difference of two rows is N(0, 2 I), so ||diff||^2 / 2 ~ chi2_d and
+    # l = median(||diff||) / sqrt(2) = sqrt(median chi2_d) (Wilson-Hilferty for the median).
+    d = 6
+    x = torch.randn(1000, d, generator=gen(1), dtype=DT)
+    ell = initial_hyperparameters(x, torch.ones(1000, dtype=DT))["lengthscale"]
+    median_chi2 = d * (1 - 2 / (9 * d)) ** 3
+    # l_j / s_j is the common factor m / sqrt(2) (s_j the column's sample standard deviation);
+    # about 5e5 dependent pairs: the median's relative error is a few per mille; 3% is ample.
+    factor = ell / x.std(0)
+    torch.testing.assert_close(factor, torch.full((d,), math.sqrt(median_chi2), dtype=DT),
+                               rtol=0.03, atol=0)
+
+
+def test_initial_scales_split_the_targets_mean_square():
+    x = torch.randn(50, 2, generator=gen(2), dtype=DT)
+    y = 3.0 * torch.randn(50, 2, generator=gen(3), dtype=DT)
+    init = initial_hyperparameters(x, y, signal_fraction=0.8)
+    m = float(y.square().mean())
+    assert float(init["outputscale"]) == pytest.approx(0.8 * m, rel=1e-12)
+    assert float(init["noise"]) == pytest.approx(0.2 * m, rel=1e-12)
+
+
+def test_initial_hyperparameters_edge_cases_and_checks():
+    one = initial_hyperparameters(torch.zeros(1, 2, dtype=DT), torch.zeros(1, dtype=DT))
+    # No pair of rows: s_j = 1 and m = 1, so l_j = 1 / sqrt(2).
+    torch.testing.assert_close(one["lengthscale"], torch.full((2,), 0.5**0.5, dtype=DT))
+    assert float(one["outputscale"] + one["noise"]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="signal_fraction"):
+        initial_hyperparameters(torch.zeros(3, 2, dtype=DT), torch.zeros(3, dtype=DT), 1000, 1.0)
+    with pytest.raises(ValueError, match="x must have at most 2"):
+        initial_hyperparameters(torch.zeros(3, 2, 1, dtype=DT), torch.zeros(3, dtype=DT))
+    with pytest.raises(ValueError, match="rows of x"):
+        initial_hyperparameters(torch.zeros(3, 2, dtype=DT), torch.zeros(4, dtype=DT))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        initial_hyperparameters(np.zeros((3, 2)), torch.zeros(3, dtype=DT))
+
+
+# ----------------------------------------------------------------------------- number of features
+@pytest.mark.parametrize("n", [1, 100, 5000, 9000, 10**5, 10**7])
+def test_choose_num_features_is_the_largest_power_of_two_within_budget(n):
+    def cost(d):
+        return min(n * d * d, n * n * d) + d**3 / 3
+
+    d = choose_num_features(n)
+    assert d & (d - 1) == 0 and 512 <= d <= 8192
+    assert cost(d) <= DEFAULT_COST_BUDGET or d == 512
+    assert d == 8192 or cost(2 * d) > DEFAULT_COST_BUDGET
+
+
+def test_choose_num_features_grows_with_the_budget_and_checks():
+    assert choose_num_features(10**5, 1e12) > choose_num_features(10**5, 1e11)
+    with pytest.raises(ValueError, match="cost_budget"):
+        choose_num_features(10, -1.0)
+    with pytest.raises(TypeError, match="num_data"):
+        choose_num_features(10.0)
+
+
+# ----------------------------------------------------------------------------- evidence
+def test_closed_form_evidence_gradient_passes_gradcheck():
+    g = gen(20)
+    z = torch.randn(15, 4, generator=g, dtype=DT, requires_grad=True)
+    y = torch.randn(15, 2, generator=g, dtype=DT)
+    noise = torch.tensor(0.3, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, s: negative_log_evidence(a, y, s), (z, noise))
+
+
+def test_closed_form_evidence_equals_the_solvers_evidence_and_gradient():
+    x, y, kernel = rff_gp_data(300, 0.1, seed=13)
+    y2 = torch.stack([y, -0.5 * y + 0.1], dim=-1)
+    gp = RandomFeatureGP(kernel, noise=0.1)
+    noise = torch.tensor(0.07, dtype=DT, requires_grad=True)
+    params = [p for p in kernel.parameters() if p.requires_grad] + [noise]
+    a = -gp.log_marginal_likelihood(x, y2, noise)
+    grads_a = torch.autograd.grad(a, params)
+    z = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
+    b = negative_log_evidence(z, y2, noise)
+    grads_b = torch.autograd.grad(b, params)
+    torch.testing.assert_close(b, a, rtol=1e-10, atol=0)
+    for ga, gb in zip(grads_a, grads_b):
+        torch.testing.assert_close(gb, ga, rtol=1e-8, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- convergence
+def test_evidence_search_converges_to_a_stationary_point():
+    x, y, _ = rff_gp_data(1500, noise=0.01, seed=4)
+    init = initial_hyperparameters(x, y)
+    kernel = make_ard_kernel(256, 2, seed=104)  # the generating frequencies
+    kernel.base_kernel.lengthscale = init["lengthscale"].reshape(1, -1)
+    kernel.outputscale = init["outputscale"]
+    gp = RandomFeatureGP(kernel, noise=init["noise"])
+    losses, iterations, converged = maximize_evidence(gp, x, y, max_iterations=200,
+                                                      tolerance=1e-6)
+    assert converged and iterations > 3
+    assert min(losses) < losses[0]
+    # Stationary: the gradient of the per-datum evidence in the searched coordinates (the raw
+    # kernel parameters and the log-noise) vanishes.
+    log_noise = gp.noise.detach().log().requires_grad_(True)
+    value = -gp.log_marginal_likelihood(x, y, log_noise.exp()) / x.shape[0]
+    raw = [p for p in kernel.parameters() if p.requires_grad]
+    for g in torch.autograd.grad(value, [*raw, log_noise]):
+        assert float(g.abs().max()) < 1e-4
+    # The noise estimate: the MLE's relative standard error is about sqrt(2 / N) = 3.7%.
+    assert float(gp.noise) == pytest.approx(0.01, rel=0.2)
+
+
+def test_fit_auto_reports_convergence_and_stages():
+    x, y, _ = rff_gp_data(600, noise=0.05, seed=5)
+    report = FitReport(0, 0, 0)
+    gp = fit_auto(x, y, num_features=1024, search_features=128, subsample=300,
+                  refine_iterations=3, report=report)
+    assert report.converged["subsample"] and report.iterations["subsample"] > 3
+    assert report.iterations["all rows"] <= 3
+    assert set(report.seconds) == {"subsample", "all rows", "refit"}
+    assert gp.kernel.base_kernel.num_features == 1024 and gp.num_data == 600
+
+
+# ----------------------------------------------------------------------------- multi-fidelity
+def test_refit_at_equal_features_reproduces_a_direct_fit():
+    x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
+    xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
+    auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3)
+    # The same steps by hand: start, converged search on all rows, fit.
+    init = initial_hyperparameters(x, y, generator=gen(3))
+    kernel = make_ard_kernel(256, 2, seed=3)
+    kernel.base_kernel.lengthscale = init["lengthscale"].reshape(1, -1)
+    kernel.outputscale = init["outputscale"]
+    direct = RandomFeatureGP(kernel, noise=init["noise"])
+    maximize_evidence(direct, x, y, max_iterations=200, tolerance=1e-5)
+    direct.fit(x, y)
+    m1, s1 = auto.predict(xq, return_std=True)
+    m2, s2 = direct.predict(xq, return_std=True)
+    torch.testing.assert_close(m1, m2, rtol=0, atol=1e-10)
+    torch.testing.assert_close(s1, s2, rtol=0, atol=1e-10)
+
+
+def test_refit_with_more_features_is_the_direct_fit_at_the_searched_hyperparameters():
+    x, y, _ = rff_gp_data(500, noise=0.05, seed=8)
+    xq = torch.randn(20, 2, generator=gen(9), dtype=DT)
+    auto = fit_auto(x, y, num_features=1024, search_features=128, subsample=250,
+                    refine_iterations=2, seed=5)
+    kernel = make_ard_kernel(1024, 2, seed=5)
+    kernel.base_kernel.lengthscale = auto.kernel.base_kernel.lengthscale.detach()
+    kernel.outputscale = auto.kernel.outputscale.detach()
+    direct = RandomFeatureGP(kernel, noise=auto.noise.clone()).fit(x, y)
+    m1, s1 = auto.predict(xq, return_std=True)
+    m2, s2 = direct.predict(xq, return_std=True)
+    torch.testing.assert_close(m1, m2, rtol=0, atol=1e-10)
+    torch.testing.assert_close(s1, s2, rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_fit_auto_recovers_the_generating_hyperparameters():
+    # Data from an RFF GP with lengthscales (0.5, 2), outputscale 1 and noise 0.01: the recipe's
+    # estimates (search on a subsample, all rows at the end) land near them.
+    x, y, _ = rff_gp_data(3000, noise=0.01, seed=10)
+    gp = fit_auto(x, y, num_features=1024, subsample=1500, refine_iterations=0, seed=0)
+    ell = gp.kernel.base_kernel.lengthscale.detach().flatten()
+    assert 0.35 < float(ell[0]) < 0.7 and 1.3 < float(ell[1]) < 3.0
+    assert float(gp.noise) == pytest.approx(0.01, rel=0.3)
+
+
+def test_fit_auto_checks_its_arguments():
+    x, y = torch.zeros(5, 2, dtype=DT), torch.zeros(5, dtype=DT)
+    with pytest.raises(ValueError, match="spectral"):
+        fit_auto(x, y, spectral="laplace")
+    with pytest.raises(ValueError, match="subsample"):
+        fit_auto(x, y, subsample=1)
+    with pytest.raises(TypeError, match="num_features"):
+        fit_auto(x, y, num_features=64.0)
+
+
+# ----------------------------------------------------------------------------- scikit-learn
+def test_sklearn_default_is_the_recipe():
+    from sklearn.utils import check_random_state
+
+    from rfgp.sklearn import RandomFeatureGPRegressor
+
+    x, y, _ = rff_gp_data(300, noise=0.05, seed=11)
+    y = 3.0 * y.numpy() + 2.0
+    reg = RandomFeatureGPRegressor(random_state=0).fit(x.numpy(), y)
+    seed = int(check_random_state(0).randint(np.iinfo(np.int32).max))
+    gp = fit_auto(x, torch.from_numpy((y - y.mean()) / y.std()), seed=seed)
+    xq = torch.randn(10, 2, generator=gen(12), dtype=DT)
+    mean, std = reg.predict(xq.numpy(), return_std=True)
+    m, s = gp.predict(xq, return_std=True)
+    np.testing.assert_allclose(mean, m.numpy() * y.std() + y.mean(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(std, s.numpy() * y.std(), rtol=0, atol=1e-9)
+    assert reg.fit_report_.num_features == gp.kernel.base_kernel.num_features
+    assert reg.n_iter_ > 3
