@@ -321,3 +321,12 @@ def test_a_changed_tree_parameter_is_never_stale_in_the_solver():
     fresh = RandomFeatureGP(gp.kernel, noise=0.1).fit(x, y).predict(xs)
     torch.testing.assert_close(after, fresh)
     assert not torch.allclose(after, before)
+
+
+def test_a_kernel_tree_assigned_to_the_solver_becomes_one_feature_map():
+    gp = RandomFeatureGP(FourierFeatureKernel(8, seed=0).double(), noise=0.1)
+    tree = mixed_tree(width=8)
+    gp.kernel = tree
+    assert isinstance(gp.kernel, ComposedFeatureKernel) and gp.kernel.tree is tree
+    x = torch.rand(12, 4, dtype=DT)
+    assert gp.fit(x, x[:, 0]).predict(x).shape == (12,)
