@@ -31,6 +31,7 @@ from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.softmax import PROBA_METHODS, softmax_expectation
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.composition import as_feature_kernel, is_feature_composition
 from rfgp.likelihoods import DirichletLikelihood, validate_labels
 
 __all__ = ["ALPHA_GRID", "DirichletGPClassifier", "encode_labels"]
@@ -145,7 +146,9 @@ class DirichletGPClassifier:
     ``num_classes`` raises a ``RuntimeError`` asking for a new :meth:`fit`.
 
     Args:
-        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes.
+        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes. A sum /
+            product tree of random-feature kernels is turned into one feature map
+            (:func:`rfgp.kernels.as_feature_kernel`) and takes the weight-space path.
         alpha_epsilon: Dirichlet concentration added to every class; choose it with
             :meth:`select_alpha` on the grid :data:`ALPHA_GRID`.
         num_classes: ``C``; ``None`` takes the distinct labels at :meth:`fit`.
@@ -195,7 +198,8 @@ class DirichletGPClassifier:
     ) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
-        self.kernel = kernel
+        # Sums and products of feature kernels take the weight-space path as one feature map.
+        self.kernel = as_feature_kernel(kernel) if is_feature_composition(kernel) else kernel
         self.alpha_epsilon = check_positive("alpha_epsilon", alpha_epsilon)
         self.num_classes = None if num_classes is None else check_int(
             "num_classes", num_classes, minimum=2
