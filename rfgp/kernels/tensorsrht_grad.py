@@ -264,7 +264,9 @@ def _build():
 
     @numba.njit(nogil=True, cache=True)
     def backward_rows(x, scale, root, has_root, sre, sim, coeff, scales, g_re, g_im, out,
-                      start, stop, rows, is_complex):
+                      start, stop, rows, is_complex, stages):
+        # stages < 3 stops each block early (after the recomputed transforms and gathers, or
+        # after the products as well): only for timing the stages separately
         p, num_blocks, dp = sre.shape
         num_features = g_re.shape[1]
         width = x.shape[1] + has_root
@@ -289,19 +291,23 @@ def _build():
             for b in range(num_blocks):
                 lo = b * dp
                 nb = min(num_features, lo + dp) - lo
-                load(gtr, g_re, r0, m, lo, nb)
-                if is_complex:
-                    load(gti, g_im, r0, m, lo, nb)
                 for i in range(p):
                     signed_fwht(tr, xt, sre[i, b], scales[i])
                     gather(ar[i], tr, coeff[i, lo : lo + nb])
                     if is_complex:
                         signed_fwht(ti, xt, sim[i, b], scales[i])
                         gather(ai[i], ti, coeff[i, lo : lo + nb])
+                if stages < 2:
+                    continue
+                load(gtr, g_re, r0, m, lo, nb)
+                if is_complex:
+                    load(gti, g_im, r0, m, lo, nb)
                 if is_complex:
                     leave_one_out_complex(ar, ai, gtr, gti, q, qi, run, run_i, nb)
                 else:
                     leave_one_out(ar, gtr, q, run, nb)
+                if stages < 3:
+                    continue
                 for i in range(p):
                     scatter(tr, ar[i], coeff[i, lo : lo + nb], nb == dp)
                     fwht_signed_add(acc, tr, sre[i, b], scales[i])
@@ -320,12 +326,13 @@ def _kernels():
 
 
 def backward_tile_rows(padded: int) -> int:
-    return max(1, min(16, (1 << 14) // padded))
+    return max(1, min(64, (1 << 16) // padded))
 
 
 def input_gradient(
     x: Tensor, signs: Tensor, indices: Tensor, complex: bool, grad: Tensor,
     scale: Optional[Tensor] = None, root: Optional[Tensor] = None, rows: Optional[int] = None,
+    stages: int = 3,
 ) -> Tensor:
     """Gradient ``(N, d + [root])`` with respect to the homogenised input ``[x / scale, root]``."""
     import numpy as np
@@ -366,7 +373,7 @@ def input_gradient(
     kernel = _kernels()
 
     def work(start: int, stop: int) -> None:
-        kernel(xs, sc, rt, has_root, *arrays, start, stop, rows, complex)
+        kernel(xs, sc, rt, has_root, *arrays, start, stop, rows, complex, stages)
 
     if threads == 1:
         work(0, n)
