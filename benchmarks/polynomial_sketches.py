@@ -42,8 +42,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rfgp.kernels import DotProductKernel, PolynomialSketchKernel, _srht_numba  # noqa: E402
-from rfgp.kernels.sketches import apply_sketch  # noqa: E402
+from rfgp.kernels import DotProductKernel, PolynomialSketchKernel  # noqa: E402
+from rfgp.kernels.sketches import _srht_numba, apply_sketch  # noqa: E402
 from rfgp.metrics import relative_frobenius_error  # noqa: E402
 from rfgp.variance import sketch_variance  # noqa: E402
 

@@ -1,8 +1,8 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import allocation, datasets, inference, kernels, likelihoods, metrics, ops, variance
+from rfgp import datasets, inference, kernels, likelihoods, metrics, ops, variance
 from rfgp.inference import DirichletGPClassifier, RandomFeatureGP
-from rfgp.kernels.operator import helmholtz_components
+from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,6 @@ __all__ = [
     "RandomFeatureGP",
     "DirichletGPClassifier",
     "helmholtz_components",
-    "allocation",
     "datasets",
     "inference",
     "kernels",
@@ -20,3 +19,14 @@ __all__ = [
     "variance",
     "__version__",
 ]
+
+
+
+def __getattr__(name: str):
+    # rfgp.allocation moved to rfgp.kernels.maclaurin.allocation; the old submodule still
+    # imports on first use (each name read from it warns).
+    if name == "allocation":
+        import importlib
+
+        return importlib.import_module("rfgp.allocation")
+    raise AttributeError(f"module 'rfgp' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rfgp.allocation import (
+from rfgp.kernels.maclaurin.allocation import (
     allocation_objective,
     allocation_statistics,
     incremental_allocation,

@@ -1,20 +1,34 @@
 """Random-feature kernels (GPyTorch ``Kernel`` subclasses) and the exact kernels they
-approximate."""
+approximate.
 
+One family per module or subpackage: :mod:`~rfgp.kernels.fourier`,
+:mod:`~rfgp.kernels.spherical`, :mod:`~rfgp.kernels.gaussian_sketch`,
+:mod:`~rfgp.kernels.sketches` (polynomial sketches), :mod:`~rfgp.kernels.maclaurin`,
+:mod:`~rfgp.kernels.vector_field`, and the exact :mod:`~rfgp.kernels.dot_product` kernels.
+"""
+
+from rfgp._deprecation import moved_names
 from rfgp.kernels.base import RandomFeatureKernel, real_form
-from rfgp.kernels.exact import CurlFreeKernel, DivFreeKernel, DotProductKernel, HelmholtzKernel
+from rfgp.kernels.dot_product import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
 from rfgp.kernels.maclaurin import MaclaurinKernel
-from rfgp.kernels.operator import (
+from rfgp.kernels.sketches import (
+    PolynomialSketchKernel,
+    _srht_numba,  # noqa: F401  (old path rfgp.kernels._srht_numba)
+    apply_sketch,
+    sample_sketch,
+)
+from rfgp.kernels.spherical import SphericalFeatureKernel
+from rfgp.kernels.vector_field import (
     CurlFreeFeatureKernel,
+    CurlFreeKernel,
     DecomposableFeatureKernel,
     DivFreeFeatureKernel,
+    DivFreeKernel,
     HelmholtzFeatureKernel,
-    helmholtz_components,
+    HelmholtzKernel,
 )
-from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
-from rfgp.kernels.spherical import SphericalFeatureKernel
 
 __all__ = [
     "RandomFeatureKernel",
@@ -30,9 +44,14 @@ __all__ = [
     "CurlFreeFeatureKernel",
     "DivFreeFeatureKernel",
     "HelmholtzFeatureKernel",
-    "helmholtz_components",
     "DotProductKernel",
     "CurlFreeKernel",
     "DivFreeKernel",
     "HelmholtzKernel",
 ]
+
+# ``rfgp.kernels._srht_numba`` (the compiled TensorSRHT kernel) lives in the sketches package;
+# the attribute above keeps ``from rfgp.kernels import _srht_numba`` working.
+# helmholtz_components is inference, not a kernel: it moved to rfgp.inference.vector_field
+# (and stays at rfgp.helmholtz_components); kernels never import inference eagerly.
+__getattr__ = moved_names(__name__, {"helmholtz_components": "rfgp.inference.vector_field"})

@@ -39,6 +39,7 @@ from scipy.stats import poisson
 from torch import Tensor
 
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.sketches.tensorsketch import count_sketch
 from rfgp.ops import _device_of, next_power_of_two, rademacher
 
 __all__ = ["GaussianSketchKernel", "choose_truncation", "VARIANTS"]
@@ -65,11 +66,6 @@ def _sample_tree(
     return weights
 
 
-def _count_sketch(u: Tensor, hashes: Tensor, signs: Tensor, num_features: int) -> Tensor:
-    out = torch.zeros(*u.shape[:-1], num_features, dtype=u.dtype, device=u.device)
-    return out.index_add(-1, hashes, u * signs.to(u.dtype))
-
-
 def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features: int) -> Tensor:
     """Sketch ``factors[0] ⊗ ... ⊗ factors[k-1]`` (each ``(..., N, n)``) to ``(..., N, m)``."""
     leaves = next_power_of_two(len(factors))
@@ -83,7 +79,7 @@ def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features:
             u = torch.zeros_like(factors[0])
             u[..., 0] = 1.0
         if "leaf_hash" in weights:
-            u = _count_sketch(u, weights["leaf_hash"][i], weights["leaf_signs"][i], m)
+            u = count_sketch(u, weights["leaf_hash"][i], weights["leaf_signs"][i], m)
         level.append(u)
     if leaves == 1 and level[0].shape[-1] < m:
         # no tree node to sketch into m columns: zero-pad the single factor
@@ -97,8 +93,8 @@ def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features:
             # sketch) use the first columns of the node's hashes: their zero padding would add
             # nothing.
             hashes, signs = weights["node_hash"][node], weights["node_signs"][node]
-            a = _count_sketch(left, hashes[0, : left.shape[-1]], signs[0, : left.shape[-1]], m)
-            b = _count_sketch(right, hashes[1, : right.shape[-1]], signs[1, : right.shape[-1]],
+            a = count_sketch(left, hashes[0, : left.shape[-1]], signs[0, : left.shape[-1]], m)
+            b = count_sketch(right, hashes[1, : right.shape[-1]], signs[1, : right.shape[-1]],
                               m)
             nxt.append(torch.fft.irfft(torch.fft.rfft(a) * torch.fft.rfft(b), n=m))
             node += 1

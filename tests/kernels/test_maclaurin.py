@@ -6,8 +6,8 @@ import gpytorch
 import pytest
 import torch
 
-from rfgp.allocation import allocation_objective
 from rfgp.kernels import MaclaurinKernel
+from rfgp.kernels.maclaurin.allocation import allocation_objective
 
 
 def unit_rows(n, d, seed):

@@ -17,8 +17,8 @@ from rfgp.kernels import (
     HelmholtzFeatureKernel,
     HelmholtzKernel,
 )
-from rfgp.kernels.exact import curl_free_gaussian, div_free_gaussian
-from rfgp.kernels.operator import div_free_factor, div_free_factor_rank
+from rfgp.kernels.vector_field.exact import curl_free_gaussian, div_free_gaussian
+from rfgp.kernels.vector_field.factors import div_free_factor, div_free_factor_rank
 from tests.helpers import DT, gen, rand
 
 

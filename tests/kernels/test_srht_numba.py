@@ -6,7 +6,8 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from rfgp.kernels import PolynomialSketchKernel, _srht_numba, apply_sketch, sample_sketch
+from rfgp.kernels import PolynomialSketchKernel, apply_sketch, sample_sketch
+from rfgp.kernels.sketches import _srht_numba
 
 needs_numba = pytest.mark.skipif(not _srht_numba.available(), reason="numba is not installed")
 

@@ -13,8 +13,8 @@ with :math:`r(x) = e^{-\|z_x\|^2/2}` for the Gaussian kernel (1 otherwise). The 
 
 * ``"optimized"`` (Wacker et al., Algorithms 2-3): truncation degree ``p*`` and counts minimise
   the closed-form variance plus squared truncation bias on a subsample of the training inputs
-  (:mod:`rfgp.allocation`); :math:`w_n = \sqrt{a_n}`; biased (degrees above ``p*`` dropped),
-  unbiased for the truncated series.
+  (:mod:`rfgp.kernels.maclaurin.allocation`); :math:`w_n = \sqrt{a_n}`; biased (degrees above
+  ``p*`` dropped), unbiased for the truncated series.
 * ``"random"`` (Kar & Karnick): the non-constant columns draw their degrees i.i.d. from
   :math:`\mu(n) \propto 2^{-n}` on the degrees ``1..L`` with :math:`a_n > 0`;
   :math:`w_n = \sqrt{a_n D_n / (R\,\mu(n))}` with ``R`` the number of non-constant columns.
@@ -30,14 +30,16 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp.allocation import (
+from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.maclaurin.allocation import (
     AllocationResult,
     allocation_statistics,
     maclaurin_coefficients,
     optimize_allocation,
 )
-from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.sketches import _check_projection, apply_sketch, sample_sketch
+from rfgp.kernels.maclaurin.variance import sketch_variance
+from rfgp.kernels.sketches.apply import apply_sketch
+from rfgp.kernels.sketches.sampling import check_projection, sample_sketch
 from rfgp.ops import _device_of, make_generator, next_power_of_two
 
 __all__ = ["MaclaurinKernel", "TARGETS", "ALLOCATIONS"]
@@ -94,7 +96,8 @@ class MaclaurinKernel(RandomFeatureKernel):
         degree_counts: ``(L+1,)`` int64 buffer, columns per degree (entry 0: the constant).
         truncation_degree: largest degree with columns (``None`` before allocation).
         needs_allocation: true for an optimised kernel that has not been allocated.
-        allocation_result: the :class:`~rfgp.allocation.AllocationResult` of the last
+        allocation_result: the
+            :class:`~rfgp.kernels.maclaurin.allocation.AllocationResult` of the last
             :meth:`allocate` (objective per truncation degree), or ``None``.
 
     Example:
@@ -134,7 +137,7 @@ class MaclaurinKernel(RandomFeatureKernel):
             raise ValueError(f"target must be one of {list(TARGETS)}, got {target!r}")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
-        _check_projection(projection, complex)
+        check_projection(projection, complex)
         if target == "polynomial" and (
             not isinstance(degree, int) or isinstance(degree, bool) or degree < 1
         ):
@@ -215,9 +218,9 @@ class MaclaurinKernel(RandomFeatureKernel):
 
         Runs Algorithm 3 on a subsample of ``min(num_samples, N)`` rows (drawn with
         ``generator``, or the kernel's seed), using the closed-form variances of
-        :func:`rfgp.variance.sketch_variance` (convex surrogates for TensorSRHT), then draws
-        fresh sketch weights for the new counts. A no-op returning ``self`` for
-        ``allocation="random"``.
+        :func:`rfgp.kernels.maclaurin.variance.sketch_variance` (convex surrogates for
+        TensorSRHT), then draws fresh sketch weights for the new counts. A no-op returning
+        ``self`` for ``allocation="random"``.
 
         Args:
             x: ``(N, d)`` training inputs (``active_dims`` is applied).
@@ -263,8 +266,6 @@ class MaclaurinKernel(RandomFeatureKernel):
         return self
 
     def _statistics(self, z: Tensor):
-        from rfgp.variance import sketch_variance
-
         projection, complex_ = self.projection, self.is_complex
 
         def variance_fn(x, y, n, num):
@@ -419,7 +420,7 @@ class MaclaurinKernel(RandomFeatureKernel):
 
             exact = RBFKernel(**kwargs)
         else:
-            from rfgp.kernels.exact import DotProductKernel
+            from rfgp.kernels.dot_product import DotProductKernel
 
             exact = DotProductKernel(self.target, degree=self.degree, bias=self.bias, **kwargs)
         exact = exact.to(self.lengthscale)

@@ -1,0 +1,61 @@
+"""Old import paths keep working after the kernel families moved into subpackages."""
+
+import importlib
+import warnings
+
+import pytest
+
+import rfgp
+from rfgp import kernels
+
+MOVED = [
+    ("rfgp.kernels.exact", "DotProductKernel", kernels.DotProductKernel),
+    ("rfgp.kernels.exact", "CurlFreeKernel", kernels.CurlFreeKernel),
+    ("rfgp.kernels.exact", "DivFreeKernel", kernels.DivFreeKernel),
+    ("rfgp.kernels.exact", "HelmholtzKernel", kernels.HelmholtzKernel),
+    ("rfgp.kernels.operator", "HelmholtzFeatureKernel", kernels.HelmholtzFeatureKernel),
+    ("rfgp.kernels.operator", "DecomposableFeatureKernel", kernels.DecomposableFeatureKernel),
+    ("rfgp.kernels.operator", "helmholtz_components", rfgp.helmholtz_components),
+    ("rfgp.kernels", "helmholtz_components", rfgp.helmholtz_components),
+]
+
+
+@pytest.mark.parametrize("module, name, obj", MOVED)
+def test_moved_names_still_import_with_a_deprecation_warning(module, name, obj):
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{name} has moved"):
+        assert getattr(mod, name) is obj
+
+
+def test_moved_allocation_module_still_imports():
+    from rfgp.kernels.maclaurin import allocation
+
+    with pytest.warns(DeprecationWarning, match="rfgp.kernels.maclaurin.allocation"):
+        from rfgp.allocation import optimize_allocation
+    assert optimize_allocation is allocation.optimize_allocation
+    with pytest.warns(DeprecationWarning):
+        assert rfgp.allocation.AllocationResult is allocation.AllocationResult
+
+
+def test_unknown_names_raise_attribute_error():
+    import rfgp.kernels.exact as exact
+
+    with pytest.raises(AttributeError, match="no_such_name"):
+        exact.no_such_name  # noqa: B018
+    with pytest.raises(AttributeError):
+        rfgp.no_such_module  # noqa: B018
+
+
+def test_public_paths_import_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        from rfgp import variance
+        from rfgp.kernels.maclaurin import MaclaurinKernel
+        from rfgp.kernels.maclaurin import variance as home
+        from rfgp.kernels.sketches import PolynomialSketchKernel, apply_sketch, sample_sketch
+
+    assert variance.sketch_variance is home.sketch_variance
+    assert kernels.MaclaurinKernel is MaclaurinKernel
+    assert kernels.PolynomialSketchKernel is PolynomialSketchKernel
+    assert kernels.apply_sketch is apply_sketch and kernels.sample_sketch is sample_sketch
+    assert kernels._srht_numba is importlib.import_module("rfgp.kernels.sketches._srht_numba")
