@@ -9,8 +9,8 @@ rounding of float64 sums).
 import pytest
 import torch
 
-from rfgp.kernels import PolynomialSketchKernel, _srht_numba, sample_sketch
-from rfgp.kernels.srht_autograd import compiled_tensorsrht
+from rfgp.kernels import PolynomialSketchKernel, sample_sketch
+from rfgp.kernels.sketches import _srht_numba
 
 needs_numba = pytest.mark.skipif(not _srht_numba.available(), reason="numba is not installed")
 
@@ -38,8 +38,8 @@ def test_gradcheck(complex, ard, n, d, num_features, degree, bias):
     w, x, scale, root = _inputs(n, d, num_features, degree, bias, complex, ard, seed=n + d)
 
     def features(x, scale, *root):
-        return compiled_tensorsrht(x, w["signs"], w["indices"], complex, scale,
-                                   root[0] if root else None)
+        return _srht_numba.TensorSRHTFunction.apply(x, scale, root[0] if root else None,
+                                                    w["signs"], w["indices"], complex)
 
     inputs = (x, scale) + ((root,) if bias else ())
     assert torch.autograd.gradcheck(features, inputs)
@@ -97,7 +97,8 @@ def test_backward_threads_split_rows_without_changing_values(complex):
     try:
         for count in (1, 3):
             torch.set_num_threads(count)
-            out = compiled_tensorsrht(x, w["signs"], w["indices"], complex, scale, root)
+            out = _srht_numba.differentiable_tensorsrht(x, w["signs"], w["indices"], complex,
+                                                        scale, root)
             grad = torch.ones_like(out)
             grads.append(torch.autograd.grad(out, (x, scale, root), grad))
     finally:
