@@ -57,8 +57,8 @@ from rfgp.kernels import (  # noqa: E402
     DotProductKernel,
     FourierFeatureKernel,
     PolynomialSketchKernel,
-    _srht_numba,
 )
+from rfgp.kernels.sketches import _srht_numba  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 NUM_FEATURES = 1024
@@ -216,7 +216,7 @@ def report(results, train, args, n, elapsed):
     lines = [
         "# Hyperparameter training: time per marginal-likelihood evaluation",
         "",
-        f"Command: `python benchmarks/training.py{' --quick' if args.quick else ''}` "
+        f"Command: `{' '.join(['python benchmarks/training.py', *sys.argv[1:]])}` "
         f"({elapsed:.0f} s). Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
         f"torch {torch.__version__}, gpytorch {gpytorch.__version__}, "
         f"{os.cpu_count()} cores shared with other jobs (timings are noisy; the ratios come "
@@ -300,8 +300,8 @@ def main():
                         help="thread counts (default: 1 and all)")
     args = parser.parse_args()
     args.rows = args.rows or (1500 if args.quick else None)
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.iterations = args.iterations or (5 if args.quick else 30)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.iterations = args.iterations or (5 if args.quick else 10)
     threads = args.threads or sorted({1, os.cpu_count() or 1})
     start = time.time()
     x, y, x_test, y_test = load_data(args.rows)
