@@ -105,3 +105,24 @@ def test_backward_threads_split_rows_without_changing_values(complex):
         torch.set_num_threads(threads)
     for one, three in zip(*grads):
         assert torch.equal(one, three)
+
+
+@needs_numba
+def test_batched_inputs_with_one_draw_of_weights():
+    # x with leading batch dimensions (unbatched kernel): rows flattened through the compiled
+    # function, gradients as through the GEMM path
+    k = _kernel(complex=False, ard=True, bias=0.6)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 20, 7, dtype=torch.float64, generator=g)
+    weight = torch.randn(2, 3, 20, k.num_real_features, dtype=torch.float64, generator=g)
+    compiled = _features_and_gradients(k, x, weight)
+    previous = _srht_numba.set_enabled(False)
+    try:
+        gemm = _features_and_gradients(k, x, weight)
+    finally:
+        _srht_numba.set_enabled(previous)
+    assert compiled[0].shape == (2, 3, 20, 40)
+    for a, b in zip(compiled[:2], gemm[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for name in gemm[2]:
+        torch.testing.assert_close(compiled[2][name], gemm[2][name], rtol=1e-10, atol=1e-12)
