@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ._validation import all_finite, check_finite
+from rfgp._validation import all_finite, check_finite, check_int
 
 __all__ = [
     "next_power_of_two",
@@ -26,6 +26,8 @@ __all__ = [
     "hadamard_matrix",
     "fwht",
     "make_generator",
+    "generator_device",
+    "complex_dtype",
     "rademacher",
     "complex_rademacher",
     "gaussian",
@@ -52,8 +54,7 @@ def next_power_of_two(n: int) -> int:
         >>> next_power_of_two(5), next_power_of_two(8)
         (8, 8)
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    n = check_int("n", n)
     return 1 << (n - 1).bit_length()
 
 
@@ -206,20 +207,37 @@ def make_generator(
     """
     if seed is None:
         return None
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    seed = check_int("seed", seed, minimum=None)
     gen = torch.Generator(device=device if device is not None else "cpu")
     gen.manual_seed(seed)
     return gen
 
 
-def _device_of(generator: Optional[torch.Generator]) -> torch.device:
+def generator_device(generator: Optional[torch.Generator]) -> torch.device:
+    """The device random draws with ``generator`` land on: its own, or the CPU for ``None``.
+
+    Example:
+        >>> generator_device(None), generator_device(torch.Generator())
+        (device(type='cpu'), device(type='cpu'))
+    """
     return generator.device if generator is not None else torch.device("cpu")
 
 
-def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
-    # complex features of real inputs: complex64 for float32, complex128 otherwise
+def complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The complex dtype of complex features of real inputs of ``dtype``.
+
+    complex64 for float32 (and lower precisions), complex128 otherwise.
+
+    Example:
+        >>> complex_dtype(torch.float32), complex_dtype(torch.float64)
+        (torch.complex64, torch.complex128)
+    """
     return torch.complex64 if dtype == torch.float32 else torch.complex128
+
+
+# Old private names, kept for code written against them.
+_device_of = generator_device
+_complex_dtype = complex_dtype
 
 
 def gaussian(
@@ -241,7 +259,7 @@ def gaussian(
         >>> gaussian((2, 3), make_generator(0)).shape
         torch.Size([2, 3])
     """
-    return torch.randn(*shape, generator=generator, dtype=dtype, device=_device_of(generator))
+    return torch.randn(*shape, generator=generator, dtype=dtype, device=generator_device(generator))
 
 
 def rademacher(
@@ -264,7 +282,8 @@ def rademacher(
         >>> sorted(r.unique().tolist()), bool(r.mean().abs() < 0.1)
         ([-1.0, 1.0], True)
     """
-    bits = torch.randint(0, 2, tuple(shape), generator=generator, device=_device_of(generator))
+    device = generator_device(generator)
+    bits = torch.randint(0, 2, tuple(shape), generator=generator, device=device)
     return (2 * bits - 1).to(dtype)
 
 
@@ -288,7 +307,7 @@ def complex_rademacher(
         >>> z.dtype, bool((z.abs() == 1).all())
         (torch.complex128, True)
     """
-    k = torch.randint(0, 4, tuple(shape), generator=generator, device=_device_of(generator))
+    k = torch.randint(0, 4, tuple(shape), generator=generator, device=generator_device(generator))
     real = torch.tensor([1.0, -1.0, 0.0, 0.0], dtype=torch.float64, device=k.device)[k]
     imag = torch.tensor([0.0, 0.0, 1.0, -1.0], dtype=torch.float64, device=k.device)[k]
     return torch.complex(real, imag).to(dtype)

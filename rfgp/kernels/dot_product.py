@@ -6,13 +6,14 @@ r"""The exact dot-product kernels: the targets of the polynomial sketches and Ma
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor
+
+from rfgp._validation import check_choice, check_int, check_real
 
 __all__ = ["DotProductKernel", "DotProductBias", "DOT_PRODUCT_KINDS"]
 
@@ -40,10 +41,7 @@ class DotProductBias:
     @staticmethod
     def _pop_bias_kwargs(bias: Any, kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
         # validate the constructor's bias; take bias_prior / bias_constraint out of kwargs
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise TypeError(f"bias must be a non-negative float, got {type(bias).__name__}")
-        if not math.isfinite(bias) or bias < 0:
-            raise ValueError(f"bias must be a finite non-negative float, got {bias!r}")
+        check_real("bias", bias, low=0.0)
         return kwargs.pop("bias_prior", None), kwargs.pop("bias_constraint", None)
 
     def _register_bias(self, bias: float, prior=None, constraint=None) -> None:
@@ -130,13 +128,11 @@ class DotProductKernel(DotProductBias, Kernel):
         bias: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        if kind not in DOT_PRODUCT_KINDS:
-            raise ValueError(f"kind must be one of {list(DOT_PRODUCT_KINDS)}, got {kind!r}")
+        check_choice("kind", kind, DOT_PRODUCT_KINDS)
         if kind == "polynomial":
-            if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
-                raise ValueError(
-                    f"degree must be a positive integer for kind='polynomial', got {degree!r}"
-                )
+            if degree is None:
+                raise ValueError("degree (a positive integer) is required for kind='polynomial'")
+            degree = check_int("degree", degree)
         elif degree is not None:
             raise ValueError(f"degree must be None for kind='exponential', got {degree!r}")
         bias_prior, bias_constraint = self._pop_bias_kwargs(bias, kwargs)

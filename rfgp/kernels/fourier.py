@@ -20,13 +20,23 @@ import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel
 from torch import Tensor
 
+from rfgp._deprecation import moved_names
+from rfgp._validation import check_choice, check_int
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.ops import fwht, gaussian, next_power_of_two, rademacher
 
-__all__ = ["FourierFeatureKernel", "SPECTRAL_DENSITIES", "SAMPLINGS", "sample_frequencies"]
+__all__ = [
+    "FourierFeatureKernel",
+    "MATERN_NU",
+    "SAMPLINGS",
+    "sample_frequencies",
+    "haar_orthogonal",
+    "cos_sin_features",
+]
 
-#: spectral name -> Matérn smoothness nu (None for the RBF kernel).
-SPECTRAL_DENSITIES: Dict[str, Optional[float]] = {
+#: ``spectral`` name -> Matérn smoothness nu of the kernel (``None``: the RBF kernel, nu = inf).
+#: Its keys are the accepted values of ``spectral=``.
+MATERN_NU: Dict[str, Optional[float]] = {
     "rbf": None,
     "matern12": 0.5,
     "matern32": 1.5,
@@ -34,11 +44,6 @@ SPECTRAL_DENSITIES: Dict[str, Optional[float]] = {
 }
 SAMPLINGS = ("iid", "orthogonal", "structured")
 _NO_BATCH = torch.Size()
-
-
-def _check_choice(name: str, value: Any, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 
 
 def _student_scale(shape, nu: float, generator) -> Tensor:
@@ -88,9 +93,9 @@ def sample_frequencies(
         >>> bool((gram - torch.diag(torch.diagonal(gram))).abs().max() < 1e-10)
         True
     """
-    _check_choice("spectral", spectral, SPECTRAL_DENSITIES)
-    _check_choice("sampling", sampling, ("iid", "orthogonal"))
-    nu = SPECTRAL_DENSITIES[spectral]
+    check_choice("spectral", spectral, MATERN_NU)
+    check_choice("sampling", sampling, ("iid", "orthogonal"))
+    nu = MATERN_NU[spectral]
     shape = (*batch_shape, num_frequencies)
     if sampling == "iid":
         w = gaussian((*shape, input_dim), generator)
@@ -105,10 +110,14 @@ def sample_frequencies(
     return w
 
 
-def _cos_sin_features(proj: Tensor, scale: float) -> Tensor:
+def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
     r"""``scale * [cos(proj), sin(proj)]`` along the last dimension: ``(..., m) -> (..., 2m)``.
 
     The real form of :math:`e^{i \omega^\top x}` used by every random Fourier feature map.
+
+    Example:
+        >>> cos_sin_features(torch.zeros(1, 2), 0.5)
+        tensor([[0.5000, 0.5000, 0.0000, 0.0000]])
     """
     m = proj.shape[-1]
     if torch.is_grad_enabled() and proj.requires_grad:
@@ -205,21 +214,15 @@ class FourierFeatureKernel(RandomFeatureKernel):
         pad_to: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if (
-            not isinstance(num_features, int)
-            or isinstance(num_features, bool)
-            or num_features < 2
-            or num_features % 2
-        ):
+        if check_int("num_features", num_features, minimum=None) < 2 or num_features % 2:
             raise ValueError(
                 "num_features must be an even integer >= 2 (a cos and a sin column per "
                 f"frequency), got {num_features!r}"
             )
-        _check_choice("spectral", spectral, SPECTRAL_DENSITIES)
-        _check_choice("sampling", sampling, SAMPLINGS)
+        check_choice("spectral", spectral, MATERN_NU)
+        check_choice("sampling", sampling, SAMPLINGS)
         if pad_to is not None:
-            if not isinstance(pad_to, int) or isinstance(pad_to, bool) or pad_to < 1:
-                raise ValueError(f"pad_to must be a positive integer or None, got {pad_to!r}")
+            pad_to = check_int("pad_to", pad_to)
             if sampling != "structured":
                 raise ValueError(
                     f"pad_to applies to sampling='structured' only, got sampling={sampling!r}"
@@ -235,7 +238,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     @property
     def nu(self) -> Optional[float]:
-        return SPECTRAL_DENSITIES[self.spectral]
+        return MATERN_NU[self.spectral]
 
     def _sample_weights(self, input_dim: int, generator) -> Dict[str, Tensor]:
         m = self.num_frequencies
@@ -303,7 +306,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = x / self.lengthscale.to(x.dtype)
-        return _cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
+        return cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""
@@ -318,3 +321,9 @@ class FourierFeatureKernel(RandomFeatureKernel):
         pad = f", pad_to={self.pad_to}" if self.pad_to is not None else ""
         return (f"num_features={self.num_features}, spectral={self.spectral!r}, "
                 f"sampling={self.sampling!r}, input_dim={self.input_dim}{pad}")
+
+
+# SPECTRAL_DENSITIES held Matérn smoothness values, not densities.
+__getattr__ = moved_names(
+    __name__, {"SPECTRAL_DENSITIES": __name__}, renamed={"SPECTRAL_DENSITIES": "MATERN_NU"}
+)

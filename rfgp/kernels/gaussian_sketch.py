@@ -38,9 +38,11 @@ import torch
 from scipy.stats import poisson
 from torch import Tensor
 
+from rfgp._deprecation import renamed_method
+from rfgp._validation import check_choice, check_int
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.sketches.tensorsketch import count_sketch
-from rfgp.ops import _device_of, next_power_of_two, rademacher
+from rfgp.ops import generator_device, next_power_of_two, rademacher
 
 __all__ = ["GaussianSketchKernel", "choose_truncation", "VARIANTS"]
 
@@ -53,7 +55,7 @@ def _sample_tree(
 ) -> Dict[str, Tensor]:
     """Random hashes and signs of one recursive tensor sketch (int64 / float64)."""
     leaves = next_power_of_two(num_factors)
-    device = _device_of(generator)
+    device = generator_device(generator)
     weights: Dict[str, Tensor] = {}
     if factor_dim > num_features:
         weights["leaf_hash"] = torch.randint(0, num_features, (leaves, factor_dim),
@@ -189,7 +191,7 @@ class GaussianSketchKernel(RandomFeatureKernel):
     Approximates :math:`k(x, y) = \exp(-\|x - y\|^2 / (2\ell^2))` (``gpytorch.kernels.RBFKernel``
     with the same lengthscale) by a linear sketch of its truncated Taylor features; see the
     module docstring for the two variants. The estimate is unbiased for the truncated kernel
-    :meth:`expected_kernel`:
+    :meth:`expected_matrix`:
 
     * ``"coordinate"``: :math:`k_s(x, y) = \prod_j e^{-\tilde x_j^2 - \tilde y_j^2}
       \sum_{a<s} (2\tilde x_j\tilde y_j)^a / a!`, ``D`` columns from one sketch of ``d`` factors;
@@ -239,10 +241,8 @@ class GaussianSketchKernel(RandomFeatureKernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
-        if not isinstance(truncation, int) or isinstance(truncation, bool) or truncation < 1:
-            raise ValueError(f"truncation must be a positive integer, got {truncation!r}")
+        check_choice("variant", variant, VARIANTS)
+        truncation = check_int("truncation", truncation)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         if len(self.batch_shape) > 0:
             raise ValueError(
@@ -317,7 +317,7 @@ class GaussianSketchKernel(RandomFeatureKernel):
             blocks.append(envelope * coef * sketch)
         return torch.cat(blocks, dim=-1)
 
-    def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def expected_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         r"""The truncated kernel :math:`k_s(x_1, x_2) = \mathbb{E}[\hat k]`, ``(N, M)``."""
         z1, z2 = self._scaled(x1), self._scaled(x2)
         if self.variant == "coordinate":
@@ -329,6 +329,8 @@ class GaussianSketchKernel(RandomFeatureKernel):
         series = sum(inner**a * math.exp(-math.lgamma(a + 1)) for a in range(self.truncation))
         envelope = torch.exp(-(z1 * z1).sum(-1).unsqueeze(-1) - (z2 * z2).sum(-1).unsqueeze(-2))
         return envelope * series
+
+    expected_kernel = renamed_method("expected_kernel", "expected_matrix")
 
     def variance_correction(self, x: Tensor) -> Tensor:
         r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)] = 1 - k_s(x, x) \ge 0`, shape ``(N,)``."""

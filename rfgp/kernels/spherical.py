@@ -21,9 +21,11 @@ import torch
 from scipy.optimize import nnls
 from torch import Tensor
 
+from rfgp._deprecation import renamed_method
+from rfgp._validation import check_choice, check_int, check_real
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.fourier import _check_choice, _cos_sin_features, sample_frequencies
-from rfgp.ops import _device_of
+from rfgp.kernels.fourier import cos_sin_features, sample_frequencies
+from rfgp.ops import generator_device
 
 __all__ = ["SphericalFeatureKernel", "spherical_polynomial", "fit_spherical_mixture"]
 
@@ -149,16 +151,13 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if (not isinstance(num_features, int) or isinstance(num_features, bool)
-                or num_features < 2 or num_features % 2):
+        if check_int("num_features", num_features, minimum=None) < 2 or num_features % 2:
             raise ValueError(
                 f"num_features must be an even integer >= 2 (cos and sin), got {num_features!r}"
             )
-        if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
-            raise ValueError(f"degree must be a positive integer, got {degree!r}")
-        if not isinstance(a, (int, float)) or not a >= 2.0:
-            raise ValueError(f"a must be a number >= 2, got {a!r}")
-        _check_choice("sampling", sampling, ("iid", "orthogonal"))
+        degree = check_int("degree", degree)
+        a = check_real("a", a, low=2.0)
+        check_choice("sampling", sampling, ("iid", "orthogonal"))
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.a = float(a)
@@ -179,7 +178,7 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         probs = self.mixture_weights.detach().to(torch.float64).cpu()
         cdf = torch.cumsum(probs / probs.sum(), 0)
         u = torch.rand(shape, generator=generator, dtype=torch.float64,
-                       device=_device_of(generator)).cpu()
+                       device=generator_device(generator)).cpu()
         component = torch.searchsorted(cdf, u.reshape(-1)).clamp(max=cdf.numel() - 1)
         scale = self.mixture_scales.detach().to(torch.float64).cpu()[component].reshape(shape)
         w = sample_frequencies(m, input_dim, "rbf", self.sampling, self.batch_shape, generator)
@@ -188,7 +187,7 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     def _features(self, x: Tensor) -> Tensor:
         proj = x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         amplitude = math.sqrt(float(self.mixture_weights.sum()) / self.num_frequencies)
-        return _cos_sin_features(proj, amplitude)
+        return cos_sin_features(proj, amplitude)
 
     def fitted_kernel(self, distance: Tensor) -> Tensor:
         r""":math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}`, the kernel the features estimate."""
@@ -196,9 +195,11 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         c = self.mixture_weights.to(distance.dtype)
         return (c * torch.exp(-0.5 * (distance.unsqueeze(-1) * s) ** 2)).sum(-1)
 
-    def exact(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix :func:`spherical_polynomial` ``(x1, x2, degree, a)``."""
         return spherical_polynomial(x1, x2, self.degree, self.a)
+
+    exact = renamed_method("exact", "exact_matrix")
 
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, degree={self.degree}, a={self.a}, "

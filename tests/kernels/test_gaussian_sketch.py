@@ -28,9 +28,9 @@ def test_truncated_kernel_converges_to_rbf(variant):
     for s in [2, 6, 14]:
         k = GaussianSketchKernel(64, truncation=s, variant=variant, input_dim=3).double()
         k.lengthscale = 0.9
-        errors.append(float((k.expected_kernel(x, x) - exact).abs().max()))
+        errors.append(float((k.expected_matrix(x, x) - exact).abs().max()))
         # K - K_s is PSD for both variants (a sum of dropped squared features).
-        assert torch.linalg.eigvalsh(exact - k.expected_kernel(x, x)).min() > -1e-12
+        assert torch.linalg.eigvalsh(exact - k.expected_matrix(x, x)).min() > -1e-12
     assert errors[2] < errors[1] < errors[0] and errors[2] < 1e-6
 
 
@@ -38,7 +38,7 @@ def test_truncated_kernel_converges_to_rbf(variant):
 def test_sketch_is_unbiased_for_the_truncated_kernel(variant):
     x = points(3, 3, 1)
     k = GaussianSketchKernel(32, truncation=5, variant=variant, input_dim=3).double()
-    target = k.expected_kernel(x, x)
+    target = k.expected_matrix(x, x)
     g = torch.Generator().manual_seed(2)
     draws = []
     for _ in range(1500):
@@ -54,7 +54,7 @@ def test_diagonal_and_variance_correction():
     x = points(5, 2, 3, scale=1.5)
     for variant in ["coordinate", "degree"]:
         k = GaussianSketchKernel(40, truncation=4, variant=variant, input_dim=2).double()
-        diag = torch.diagonal(k.expected_kernel(x, x))
+        diag = torch.diagonal(k.expected_matrix(x, x))
         torch.testing.assert_close(k.variance_correction(x), 1.0 - diag)
 
 
@@ -68,7 +68,7 @@ def test_choose_truncation_bounds_the_distance_bias():
             z = torch.cat([x, y])
             beta = torch.full((60,), 1 / 30, dtype=torch.float64)
             beta[30:] *= -1
-            truncated = beta @ k.expected_kernel(z, z) @ beta
+            truncated = beta @ k.expected_matrix(z, z) @ beta
             exact = kernel_distance(x, y)
             assert 0 <= float(exact - truncated) <= alpha
             # s is the smallest such truncation under the bound: s - 1 violates it.
@@ -76,7 +76,7 @@ def test_choose_truncation_bounds_the_distance_bias():
                 k1 = GaussianSketchKernel(64, truncation=s - 1, variant=variant, input_dim=3)
                 k1 = k1.double()
                 k1.lengthscale = 1.0
-                kept = torch.diagonal(k1.expected_kernel(z, z))
+                kept = torch.diagonal(k1.expected_matrix(z, z))
                 assert 4 * float((1 - kept).max()) > alpha
     # Table of the digest (Poisson tail, xi = 4): R = 1 in scaled units, alpha = 1e-4 -> 11.
     assert choose_truncation(math.sqrt(2.0), 1e-4, variant="degree") == 11

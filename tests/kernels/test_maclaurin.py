@@ -27,7 +27,7 @@ def test_paper_one_dimensional_example_through_the_kernel():
     # d = 1 Rademacher sketches are exact: the features give the truncated series exactly.
     phi = k.features(x)
     assert phi.shape == (80, 10)
-    torch.testing.assert_close(phi @ phi.T, k.expected_kernel(x, x), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(phi @ phi.T, k.expected_matrix(x, x), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("projection,complex_", [("rademacher", False), ("tensorsrht", True),
@@ -36,7 +36,7 @@ def test_optimized_is_unbiased_for_the_truncated_kernel(projection, complex_):
     x = unit_rows(3, 4, 1)
     k = MaclaurinKernel("exponential", 12, projection=projection, complex=complex_, seed=0)
     k.allocate(unit_rows(40, 4, 2))
-    target = k.expected_kernel(x, x)
+    target = k.expected_matrix(x, x)
     draws = []
     g = torch.Generator().manual_seed(3)
     for _ in range(3000):
@@ -52,7 +52,7 @@ def test_random_allocation_is_unbiased_for_the_polynomial_kernel():
     x = unit_rows(3, 3, 4)
     k = MaclaurinKernel("polynomial", 8, degree=3, bias=1.0, allocation="random", input_dim=3)
     assert not k.needs_allocation
-    exact = k.exact(x, x)
+    exact = k.exact_matrix(x, x)
     g = torch.Generator().manual_seed(5)
     draws = []
     for _ in range(4000):
@@ -175,4 +175,4 @@ def test_exact_counterparts_agree_with_the_target():
         k = MaclaurinKernel(target, 20, **kwargs).double()
         k.lengthscale = 1.3
         exact = k.exact_kernel()(x).to_dense()
-        torch.testing.assert_close(exact, k.exact(x, x).detach(), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(exact, k.exact_matrix(x, x).detach(), rtol=1e-6, atol=1e-8)

@@ -126,8 +126,8 @@ def test_helmholtz_exact_is_weighted_sum():
     expected = (2.0 * curl_free_gaussian(x, x, torch.tensor([[0.4]], dtype=DT))
                 + 0.25 * div_free_gaussian(x, x, torch.tensor([[1.3]], dtype=DT)))
     torch.testing.assert_close(k._blocks(x, x).detach(), expected)
-    curl_part = k.component("curl")(x).to_dense().detach()
-    div_part = k.component("div")(x).to_dense().detach()
+    curl_part = k.component_kernel("curl")(x).to_dense().detach()
+    div_part = k.component_kernel("div")(x).to_dense().detach()
     torch.testing.assert_close(curl_part + div_part, k(x).to_dense().detach())
 
 

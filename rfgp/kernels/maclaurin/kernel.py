@@ -30,6 +30,8 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._deprecation import renamed_method
+from rfgp._validation import check_choice, check_int, check_real
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.maclaurin.allocation import (
     AllocationResult,
@@ -40,7 +42,7 @@ from rfgp.kernels.maclaurin.allocation import (
 from rfgp.kernels.maclaurin.variance import sketch_variance
 from rfgp.kernels.sketches.apply import apply_sketch
 from rfgp.kernels.sketches.sampling import check_projection, sample_sketch
-from rfgp.ops import _device_of, make_generator, next_power_of_two
+from rfgp.ops import generator_device, make_generator, next_power_of_two
 
 __all__ = ["MaclaurinKernel", "TARGETS", "ALLOCATIONS"]
 
@@ -133,29 +135,23 @@ class MaclaurinKernel(RandomFeatureKernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if target not in TARGETS:
-            raise ValueError(f"target must be one of {list(TARGETS)}, got {target!r}")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
-        check_projection(projection, complex)
-        if target == "polynomial" and (
-            not isinstance(degree, int) or isinstance(degree, bool) or degree < 1
-        ):
-            raise ValueError(
-                f"degree must be a positive integer for target='polynomial', got {degree!r}"
-            )
-        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not bias >= 0:
-            raise ValueError(f"bias must be a non-negative float, got {bias!r}")
-        for name, value in (("max_degree", max_degree), ("min_degree", min_degree),
-                            ("num_samples", num_samples)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_choice("target", target, TARGETS)
+        check_choice("allocation", allocation, ALLOCATIONS)
+        projection, is_complex = check_projection(projection, complex)
+        if target == "polynomial":
+            if degree is None:
+                raise ValueError("degree (a positive integer) is required for target='polynomial'")
+            degree = check_int("degree", degree)
+        bias = check_real("bias", bias, low=0.0)
+        max_degree = check_int("max_degree", max_degree)
+        min_degree = check_int("min_degree", min_degree)
+        num_samples = check_int("num_samples", num_samples)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.target = target
         self.degree = degree if target == "polynomial" else None
         self.bias = float(bias)
         self.projection = projection
-        self.is_complex = complex
+        self.is_complex = is_complex
         self.allocation = allocation
         self.max_degree = degree if target == "polynomial" else max_degree
         if min_degree > self.max_degree:
@@ -255,7 +251,7 @@ class MaclaurinKernel(RandomFeatureKernel):
             z = x.detach().to(torch.float64) / lengthscale.to(x.device).squeeze(0)
             if z.shape[0] > self.num_samples:
                 perm = torch.randperm(z.shape[0], generator=generator,
-                                      device=_device_of(generator))
+                                      device=generator_device(generator))
                 z = z[perm[: self.num_samples].to(z.device)]
             stats = self._statistics(z)
             result = optimize_allocation(stats, self.num_features, self.min_degree,
@@ -311,7 +307,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         random_columns = self.num_features - int(self.has_constant)
         cdf = torch.cumsum(self._degree_measure(), 0)
         u = torch.rand(random_columns, generator=generator, dtype=torch.float64,
-                       device=_device_of(generator))
+                       device=generator_device(generator))
         degrees = torch.searchsorted(cdf, u.cpu(), right=True).clamp(max=self.max_degree)
         counts = torch.bincount(degrees, minlength=self.max_degree + 1)
         counts[0] = int(self.has_constant)
@@ -357,12 +353,12 @@ class MaclaurinKernel(RandomFeatureKernel):
         sq2 = self._row_scale_sq(z2).unsqueeze(-2)
         return torch.exp(inner - 0.5 * sq1 - 0.5 * sq2)
 
-    def exact(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix ``k(x1, x2)`` with the current lengthscale, ``(N, M)``."""
         x1, x2 = self._check_input(x1, "x1"), self._check_input(x2, "x2")
         return self._exact_scaled(self._scaled(x1), self._scaled(x2))
 
-    def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def expected_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         r""":math:`\mathbb{E}[\hat k(x_1, x_2)]` for the current allocation, ``(N, M)``.
 
         The series over the degrees with columns (optimised) or over all degrees ``<= L`` with
@@ -378,6 +374,9 @@ class MaclaurinKernel(RandomFeatureKernel):
             sq2 = self._row_scale_sq(z2).unsqueeze(-2)
             value = value * torch.exp(-0.5 * sq1 - 0.5 * sq2)
         return value
+
+    exact = renamed_method("exact", "exact_matrix")
+    expected_kernel = renamed_method("expected_kernel", "expected_matrix")
 
     def _present_degrees(self):
         if self.allocation == "random":

@@ -65,6 +65,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from rfgp._validation import check_bool, check_int
 from rfgp.ops import next_power_of_two
 
 __all__ = [
@@ -90,11 +91,6 @@ _WEIGHT_MOMENTS = {
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _check_int(name: str, value, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def _pair(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
     for name, t in (("x", x), ("y", y)):
         if not isinstance(t, Tensor):
@@ -163,8 +159,8 @@ def srht_pair_count(num_features: int, padded_dim: int) -> int:
         >>> [srht_pair_count(D, 8) for D in (1, 2, 8, 9, 19)]
         [0, 2, 56, 56, 118]
     """
-    _check_int("num_features", num_features)
-    _check_int("padded_dim", padded_dim)
+    check_int("num_features", num_features)
+    check_int("padded_dim", padded_dim)
     full, rest = divmod(num_features, padded_dim)
     return full * padded_dim * (padded_dim - 1) + rest * (rest - 1)
 
@@ -194,8 +190,8 @@ def unstructured_variance(
         >>> round(float(unstructured_variance(x, y, 2, 1, 3.0, 1.0)), 6)   # real Gaussian
         3.37037
     """
-    _check_int("degree", degree)
-    _check_int("num_features", num_features)
+    check_int("degree", degree)
+    check_int("num_features", num_features)
     s, n, sq = pair_moments(x, y)
     base = fourth_moment * sq + n - sq + ((2 * q - 1) ** 2 + 1) * (s * s - sq)
     return _power_difference(base, s * s, degree) / num_features
@@ -222,8 +218,8 @@ def unstructured_pseudo_variance(
         >>> round(float(unstructured_pseudo_variance(x, x.flip(0), 1, 1, 1.0, 0.5)), 12)
         0.4608
     """
-    _check_int("degree", degree)
-    _check_int("num_features", num_features)
+    check_int("degree", degree)
+    check_int("num_features", num_features)
     s, n, sq = pair_moments(x, y)
     base = fourth_moment * sq + 2 * (s * s - sq) + (2 * q - 1) ** 2 * (n - sq)
     return _power_difference(base, s * s, degree) / num_features
@@ -234,12 +230,12 @@ def _ctr_combine(variance: Tensor, pseudo: Tensor) -> Tensor:
 
 
 def _weight_sketch_variance(
-    projection: str, x: Tensor, y: Tensor, degree: int, num_features: int, complex: bool,
+    projection: str, x: Tensor, y: Tensor, degree: int, num_features: int, is_complex: bool,
     ctr: bool,
 ) -> Tensor:
     # The Gaussian and Rademacher sketches differ only in the moments of one weight entry.
-    _check_ctr(complex, ctr)
-    m4, q = _WEIGHT_MOMENTS[(projection, complex)]
+    _check_ctr(is_complex, ctr)
+    m4, q = _WEIGHT_MOMENTS[(projection, is_complex)]
     v = unstructured_variance(x, y, degree, num_features, m4, q)
     if ctr:
         return _ctr_combine(v, unstructured_pseudo_variance(x, y, degree, num_features, m4, q))
@@ -324,7 +320,7 @@ def tensorsrht_variance_terms(
         >>> [round(float(t), 12) for t in tensorsrht_variance_terms(x, x, 2)]
         [3.0, -1.0]
     """
-    _check_int("degree", degree)
+    check_int("degree", degree)
     _check_ctr(complex, ctr)
     if ctr:
         v_single, v_cov = tensorsrht_variance_terms(x, y, degree, True)
@@ -373,7 +369,7 @@ def tensorsrht_variance(
         0.348921
     """
     _check_ctr(complex, ctr)
-    _check_int("num_features", num_features)
+    check_int("num_features", num_features)
     padded = next_power_of_two(x.shape[-1])
     pairs = srht_pair_count(num_features, padded) / num_features**2
     single, cov = tensorsrht_variance_terms(x, y, degree, complex, ctr=ctr)
@@ -406,8 +402,8 @@ def tensorsketch_variance(
         True
     """
     _check_ctr(complex, ctr)
-    _check_int("degree", degree)
-    _check_int("num_features", num_features)
+    check_int("degree", degree)
+    check_int("num_features", num_features)
     s, n, sq = pair_moments(x, y)
     a = s * s - sq
     t0 = s * s
@@ -425,12 +421,10 @@ def tensorsketch_variance(
 
 
 # ---------------------------------------------------------------------------------- dispatcher
-def _check_ctr(complex, ctr) -> None:
-    if not isinstance(complex, bool):
-        raise TypeError(f"complex must be a bool, got {type(complex).__name__}")
-    if not isinstance(ctr, bool):
-        raise TypeError(f"ctr must be a bool, got {type(ctr).__name__}")
-    if ctr and not complex:
+def _check_ctr(is_complex, ctr) -> None:
+    check_bool("complex", is_complex)
+    check_bool("ctr", ctr)
+    if ctr and not is_complex:
         raise ValueError(
             "ctr=True is the real part of a complex sketch and needs complex=True, got "
             "complex=False"

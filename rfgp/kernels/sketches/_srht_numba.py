@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rfgp.ops import _complex_dtype
+from rfgp.ops import complex_dtype
 
 __all__ = [
     "available",
@@ -591,7 +591,7 @@ def tensorsrht(
     padded = signs.shape[-2] if complex else signs.shape[-1]
     operands = _operands(x, signs, indices, complex, scale, root)
     if complex:
-        out = torch.empty(n, num_features, dtype=_complex_dtype(x.dtype))
+        out = torch.empty(n, num_features, dtype=complex_dtype(x.dtype))
         parts = torch.view_as_real(out).numpy()
         outputs = (parts[..., 0], parts[..., 1])  # the real and imaginary views of the output
     else:
@@ -652,7 +652,7 @@ def tensorsrht_backward(
     out = torch.empty(n, d + (root is not None), dtype=x.dtype)
     grad = grad.detach()
     if complex:
-        parts = torch.view_as_real(grad.to(_complex_dtype(x.dtype)).contiguous()).numpy()
+        parts = torch.view_as_real(grad.to(complex_dtype(x.dtype)).contiguous()).numpy()
         grads = (parts[..., 0], parts[..., 1])
     else:
         g = grad.to(x.dtype).contiguous().numpy()

@@ -53,7 +53,7 @@ def apply_sketch(
         True
     """
     check_int("degree", degree)
-    check_projection(projection, complex)
+    projection, is_complex = check_projection(projection, complex)
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -61,7 +61,7 @@ def apply_sketch(
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., N, d), got shape {tuple(x.shape)}")
     if projection in ("gaussian", "rademacher"):
-        return apply_dense(x, weights, degree, complex)
+        return apply_dense(x, weights, degree, is_complex)
     if projection == "tensorsketch":
-        return apply_tensorsketch(x, weights, degree, complex)
-    return apply_tensorsrht(x, weights, degree, complex)
+        return apply_tensorsketch(x, weights, degree, is_complex)
+    return apply_tensorsrht(x, weights, degree, is_complex)

@@ -12,30 +12,30 @@ import torch
 from torch import Tensor
 
 from rfgp.kernels.sketches.sampling import check_weight_columns, sketch_weight
-from rfgp.ops import _complex_dtype
+from rfgp.ops import complex_dtype
 
 __all__ = ["apply_dense"]
 
 _DENSE_CHUNK_ELEMENTS = 1 << 23
 
 
-def apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
+def apply_dense(x: Tensor, weights, degree: int, is_complex: bool) -> Tensor:
     w = sketch_weight(weights, "projections", "gaussian/rademacher")
-    d = w.shape[-4] if complex else w.shape[-3]
+    d = w.shape[-4] if is_complex else w.shape[-3]
     check_weight_columns(x, d, "projections")
-    if (w.shape[-3] if complex else w.shape[-2]) != degree:
+    if (w.shape[-3] if is_complex else w.shape[-2]) != degree:
         raise ValueError(
             f"degree={degree} does not match the sketch weights (projections of shape "
             f"{tuple(w.shape)})"
         )
-    num_features = w.shape[-2] if complex else w.shape[-1]
+    num_features = w.shape[-2] if is_complex else w.shape[-1]
     w = w.to(x.dtype)
-    w = w.reshape(*w.shape[: -3 - complex], d, -1)
+    w = w.reshape(*w.shape[: -3 - is_complex], d, -1)
 
     def rows(xs: Tensor, out: Optional[Tensor] = None) -> Tensor:
         # One GEMM for all degrees (and real/imaginary parts): (..., n, d) @ (..., d, p D [2]).
         proj = xs @ w
-        if complex:
+        if is_complex:
             proj = proj.reshape(*proj.shape[:-1], degree, num_features, 2)
             proj = torch.view_as_complex(proj)
         else:
@@ -49,7 +49,7 @@ def apply_dense(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
         # No autograd: each chunk's product goes straight into one result and is scaled there
         # (no concatenation and no separate scaling pass over the N x D features).
         n = x.shape[-2]
-        dtype = _complex_dtype(x.dtype) if complex else x.dtype
+        dtype = complex_dtype(x.dtype) if is_complex else x.dtype
         out = torch.empty(*batch_shape, n, num_features, dtype=dtype, device=x.device)
         for s in range(0, n, chunk):
             part = out[..., s : s + chunk, :]

@@ -106,14 +106,14 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        check_int("degree", degree)
-        check_int("num_features", num_features)
-        check_projection(projection, complex)
+        degree = check_int("degree", degree)
+        num_features = check_int("num_features", num_features)
+        projection, is_complex = check_projection(projection, complex)
         bias_prior, bias_constraint = self._pop_bias_kwargs(bias, kwargs)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.projection = projection
-        self.is_complex = complex
+        self.is_complex = is_complex
         init_unit_lengthscale(self)
         self._register_bias(bias, bias_prior, bias_constraint)
 
@@ -135,12 +135,8 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
             >>> PolynomialSketchKernel.ctr(2, 10).num_features
             5
         """
-        if (
-            not isinstance(num_real_features, int)
-            or isinstance(num_real_features, bool)
-            or num_real_features < 2
-            or num_real_features % 2
-        ):
+        num_real_features = check_int("num_real_features", num_real_features, minimum=None)
+        if num_real_features < 2 or num_real_features % 2:
             raise ValueError(
                 "num_real_features must be an even integer >= 2 (a real and an imaginary "
                 f"column per complex feature), got {num_real_features!r}"

@@ -7,17 +7,17 @@ and check its entries for the functions that apply a sketch.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_int
+from rfgp._validation import check_bool, check_choice, check_int
 from rfgp.ops import (
-    _device_of,
     complex_gaussian,
     complex_rademacher,
     gaussian,
+    generator_device,
     next_power_of_two,
     rademacher,
 )
@@ -41,14 +41,18 @@ _NO_BATCH = torch.Size()
 
 
 # ---------------------------------------------------------------------------------- validation
-def check_projection(projection: Any, complex: Any) -> None:
-    if projection not in PROJECTIONS:
-        raise ValueError(f"projection must be one of {list(PROJECTIONS)}, got {projection!r}")
-    if not isinstance(complex, bool):
-        raise TypeError(f"complex must be a bool, got {type(complex).__name__}")
+def check_projection(projection: Any, is_complex: Any) -> Tuple[str, bool]:
+    """Check a sketch's ``projection`` name and its ``complex`` flag; return both.
+
+    Example:
+        >>> check_projection("tensorsrht", True)
+        ('tensorsrht', True)
+    """
+    return check_choice("projection", projection, PROJECTIONS), check_bool("complex", is_complex)
 
 
 def as_batch_shape(batch_shape: Any) -> torch.Size:
+    """``batch_shape`` as a ``torch.Size`` of positive entries (``TypeError`` / ``ValueError``)."""
     try:
         shape = torch.Size(batch_shape)
     except TypeError as err:
@@ -61,6 +65,7 @@ def as_batch_shape(batch_shape: Any) -> torch.Size:
 
 
 def feature_count_tensor(batch_shape: torch.Size, num_features: int, device) -> Tensor:
+    """The ``feature_count`` entry of a weight dict: ``batch_shape`` int64 filled with ``D``."""
     # TensorSketch hashes do not reveal D, so every weight dict carries it explicitly (as a
     # batch-shaped integer tensor, so that batch indexing and .to() treat it like the weights).
     return torch.full(tuple(batch_shape), num_features, dtype=torch.long, device=device)
@@ -121,17 +126,17 @@ def sample_sketch(
     check_int("degree", degree)
     check_int("num_features", num_features)
     check_int("input_dim", input_dim)
-    check_projection(projection, complex)
+    projection, is_complex = check_projection(projection, complex)
     batch_shape = as_batch_shape(batch_shape)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}"
         )
-    device = _device_of(generator)
+    device = generator_device(generator)
     b = tuple(batch_shape)
 
     def signs(shape):
-        if complex:
+        if is_complex:
             return torch.view_as_real(complex_rademacher(shape, generator))
         return rademacher(shape, generator)
 
@@ -141,7 +146,7 @@ def sample_sketch(
         if projection == "gaussian":
             w = (
                 torch.view_as_real(complex_gaussian(shape, generator))
-                if complex
+                if is_complex
                 else gaussian(shape, generator)
             )
         else:
@@ -171,6 +176,7 @@ def sample_sketch(
 
 # ---------------------------------------------------------------------------------- applying
 def sketch_weight(weights: Dict[str, Tensor], key: str, projection: str) -> Tensor:
+    """Entry ``key`` of a weight dict from :func:`sample_sketch`, with a clear error if absent."""
     if not isinstance(weights, dict) or key not in weights:
         keys = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
         raise ValueError(
@@ -181,10 +187,13 @@ def sketch_weight(weights: Dict[str, Tensor], key: str, projection: str) -> Tens
 
 
 def as_complex_weight(w: Tensor, dtype: torch.dtype) -> Tensor:
+    """A complex weight stored as ``view_as_real`` (trailing 2) back as a complex tensor whose
+    real dtype is ``dtype``."""
     return torch.view_as_complex(w.to(dtype).contiguous())
 
 
 def check_weight_columns(x: Tensor, expected: int, what: str) -> None:
+    """Raise ``ValueError`` unless ``x`` has the ``expected`` number of columns."""
     if x.shape[-1] != expected:
         raise ValueError(
             f"x must have {expected} columns to match the sketch weights ({what}), "

@@ -48,7 +48,7 @@ def count_sketch(x: Tensor, hashes: Tensor, signs: Tensor, num_features: int) ->
     return out.scatter_add(-1, index, values)
 
 
-def apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tensor:
+def apply_tensorsketch(x: Tensor, weights, degree: int, is_complex: bool) -> Tensor:
     hashes = sketch_weight(weights, "hashes", "tensorsketch")
     signs = sketch_weight(weights, "signs", "tensorsketch")
     num_features = int(sketch_weight(weights, "feature_count", "tensorsketch").reshape(-1)[0])
@@ -59,8 +59,8 @@ def apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tensor
             f"{tuple(hashes.shape)})"
         )
     if hashes.dim() == 2:
-        return _tensorsketch_unbatched(x, signs, hashes, degree, complex, num_features)
-    if complex:
+        return _tensorsketch_unbatched(x, signs, hashes, degree, is_complex, num_features)
+    if is_complex:
         s = signs.to(x.dtype)
         sketch = torch.complex(
             count_sketch(x, hashes, s[..., 0], num_features),
@@ -73,26 +73,26 @@ def apply_tensorsketch(x: Tensor, weights, degree: int, complex: bool) -> Tensor
     prod = spectrum[..., 0, :]
     for i in range(1, degree):
         prod = prod * spectrum[..., i, :]
-    if complex:
+    if is_complex:
         return torch.fft.ifft(prod, n=num_features, dim=-1)
     return torch.fft.irfft(prod, n=num_features, dim=-1)
 
 
 def _tensorsketch_unbatched(
-    x: Tensor, signs: Tensor, hashes: Tensor, degree: int, complex: bool, num_features: int
+    x: Tensor, signs: Tensor, hashes: Tensor, degree: int, is_complex: bool, num_features: int
 ) -> Tensor:
     # One index_add per degree (a sparse d x D count-sketch product) and the spectra multiplied
     # as they come: no (N, p, D) intermediate.
-    s = as_complex_weight(signs, x.dtype) if complex else signs.to(x.dtype)
-    zeros_dtype = s.dtype if complex else x.dtype
+    s = as_complex_weight(signs, x.dtype) if is_complex else signs.to(x.dtype)
+    zeros_dtype = s.dtype if is_complex else x.dtype
     spectrum = None
     for i in range(degree):
         values = x * s[i]
         sketch = torch.zeros(
             (*x.shape[:-1], num_features), dtype=zeros_dtype, device=x.device
         ).index_add(-1, hashes[i], values)
-        f = torch.fft.fft(sketch, dim=-1) if complex else torch.fft.rfft(sketch, dim=-1)
+        f = torch.fft.fft(sketch, dim=-1) if is_complex else torch.fft.rfft(sketch, dim=-1)
         spectrum = f if spectrum is None else spectrum * f
-    if complex:
+    if is_complex:
         return torch.fft.ifft(spectrum, n=num_features, dim=-1)
     return torch.fft.irfft(spectrum, n=num_features, dim=-1)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from rfgp.kernels.sketches import _srht_numba
 from rfgp.kernels.sketches.sampling import sketch_weight
-from rfgp.ops import _complex_dtype, fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
+from rfgp.ops import complex_dtype, fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
 
 __all__ = ["SrhtPlan", "apply_tensorsrht"]
 
@@ -46,11 +46,11 @@ def _take(values: Tensor, index: Tensor) -> Tensor:
     )
 
 
-def _srht_rows(x: Tensor, signs: Tensor, indices: Tensor, degree: int, complex: bool) -> Tensor:
+def _srht_rows(x: Tensor, signs: Tensor, indices: Tensor, degree: int, is_complex: bool) -> Tensor:
     # x is already zero-padded to d'.
     # (..., N, 1, 1, d') * (*B, 1, p, K, d') -> (..., N, p, K, d'): all degrees and blocks at once.
     xs = x.unsqueeze(-2).unsqueeze(-2)
-    if complex:
+    if is_complex:
         s = signs.to(x.dtype).unsqueeze(-5)
         # Stack real and imaginary parts so that one real transform handles both.
         u = torch.stack(torch.broadcast_tensors(xs * s[..., 0], xs * s[..., 1]), dim=-3)
@@ -84,18 +84,19 @@ class SrhtPlan:
     differs from the generic path.
     """
 
-    def __init__(self, signs: Tensor, indices: Tensor, degree: int, complex: bool, dtype):
-        padded = signs.shape[-2] if complex else signs.shape[-1]
-        num_blocks = signs.shape[-3] if complex else signs.shape[-2]
+    def __init__(self, signs: Tensor, indices: Tensor, degree: int, is_complex: bool, dtype):
+        padded = signs.shape[-2] if is_complex else signs.shape[-1]
+        num_blocks = signs.shape[-3] if is_complex else signs.shape[-2]
         log2 = padded.bit_length() - 1
         a1, a2 = 1 << (log2 // 2), 1 << (log2 - log2 // 2)
-        self.a1, self.a2, self.padded, self.degree, self.complex = a1, a2, padded, degree, complex
+        self.a1, self.a2, self.padded, self.degree = a1, a2, padded, degree
+        self.is_complex = is_complex
         self.num_features = num_features = indices.shape[-1]
-        self.parts = parts = 2 if complex else 1
+        self.parts = parts = 2 if is_complex else 1
         device = signs.device
         # (p, K, parts, a1, a2): real parts / imaginary parts of the signs as separate "parts".
         s = signs.to(dtype)
-        s = s.movedim(-1, -2) if complex else s.unsqueeze(-2)
+        s = s.movedim(-1, -2) if is_complex else s.unsqueeze(-2)
         s = s.reshape(degree, num_blocks, parts, a1, a2).clone()
         s[0] /= math.sqrt(num_features)
         h2 = hadamard_matrix(a2, dtype=dtype, device=device)
@@ -129,7 +130,7 @@ class SrhtPlan:
             self.groups.append((lo, hi, nb, stage1, tuple(flat.contiguous())))
 
     def _out_dtype(self, x: Tensor) -> torch.dtype:
-        return _complex_dtype(x.dtype) if self.complex else x.dtype
+        return complex_dtype(x.dtype) if self.is_complex else x.dtype
 
     def _transposed_rows(self, x: Tensor, start: int, m: int) -> Tensor:
         rows = pad_to_power_of_two(x[start : start + m])  # d' = next_power_of_two(d)
@@ -151,7 +152,7 @@ class SrhtPlan:
             # degree i's stage-1 output as a strided (a1, size m) matrix: no copy
             zs = [z[:, i * size : (i + 1) * size].reshape(a1, size * m) for i in range(p)]
             y = take("y", a1, size * m)
-            if self.complex:
+            if self.is_complex:
                 parts_view = y.view(a1, nb, 2, a2 * m)
                 combined = take("c", a1, nb, a2 * m)
                 pair = (parts_view[:, :, 0], parts_view[:, :, 1], combined)
@@ -195,7 +196,7 @@ class SrhtPlan:
             "x": x.new_empty(self.padded * chunk),
             "z": x.new_empty(self.degree * self.parts * most),
             "y": x.new_empty(self.parts * most),
-            "c": torch.empty(most if self.complex else 0, dtype=dtype, device=x.device),
+            "c": torch.empty(most if self.is_complex else 0, dtype=dtype, device=x.device),
             "g": torch.empty(most, dtype=dtype, device=x.device),
             "acc": torch.empty(self.num_features * chunk, dtype=dtype, device=x.device),
         }
@@ -232,7 +233,7 @@ class SrhtPlan:
                 acc = None
                 for i in range(p):
                     y = self.h1 @ z[:, i * size : (i + 1) * size].reshape(a1, size * m)
-                    if self.complex:
+                    if self.is_complex:
                         y = y.view(a1, nb, 2, a2 * m)
                         y = torch.complex(y[:, :, 0], y[:, :, 1])
                     g = y.reshape(-1, m).index_select(0, flat[i])
@@ -243,19 +244,19 @@ class SrhtPlan:
 
 
 def apply_tensorsrht(
-    x: Tensor, weights, degree: int, complex: bool, scale: Optional[Tensor] = None,
+    x: Tensor, weights, degree: int, is_complex: bool, scale: Optional[Tensor] = None,
     root: Optional[Tensor] = None,
 ) -> Tensor:
     signs = sketch_weight(weights, "signs", "tensorsrht")
     indices = sketch_weight(weights, "indices", "tensorsrht")
-    padded = signs.shape[-2] if complex else signs.shape[-1]
+    padded = signs.shape[-2] if is_complex else signs.shape[-1]
     # with root, the input is [x / scale, root]: one column more than x
     if next_power_of_two(x.shape[-1] + (root is not None)) != padded:
         raise ValueError(
             f"x must have d columns with next_power_of_two(d) == {padded} to match the sketch "
             f"weights (signs of shape {tuple(signs.shape)}), got shape {tuple(x.shape)}"
         )
-    if indices.shape[-2] != degree or signs.shape[-3 - complex] != degree:
+    if indices.shape[-2] != degree or signs.shape[-3 - is_complex] != degree:
         raise ValueError(
             f"degree={degree} does not match the sketch weights (indices of shape "
             f"{tuple(indices.shape)})"
@@ -265,7 +266,7 @@ def apply_tensorsrht(
         # compiled fast Walsh-Hadamard kernels (numba installed, CPU), forward and, when
         # autograd records, backward
         out = _srht_numba.differentiable_tensorsrht(
-            x.reshape(-1, x.shape[-1]), signs, indices, complex,
+            x.reshape(-1, x.shape[-1]), signs, indices, is_complex,
             None if scale is None else scale.reshape(-1), root,
         )
         if out is not None:  # None: numba could not compile here (warned once)
@@ -283,7 +284,7 @@ def apply_tensorsrht(
     # SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM
     if indices.dim() == 2 and padded <= _PLAN_MAX_DIM:
         # the plan folds the 1/sqrt(D) factor into its first GEMM
-        plan = SrhtPlan(signs, indices, degree, complex, x.dtype)
+        plan = SrhtPlan(signs, indices, degree, is_complex, x.dtype)
         out = plan(x.reshape(-1, x.shape[-1]), scale, root)
         return out.reshape(*x.shape[:-1], num_features)
     if scale is not None:
@@ -292,16 +293,16 @@ def apply_tensorsrht(
         x = torch.cat([x, root.expand(*x.shape[:-1], 1)], dim=-1)
     x = pad_to_power_of_two(x)  # to d', checked above
     rows = x.shape[-2]
-    num_blocks = signs.shape[-3] if complex else signs.shape[-2]
-    per_row = degree * num_blocks * padded * (2 if complex else 1)
-    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - complex]))
+    num_blocks = signs.shape[-3] if is_complex else signs.shape[-2]
+    per_row = degree * num_blocks * padded * (2 if is_complex else 1)
+    batch = math.prod(torch.broadcast_shapes(x.shape[:-2], signs.shape[: -3 - is_complex]))
     chunk = max(1, _SRHT_CHUNK_ELEMENTS // max(1, per_row * batch))
     if rows <= chunk:
-        out = _srht_rows(x, signs, indices, degree, complex)
+        out = _srht_rows(x, signs, indices, degree, is_complex)
     else:
         out = torch.cat(
             [
-                _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, complex)
+                _srht_rows(x[..., start : start + chunk, :], signs, indices, degree, is_complex)
                 for start in range(0, rows, chunk)
             ],
             dim=-2,

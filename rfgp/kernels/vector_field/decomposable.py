@@ -10,9 +10,9 @@ from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel, MaternKernel, MultitaskKernel, RBFKernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_int
+from rfgp._validation import check_bool, check_choice, check_int
 from rfgp.kernels.base import RandomFeatureKernel
-from rfgp.kernels.fourier import SPECTRAL_DENSITIES, sample_frequencies
+from rfgp.kernels.fourier import MATERN_NU, sample_frequencies
 from rfgp.kernels.vector_field.factors import OPERATOR_SAMPLINGS, operator_features
 
 __all__ = ["DecomposableFeatureKernel"]
@@ -84,11 +84,10 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
     ) -> None:
         check_int("num_tasks", num_tasks)
         check_int("rank", rank, minimum=0)
-        if not isinstance(diagonal, bool):
-            raise TypeError(f"diagonal must be a bool, got {type(diagonal).__name__}")
+        check_bool("diagonal", diagonal)
         if rank == 0 and not diagonal:
             raise ValueError("rank must be >= 1 when diagonal=False (A would be zero), got 0")
-        check_choice("spectral", spectral, SPECTRAL_DENSITIES)
+        check_choice("spectral", spectral, MATERN_NU)
         check_choice("sampling", sampling, OPERATOR_SAMPLINGS)
         factor_cols = rank + (num_tasks if diagonal else 0)
         check_int("num_features", num_features)
@@ -169,7 +168,7 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
     def exact_kernel(self) -> Kernel:
         """GPyTorch's ``MultitaskKernel`` with the same base lengthscale and ``A`` (a copy)."""
         kwargs = dict(ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape)
-        nu = SPECTRAL_DENSITIES[self.spectral]
+        nu = MATERN_NU[self.spectral]
         base = RBFKernel(**kwargs) if nu is None else MaternKernel(nu=nu, **kwargs)
         exact = MultitaskKernel(base, num_tasks=self.num_tasks, rank=max(self.rank, 1),
                                 batch_shape=self.batch_shape, active_dims=self.active_dims)

@@ -13,6 +13,9 @@ from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._deprecation import renamed_method
+from rfgp._validation import check_bool, check_int
+
 __all__ = [
     "CurlFreeKernel",
     "DivFreeKernel",
@@ -161,12 +164,9 @@ class _VectorFieldKernel(Kernel):
     """Common plumbing of the exact operator-valued kernels (``p = d`` outputs per input)."""
 
     def __init__(self, input_dim: Optional[int] = None, normalize: bool = True, **kwargs: Any):
-        if input_dim is not None and (
-            not isinstance(input_dim, int) or isinstance(input_dim, bool) or input_dim < 1
-        ):
-            raise ValueError(f"input_dim must be a positive integer, got {input_dim!r}")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        if input_dim is not None:
+            input_dim = check_int("input_dim", input_dim)
+        check_bool("normalize", normalize)
         super().__init__(**kwargs)
         if input_dim is None:
             if self.active_dims is not None:
@@ -418,7 +418,7 @@ class HelmholtzKernel(HelmholtzParameters, _VectorFieldKernel):
         s_div = self.div_outputscale.to(dtype)[..., None, None, None, None]
         return s_curl * curl + s_div * div
 
-    def component(self, part: str) -> _VectorFieldKernel:
+    def component_kernel(self, part: str) -> Kernel:
         """The exact kernel of one part (``"curl"`` or ``"div"``) times its outputscale."""
         from gpytorch.kernels import ScaleKernel
 
@@ -433,3 +433,5 @@ class HelmholtzKernel(HelmholtzParameters, _VectorFieldKernel):
         scaled = ScaleKernel(base, batch_shape=self.batch_shape).to(self.raw_curl_lengthscale)
         scaled.outputscale = getattr(self, f"{part}_outputscale").detach().clone()
         return scaled
+
+    component = renamed_method("component", "component_kernel")

@@ -12,7 +12,7 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_int
+from rfgp._validation import check_bool, check_choice, check_int
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.fourier import sample_frequencies
 from rfgp.kernels.vector_field.exact import (
@@ -59,8 +59,7 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
         **kwargs: Any,
     ) -> None:
         check_choice("sampling", sampling, OPERATOR_SAMPLINGS)
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        check_bool("normalize", normalize)
         if num_outputs is not None:
             check_int("num_outputs", num_outputs)
             if input_dim is not None and input_dim != num_outputs:

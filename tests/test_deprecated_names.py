@@ -1,4 +1,4 @@
-"""Old import paths keep working after the kernel families moved into subpackages."""
+"""Old import paths and method names keep working, with a DeprecationWarning naming the new."""
 
 import importlib
 import warnings
@@ -23,7 +23,7 @@ MOVED = [
 @pytest.mark.parametrize("module, name, obj", MOVED)
 def test_moved_names_still_import_with_a_deprecation_warning(module, name, obj):
     mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=f"{name} has moved"):
+    with pytest.warns(DeprecationWarning, match=f"{name} is deprecated"):
         assert getattr(mod, name) is obj
 
 
@@ -59,3 +59,47 @@ def test_public_paths_import_without_warnings():
     assert kernels.PolynomialSketchKernel is PolynomialSketchKernel
     assert kernels.apply_sketch is apply_sketch and kernels.sample_sketch is sample_sketch
     assert kernels._srht_numba is importlib.import_module("rfgp.kernels.sketches._srht_numba")
+
+
+def test_spectral_densities_is_the_matern_nu_table():
+    from rfgp.kernels import fourier
+
+    with pytest.warns(DeprecationWarning, match="MATERN_NU"):
+        assert fourier.SPECTRAL_DENSITIES is fourier.MATERN_NU
+    assert fourier.MATERN_NU["matern32"] == 1.5 and fourier.MATERN_NU["rbf"] is None
+
+
+def test_renamed_methods_warn_and_agree():
+    import torch
+
+    from rfgp.kernels import (
+        GaussianSketchKernel,
+        HelmholtzKernel,
+        MaclaurinKernel,
+        SphericalFeatureKernel,
+    )
+
+    x = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    maclaurin = MaclaurinKernel("exponential", 16, allocation="random", seed=0).double()
+    with pytest.warns(DeprecationWarning, match="exact_matrix"):
+        old = maclaurin.exact(x, x)
+    torch.testing.assert_close(old, maclaurin.exact_matrix(x, x), rtol=0, atol=0)
+    with pytest.warns(DeprecationWarning, match="expected_matrix"):
+        old = maclaurin.expected_kernel(x, x)
+    torch.testing.assert_close(old, maclaurin.expected_matrix(x, x), rtol=0, atol=0)
+
+    sketch = GaussianSketchKernel(8, truncation=2, seed=0).double()
+    with pytest.warns(DeprecationWarning, match="expected_matrix"):
+        old = sketch.expected_kernel(x, x)
+    torch.testing.assert_close(old, sketch.expected_matrix(x, x), rtol=0, atol=0)
+
+    spherical = SphericalFeatureKernel(8, degree=2, seed=0).double()
+    with pytest.warns(DeprecationWarning, match="exact_matrix"):
+        old = spherical.exact(x, x)
+    torch.testing.assert_close(old, spherical.exact_matrix(x, x), rtol=0, atol=0)
+
+    helmholtz = HelmholtzKernel(input_dim=3).double()
+    with pytest.warns(DeprecationWarning, match="component_kernel"):
+        old = helmholtz.component("curl")(x).to_dense()
+    new = helmholtz.component_kernel("curl")(x).to_dense()
+    torch.testing.assert_close(old, new, rtol=0, atol=0)
