@@ -157,9 +157,10 @@ def srht_stages(x, weights, degree):
     return stages, total
 
 
-def run_timing(num_rows, repeats, full=True):
+def run_timing(num_rows, repeats, full=True, slow=True):
     """Part 2 for the current thread count; ``full=False`` times only the methods the targets
-    compare (compiled TensorSRHT and the dense sketch, real and CtR)."""
+    compare (compiled TensorSRHT and the dense sketch, real and CtR), ``slow=False`` leaves
+    out TensorSketch and scikit-learn."""
     from sklearn.kernel_approximation import PolynomialCountSketch
 
     d_in, degree, size = 1023, 7, 5 * 1024
@@ -167,8 +168,8 @@ def run_timing(num_rows, repeats, full=True):
     x = torch.rand(num_rows, d_in, generator=gen)
     x = x / x.norm(dim=-1, keepdim=True)
     fns, kernels = {}, {}
-    projections = ("tensorsrht", "tensorsketch", "rademacher") if full else ("tensorsrht",
-                                                                             "rademacher")
+    projections = ("tensorsrht", "tensorsketch", "rademacher") if full and slow else (
+        "tensorsrht", "rademacher")
     for projection in projections:
         for mode in ("real", "ctr"):
             if mode == "real":
@@ -193,10 +194,11 @@ def run_timing(num_rows, repeats, full=True):
         # the same TensorSRHT calls through the GEMM path (what runs without numba or on a GPU)
         for key in (("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsrht", "apply")):
             fns[("tensorsrht-gemm", key[1])] = gemm_path(fns[key])
-        xn = x.numpy()
-        sk = PolynomialCountSketch(degree=degree, gamma=1.0, coef0=1.0, n_components=size,
-                                   random_state=0).fit(xn)
-        fns[("sklearn", "real")] = lambda: sk.transform(xn)
+        if slow:
+            xn = x.numpy()
+            sk = PolynomialCountSketch(degree=degree, gamma=1.0, coef0=1.0, n_components=size,
+                                       random_state=0).fit(xn)
+            fns[("sklearn", "real")] = lambda: sk.transform(xn)
         a = torch.randn(num_rows, 1024, generator=gen)
         b = torch.randn(1024, degree * size, generator=gen)
         fns[("gemm", "real")] = lambda: a @ b
@@ -208,11 +210,11 @@ def run_timing(num_rows, repeats, full=True):
             rows[("stages", "profiled")] = gemm_path(srht_stages)(
                 z, kernels[("tensorsrht", "real")]._weights(), degree)
     rows[("compiled", "available")] = _srht_numba.available()
-    rows.update(run_training_timing(x, kernels, repeats, full))
+    rows.update(run_training_timing(x, kernels, repeats, full, slow))
     return rows
 
 
-def run_training_timing(x, kernels, repeats, full=True):
+def run_training_timing(x, kernels, repeats, full=True, slow=True):
     """Training mode: features with autograd on (lengthscale and bias learnable), and
     features plus the backward pass of a fixed incoming gradient ``G`` (as from a loss
     ``sum(Phi * G)``) to the lengthscale and the bias."""
@@ -233,7 +235,7 @@ def run_training_timing(x, kernels, repeats, full=True):
 
         fns[("train-forward", name)] = forward
         fns[("train-both", name)] = forward_backward
-        if name.startswith("tensorsrht") and full:
+        if name.startswith("tensorsrht") and full and (slow or name == "tensorsrht"):
             fns[("train-forward", name + "-gemm")] = gemm_path(forward)
             fns[("train-both", name + "-gemm")] = gemm_path(forward_backward)
     # stages of the compiled path (real features): the forward kernel alone, then the
@@ -284,6 +286,8 @@ def main():
     parser.add_argument("--threads", type=int, nargs="+", default=None,
                         help="thread counts for part 2 (default: 1 and all); part 1 uses 1")
     parser.add_argument("--repeats", type=int, default=None, help="rounds of part 2")
+    parser.add_argument("--skip-slow", action="store_true",
+                        help="part 2 without TensorSketch and scikit-learn (a shorter run)")
     parser.add_argument("--timing-only", action="store_true",
                         help="run only part 2 and rewrite only its section of the report")
     args = parser.parse_args()
@@ -309,7 +313,8 @@ def main():
         print(f"  {count} thread(s)", flush=True)
         # beyond the first thread count, only what the targets compare (the rest is slow
         # and, for PyTorch's own threads on a shared machine, very noisy)
-        timings[count] = run_timing(time_rows, repeats, full=count == threads[0])
+        timings[count] = run_timing(time_rows, repeats, full=count == threads[0],
+                                    slow=not args.skip_slow)
     torch.set_num_threads(1)
     load_after = os.getloadavg()[0]
     elapsed = time.time() - t0
@@ -500,9 +505,10 @@ def part2_lines(timings, time_rows, repeats, load_before, load_after, command, e
         f"or a GPU) is {dense / srht_gemm:.1f}x faster than the dense sketch. "
         "CtR-TensorSRHT is "
         f"{timing[('rademacher', 'ctr')] / timing[('tensorsrht', 'ctr')]:.1f}x faster than CtR "
-        "dense Rademacher; TensorSRHT is "
-        f"{timing[('sklearn', 'real')] / srht:.1f}x faster than scikit-learn's "
-        "PolynomialCountSketch at the same D.",
+        "dense Rademacher"
+        + (f"; TensorSRHT is {timing[('sklearn', 'real')] / srht:.1f}x faster than "
+           "scikit-learn's PolynomialCountSketch at the same D." if ("sklearn", "real") in timing
+           else " (TensorSketch and scikit-learn were left out of this run: `--skip-slow`)."),
         "",
         "What the compiled kernel does per row: 35 transforms of length 1024 (7 degrees x 5 "
         "independent blocks), each 1024 x log2(1024) = 10,240 additions in 5 radix-4 passes "
@@ -748,7 +754,8 @@ def plot_timing(plt, timing):
             ("sklearn", "real")]
     names = ["TensorSRHT", "CtR-TSRHT", "TensorSRHT (GEMM)", "CtR-TSRHT (GEMM)",
              "TensorSketch", "CtR-TS", "Rademacher", "CtR-Rad.", "sklearn PCS"]
-    ax.barh(names, [timing[k] for k in keys], color="C0")
+    shown = [(n, timing[k]) for k, n in zip(keys, names) if k in timing]
+    ax.barh([n for n, _ in shown], [t for _, t in shown], color="C0")
     ax.set_xlabel("seconds (d = 1024, p = 7, D = 5120)")
     ax.invert_yaxis()
     fig.tight_layout()
