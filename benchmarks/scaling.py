@@ -234,7 +234,7 @@ def complex_vs_real(threads: int, num_train: int, num_test: int, sizes, seeds) -
         def _sample_weights(self, input_dim, generator):
             return {}
 
-        def _ensure_weights(self, x):
+        def ensure_weights(self, x):
             self.input_dim = x.shape[-1]
 
         def _features(self, x):

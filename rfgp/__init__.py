@@ -1,7 +1,17 @@
 """rfgp: random-feature Gaussian processes for PyTorch and GPyTorch."""
 
-from rfgp import datasets, inference, kernels, likelihoods, metrics, ops, variance
-from rfgp.inference import DirichletGPClassifier, RandomFeatureGP
+from rfgp import (
+    classification,
+    datasets,
+    inference,
+    kernels,
+    likelihoods,
+    metrics,
+    ops,
+    variance,
+)
+from rfgp.classification import DirichletGPClassifier
+from rfgp.inference import RandomFeatureGP
 from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
@@ -10,6 +20,7 @@ __all__ = [
     "RandomFeatureGP",
     "DirichletGPClassifier",
     "helmholtz_components",
+    "classification",
     "datasets",
     "inference",
     "kernels",

@@ -33,6 +33,7 @@ __all__ = [
     "all_finite",
     "check_bool",
     "check_choice",
+    "check_dtype",
     "check_finite",
     "check_int",
     "check_positive",
@@ -284,3 +285,27 @@ def check_tensor(
     if finite:
         check_finite(name, value)
     return value
+
+
+def check_dtype(name: str, value: Any) -> torch.dtype:
+    """Return a floating ``torch.dtype`` given as a dtype or its name (``"float32"``,
+    ``"torch.float64"``); raise ``TypeError`` for anything else.
+
+    Example:
+        >>> check_dtype("dtype", "float32")
+        torch.float32
+        >>> check_dtype("dtype", torch.long)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: dtype must be a floating torch dtype ... got torch.int64
+    """
+    dtype = value
+    if isinstance(value, str):
+        dtype = getattr(torch, value[len("torch."):] if value.startswith("torch.") else value,
+                        None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{name} must be a floating torch dtype (e.g. torch.float64 or 'float64'), "
+            f"got {describe(value)}"
+        )
+    return dtype

@@ -5,27 +5,41 @@ r"""Error metrics for kernel approximations and GP predictions.
   Eq. 93 of Wacker et al.).
 * :func:`mnll`, :func:`nmse`, :func:`rmse`: predictive scores.
 
-All functions take tensors and return 0-d tensors (differentiable where the inputs are).
+All functions take tensors (or NumPy arrays) and return 0-d tensors (differentiable where the
+inputs are). Inputs must be non-empty and finite, and paired inputs must have the same shape;
+anything else raises a ``ValueError`` or ``TypeError`` that names the argument, never a NaN.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from rfgp.ops import all_finite
+from rfgp._validation import check_finite, check_int, check_real, describe
 
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
 
-def _as_tensor(value, name: str) -> Tensor:
+def _as_tensor(value, name: str, allow_complex: bool = False) -> Tensor:
+    """``value`` as a non-empty, finite floating tensor (a NumPy array is converted)."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
     if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a torch.Tensor or NumPy array, got {type(value).__name__}"
+        )
+    if value.is_complex() and not allow_complex:
+        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
     if not (value.is_floating_point() or value.is_complex()):
-        raise TypeError(f"{name} must have a floating or complex dtype, got {value.dtype}")
+        kinds = "a floating or complex" if allow_complex else "a floating"
+        raise TypeError(f"{name} must have {kinds} dtype, got {value.dtype}")
+    if value.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got {describe(value)}")
+    check_finite(name, value)
     return value
 
 
@@ -60,8 +74,8 @@ def relative_frobenius_error(approx: Tensor, exact: Tensor, real_part: bool = Tr
     References:
         Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*, Eq. 58.
     """
-    approx = _as_tensor(approx, "approx")
-    exact = _as_tensor(exact, "exact")
+    approx = _as_tensor(approx, "approx", allow_complex=True)
+    exact = _as_tensor(exact, "exact", allow_complex=True)
     _same_shape(approx, exact, "approx", "exact")
     if approx.is_complex() and real_part:
         approx = approx.real
@@ -114,11 +128,12 @@ def gaussian_kl(
         "mean_exact": mean_exact,
         "var_exact": var_exact,
     }
+    tensors = {name: _as_tensor(value, name) for name, value in tensors.items()}
+    mean_approx, var_approx = tensors["mean_approx"], tensors["var_approx"]
+    mean_exact, var_exact = tensors["mean_exact"], tensors["var_exact"]
     for name, value in tensors.items():
-        _as_tensor(value, name)
         _same_shape(mean_approx, value, "mean_approx", name)
-        if value.is_complex():
-            raise TypeError(f"{name} must be real, got {value.dtype}")
+    min_variance = check_real("min_variance", min_variance, low=0.0, low_inclusive=False)
     if mean_approx.dim() not in (1, 2):
         raise ValueError(
             f"mean_approx must have shape (m,) or (m, T), got {tuple(mean_approx.shape)}"
@@ -157,9 +172,9 @@ def mnll(y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
         >>> round(float(mnll(z, z, torch.ones(2, dtype=torch.float64))), 6)
         0.918939
     """
-    for name, value in (("y", y), ("mean", mean), ("var", var)):
-        _as_tensor(value, name)
-        _same_shape(y, value, "y", name)
+    y, mean, var = _as_tensor(y, "y"), _as_tensor(mean, "mean"), _as_tensor(var, "var")
+    _same_shape(y, mean, "y", "mean")
+    _same_shape(y, var, "y", "var")
     if (var <= 0).any():
         raise ValueError(f"var must be positive, got minimum {var.min().item():.3g}")
     return (0.5 * torch.log(2 * math.pi * var) + (y - mean).square() / (2 * var)).mean()
@@ -186,13 +201,31 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
         >>> y = torch.tensor([0.0, 2.0]); float(nmse(y, torch.ones(2)))
         1.0
     """
-    _as_tensor(y, "y")
-    _as_tensor(mean, "mean")
+    y, mean = _as_tensor(y, "y"), _as_tensor(mean, "mean")
     _same_shape(y, mean, "y", "mean")
+    if y.dim() not in (1, 2):
+        raise ValueError(f"y must have shape (n,) or (n, T), got {describe(y)}")
     mse = (y - mean).square().mean(0)
-    ref = y.var(0, unbiased=False) if reference_variance is None else reference_variance
-    if (torch.as_tensor(ref) <= 0).any():
-        raise ValueError("the variance of y (or reference_variance) must be positive")
+    if reference_variance is None:
+        ref = y.var(0, unbiased=False)
+        if (ref <= 0).any():
+            raise ValueError("the variance of y must be positive (y is constant over points)")
+    else:
+        if isinstance(reference_variance, (int, float)) and not isinstance(
+            reference_variance, bool
+        ):
+            reference_variance = torch.tensor(float(reference_variance), dtype=y.dtype)
+        ref = _as_tensor(reference_variance, "reference_variance")
+        allowed = ((), tuple(y.shape[1:]))
+        if tuple(ref.shape) not in allowed:
+            raise ValueError(
+                f"reference_variance must be a scalar or have shape {tuple(y.shape[1:])} (one "
+                f"value per output), got {describe(ref)}"
+            )
+        if (ref <= 0).any():
+            raise ValueError(
+                f"reference_variance must be positive, got minimum {ref.min().item():.3g}"
+            )
     return (mse / ref).mean()
 
 
@@ -210,8 +243,7 @@ def rmse(y: Tensor, mean: Tensor) -> Tensor:
         >>> float(rmse(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 1.0])))
         1.0
     """
-    _as_tensor(y, "y")
-    _as_tensor(mean, "mean")
+    y, mean = _as_tensor(y, "y"), _as_tensor(mean, "mean")
     _same_shape(y, mean, "y", "mean")
     return (y - mean).square().mean().sqrt()
 
@@ -301,9 +333,7 @@ def kernel_distance(
         Phillips & Tai, *The GaussianSketch for Almost Relative Error Kernel Distance*, 2020.
         Gretton et al., *A Kernel Two-Sample Test*, JMLR 2012.
     """
-    for name, value in (("x", x), ("y", y)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    x, y = _as_tensor(x, "x"), _as_tensor(y, "y")
     if x.dim() == 1:
         x = x.unsqueeze(-1)
     if y.dim() == 1:
@@ -315,16 +345,14 @@ def kernel_distance(
         )
     if x.shape[0] == 0 or y.shape[0] == 0:
         raise ValueError(f"x and y must be non-empty, got {x.shape[0]} and {y.shape[0]} rows")
-    if not block_size >= 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size!r}")
+    block_size = check_int("block_size", block_size)
     feature_map = _random_feature_map(kernel) if kernel is not None else None
     if feature_map is not None:
         diff = feature_map(x).mean(-2) - feature_map(y).mean(-2)
         value = (diff.abs() ** 2).sum(-1) if diff.is_complex() else (diff * diff).sum(-1)
     else:
         if kernel is None:
-            if not lengthscale > 0:
-                raise ValueError(f"lengthscale must be > 0, got {lengthscale!r}")
+            lengthscale = check_real("lengthscale", lengthscale, low=0.0, low_inclusive=False)
             inv = 1.0 / (2.0 * lengthscale**2)
 
             def kernel_fn(a: Tensor, b: Tensor) -> Tensor:
@@ -367,22 +395,42 @@ __all__ += [
 ]
 
 
-def _check_proba_labels(probs: Tensor, labels: Tensor) -> None:
-    if not isinstance(probs, Tensor) or not probs.is_floating_point():
-        raise TypeError(
-            f"probs must be a floating torch.Tensor of shape (N, C), got {type(probs).__name__}"
-            + (f" of dtype {probs.dtype}" if isinstance(probs, Tensor) else "")
-        )
+def _row_sum_tolerance(dtype: torch.dtype) -> float:
+    # Probabilities computed in float64 sum to one within a few ulps; float32 ones within ~1e-6
+    # per class; 1e-6 and 1e-3 leave room for either and still refuse rows summing to 0.9.
+    return 1e-6 if dtype == torch.float64 else 1e-3
+
+
+def _check_proba_labels(probs, labels) -> Tuple[Tensor, Tensor]:
+    """``(probs, labels)`` as tensors: probabilities ``(N, C)`` whose rows lie in ``[0, 1]`` and
+    sum to one, and labels ``(N,)`` in ``[0, C)``."""
+    probs = _as_tensor(probs, "probs")
     if probs.dim() != 2 or probs.shape[1] < 2:
         raise ValueError(f"probs must have shape (N, C) with C >= 2, got {tuple(probs.shape)}")
-    _check_labels(labels, probs.shape[0], probs.shape[1])
-    if not all_finite(probs) or (probs < 0).any() or (probs > 1).any():
-        raise ValueError("probs must be finite and lie in [0, 1]")
+    labels = _check_labels(labels, probs.shape[0], probs.shape[1])
+    if (probs < 0).any() or (probs > 1).any():
+        raise ValueError(
+            f"probs must be finite and lie in [0, 1], got range [{probs.min().item():.3g}, "
+            f"{probs.max().item():.3g}]"
+        )
+    error = (probs.sum(-1) - 1).abs().max().item()
+    if error > _row_sum_tolerance(probs.dtype):
+        raise ValueError(
+            "probs must be probabilities whose rows sum to 1, got a row sum off by "
+            f"{error:.3g}"
+        )
+    return probs, labels
 
 
-def _check_labels(labels: Tensor, n: int, num_classes: Optional[int] = None) -> None:
+def _check_labels(labels, n: int, num_classes: Optional[int] = None) -> Tensor:
+    """``labels`` as an ``(n,)`` integer tensor of class indices in ``[0, num_classes)``."""
+    if isinstance(labels, np.ndarray):
+        labels = torch.from_numpy(np.ascontiguousarray(labels))
     if not isinstance(labels, Tensor):
-        raise TypeError(f"labels must be a torch.Tensor of shape (N,), got {type(labels).__name__}")
+        raise TypeError(
+            f"labels must be a torch.Tensor or NumPy array of shape (N,), got "
+            f"{type(labels).__name__}"
+        )
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise TypeError(f"labels must hold integer class indices, got dtype {labels.dtype}")
     if labels.shape != (n,):
@@ -390,19 +438,21 @@ def _check_labels(labels: Tensor, n: int, num_classes: Optional[int] = None) -> 
     if n == 0:
         raise ValueError("labels must not be empty")
     if (labels < 0).any() or (num_classes is not None and (labels >= num_classes).any()):
+        upper = num_classes if num_classes is not None else "C"
         raise ValueError(
-            f"labels must lie in [0, {num_classes}), got range "
+            f"labels must lie in [0, {upper}), got range "
             f"[{int(labels.min())}, {int(labels.max())}]"
         )
+    return labels
 
 
-def accuracy(predictions: Tensor, labels: Tensor) -> Tensor:
+def accuracy(predictions, labels) -> Tensor:
     """Fraction of correctly classified points.
 
     Args:
         predictions: ``(N,)`` predicted labels, or ``(N, C)`` class probabilities/scores (their
-            ``argmax`` is the prediction).
-        labels: ``(N,)`` true integer labels.
+            ``argmax`` is the prediction; finite); a tensor or NumPy array.
+        labels: ``(N,)`` true integer labels (in ``[0, C)`` with scores).
 
     Returns:
         float64 scalar tensor in ``[0, 1]`` (the classification error is ``1 - accuracy``).
@@ -411,16 +461,24 @@ def accuracy(predictions: Tensor, labels: Tensor) -> Tensor:
         >>> float(accuracy(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0])))
         0.5
     """
+    if isinstance(predictions, np.ndarray):
+        predictions = torch.from_numpy(np.ascontiguousarray(predictions))
     if not isinstance(predictions, Tensor):
-        raise TypeError(f"predictions must be a torch.Tensor, got {type(predictions).__name__}")
+        raise TypeError(
+            f"predictions must be a torch.Tensor or NumPy array, got {type(predictions).__name__}"
+        )
+    num_classes = None
     if predictions.dim() == 2:
+        predictions = _as_tensor(predictions, "predictions")
+        num_classes = predictions.shape[1]
         predictions = predictions.argmax(dim=-1)
-    elif predictions.dim() != 1 or predictions.is_floating_point():
+    elif (predictions.dim() != 1 or predictions.is_floating_point() or predictions.is_complex()
+          or predictions.dtype == torch.bool):
         raise ValueError(
             "predictions must be (N,) integer labels or (N, C) probabilities, got shape "
             f"{tuple(predictions.shape)} and dtype {predictions.dtype}"
         )
-    _check_labels(labels, predictions.shape[0])
+    labels = _check_labels(labels, predictions.shape[0], num_classes)
     return (predictions == labels).double().mean()
 
 
@@ -444,7 +502,7 @@ def mnll_classification(probs: Tensor, labels: Tensor) -> Tensor:
         >>> mnll_classification(torch.full((4, 2), 0.5), torch.tensor([0, 1, 0, 1]))
         tensor(0.6931)
     """
-    _check_proba_labels(probs, labels)
+    probs, labels = _check_proba_labels(probs, labels)
     p_true = probs.gather(1, labels.long().unsqueeze(-1)).squeeze(-1)
     return -torch.log(p_true.clamp_min(torch.finfo(probs.dtype).tiny)).mean()
 
@@ -471,9 +529,8 @@ def reliability_diagram(probs: Tensor, labels: Tensor, num_bins: int = 15) -> di
         >>> diagram["count"], diagram["accuracy"][2:]   # bins (0.5, 0.75] and (0.75, 1]
         (tensor([0, 0, 3, 1]), tensor([0.6667, 1.0000]))
     """
-    _check_proba_labels(probs, labels)
-    if not isinstance(num_bins, int) or isinstance(num_bins, bool) or num_bins < 1:
-        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    probs, labels = _check_proba_labels(probs, labels)
+    num_bins = check_int("num_bins", num_bins)
     confidence, predicted = probs.max(dim=-1)
     correct = (predicted == labels).to(probs.dtype)
     edges = torch.linspace(0, 1, num_bins + 1, dtype=probs.dtype)

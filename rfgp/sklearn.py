@@ -48,7 +48,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from gpytorch.kernels import Kernel, ScaleKernel
 from linear_operator.utils.warnings import NumericalWarning
 
-from rfgp.inference.dirichlet import DirichletGPClassifier, softmax_expectation
+from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.kernels.base import RandomFeatureKernel
 
@@ -201,6 +201,31 @@ def _kernel_from(estimator: Any, seed: int) -> Kernel:
     return kernel
 
 
+#: Targets beyond this magnitude are divided by their largest entry internally even without
+#: ``normalize_y`` (squares of 1e154 and more overflow float64).
+_HUGE_TARGET = 1e100
+
+
+def _target_scaling(y: np.ndarray, normalize: bool):
+    """``(offset, scale)`` per column such that ``(y - offset) / scale`` is of order one.
+
+    With ``normalize`` they are the mean and standard deviation (1 where it is 0), computed on
+    ``y / max|y|`` so that targets of size 1e160 do not overflow. Without it the offset is 0
+    and the scale 1, unless the targets are so large that their squares overflow: then the
+    scale is ``max|y|`` (the posterior mean is linear in ``y``, so this changes no prediction).
+    """
+    with np.errstate(over="ignore"):
+        peak = np.max(np.abs(y), axis=0) if y.shape[0] else np.zeros(y.shape[1:])
+    peak = np.where(peak > 0, peak, 1.0)
+    if normalize:
+        unit = y / peak
+        mean = unit.mean(axis=0)
+        std = unit.std(axis=0)
+        return mean * peak, np.where(std > 0, std, 1.0) * peak
+    scale = np.where(peak > _HUGE_TARGET, peak, 1.0)
+    return np.zeros(y.shape[1:]), scale
+
+
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
     # A copy: read-only (memory-mapped) inputs cannot be shared with torch.
     return torch.tensor(np.asarray(array, dtype=np.float64))
@@ -301,17 +326,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             ``self``.
         """
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
+        # Strings that are not numbers fail here as in scikit-learn's regressors ("could not
+        # convert string to float"); numeric strings are converted, as they are there.
+        y = np.asarray(y).astype(np.float64)
         noise = _check_positive("noise", self.noise)
         if self.optimizer not in ("lbfgs", "adam", None):
             raise ValueError(f"optimizer must be 'lbfgs', 'adam' or None, got {self.optimizer!r}")
         _check_positive_int("max_iter", self.max_iter)
-        if self.normalize_y:
-            self._y_mean = y.mean(axis=0)
-            std = y.std(axis=0)
-            self._y_std = np.where(std > 0, std, 1.0)
-        else:
-            self._y_mean = np.zeros(y.shape[1:])
-            self._y_std = np.ones(y.shape[1:])
+        self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
         kernel = _kernel_from(self, _seed(self.random_state))
         if isinstance(self.kernel, str):
             kernel = ScaleKernel(kernel).to(torch.float64)
@@ -370,16 +392,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             post = self.gp_.posterior(x_t)
             mean = post.mean.detach().numpy()
-            cov = post.covariance_matrix.detach().numpy()
+            cov = None if mean.ndim == 2 else post.covariance_matrix.detach().numpy()
             if mean.ndim == 2:
-                num_points, num_targets = mean.shape
-                if getattr(post, "_interleaved", True):  # rows n * T + t
-                    blocks = [cov[t::num_targets, t::num_targets] for t in range(num_targets)]
-                else:  # rows t * M + n
-                    blocks = [cov[t * num_points : (t + 1) * num_points,
-                                  t * num_points : (t + 1) * num_points]
-                              for t in range(num_targets)]
-                cov = np.stack(blocks, axis=-1)
+                # post[:, t] is the posterior of target t, whatever the row layout.
+                cov = np.stack([post[:, t].covariance_matrix.detach().numpy()
+                                for t in range(mean.shape[1])], axis=-1)
             return self._scale(mean) + self._y_mean, self._scale(cov, 2)
         if return_std:
             mean, std = self.gp_.predict(x_t, return_std=True)
@@ -432,10 +449,10 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         projection: sketch of the dot-product kernels.
         alpha_epsilon: Dirichlet concentration added to every class.
         optimizer: ``None`` or ``"validation"``: choose ``alpha_epsilon`` from
-            :data:`rfgp.inference.ALPHA_GRID` by the MNLL on a random 10% validation split
+            :data:`rfgp.classification.ALPHA_GRID` by the MNLL on a random 10% validation split
             (:meth:`rfgp.DirichletGPClassifier.select_alpha`), then refit on all data.
         proba_method: ``"mc"``, ``"mean_field"`` or ``"lognormal"`` (see
-            :func:`rfgp.inference.softmax_expectation`).
+            :func:`rfgp.classification.softmax_expectation`).
         mc_samples: Monte Carlo samples of ``"mc"``.
         random_state: seed (int, ``RandomState`` or ``None``) of the features and draws.
 
@@ -487,7 +504,16 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, dtype=np.float64)
         y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
+        try:
+            check_classification_targets(y)
+        except TypeError as error:
+            # Labels that cannot be sorted together (1 and "a") fail with this TypeError in
+            # scikit-learn's own classifiers too; this one says why.
+            names = sorted({type(v).__name__ for v in y.tolist()})
+            raise TypeError(
+                "y must hold labels of one kind, all strings or all numbers (as scikit-learn's "
+                f"encoders require), got a mix of {names}"
+            ) from error
         self.classes_, encoded = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(
@@ -496,10 +522,9 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
             )
         if self.optimizer not in (None, "validation"):
             raise ValueError(f"optimizer must be None or 'validation', got {self.optimizer!r}")
-        if self.proba_method not in ("mc", "mean_field", "lognormal"):
+        if self.proba_method not in PROBA_METHODS:
             raise ValueError(
-                "proba_method must be 'mc', 'mean_field' or 'lognormal', got "
-                f"{self.proba_method!r}"
+                f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
             )
         _check_positive_int("mc_samples", self.mc_samples)
         seed = _seed(self.random_state)
@@ -517,6 +542,19 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         self._draw_seed = seed
         return self
 
+    def _probabilities(self, X: Any, log: bool) -> np.ndarray:
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        post = self.classifier_.latent_posterior(_as_tensor(X))
+        # Monte Carlo draws from a fixed seed are shared by all rows: a row's probabilities do
+        # not depend on the other rows of X.
+        generator = torch.Generator().manual_seed(self._draw_seed)
+        proba = softmax_expectation(
+            post.mean, post.variance, method=self.proba_method,
+            num_samples=int(self.mc_samples), generator=generator, log=log,
+        )
+        return proba.numpy()
+
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities ``(n_samples, n_classes)``, columns in the order of ``classes_``.
 
@@ -526,37 +564,18 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         Returns:
             ``(n_samples, n_classes)`` array whose rows sum to 1.
         """
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
-        post = self.classifier_.latent_posterior(_as_tensor(X))
-        if self.proba_method != "mc":
-            proba = softmax_expectation(post.mean, post.variance, method=self.proba_method)
-            return proba.numpy()
-        num_classes = len(self.classes_)
-        generator = torch.Generator().manual_seed(self._draw_seed)
-        z = torch.randn(int(self.mc_samples), 1, num_classes, generator=generator,
-                        dtype=torch.float64)
-        # Rows in chunks bound the memory to mc_samples x chunk x C.
-        chunk = max(1, (1 << 22) // (int(self.mc_samples) * num_classes))
-        out = []
-        for start in range(0, post.mean.shape[0], chunk):
-            mean = post.mean[start : start + chunk]
-            std = post.stddev[start : start + chunk]
-            out.append(torch.softmax(mean + std * z, dim=-1).mean(0))
-        proba = torch.cat(out) if out else post.mean.new_zeros(0, num_classes)
-        return proba.numpy()
+        return self._probabilities(X, log=False)
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
-        """Logarithm of :meth:`predict_proba`.
+        """Log class probabilities, averaged in log space (accurate where they underflow).
 
         Args:
             X: ``(n_samples, n_features)`` inputs.
 
         Returns:
-            ``(n_samples, n_classes)`` array (``-inf`` where a probability is 0).
+            ``(n_samples, n_classes)`` array; ``logsumexp`` of every row is 0.
         """
-        with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
+        return self._probabilities(X, log=True)
 
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of every row.

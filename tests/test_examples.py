@@ -20,6 +20,7 @@ def examples_on_path(monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
 def test_regression_example_rows_and_plot(examples_on_path, monkeypatch, tmp_path):
     regression = importlib.import_module("regression")
     monkeypatch.setattr(regression, "TRAINING_STEPS", 3)

@@ -86,3 +86,81 @@ def test_metric_errors():
         metrics.relative_frobenius_error([1.0], a)
     with pytest.raises(ValueError, match="exact must not be all zeros"):
         metrics.relative_frobenius_error(a, 0 * a)
+
+
+# ------------------------------------------------------------------------------ hostile input
+NAN = float("nan")
+
+
+def _regression_calls(a, b, c):
+    return {
+        "mnll": lambda: metrics.mnll(a, b, c.abs() + 1),
+        "rmse": lambda: metrics.rmse(a, b),
+        "nmse": lambda: metrics.nmse(a, b),
+        "gaussian_kl": lambda: metrics.gaussian_kl(a, c.abs() + 1, b, c.abs() + 1),
+        "relative_frobenius_error": lambda: metrics.relative_frobenius_error(a, b),
+        "kernel_distance": lambda: metrics.kernel_distance(a, b),
+    }
+
+
+@pytest.mark.parametrize("name", ["mnll", "rmse", "nmse", "gaussian_kl",
+                                  "relative_frobenius_error", "kernel_distance"])
+@pytest.mark.parametrize("bad", [NAN, float("inf")])
+def test_non_finite_input_raises(name, bad):
+    a, b, c = _rand(6, 2, seed=1), _rand(6, 2, seed=2), _rand(6, 2, seed=3)
+    a[2, 1] = bad
+    with pytest.raises(ValueError, match="must be finite"):
+        _regression_calls(a, b, c)[name]()
+
+
+@pytest.mark.parametrize("name", ["mnll", "rmse", "nmse", "gaussian_kl",
+                                  "relative_frobenius_error", "kernel_distance"])
+def test_empty_input_raises(name):
+    e = torch.zeros(0, 2, dtype=DT)
+    with pytest.raises(ValueError, match="must not be empty|must be non-empty"):
+        _regression_calls(e, e, e)[name]()
+
+
+@pytest.mark.parametrize("name", ["mnll", "rmse", "nmse", "gaussian_kl",
+                                  "relative_frobenius_error"])
+def test_numpy_input_gives_the_tensor_answer(name):
+    a, b, c = _rand(6, 2, seed=1), _rand(6, 2, seed=2), _rand(6, 2, seed=3)
+    expected = _regression_calls(a, b, c)[name]()
+    got = _regression_calls(a.numpy(), b.numpy(), c.numpy())[name]() if name not in (
+        "mnll", "gaussian_kl") else {
+        "mnll": lambda: metrics.mnll(a.numpy(), b.numpy(), (c.abs() + 1).numpy()),
+        "gaussian_kl": lambda: metrics.gaussian_kl(a.numpy(), (c.abs() + 1).numpy(),
+                                                   b.numpy(), (c.abs() + 1).numpy()),
+    }[name]()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    x, y = _rand(5, 2, seed=4), _rand(7, 2, seed=5)
+    torch.testing.assert_close(metrics.kernel_distance(x.numpy(), y.numpy()),
+                               metrics.kernel_distance(x, y))
+
+
+def test_nmse_reference_variance_shape_must_match_the_outputs():
+    y, m = _rand(30, seed=1), _rand(30, seed=2)
+    with pytest.raises(ValueError, match=r"reference_variance must be a scalar or have shape \(\)"):
+        metrics.nmse(y, m, torch.ones(3, dtype=DT))
+    y2, m2 = _rand(30, 3, seed=1), _rand(30, 3, seed=2)
+    ref = torch.tensor([1.0, 2.0, 4.0], dtype=DT)
+    per = [((y2[:, t] - m2[:, t]).square().mean() / ref[t]) for t in range(3)]
+    torch.testing.assert_close(metrics.nmse(y2, m2, ref), sum(per) / 3)
+    torch.testing.assert_close(metrics.nmse(y, m, 2.0), ((y - m) ** 2).mean() / 2)
+    with pytest.raises(ValueError, match="reference_variance must be a scalar or have shape"):
+        metrics.nmse(y2, m2, torch.ones(2, dtype=DT))
+    with pytest.raises(ValueError, match="reference_variance must be positive"):
+        metrics.nmse(y, m, 0.0)
+    with pytest.raises(ValueError, match="variance of y must be positive"):
+        metrics.nmse(torch.ones(4, dtype=DT), torch.zeros(4, dtype=DT))
+
+
+def test_integer_and_list_inputs_raise_type_errors():
+    with pytest.raises(TypeError, match="y must have a floating dtype"):
+        metrics.rmse(torch.arange(3), torch.arange(3))
+    with pytest.raises(TypeError, match="y must be a torch.Tensor or NumPy array"):
+        metrics.rmse([1.0], torch.ones(1, dtype=DT))
+    with pytest.raises(TypeError, match="mean_approx must be real"):
+        metrics.gaussian_kl(torch.ones(2, dtype=torch.complex128), *(torch.ones(2, dtype=DT),) * 3)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+        metrics.kernel_distance(_rand(3, 2), _rand(3, 2), block_size=0)

@@ -101,3 +101,49 @@ def test_accuracy_bad_inputs():
         accuracy(torch.tensor([0.2, 0.8]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="labels must have shape"):
         accuracy(torch.tensor([0, 1]), torch.tensor([0]))
+
+
+# ------------------------------------------------------------------------------ hostile input
+def test_accuracy_refuses_labels_outside_the_classes_of_the_probabilities():
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\), got range \[0, 5\]"):
+        accuracy(probs, torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="labels must lie in"):
+        accuracy(torch.tensor([0, 1]), torch.tensor([0, -1]))
+    with pytest.raises(ValueError, match="predictions must be finite"):
+        accuracy(torch.tensor([[float("nan"), 0.1], [0.2, 0.8]]), torch.tensor([0, 1]))
+
+
+def test_probability_rows_must_sum_to_one():
+    probs = torch.tensor([[0.05, 0.05], [0.2, 0.8]], dtype=DTYPE)  # first row sums to 0.1
+    for fn in (mnll_classification, expected_calibration_error, reliability_diagram):
+        with pytest.raises(ValueError, match="rows sum to 1, got a row sum off by 0.9"):
+            fn(probs, torch.tensor([0, 1]))
+    # float32 round-off of a softmax is accepted
+    p32 = torch.softmax(torch.randn(50, 7, generator=torch.Generator().manual_seed(0)), -1)
+    assert torch.isfinite(mnll_classification(p32, torch.zeros(50, dtype=torch.long)))
+
+
+def test_classification_metrics_accept_numpy():
+    import numpy as np
+
+    probs = np.array([[0.2, 0.8], [0.6, 0.4], [0.5, 0.5]])
+    labels = np.array([1, 1, 0])
+    expected = -(math.log(0.8) + math.log(0.4) + math.log(0.5)) / 3
+    assert mnll_classification(probs, labels).item() == pytest.approx(expected, rel=1e-14)
+    assert accuracy(probs, labels).item() == pytest.approx(2 / 3)
+    assert accuracy(np.array([1, 0, 0]), labels).item() == pytest.approx(2 / 3)
+    torch.testing.assert_close(
+        expected_calibration_error(probs, labels, num_bins=2),
+        expected_calibration_error(torch.from_numpy(probs), torch.from_numpy(labels), 2),
+    )
+
+
+@pytest.mark.parametrize("fn", [mnll_classification, expected_calibration_error])
+def test_empty_and_non_finite_probabilities(fn):
+    with pytest.raises(ValueError, match="probs must not be empty"):
+        fn(torch.zeros(0, 2, dtype=DTYPE), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="probs must be finite"):
+        fn(torch.tensor([[float("nan"), 0.5]], dtype=DTYPE), torch.tensor([0]))
+    with pytest.raises(ValueError, match="num_bins|labels"):
+        reliability_diagram(torch.tensor([[0.5, 0.5]], dtype=DTYPE), torch.tensor([0]), 0)

@@ -123,7 +123,7 @@ def test_classifier_string_labels_and_probabilities():
 def test_classifier_validation_selects_alpha():
     from sklearn.datasets import load_breast_cancer
 
-    from rfgp.inference import ALPHA_GRID
+    from rfgp.classification import ALPHA_GRID
 
     X, y = load_breast_cancer(return_X_y=True)
     X = (X - X.mean(0)) / X.std(0)
@@ -165,3 +165,99 @@ def test_bad_arguments():
         RandomFeatureGPClassifier().fit(X, np.zeros(20))
     with pytest.raises(ValueError, match="proba_method"):
         RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
+
+
+# ------------------------------------------------------------------------------ hostile input
+@pytest.mark.parametrize("normalize_y", [True, False])
+@pytest.mark.parametrize("optimizer", [None, "lbfgs"])
+def test_huge_targets_give_finite_predictions(normalize_y, optimizer):
+    # The posterior mean is linear in y: scaled targets must give scaled predictions.
+    X, y = _regression_data(60)
+    kwargs = dict(num_features=32, optimizer=optimizer, max_iter=3, normalize_y=normalize_y,
+                  random_state=0)
+    small = RandomFeatureGPRegressor(**kwargs).fit(X, y)
+    huge = RandomFeatureGPRegressor(**kwargs).fit(X, y * 1e160)
+    mean, std = huge.predict(X[:5], return_std=True)
+    assert np.isfinite(mean).all() and np.isfinite(std).all()
+    if normalize_y:  # standardised targets: the same model at any scale
+        np.testing.assert_allclose(mean / 1e160, small.predict(X[:5]), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(std / 1e160, small.predict(X[:5], return_std=True)[1],
+                                   rtol=1e-8)
+    assert np.isfinite(huge.sample_y(X[:3], 2)).all()
+
+
+def test_huge_targets_without_normalisation_are_exactly_rescaled():
+    X, y = _regression_data(60)
+    kw = dict(num_features=32, optimizer=None, normalize_y=False, random_state=0)
+    small = RandomFeatureGPRegressor(**kw).fit(X, y)
+    huge = RandomFeatureGPRegressor(**kw).fit(X, y * 1e160)
+    peak = np.abs(y * 1e160).max()
+    # fixed hyperparameters: the mean of y * c is c times the mean of y (up to the internal
+    # division by max|y|, which is exact in the mean but changes the noise-to-signal ratio
+    # only if hyperparameters were learned)
+    np.testing.assert_allclose(huge.predict(X[:5]) / peak,
+                               RandomFeatureGPRegressor(**kw).fit(X, y * 1e160 / peak)
+                               .predict(X[:5]), rtol=1e-10, atol=1e-14)
+    assert np.isfinite(small.predict(X[:5])).all()
+
+
+@pytest.mark.parametrize(
+    "y, match",
+    [
+        (np.array(list("abcdefghij") * 2), "could not convert string to float"),
+        (np.array([1, "a"] * 10, dtype=object), "could not convert string to float"),
+    ],
+)
+def test_string_targets_raise_like_sklearn_regressors(y, match):
+    from sklearn.linear_model import Ridge
+
+    X, _ = _regression_data(20)
+    with pytest.raises(ValueError, match=match):
+        Ridge().fit(X, y)
+    with pytest.raises(ValueError, match=match):
+        RandomFeatureGPRegressor(num_features=8, optimizer=None).fit(X, y)
+    numeric = np.array([str(v) for v in np.arange(20.0)])  # numeric strings convert, as there
+    Ridge().fit(X, numeric)
+    RandomFeatureGPRegressor(num_features=8, optimizer=None).fit(X, numeric)
+
+
+def test_mixed_type_labels_raise_like_sklearn_classifiers():
+    from sklearn.linear_model import LogisticRegression
+
+    X, _ = _regression_data(20)
+    for y in (np.array(["a", 1] * 10, dtype=object), np.array([1, "a"] * 10, dtype=object)):
+        with pytest.raises((TypeError, ValueError)) as ours:
+            RandomFeatureGPClassifier(num_features=8).fit(X, y)
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            LogisticRegression().fit(X, y)
+        assert ours.type is theirs.type
+    with pytest.raises(TypeError, match=r"all strings or all numbers.*\['int', 'str'\]"):
+        RandomFeatureGPClassifier(num_features=8).fit(X, np.array(["a", 1] * 10, dtype=object))
+
+
+def test_classifier_large_integer_labels_make_few_classes():
+    X, _ = _regression_data(40)
+    y = np.where(X[:, 0] > 0, 10**9, -7)
+    clf = RandomFeatureGPClassifier(num_features=32, random_state=0).fit(X, y)
+    assert list(clf.classes_) == [-7, 10**9]
+    assert clf.predict_proba(X).shape == (40, 2)
+    assert set(clf.predict(X)) <= {-7, 10**9}
+
+
+@pytest.mark.parametrize("proba_method", ["mc", "mean_field", "lognormal"])
+def test_classifier_predict_log_proba_is_the_log_space_path(proba_method):
+    from sklearn.datasets import load_iris
+
+    from rfgp.classification import softmax_expectation
+
+    X, y = load_iris(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    clf = RandomFeatureGPClassifier(num_features=32, proba_method=proba_method,
+                                    mc_samples=200, random_state=0).fit(X, y)
+    log_proba = clf.predict_log_proba(X[:10])
+    post = clf.classifier_.latent_posterior(torch.tensor(X[:10]))
+    expected = softmax_expectation(post.mean, post.variance, proba_method, 200,
+                                   torch.Generator().manual_seed(clf._draw_seed), log=True)
+    np.testing.assert_allclose(log_proba, expected.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log_proba), clf.predict_proba(X[:10]), rtol=1e-12)
+    assert np.isfinite(log_proba).all()

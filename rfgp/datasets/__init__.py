@@ -8,13 +8,23 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from importlib import resources
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from rfgp._validation import (
+    check_choice,
+    check_dtype,
+    check_finite,
+    check_int,
+    check_real,
+    describe,
+)
 
 __all__ = ["UCI_DATASETS", "load_uci", "load_wind", "train_test_split", "standardize"]
 
@@ -33,12 +43,15 @@ def _data_path(*parts: str):
     return resources.files("rfgp.datasets").joinpath("data", *parts)
 
 
-def load_uci(name: str, dtype: torch.dtype = torch.float64) -> Tuple[Tensor, Tensor]:
+def load_uci(
+    name: str, dtype: Union[torch.dtype, str] = torch.float64
+) -> Tuple[Tensor, Tensor]:
     """Load a bundled UCI regression set.
 
     Args:
         name: one of :data:`UCI_DATASETS`.
-        dtype: floating dtype of the returned tensors.
+        dtype: floating dtype of the returned tensors, a ``torch.dtype`` or its name
+            (``"float32"``).
 
     Returns:
         ``(x, y)`` with ``x`` of shape ``(N, d)`` and ``y`` of shape ``(N,)``, unnormalised.
@@ -48,8 +61,8 @@ def load_uci(name: str, dtype: torch.dtype = torch.float64) -> Tuple[Tensor, Ten
         >>> tuple(x.shape), tuple(y.shape)
         ((308, 6), (308,))
     """
-    if name not in UCI_DATASETS:
-        raise ValueError(f"name must be one of {sorted(UCI_DATASETS)}, got {name!r}")
+    check_choice("name", name, sorted(UCI_DATASETS))
+    dtype = check_dtype("dtype", dtype)
     file_name, num_inputs = UCI_DATASETS[name]
     text = _data_path("uci", file_name).read_text()
     rows = [line.split() for line in text.splitlines() if line.strip()]
@@ -126,53 +139,89 @@ def load_wind() -> WindField:
     )
 
 
+def _as_data_tensor(name: str, value: Any) -> Tensor:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or NumPy array, got {describe(value)}")
+    if value.dim() == 0:
+        raise ValueError(f"{name} must have a leading row dimension, got {describe(value)}")
+    return value
+
+
+def _as_generator(generator: Any) -> Optional[torch.Generator]:
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, (bool, np.bool_)) or not isinstance(generator, numbers.Integral):
+        raise TypeError(
+            "generator must be None, an integer seed or a torch.Generator, got "
+            f"{describe(generator)}"
+        )
+    return torch.Generator().manual_seed(check_int("generator", generator, minimum=0))
+
+
 def train_test_split(
-    x: Tensor,
-    y: Tensor,
+    x: Any,
+    y: Any,
     test_fraction: float = 0.1,
-    generator: Optional[torch.Generator] = None,
+    generator: Union[torch.Generator, int, None] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Random split into ``(x_train, y_train, x_test, y_test)``.
 
     Args:
-        x: ``(N, d)`` inputs.
-        y: ``(N, ...)`` targets.
-        test_fraction: share of the rows in the test part, in ``(0, 1)`` (at least one row).
-        generator: ``torch.Generator`` of the permutation.
+        x: ``(N, ...)`` inputs (a tensor or NumPy array).
+        y: ``(N, ...)`` targets (a tensor or NumPy array).
+        test_fraction: share of the rows in the test part, in ``(0, 1)``; the test part gets
+            ``max(1, round(test_fraction N))`` rows and the training part at least one.
+        generator: ``torch.Generator`` of the permutation, or an integer seed for a fresh one
+            (``None``: the global RNG).
 
     Returns:
         ``(x_train, y_train, x_test, y_test)``.
 
     Example:
         >>> x, y = torch.arange(10.).unsqueeze(-1), torch.arange(10.)
-        >>> parts = train_test_split(x, y, 0.2, torch.Generator().manual_seed(0))
+        >>> parts = train_test_split(x, y, 0.2, generator=0)
         >>> [tuple(p.shape) for p in parts]
         [(8, 1), (8,), (2, 1), (2,)]
     """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    x, y = _as_data_tensor("x", x), _as_data_tensor("y", y)
+    test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0,
+                               low_inclusive=False, high_inclusive=False)
+    generator = _as_generator(generator)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y must have the same number of rows, got {x.shape[0]} and "
                          f"{y.shape[0]}")
     n = x.shape[0]
-    perm = torch.randperm(n, generator=generator)
     num_test = max(1, int(round(test_fraction * n)))
+    if num_test >= n:
+        raise ValueError(
+            f"x and y must have enough rows for a non-empty training and test part at "
+            f"test_fraction={test_fraction}, got {n} rows"
+        )
+    perm = torch.randperm(n, generator=generator)
     test, train = perm[:num_test], perm[num_test:]
     return x[train], y[train], x[test], y[test]
 
 
-def standardize(train: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
+def standardize(train: Any, *others: Any) -> Tuple[Tensor, ...]:
     r"""Standardise columns with the training mean and standard deviation (constant columns kept).
 
     :math:`\tilde x = (x - \bar x_\text{train}) / s_\text{train}` column by column, with the
-    standard deviation :math:`s` replaced by 1 where it is zero.
+    standard deviation :math:`s` replaced by 1 where it is zero (or undefined, for one row).
 
     Args:
-        train: ``(N, ...)`` the tensor whose statistics are used.
-        *others: tensors standardised with the same statistics (e.g. the test set).
+        train: ``(N, ...)`` the data whose statistics are used: a tensor or NumPy array;
+            integer data are standardised in float64 (the result is a float tensor).
+        *others: data standardised with the same statistics (e.g. the test set), with the
+            trailing shape of ``train``.
 
     Returns:
-        ``(train_std, *others_std, mean, std)``.
+        ``(train_std, *others_std, mean, std)``, floating tensors.
+
+    Raises:
+        TypeError: a list or other non-array input, complex or boolean data.
+        ValueError: empty or non-finite data, or ``others`` whose trailing shape differs.
 
     Example:
         >>> train = torch.tensor([[0.0], [2.0]], dtype=torch.float64)
@@ -180,7 +229,26 @@ def standardize(train: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
         >>> a.flatten().tolist(), b.flatten().tolist(), mean.tolist()
         ([-0.7071067811865475, 0.7071067811865475], [0.0], [1.0])
     """
+    names = ["train"] + [f"others[{i}]" for i in range(len(others))]
+    tensors = []
+    for name, value in zip(names, (train, *others)):
+        value = _as_data_tensor(name, value)
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        if not value.is_floating_point():
+            value = value.to(torch.float64)  # integers: exact in float64 up to 2**53
+        check_finite(name, value)
+        tensors.append(value)
+    train = tensors[0]
+    if train.shape[0] == 0:
+        raise ValueError(f"train must have at least one row, got {describe(train)}")
+    for name, value in zip(names[1:], tensors[1:]):
+        if value.shape[1:] != train.shape[1:]:
+            raise ValueError(
+                f"{name} must have the trailing shape {tuple(train.shape[1:])} of train, got "
+                f"{describe(value)}"
+            )
     mean = train.mean(0)
-    std = train.std(0)
+    std = train.std(0) if train.shape[0] > 1 else torch.zeros_like(mean)
     std = torch.where(std > 0, std, torch.ones_like(std))
-    return (*((t - mean) / std for t in (train, *others)), mean, std)
+    return (*((t.to(mean.dtype) - mean) / std for t in tensors), mean, std)

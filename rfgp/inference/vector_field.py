@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 import torch
+from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
 from rfgp.kernels.vector_field.features import HELMHOLTZ_COMPONENTS, HelmholtzFeatureKernel
@@ -41,8 +42,6 @@ def helmholtz_components(gp: Any, x: Tensor) -> Dict[str, Any]:
         >>> parts["div"].mean.shape, torch.allclose(total, gp.predict(x[:4]))
         (torch.Size([4, 2]), True)
     """
-    from gpytorch.kernels import ScaleKernel
-
     kernel = getattr(gp, "kernel", None)
     if isinstance(kernel, ScaleKernel):
         kernel = kernel.base_kernel  # posterior_from_features applies the outputscale

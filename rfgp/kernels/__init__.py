@@ -8,7 +8,7 @@ One family per module or subpackage: :mod:`~rfgp.kernels.fourier`,
 """
 
 from rfgp._deprecation import moved_names
-from rfgp.kernels.base import RandomFeatureKernel, real_form
+from rfgp.kernels.base import RandomFeatureKernel, real_form, unwrap_scale_kernel
 from rfgp.kernels.dot_product import DotProductKernel
 from rfgp.kernels.fourier import FourierFeatureKernel
 from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
@@ -33,6 +33,7 @@ from rfgp.kernels.vector_field import (
 __all__ = [
     "RandomFeatureKernel",
     "real_form",
+    "unwrap_scale_kernel",
     "FourierFeatureKernel",
     "PolynomialSketchKernel",
     "sample_sketch",

@@ -9,11 +9,12 @@ real linear algebra the kernel is represented by the real form :math:`[\mathrm{R
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional
+from abc import ABCMeta, abstractmethod
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.models import exact_prediction_strategies
 from linear_operator.operators import (
     LowRankRootLinearOperator,
@@ -22,9 +23,15 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from rfgp._validation import check_int
 from rfgp.ops import all_finite, make_generator
 
-__all__ = ["RandomFeatureKernel", "WeightSpacePredictionStrategy", "real_form"]
+__all__ = [
+    "RandomFeatureKernel",
+    "WeightSpacePredictionStrategy",
+    "real_form",
+    "unwrap_scale_kernel",
+]
 
 
 def real_form(phi: Tensor) -> Tensor:
@@ -47,6 +54,33 @@ def real_form(phi: Tensor) -> Tensor:
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi
+
+
+def unwrap_scale_kernel(kernel: Kernel) -> RandomFeatureKernel:
+    """The random-feature kernel inside an optional ``ScaleKernel``.
+
+    Args:
+        kernel: a :class:`RandomFeatureKernel`, or a ``gpytorch.kernels.ScaleKernel`` around one.
+
+    Returns:
+        the :class:`RandomFeatureKernel` (the outputscale, if any, stays on ``kernel``).
+
+    Raises:
+        TypeError: for any other kernel.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> base = FourierFeatureKernel(8)
+        >>> unwrap_scale_kernel(gpytorch.kernels.ScaleKernel(base)) is base
+        True
+    """
+    base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
+    if not isinstance(base, RandomFeatureKernel):
+        raise TypeError(
+            "kernel must be a RandomFeatureKernel (or a ScaleKernel around one), got "
+            f"{type(base).__name__}"
+        )
+    return base
 
 
 class WeightSpacePredictionStrategy(exact_prediction_strategies.LinearPredictionStrategy):
@@ -81,21 +115,33 @@ class WeightSpacePredictionStrategy(exact_prediction_strategies.LinearPrediction
             self.train_prior_dist = MultivariateNormal(prior.loc, prior.lazy_covariance_matrix)
 
 
-class RandomFeatureKernel(Kernel):
+class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     r"""Base class of all random-feature kernels (a ``gpytorch.kernels.Kernel``).
 
-    Subclasses implement
+    **Subclasses implement** (abstract methods):
 
     * ``_sample_weights(input_dim, generator) -> dict`` returning the random tensors (real
       tensors; complex weights are stored with :func:`torch.view_as_real` so that
       ``module.to(dtype)`` cannot drop an imaginary part), with leading ``batch_shape``
       dimensions;
-    * ``_features(x) -> Tensor``: the feature map on inputs that ``active_dims`` has already
-      been applied to, shape ``(..., N, D)`` (or ``(..., N, p, D)`` for ``p`` outputs).
+    * ``_features(x) -> Tensor``: the feature map on inputs that :meth:`prepare_input` has
+      already checked, restricted to ``active_dims`` and drawn the weights for, shape
+      ``(..., N, D)`` (or ``(..., N, p, D)`` for ``p`` outputs).
 
-    and get ``features``, ``forward`` (GPyTorch semantics on the real form), ``resample``,
-    lazy weight initialisation at the first call, batch indexing, ``state_dict`` loading into a
-    fresh kernel and ``LinearPredictionStrategy`` from this class.
+    **Optional hooks** (override where they apply; the defaults say "not needed"):
+
+    * :attr:`needs_allocation` (``False``) and :meth:`allocate` (no-op): a data-dependent
+      choice of the random features, run by a solver before its fit;
+    * :attr:`has_variance_correction` (``False``) and :meth:`variance_correction` (zeros):
+      :math:`k(x, x) - \mathbb{E}[\hat k(x, x)]`, for biased (truncated) approximations;
+    * :meth:`exact_kernel` (raises ``NotImplementedError``): the exact GPyTorch kernel being
+      approximated; :meth:`exact_matrix` evaluates it.
+
+    **Provided**, for callers such as solvers: :meth:`features`, :meth:`prepare_input`,
+    :meth:`check_input`, :meth:`ensure_weights`, :attr:`random_weight_names`, ``forward``
+    (GPyTorch semantics on the real form), :meth:`resample`, lazy weight initialisation at the
+    first call, batch indexing, ``state_dict`` loading into a fresh kernel and a weight-space
+    ``LinearPredictionStrategy``.
 
     Args:
         num_features: number of columns ``D`` of ``features(x)`` (a complex column counts once).
@@ -137,10 +183,9 @@ class RandomFeatureKernel(Kernel):
         seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(num_features, int) or isinstance(num_features, bool) or num_features < 1:
-            raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        num_features = check_int("num_features", num_features)
+        if seed is not None:
+            seed = check_int("seed", seed, minimum=None)
         super().__init__(**kwargs)
         self.num_features = num_features
         self.seed = seed
@@ -153,22 +198,77 @@ class RandomFeatureKernel(Kernel):
                 input_dim = int(self.active_dims.numel())
             elif self.ard_num_dims is not None:
                 input_dim = int(self.ard_num_dims)
-        if input_dim is not None and (
-            not isinstance(input_dim, int) or isinstance(input_dim, bool) or input_dim < 1
-        ):
-            raise ValueError(f"input_dim must be a positive integer, got {input_dim!r}")
+        if input_dim is not None:
+            input_dim = check_int("input_dim", input_dim)
         self.input_dim = input_dim
 
-    # ------------------------------------------------------------------ random weights
+    # ------------------------------------------------------------------ what subclasses implement
+    @abstractmethod
     def _sample_weights(
         self, input_dim: int, generator: Optional[torch.Generator]
     ) -> Dict[str, Tensor]:
-        raise NotImplementedError
+        """Draw the random weights for inputs of dimension ``input_dim``.
 
+        Returns:
+            ``{buffer name: tensor}``, each with leading ``batch_shape`` dimensions; real
+            (complex values stored with :func:`torch.view_as_real`) or integer.
+        """
+
+    @abstractmethod
+    def _features(self, x: Tensor) -> Tensor:
+        """The feature map on prepared inputs (see :meth:`prepare_input`).
+
+        Returns:
+            ``(..., N, D)`` (``(..., N, p, D)`` with ``p`` outputs per input), complex iff
+            :attr:`is_complex`.
+        """
+
+    # ------------------------------------------------------------------ optional hooks
+    @property
+    def needs_allocation(self) -> bool:
+        """Whether :meth:`allocate` must run on training inputs before features exist."""
+        return False
+
+    def allocate(self, x: Tensor, generator: Optional[torch.Generator] = None) -> Any:
+        """Choose data-dependent random features from inputs ``x``; returns ``self``.
+
+        A no-op here: only kernels with a data-dependent allocation (e.g. optimised Maclaurin
+        features) override it.
+        """
+        return self
+
+    #: whether :meth:`variance_correction` can be non-zero (a biased approximation).
+    has_variance_correction: bool = False
+
+    def variance_correction(self, x: Tensor) -> Tensor:
+        r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)]`, added to predictive variances.
+
+        Zero for unbiased features (this default): shape ``(..., N)``, or ``(..., N p)`` with
+        ``p`` outputs per input.
+        """
+        x = self.check_input(x)
+        return x.new_zeros(*x.shape[:-2], x.shape[-2] * self.num_outputs_per_input())
+
+    def exact_kernel(self) -> Kernel:
+        """The exact GPyTorch kernel this approximates, with the current hyperparameters."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no exact GPyTorch kernel counterpart"
+        )
+
+    def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
+        """The exact kernel matrix ``k(x1, x2)`` (dense), from :meth:`exact_kernel`."""
+        return self.exact_kernel()(x1, x2).to_dense()
+
+    # ------------------------------------------------------------------ random weights
     @property
     def weights_initialized(self) -> bool:
         """Whether the random weights have been drawn (they are drawn at the first call)."""
         return bool(self._random_buffer_names)
+
+    @property
+    def random_weight_names(self) -> Tuple[str, ...]:
+        """Names of the buffers holding the random weights (empty before they are drawn)."""
+        return tuple(self._random_buffer_names)
 
     def resample(self, generator: Optional[torch.Generator] = None) -> RandomFeatureKernel:
         """Draw fresh random weights in place and return ``self``.
@@ -211,7 +311,14 @@ class RandomFeatureKernel(Kernel):
             return p
         return self._dtype_anchor
 
-    def _ensure_weights(self, x: Tensor) -> None:
+    def ensure_weights(self, x: Tensor) -> None:
+        """Fix the input dimension from ``x`` (inputs after ``active_dims``) and draw the
+        random weights if they are not drawn yet (with the constructor's ``seed``).
+
+        Raises:
+            ValueError: if ``x`` has a different number of columns than the kernel's
+                ``input_dim``.
+        """
         d = x.shape[-1]
         if self.input_dim is None:
             self.input_dim = int(d)
@@ -254,10 +361,12 @@ class RandomFeatureKernel(Kernel):
             entry["rfgp_input_dim"] = self.input_dim
 
     # ------------------------------------------------------------------ features
-    def _features(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+    def check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        """Validate an input tensor: floating, finite; 1-D ``x`` becomes one column.
 
-    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        Returns:
+            ``x`` as ``(..., N, d)`` (``active_dims`` not yet applied).
+        """
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if not (x.is_floating_point()):
@@ -281,11 +390,27 @@ class RandomFeatureKernel(Kernel):
             ``(..., N, D)`` features (``(..., N, p, D)`` for a kernel with ``p`` outputs per
             input); complex iff ``is_complex``; dtype follows ``x``.
         """
-        x = self._check_input(x)
+        return self._features(self.prepare_input(x))
+
+    def prepare_input(self, x: Tensor, name: str = "x") -> Tensor:
+        """What :meth:`_features` expects: :meth:`check_input`, then ``active_dims``, then
+        :meth:`ensure_weights`.
+
+        Returns:
+            ``(..., N, input_dim)``.
+        """
+        x = self.check_input(x, name)
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
-        self._ensure_weights(x)
-        return self._features(x)
+        self.ensure_weights(x)
+        return x
+
+    # The names under which callers knew these before they were declared public.
+    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        return self.check_input(x, name)
+
+    def _ensure_weights(self, x: Tensor) -> None:
+        self.ensure_weights(x)
 
     def real_features(self, x: Tensor) -> Tensor:
         """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
@@ -298,8 +423,8 @@ class RandomFeatureKernel(Kernel):
 
     def _root(self, x: Tensor) -> Tensor:
         # active_dims has been applied by Kernel.__call__ before forward.
-        x = self._check_input(x)
-        self._ensure_weights(x)
+        x = self.check_input(x)
+        self.ensure_weights(x)
         phi = real_form(self._features(x))
         p = self.num_outputs_per_input()
         if p > 1:

@@ -268,7 +268,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
             >>> k.projections(torch.zeros(5, 3)).abs().max().item()
             0.0
         """
-        self._ensure_weights(x)
+        self.ensure_weights(x)
         if self.sampling != "structured":
             return x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         input_dim = x.shape[-1]

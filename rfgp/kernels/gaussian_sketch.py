@@ -231,6 +231,7 @@ class GaussianSketchKernel(RandomFeatureKernel):
     """
 
     has_lengthscale = True
+    has_variance_correction = True
 
     def __init__(
         self,
@@ -334,7 +335,7 @@ class GaussianSketchKernel(RandomFeatureKernel):
 
     def variance_correction(self, x: Tensor) -> Tensor:
         r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)] = 1 - k_s(x, x) \ge 0`, shape ``(N,)``."""
-        x = self._check_input(x)
+        x = self.check_input(x)
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
         z2 = (self._scaled(x) ** 2).detach().cpu().double().numpy()

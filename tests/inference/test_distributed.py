@@ -76,6 +76,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_two_process_fit_equals_single_process_fit(tmp_path):
     out = str(tmp_path / "result")

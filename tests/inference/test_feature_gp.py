@@ -52,7 +52,7 @@ class AsComplexKernel(RandomFeatureKernel):
     def _sample_weights(self, input_dim, generator):
         return {}
 
-    def _ensure_weights(self, x):
+    def ensure_weights(self, x):
         self.input_dim = x.shape[-1]
 
     def _features(self, x):

@@ -215,6 +215,7 @@ def test_target_dimension_must_match():
         gp.fit(x, torch.randn(10, 3, dtype=DT))
 
 
+@pytest.mark.slow
 def test_hyperparameters_by_marginal_likelihood_separate_the_parts():
     # the curl-free part varies slowly, the div-free part quickly: the fitted lengthscales
     # must order the same way
@@ -342,6 +343,7 @@ def test_feature_gp_matches_gpytorch_feature_path():
     torch.testing.assert_close(theirs, gp.log_marginal_likelihood(), rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_decomposable_fit_learns_correlated_outputs():
     # two outputs that are the same function: the learned A is close to rank one
     g = gen(21)

@@ -178,7 +178,7 @@ def test_resample_with_generator_is_reproducible(sampling, generator):
     assert (first - before).abs().max() > 1e-3
     assert (first - third).abs().max() > 1e-3
     # Resampling keeps the buffers' dtype.
-    for name in kernel._random_buffer_names:
+    for name in kernel.random_weight_names:
         buffer = getattr(kernel, name)
         assert not buffer.is_floating_point() or buffer.dtype == torch.float64
 
@@ -191,11 +191,11 @@ def test_resample_errors():
 
 
 def test_constructor_errors():
-    with pytest.raises(TypeError, match="seed must be an int or None"):
+    with pytest.raises(TypeError, match="seed must be an integer"):
         FourierFeatureKernel(8, seed=1.5)
-    with pytest.raises(ValueError, match="input_dim must be a positive integer"):
+    with pytest.raises(ValueError, match="input_dim must be an integer >= 1"):
         FourierFeatureKernel(8, input_dim=0)
-    with pytest.raises(ValueError, match="num_features must be a positive integer"):
+    with pytest.raises(ValueError, match="num_features must be an integer >= 1"):
         ComplexExponentialKernel(0)
 
 
@@ -458,3 +458,65 @@ def test_exact_gp_state_dict_and_pickle_give_identical_predictions(regression_da
             torch.testing.assert_close(restored.mean, expected.mean, rtol=0, atol=1e-12)
         torch.testing.assert_close(fresh_likelihood(fresh(x_test)).variance, expected.variance,
                                    rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- declared contract
+def test_subclasses_must_implement_the_abstract_methods():
+    class OnlyWeights(RandomFeatureKernel):
+        def _sample_weights(self, input_dim, generator):
+            return {}
+
+    with pytest.raises(TypeError, match="abstract"):
+        OnlyWeights(4)
+
+
+def test_optional_hooks_default_to_not_needed():
+    kernel = ComplexExponentialKernel(6, seed=0).double()
+    x = torch.randn(5, 2, dtype=torch.float64)
+    assert kernel.needs_allocation is False
+    assert kernel.allocate(x) is kernel
+    assert kernel.has_variance_correction is False
+    torch.testing.assert_close(kernel.variance_correction(x), torch.zeros(5, dtype=x.dtype))
+    with pytest.raises(NotImplementedError, match="no exact GPyTorch kernel"):
+        kernel.exact_kernel()
+    two = TwoOutputKernel(6, seed=0).double()
+    assert two.variance_correction(x).shape == (10,)  # (N p,), GPyTorch's interleaved rows
+
+
+def test_exact_matrix_evaluates_the_exact_kernel():
+    kernel = FourierFeatureKernel(8, spectral="matern32", seed=0).double()
+    kernel.lengthscale = 0.7
+    x = torch.randn(4, 3, dtype=torch.float64)
+    expected = gpytorch.kernels.MaternKernel(nu=1.5).double()
+    expected.lengthscale = 0.7
+    torch.testing.assert_close(kernel.exact_matrix(x, x), expected(x, x).to_dense().detach())
+
+
+def test_prepare_input_checks_restricts_and_draws():
+    kernel = FourierFeatureKernel(8, active_dims=[0, 2], seed=0).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert not kernel.weights_initialized
+    prepared = kernel.prepare_input(x)
+    torch.testing.assert_close(prepared, x[:, [0, 2]], rtol=0, atol=0)
+    assert kernel.weights_initialized and kernel.random_weight_names
+    torch.testing.assert_close(kernel.features(x), kernel._features(prepared), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="finite"):
+        kernel.prepare_input(torch.full((2, 4), float("nan"), dtype=torch.float64))
+
+
+def test_old_private_names_forward_to_the_public_ones():
+    kernel = FourierFeatureKernel(8, seed=0).double()
+    x = torch.randn(3, dtype=torch.float64)
+    assert kernel._check_input(x).shape == kernel.check_input(x).shape == (3, 1)
+    kernel._ensure_weights(kernel.check_input(x))
+    assert kernel.weights_initialized and kernel.input_dim == 1
+
+
+def test_unwrap_scale_kernel():
+    from rfgp.kernels.base import unwrap_scale_kernel
+
+    base = FourierFeatureKernel(8)
+    assert unwrap_scale_kernel(base) is base
+    assert unwrap_scale_kernel(gpytorch.kernels.ScaleKernel(base)) is base
+    with pytest.raises(TypeError, match="RandomFeatureKernel"):
+        unwrap_scale_kernel(gpytorch.kernels.RBFKernel())

@@ -93,6 +93,7 @@ def test_unbiased_against_gpytorch_kernel(
     assert torch.all((mean - exact).abs() < 5 * stderr), (mean - exact) / stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spectral", SPECTRALS)
 @pytest.mark.parametrize("direction", ["random", "axis"])
 def test_structured_bias_matches_orf_prime(spectral, direction, points_at_distances, mc_mean):
@@ -153,6 +154,7 @@ ORF_VARIANCE_RATIO = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("input_dim", [16, 32])
 def test_orf_variance_ratio_matches_theory(input_dim, points_at_distances, mc_variance):
     num_draws = 6000

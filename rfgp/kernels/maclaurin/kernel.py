@@ -118,6 +118,7 @@ class MaclaurinKernel(RandomFeatureKernel):
     """
 
     has_lengthscale = True
+    has_variance_correction = True
 
     def __init__(
         self,
@@ -227,7 +228,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         """
         if self.allocation == "random":
             return self
-        x = self._check_input(x)
+        x = self.check_input(x)
         if x.dim() != 2:
             raise ValueError(f"x must have shape (N, d), got {tuple(x.shape)}")
         if self.active_dims is not None:
@@ -355,7 +356,7 @@ class MaclaurinKernel(RandomFeatureKernel):
 
     def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix ``k(x1, x2)`` with the current lengthscale, ``(N, M)``."""
-        x1, x2 = self._check_input(x1, "x1"), self._check_input(x2, "x2")
+        x1, x2 = self.check_input(x1, "x1"), self.check_input(x2, "x2")
         return self._exact_scaled(self._scaled(x1), self._scaled(x2))
 
     def expected_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
@@ -364,8 +365,8 @@ class MaclaurinKernel(RandomFeatureKernel):
         The series over the degrees with columns (optimised) or over all degrees ``<= L`` with
         :math:`a_n > 0` (random allocation, unbiased), times ``r(x_1) r(x_2)`` (Gaussian).
         """
-        z1 = self._scaled(self._check_input(x1, "x1"))
-        z2 = self._scaled(self._check_input(x2, "x2"))
+        z1 = self._scaled(self.check_input(x1, "x1"))
+        z2 = self._scaled(self.check_input(x2, "x2"))
         inner = z1 @ z2.transpose(-1, -2)
         present = self._present_degrees()
         value = sum(float(self._coefficients[n]) * inner**n for n in present)
@@ -395,7 +396,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         collapse of the approximate posterior variance far from the origin (Sec. 5.6 of
         Wacker et al.), e.g. with ``RandomFeatureGP(..., correct_variance=True)``.
         """
-        x = self._check_input(x)
+        x = self.check_input(x)
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
         sq = self._row_scale_sq(self._scaled(x))

@@ -115,8 +115,8 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
             return x1.shape[-1] if x1.dim() > 1 else 1
         return self._outputs_per_input
 
-    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
-        x = super()._check_input(x, name)
+    def check_input(self, x: Tensor, name: str = "x") -> Tensor:
+        x = super().check_input(x, name)
         # Without active_dims (which fixes d at construction) the number of outputs is the
         # input width, which solvers need before any feature is computed.
         if self.input_dim is None and self.active_dims is None:
@@ -124,7 +124,7 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
             self.input_dim = int(x.shape[-1])
         return x
 
-    def _ensure_weights(self, x: Tensor) -> None:
+    def ensure_weights(self, x: Tensor) -> None:
         d = x.shape[-1]
         if self.input_dim is None:
             self._check_dim(int(d))
@@ -133,7 +133,7 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
                 f"{type(self).__name__} maps R^d to R^d with d = {self.input_dim} (input "
                 f"dimension = output dimension); x has {d} columns"
             )
-        super()._ensure_weights(x)
+        super().ensure_weights(x)
 
     def _sample_frequencies(self, input_dim: int, generator) -> Tensor:
         m = self.num_features // self._columns_per_frequency(input_dim)
@@ -412,11 +412,7 @@ class HelmholtzFeatureKernel(HelmholtzParameters, _VectorFieldFeatureKernel):
             ``(..., N, d, D)``.
         """
         check_choice("part", part, HELMHOLTZ_COMPONENTS)
-        x = self._check_input(x)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
-        self._ensure_weights(x)
-        curl, div = self._blocks(x)
+        curl, div = self._blocks(self.prepare_input(x))
         if part == "curl":
             return torch.cat([curl, torch.zeros_like(div)], dim=-1)
         return torch.cat([torch.zeros_like(curl), div], dim=-1)

@@ -66,6 +66,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("projection,complex,degree,num_features", CASES)
 def test_variance_matches_monte_carlo(projection, complex, degree, num_features):
     # d = 5 is padded to 8 for TensorSRHT; D = 3 < d' and D = 11 (not a multiple of d').

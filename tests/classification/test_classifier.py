@@ -1,6 +1,7 @@
-"""Tests of the Dirichlet transform, likelihood and classifier (Milios et al., 2018)."""
+"""Tests of the Dirichlet GP classifier (Milios et al., 2018): exact and random-feature paths."""
 
 import math
+import warnings
 
 import gpytorch
 import numpy as np
@@ -8,99 +9,17 @@ import pytest
 import torch
 
 from rfgp import DirichletGPClassifier, metrics
-from rfgp.inference.dirichlet import (
-    ALPHA_GRID,
-    DirichletExactGP,
-    dirichlet_transform,
-    softmax_expectation,
-    validate_labels,
+from rfgp.classification import DirichletExactGP, encode_labels
+from rfgp.kernels import (
+    CurlFreeFeatureKernel,
+    CurlFreeKernel,
+    FourierFeatureKernel,
+    PolynomialSketchKernel,
+    RandomFeatureKernel,
 )
-from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel, RandomFeatureKernel
 from rfgp.likelihoods import DirichletLikelihood
-
-DTYPE = torch.float64
-
-
-def blobs(n_per_class, centres, spread, seed):
-    g = torch.Generator().manual_seed(seed)
-    centres = torch.as_tensor(centres, dtype=DTYPE)
-    xs, ys = [], []
-    for c, centre in enumerate(centres):
-        xs.append(centre + spread * torch.randn(n_per_class, centres.shape[1], generator=g,
-                                                dtype=DTYPE))
-        ys.append(torch.full((n_per_class,), c, dtype=torch.long))
-    x, y = torch.cat(xs), torch.cat(ys)
-    perm = torch.randperm(x.shape[0], generator=g)
-    return x[perm], y[perm]
-
-
-THREE_CENTRES = [[0.0, 0.0], [2.0, 0.0], [1.0, 1.7]]
-
-
-# ------------------------------------------------------------------------------ transform
-# (alpha, y=1 noise, y=1 target, y=0 noise, y=0 target), from the closed form in the digest.
-TABLE = [
-    (1e-5, 0.693142, -0.346561, 11.512935, -17.269393),
-    (1e-4, 0.693097, -0.346449, 9.210440, -13.815561),
-    (1e-3, 0.692648, -0.345324, 6.908755, -10.362133),
-    (1e-2, 0.688184, -0.334142, 4.615121, -6.912730),
-    (1e-1, 0.646627, -0.228003, 2.397895, -3.501533),
-    (1.0, 0.405465, 0.490415, 0.693147, -0.346574),
-]
-
-
-@pytest.mark.parametrize("alpha, s1, y1, s0, y0", TABLE)
-def test_transform_matches_table(alpha, s1, y1, s0, y0):
-    targets, noise = dirichlet_transform(torch.tensor([1, 0]), 2, alpha)
-    # row 0 has label 1: column 1 is the positive class
-    assert targets.shape == noise.shape == (2, 2)
-    torch.testing.assert_close(noise[0], torch.tensor([s0, s1], dtype=DTYPE), atol=1e-6, rtol=0)
-    torch.testing.assert_close(targets[0], torch.tensor([y0, y1], dtype=DTYPE), atol=1e-6, rtol=0)
-    torch.testing.assert_close(noise[1], torch.tensor([s1, s0], dtype=DTYPE), atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("alpha", ALPHA_GRID)
-def test_transform_moment_matches_gamma(alpha):
-    labels = torch.tensor([0, 1, 2, 2, 1])
-    targets, noise = dirichlet_transform(labels, 4, alpha)
-    conc = torch.nn.functional.one_hot(labels, 4).to(DTYPE) + alpha
-    # log-normal mean and variance equal the Gamma(conc, 1) mean and variance
-    torch.testing.assert_close(torch.exp(targets + noise / 2), conc, rtol=1e-12, atol=0)
-    torch.testing.assert_close(torch.expm1(noise) * torch.exp(2 * targets + noise), conc,
-                               rtol=1e-10, atol=0)
-    # absent class (3) is kept; negatives are noisier than positives for alpha < 1
-    assert (targets[:, 3] == targets[0, 1]).all()
-    if alpha < 1:
-        assert (noise[conc < 1] > noise[conc > 1].max()).all()
-
-
-def test_likelihood_targets_noise_and_centring():
-    labels = torch.tensor([0, 2, 2, 1, 0, 0])
-    lik = DirichletLikelihood(num_classes=4, alpha_epsilon=0.1, centre=False)
-    targets = lik.set_train_labels(labels)
-    ref_t, ref_s = dirichlet_transform(labels, 4, 0.1)
-    torch.testing.assert_close(targets, ref_t.T)
-    torch.testing.assert_close(lik.noise, ref_s.T)
-    assert (lik.class_offsets == 0).all()
-    lik_c = DirichletLikelihood(num_classes=4, alpha_epsilon=0.1, centre=True)
-    centred = lik_c.set_train_labels(labels)
-    torch.testing.assert_close(centred.mean(-1), torch.zeros(4, dtype=DTYPE), atol=1e-14, rtol=0)
-    torch.testing.assert_close(centred + lik_c.class_offsets.unsqueeze(-1), ref_t.T)
-
-
-def test_likelihood_noise_used_by_gpytorch_marginal():
-    labels = torch.tensor([0, 1, 1, 0])
-    lik = DirichletLikelihood(2, alpha_epsilon=0.01, labels=labels)
-    mvn = gpytorch.distributions.MultivariateNormal(
-        torch.zeros(2, 4, dtype=DTYPE), torch.eye(4, dtype=DTYPE).expand(2, 4, 4)
-    )
-    marginal = lik(mvn)
-    torch.testing.assert_close(marginal.variance, 1 + lik.noise)
-    with pytest.raises(ValueError, match="training"):
-        lik(gpytorch.distributions.MultivariateNormal(
-            torch.zeros(2, 3, dtype=DTYPE), torch.eye(3, dtype=DTYPE).expand(2, 3, 3)))
-    with pytest.raises(RuntimeError, match="set_train_labels"):
-        DirichletLikelihood(2)(mvn)
+from tests.classification.data import DTYPE, THREE_CENTRES, blobs
+from tests.classification.data import rbf as _rbf
 
 
 # ------------------------------------------------------------------------------ labels
@@ -108,21 +27,21 @@ def test_likelihood_noise_used_by_gpytorch_marginal():
     "labels, num_classes, error, match",
     [
         (torch.tensor([0.0, 1.0]), 2, TypeError, "labels.*integer"),
+        (torch.tensor([0.0, 1.0]), None, TypeError, "labels.*integer"),
         (np.array([0.0, 1.0]), 2, TypeError, "labels.*integer"),
         (torch.tensor([True, False]), 2, TypeError, "labels.*integer"),
         ([0, 1], 2, TypeError, "labels must be a torch.Tensor"),
+        (np.array(["a", "b"]), None, TypeError, "labels must hold integer class ids.*encode"),
         (torch.tensor([0, -1, 1]), 2, ValueError, "labels.*non-negative.*-1"),
         (torch.tensor([0, 1, 3]), 3, ValueError, "labels must be < num_classes = 3, got maximum 3"),
         (torch.tensor([2, 2, 2]), 3, ValueError, "labels.*two distinct classes"),
-        (torch.tensor([0, 0]), None, ValueError, "labels.*single class"),
+        (torch.tensor([0, 0]), None, ValueError, "labels.*two distinct classes"),
         (torch.tensor([[0, 1]]), 2, ValueError, r"labels.*shape \(N,\)"),
         (torch.tensor([], dtype=torch.long), 2, ValueError, "labels.*empty"),
-        (torch.tensor([0, 1]), 1, ValueError, "num_classes must be >= 2"),
+        (torch.tensor([0, 1]), 1, ValueError, "num_classes must be an integer >= 2"),
     ],
 )
 def test_bad_labels(labels, num_classes, error, match):
-    with pytest.raises(error, match=match):
-        validate_labels(labels, num_classes)
     x = torch.zeros(len(labels), 1, dtype=DTYPE) if hasattr(labels, "__len__") else None
     if num_classes is not None and num_classes < 2:
         with pytest.raises(error, match=match):
@@ -131,11 +50,6 @@ def test_bad_labels(labels, num_classes, error, match):
     clf = DirichletGPClassifier(gpytorch.kernels.RBFKernel(), num_classes=num_classes)
     with pytest.raises(error, match=match):
         clf.fit(x, labels)
-
-
-def test_validate_labels_accepts_numpy_and_infers_classes():
-    labels, c = validate_labels(np.array([3, 0, 1], dtype=np.int32))
-    assert c == 4 and labels.dtype == torch.long
 
 
 def test_bad_arguments():
@@ -153,91 +67,10 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="labels must have one entry per row of x"):
         clf.fit(torch.zeros(3, 1, dtype=DTYPE), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="method"):
-        softmax_expectation(torch.zeros(2, 2), torch.ones(2, 2), method="probit")
+        clf.predict_proba(torch.zeros(2, 1, dtype=DTYPE), method="probit")
     with pytest.raises(ValueError, match="validation_fraction"):
         clf.select_alpha(torch.zeros(4, 1, dtype=DTYPE), torch.tensor([0, 1, 0, 1]),
                          validation_fraction=1.5)
-
-
-# ------------------------------------------------------------------------------ E[softmax]
-def _quadrature_binary(mean, var, nodes=200):
-    # E[sigmoid(f_1 - f_0)] with f_1 - f_0 ~ N(m, v), by Gauss-Hermite quadrature.
-    t, w = np.polynomial.hermite.hermgauss(nodes)
-    t = torch.as_tensor(t, dtype=DTYPE)
-    w = torch.as_tensor(w, dtype=DTYPE) / math.sqrt(math.pi)
-    m = (mean[:, 1] - mean[:, 0]).unsqueeze(-1)
-    s = (var[:, 0] + var[:, 1]).sqrt().unsqueeze(-1)
-    return (torch.sigmoid(m + math.sqrt(2) * s * t) * w).sum(-1)
-
-
-def _latents(m, c, max_var, seed):
-    g = torch.Generator().manual_seed(seed)
-    mean = -7 * torch.rand(m, c, generator=g, dtype=DTYPE)
-    var = max_var * torch.rand(m, c, generator=g, dtype=DTYPE)
-    return mean, var
-
-
-def test_mc_probabilities_unbiased_against_quadrature():
-    mean, var = _latents(50, 2, 4.0, seed=1)
-    exact = _quadrature_binary(mean, var)
-    num_samples = 4000
-    p = softmax_expectation(mean, var, "mc", num_samples, torch.Generator().manual_seed(2))
-    # standard error of an average of S values in [0, 1]: at most 0.5 / sqrt(S)
-    assert ((p[:, 1] - exact).abs() < 5 * 0.5 / math.sqrt(num_samples)).all()
-    torch.testing.assert_close(p.sum(-1), torch.ones(50, dtype=DTYPE))
-
-
-def test_mc_variance_decreases_with_samples():
-    mean, var = _latents(1, 3, 2.0, seed=3)
-    spreads = []
-    for s in (100, 1600):
-        draws = torch.stack([
-            softmax_expectation(mean, var, "mc", s, torch.Generator().manual_seed(r))
-            for r in range(40)
-        ])
-        spreads.append(draws.std(0).max())
-    # standard error falls like 1 / sqrt(S): a factor 4 here
-    assert spreads[0] / spreads[1] > 2.5
-
-
-def test_mc_is_deterministic_with_generator():
-    mean, var = _latents(5, 3, 1.0, seed=4)
-    a = softmax_expectation(mean, var, "mc", 100, torch.Generator().manual_seed(7))
-    b = softmax_expectation(mean, var, "mc", 100, torch.Generator().manual_seed(7))
-    assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("method", ["mc", "mean_field", "lognormal"])
-def test_zero_variance_gives_softmax(method):
-    mean, _ = _latents(6, 4, 1.0, seed=5)
-    p = softmax_expectation(mean, torch.zeros_like(mean), method, 10)
-    torch.testing.assert_close(p, torch.softmax(mean, -1))
-
-
-def test_mean_field_error_binary_against_quadrature():
-    # C = 2: the mean-field rule is the probit approximation of E[sigmoid]; documented error
-    # about 0.012 (max) for latent variances up to 4.
-    mean, var = _latents(400, 2, 4.0, seed=6)
-    exact = _quadrature_binary(mean, var)
-    approx = softmax_expectation(mean, var, "mean_field")[:, 1]
-    lognormal = softmax_expectation(mean, var, "lognormal")[:, 1]
-    assert (approx - exact).abs().max() < 0.02
-    assert (approx - exact).abs().mean() < 0.006
-    assert (lognormal - exact).abs().mean() > 5 * (approx - exact).abs().mean()
-
-
-def test_mean_field_error_ten_classes_against_mc():
-    mean, var = _latents(100, 10, 1.0, seed=7)
-    num_samples = 10000
-    ref = softmax_expectation(mean, var, "mc", num_samples, torch.Generator().manual_seed(8))
-    stderr = 0.5 / math.sqrt(num_samples)
-    err = (softmax_expectation(mean, var, "mean_field") - ref).abs()
-    err_ln = (softmax_expectation(mean, var, "lognormal") - ref).abs()
-    # documented: mean abs error about 0.007 and max about 0.06 for variances up to 1
-    assert err.mean() < 0.01 + stderr
-    assert err.max() < 0.08 + 5 * stderr
-    assert err.mean() < err_ln.mean()
-
 
 # ------------------------------------------------------------------------------ exact path
 class _BatchExactModel(gpytorch.models.ExactGP):
@@ -264,12 +97,6 @@ def _gpytorch_exact(x, labels, x_test, alpha, lengthscale, num_classes=3):
         post = model(x_test)
     mean = post.mean.T + lik.class_offsets
     return mean, post.variance.T, lik, post
-
-
-def _rbf(lengthscale):
-    k = gpytorch.kernels.RBFKernel().double()
-    k.lengthscale = lengthscale
-    return k
 
 
 def test_exact_classifier_matches_gpytorch_batch_model():
@@ -302,7 +129,6 @@ def test_dirichlet_exact_gp_model():
         for c in range(3)
     ) / 30
     torch.testing.assert_close(value, ref)
-
 
 # ------------------------------------------------------------------------------ RF path
 class _ExactFactorKernel(RandomFeatureKernel):
@@ -449,30 +275,6 @@ def test_mc_prediction_deterministic_with_seed():
     clf = DirichletGPClassifier(_rbf(1.0), seed=3, num_samples=50).fit(x, y)
     assert torch.equal(clf.predict_proba(x), clf.predict_proba(x))
 
-
-def test_select_alpha_picks_minimum_validation_mnll():
-    x, y = blobs(25, THREE_CENTRES, 0.7, seed=24)
-    kernel = FourierFeatureKernel(256, seed=0).double()
-    clf = DirichletGPClassifier(kernel, seed=0)
-    clf.select_alpha(x, y, alphas=(1e-3, 1e-2, 1e-1), lengthscales=(0.5, 1.0, 3.0),
-                     validation_fraction=0.2, seed=1)
-    rows = clf.selection_
-    assert len(rows) == 9
-    best = min(rows, key=lambda r: r["mnll"])
-    assert [r for r in rows if r["selected"]] == [best]
-    assert clf.alpha_epsilon == best["alpha_epsilon"]
-    assert kernel.lengthscale.item() == pytest.approx(best["lengthscale"])
-    assert clf.gp.num_data == 75  # refitted on all data
-    # marginal likelihood picks the lengthscale per alpha; alpha still by validation MNLL
-    clf.select_alpha(x, y, alphas=(1e-2, 1e-1), lengthscales=(0.5, 1.0, 3.0),
-                     lengthscale_criterion="marginal_likelihood", seed=1)
-    rows = clf.selection_
-    chosen = [r for r in rows if r["selected"]][0]
-    same_alpha = [r for r in rows if r["alpha_epsilon"] == chosen["alpha_epsilon"]]
-    assert chosen["log_marginal_likelihood"] == max(r["log_marginal_likelihood"]
-                                                    for r in same_alpha)
-
-
 def test_likelihood_with_random_feature_gp_directly():
     from rfgp import RandomFeatureGP
 
@@ -511,3 +313,170 @@ def test_shared_gram_fit_equals_one_fit_per_class(complex_features):
         mean_all, std_all = clf.gp.predict(xt, return_std=True)
         torch.testing.assert_close(mean_all[:, c], mean, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(std_all[:, c], std, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------ labels as ids
+@pytest.mark.parametrize("kernel", ["exact", "rff"])
+def test_arbitrary_integer_ids_map_to_classes_like_sklearn(kernel):
+    # ids {0, 10**6} make two classes (not 10**6 + 1); negative ids are ids like any other.
+    x, y = blobs(10, THREE_CENTRES[:2], 0.4, seed=30)
+    make = (lambda: _rbf(1.0)) if kernel == "exact" else (
+        lambda: FourierFeatureKernel(128, seed=0).double())
+    for ids in (torch.tensor([0, 10**6]), torch.tensor([-5, 3]), np.array([7, 2])):
+        labels = torch.as_tensor(ids)[y]
+        clf = DirichletGPClassifier(make(), seed=0).fit(x, ids[y.numpy()] if
+                                                         isinstance(ids, np.ndarray) else labels)
+        assert torch.equal(clf.classes_, torch.as_tensor(ids).sort().values)
+        assert clf.num_classes_ == 2
+        p = clf.predict_proba(x, method="mean_field")
+        assert p.shape == (20, 2)
+        # the probabilities are those of a fit to the indices 0 / 1 in sorted-id order
+        ref = DirichletGPClassifier(make(), seed=0).fit(x, (labels == labels.max()).long())
+        torch.testing.assert_close(p, ref.predict_proba(x, method="mean_field"))
+        assert torch.equal(clf.predict(x, method="mean_field"),
+                           clf.classes_[ref.predict(x, method="mean_field")])
+
+
+def test_encode_labels():
+    idx, classes = encode_labels(torch.tensor([10**6, 0, 10**6, -3]))
+    assert classes.tolist() == [-3, 0, 10**6] and idx.tolist() == [2, 1, 2, 0]
+    idx, classes = encode_labels(np.array([0, 2, 2]), num_classes=4)
+    assert classes.tolist() == [0, 1, 2, 3] and idx.tolist() == [0, 2, 2]
+    with pytest.raises(TypeError, match="encode"):
+        encode_labels(np.array([1, "a"], dtype=object))
+    with pytest.raises(TypeError, match="encode"):
+        encode_labels(["a", "b"])
+    with pytest.raises(ValueError, match="two distinct classes"):
+        encode_labels(torch.tensor([4, 4]))
+
+
+# ------------------------------------------------------------------------------ kernels refused
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_vector_field_kernels_are_refused(num_classes):
+    x, y = blobs(6, THREE_CENTRES[:num_classes], 0.4, seed=31)
+    for kernel in (CurlFreeFeatureKernel(64, seed=0).double(), CurlFreeKernel().double()):
+        clf = DirichletGPClassifier(kernel)
+        with pytest.raises(ValueError, match="one output per input.*vector-field"):
+            clf.fit(x, y)
+
+
+def test_exact_path_refuses_random_feature_solver_options():
+    x, y = blobs(6, THREE_CENTRES, 0.4, seed=32)
+    with pytest.raises(ValueError, match="random-feature kernels only"):
+        DirichletGPClassifier(_rbf(1.0), solve="weight").fit(x, y)
+
+
+# ------------------------------------------------------------------------------ empty and log
+@pytest.mark.parametrize("kernel", ["exact", "rff"])
+def test_zero_rows_give_empty_results(kernel):
+    x, y = blobs(8, THREE_CENTRES, 0.5, seed=33)
+    k = _rbf(1.0) if kernel == "exact" else FourierFeatureKernel(64, seed=0).double()
+    clf = DirichletGPClassifier(k, seed=0).fit(x, y)
+    for method in ("mc", "mean_field", "lognormal"):
+        assert clf.predict_proba(x[:0], method=method).shape == (0, 3)
+        assert clf.predict_log_proba(x[:0], method=method).shape == (0, 3)
+        assert clf.predict(x[:0], method=method).shape == (0,)
+    assert clf.latent_posterior(x[:0]).mean.shape == (0, 3)
+    with pytest.raises(ValueError, match="x must have 2 columns"):
+        clf.predict_proba(torch.zeros(3, 5, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("method", ["mc", "mean_field", "lognormal"])
+def test_predict_log_proba_is_the_log_space_path(method):
+    from rfgp.classification import softmax_expectation
+
+    x, y = blobs(10, THREE_CENTRES, 0.5, seed=34)
+    clf = DirichletGPClassifier(_rbf(1.0), alpha_epsilon=1e-5, seed=2).fit(x, y)
+    post = clf.latent_posterior(x)
+    logp = clf.predict_log_proba(x, method=method)
+    expected = softmax_expectation(post.mean, post.variance, method, clf.num_samples,
+                                   torch.Generator().manual_seed(2), log=True)
+    torch.testing.assert_close(logp, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.logsumexp(logp, -1), torch.zeros(30, dtype=DTYPE))
+    torch.testing.assert_close(logp.exp(), clf.predict_proba(x, method=method))
+
+
+# ------------------------------------------------------------------------------ never stale
+@pytest.mark.parametrize("kernel", ["exact", "rff"])
+def test_changed_kernel_noise_or_settings_never_reuse_the_old_fit(kernel):
+    x, y = blobs(10, THREE_CENTRES, 0.5, seed=35)
+
+    def fitted():
+        k = _rbf(1.0) if kernel == "exact" else FourierFeatureKernel(64, seed=0).double()
+        return DirichletGPClassifier(k, seed=0).fit(x, y)
+
+    clf = fitted()
+    before = clf.predict_proba(x, method="mean_field")
+    base = clf.kernel
+    base.lengthscale = 2.0
+    with pytest.raises(RuntimeError, match="changed since fit"):
+        clf.predict_proba(x)
+    with pytest.raises(RuntimeError, match="changed since fit"):
+        clf.log_marginal_likelihood()
+    after = clf.fit(x, y).predict_proba(x, method="mean_field")
+    assert not torch.allclose(before, after)
+    if kernel == "rff":
+        base.resample(torch.Generator().manual_seed(5))  # new random weights (a buffer)
+        with pytest.raises(RuntimeError, match="changed since fit"):
+            clf.predict_proba(x)
+        clf.fit(x, y)
+    clf.likelihood.noise = clf.likelihood.noise * 2
+    with pytest.raises(RuntimeError, match="likelihood.noise changed since fit"):
+        clf.latent_posterior(x)
+    clf = fitted()
+    clf.alpha_epsilon = 0.5
+    with pytest.raises(RuntimeError, match="settings changed since fit"):
+        clf.predict(x)
+
+
+def test_exact_model_refactorises_after_a_change():
+    x, y = blobs(10, THREE_CENTRES, 0.5, seed=36)
+    lik = DirichletLikelihood(3, alpha_epsilon=0.05, labels=y)
+    model = DirichletExactGP(x, lik, _rbf(0.8))
+    first = model.latent_moments(x[:4])
+    model.covar_module.lengthscale = 1.5
+    moved = model.latent_moments(x[:4])
+    fresh = DirichletExactGP(x, lik, _rbf(1.5)).latent_moments(x[:4])
+    torch.testing.assert_close(moved, fresh, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(first[0], moved[0])
+
+
+def test_one_exact_path_agrees_with_gpytorch_eval_mode():
+    # The classifier's exact posterior is DirichletExactGP's, and GPyTorch's own prediction
+    # with that model (eval mode, dense Cholesky) gives the same moments.
+    x, y = blobs(12, THREE_CENTRES, 0.5, seed=37)
+    xt, _ = blobs(4, THREE_CENTRES, 0.5, seed=38)
+    clf = DirichletGPClassifier(_rbf(0.9), alpha_epsilon=0.05).fit(x, y)
+    assert isinstance(clf.gp, DirichletExactGP)
+    clf.gp.eval()
+    with torch.no_grad(), gpytorch.settings.fast_pred_var(False), \
+            gpytorch.settings.max_cholesky_size(10**6):
+        post = clf.gp(xt)
+    latent = clf.latent_posterior(xt)
+    torch.testing.assert_close(latent.mean, post.mean.T + clf.likelihood.class_offsets,
+                               rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(latent.variance, post.variance.T, rtol=1e-6, atol=1e-8)
+
+
+# ------------------------------------------------------------------------------ old import paths
+def test_old_import_paths_still_work_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    import rfgp.classification as new
+    import rfgp.inference
+    import rfgp.likelihoods as lik
+
+    with pytest.warns(DeprecationWarning, match="rfgp.classification"):
+        assert rfgp.inference.DirichletGPClassifier is new.DirichletGPClassifier
+    with pytest.warns(DeprecationWarning, match="rfgp.likelihoods"):
+        assert rfgp.inference.DirichletLikelihood is lik.DirichletLikelihood
+    sys.modules.pop("rfgp.inference.dirichlet", None)
+    with pytest.warns(DeprecationWarning, match="rfgp.inference.dirichlet is deprecated"):
+        old = importlib.import_module("rfgp.inference.dirichlet")
+    assert old.softmax_expectation is new.softmax_expectation
+    assert old.validate_labels is lik.validate_labels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from rfgp import DirichletGPClassifier as top  # noqa: F401
+        from rfgp.likelihoods import DirichletLikelihood as top_lik  # noqa: F401

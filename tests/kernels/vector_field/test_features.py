@@ -1,12 +1,12 @@
-"""Operator-valued random features (decomposable, curl-free, div-free, Helmholtz) and the exact
-curl-free / div-free / Helmholtz kernels."""
+"""Curl-free, divergence-free and Helmholtz random features: Gram layout, unbiasedness,
+convergence, exactly curl- / divergence-free fields, plumbing."""
 
 import math
 
 import gpytorch
 import pytest
 import torch
-from torch.autograd.functional import hessian, jacobian
+from torch.autograd.functional import jacobian
 
 from rfgp.kernels import (
     CurlFreeFeatureKernel,
@@ -17,18 +17,13 @@ from rfgp.kernels import (
     HelmholtzFeatureKernel,
     HelmholtzKernel,
 )
-from rfgp.kernels.vector_field.exact import curl_free_gaussian, div_free_gaussian
-from rfgp.kernels.vector_field.factors import div_free_factor, div_free_factor_rank
+from rfgp.kernels.vector_field.factors import div_free_factor_rank
 from tests.helpers import DT, gen, rand
 
 
 def blocks_from_features(phi1, phi2):
     """(N, p, D), (M, p, D) -> (N, M, p, p) blocks Phi(x)^T Phi(z)."""
     return torch.einsum("npd,mqd->nmpq", phi1, phi2)
-
-
-def gaussian_scalar(delta, lengthscale):
-    return torch.exp(-0.5 * (delta / lengthscale).pow(2).sum())
 
 
 def feature_kernel(kind, num_features, dim, seed=0, **kw):
@@ -39,123 +34,16 @@ def feature_kernel(kind, num_features, dim, seed=0, **kw):
     raise AssertionError(kind)
 
 
-# ----------------------------------------------------------------- exact kernels vs autograd
-@pytest.mark.parametrize("dim", [2, 3, 4])
-@pytest.mark.parametrize("ard", [False, True])
-def test_exact_kernels_are_hessians_of_the_gaussian(dim, ard):
-    if ard:
-        ls = torch.rand(dim, generator=gen(dim), dtype=DT) + 0.5
-    else:
-        ls = torch.tensor([0.8], dtype=DT)
-    x, z = rand(6, dim, seed=1), rand(6, dim, seed=2)
-    curl = curl_free_gaussian(x, z, ls.view(1, -1), normalize=False)
-    div = div_free_gaussian(x, z, ls.view(1, -1), normalize=False)
-    eye = torch.eye(dim, dtype=DT)
-    for n in range(6):
-        delta = x[n] - z[n]
-        h = hessian(lambda d: gaussian_scalar(d, ls), delta)
-        torch.testing.assert_close(curl[n, n], -h, rtol=0, atol=1e-12)
-        torch.testing.assert_close(div[n, n], h - torch.trace(h) * eye, rtol=0, atol=1e-12)
-        # (x, z) form: K_curl(x, z) = d/dx grad_z k(x, z)
-        def grad_z(xx, zn=z[n]):
-            return jacobian(lambda zz: gaussian_scalar(xx - zz, ls), zn, create_graph=True)
-
-        mixed = jacobian(grad_z, x[n])
-        torch.testing.assert_close(curl[n, n], mixed, rtol=0, atol=1e-12)
-    # K_curl + K_div = -Laplacian(k) I and tr K_div = (d - 1) tr K_curl for one lengthscale
-    if not ard:
-        lap = -curl.diagonal(dim1=-2, dim2=-1).sum(-1)
-        torch.testing.assert_close(curl + div, -lap[..., None, None] * eye, atol=1e-12, rtol=0)
-        torch.testing.assert_close(div.diagonal(dim1=-2, dim2=-1).sum(-1),
-                                   (dim - 1) * curl.diagonal(dim1=-2, dim2=-1).sum(-1))
+# ----------------------------------------------------------------- Monte Carlo convergence
+def _exact_blocks(k, x, z):
+    return k.exact_kernel()._blocks(x, z).detach()
 
 
-@pytest.mark.parametrize("dim", [2, 3])
-def test_exact_kernels_at_zero_and_normalisation(dim):
-    ls = torch.tensor([[0.7]], dtype=DT)
-    x = rand(3, dim)
-    eye = torch.eye(dim, dtype=DT)
-    raw_curl = curl_free_gaussian(x, x, ls, normalize=False)
-    raw_div = div_free_gaussian(x, x, ls, normalize=False)
-    torch.testing.assert_close(raw_curl[0, 0], eye / 0.49)
-    torch.testing.assert_close(raw_div[0, 0], (dim - 1) * eye / 0.49)
-    torch.testing.assert_close(curl_free_gaussian(x, x, ls)[1, 1], eye)
-    torch.testing.assert_close(div_free_gaussian(x, x, ls)[1, 1], eye)
-    # normalisation is a scalar factor: normalised = c * raw
-    torch.testing.assert_close(curl_free_gaussian(x, x, ls), 0.49 * raw_curl)
-    torch.testing.assert_close(div_free_gaussian(x, x, ls), 0.49 / (dim - 1) * raw_div)
-
-
-def test_exact_2d_div_is_rotated_curl():
-    j = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=DT)
-    x, z = rand(7, 2, seed=3), rand(5, 2, seed=4)
-    for normalize in (False, True):
-        ls = torch.tensor([[0.6]], dtype=DT)
-        curl = curl_free_gaussian(x, z, ls, normalize)
-        div = div_free_gaussian(x, z, ls, normalize)
-        torch.testing.assert_close(div, j @ curl @ j.T, atol=1e-13, rtol=0)
-
-
-@pytest.mark.parametrize("cls", [CurlFreeKernel, DivFreeKernel, HelmholtzKernel])
-def test_exact_kernel_layout_symmetry_and_psd(cls):
-    dim = 3
-    k = cls(input_dim=dim).to(DT)
-    if cls is HelmholtzKernel:
-        k.curl_lengthscale, k.div_lengthscale = 0.5, 0.9
-        k.curl_outputscale, k.div_outputscale = 1.5, 0.3
-    else:
-        k.lengthscale = 0.6
-    x, z = rand(8, dim, seed=5), rand(6, dim, seed=6)
-    kxz = k(x, z).to_dense().detach()
-    kzx = k(z, x).to_dense().detach()
-    torch.testing.assert_close(kxz, kzx.T)  # K(x, z) = K(z, x)^T blockwise
-    blocks = k._blocks(x, z).detach()
-    for n, m, a, b in [(0, 0, 0, 1), (3, 2, 2, 0), (7, 5, 1, 1)]:
-        assert kxz[n * dim + a, m * dim + b] == blocks[n, m, a, b]
-    gram = k(x).to_dense().detach()
-    eigs = torch.linalg.eigvalsh(gram + 1e-10 * torch.eye(gram.shape[0], dtype=DT))
-    assert eigs.min() > 0
-    torch.testing.assert_close(k(x, diag=True).detach(), gram.diagonal())
-
-
-def test_helmholtz_exact_is_weighted_sum():
-    k = HelmholtzKernel(input_dim=2).to(DT)
-    k.curl_lengthscale, k.div_lengthscale = 0.4, 1.3
-    k.curl_outputscale, k.div_outputscale = 2.0, 0.25
-    x = rand(5, 2)
-    expected = (2.0 * curl_free_gaussian(x, x, torch.tensor([[0.4]], dtype=DT))
-                + 0.25 * div_free_gaussian(x, x, torch.tensor([[1.3]], dtype=DT)))
-    torch.testing.assert_close(k._blocks(x, x).detach(), expected)
-    curl_part = k.component_kernel("curl")(x).to_dense().detach()
-    div_part = k.component_kernel("div")(x).to_dense().detach()
-    torch.testing.assert_close(curl_part + div_part, k(x).to_dense().detach())
-
-
-# ----------------------------------------------------------------- factors and feature identities
-@pytest.mark.parametrize("dim,factor", [(2, "rotation"), (3, "cross"), (3, "complement"),
-                                        (3, "projection"), (5, "complement"), (5, "projection"),
-                                        (2, "complement"), (4, "auto")])
-def test_div_free_factor_closed_forms(dim, factor):
-    omega = torch.randn(50, dim, generator=gen(dim), dtype=DT) * 3
-    omega[0] = 0.0  # A(0) = 0: the factor must be zero, not NaN
-    omega[1] = 0.0
-    omega[1, 0] = -2.0  # u_1 = -1: the Householder sign branch
-    b = div_free_factor(omega, factor)
-    assert b.shape == (50, dim, div_free_factor_rank(dim, factor))
-    assert torch.isfinite(b).all()
-    sq = omega.pow(2).sum(-1)[:, None, None]
-    target = sq * torch.eye(dim, dtype=DT) - omega.unsqueeze(-1) * omega.unsqueeze(-2)
-    torch.testing.assert_close(b @ b.mT, target, atol=1e-12, rtol=0)
-    assert (b[0] == 0).all()
-
-
-def test_div_free_factor_bad_dimension():
-    with pytest.raises(ValueError, match="factor='rotation'"):
-        div_free_factor(torch.ones(4, 3), "rotation")
-    with pytest.raises(ValueError, match="factor='cross'"):
-        div_free_factor(torch.ones(4, 2), "cross")
-    with pytest.raises(ValueError, match="factor must be one of"):
-        div_free_factor(torch.ones(4, 2), "cholesky")
+# ----------------------------------------------------------------- exactly curl- / div-free fields
+def _jacobian_of_field(k, theta, x):
+    def field(xx):
+        return k.features(xx.unsqueeze(0))[0] @ theta  # (p,)
+    return torch.stack([jacobian(field, xi) for xi in x])  # (N, p, d): J[a, b] = d f_a / d x_b
 
 
 @pytest.mark.parametrize("make", [
@@ -197,37 +85,6 @@ def test_rotation_div_features_are_rotated_curl_features():
     x = rand(6, 2)
     j = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=DT)
     torch.testing.assert_close(div.features(x), j @ curl.features(x))
-
-
-def test_decomposable_is_scalar_rff_times_task_covariance():
-    k = DecomposableFeatureKernel(2 * 50 * 5, num_tasks=3, rank=2, seed=1, ard_num_dims=4).to(DT)
-    with torch.no_grad():
-        k.task_factor.copy_(torch.randn(3, 2, generator=gen(9), dtype=DT))
-        k.task_diag = torch.tensor([0.1, 0.5, 2.0], dtype=DT)
-        k.lengthscale = torch.tensor([0.5, 1.0, 1.5, 2.0], dtype=DT)
-    x, z = rand(5, 4, seed=1), rand(6, 4, seed=2)
-    bxz = blocks_from_features(k.features(x), k.features(z)).detach()
-    omega = k.frequencies / k.lengthscale
-    k_hat = torch.cos((x @ omega.T).unsqueeze(1) - (z @ omega.T).unsqueeze(0)).mean(-1).detach()
-    a = k.task_covariance.detach()
-    torch.testing.assert_close(bxz, k_hat[..., None, None] * a, atol=1e-12, rtol=0)
-    # the exact reference is GPyTorch's MultitaskKernel with the same A and lengthscale
-    exact = k.exact_kernel()
-    rbf = torch.exp(-0.5 * ((x.unsqueeze(1) - z.unsqueeze(0)) / k.lengthscale.detach())
-                    .pow(2).sum(-1))
-    torch.testing.assert_close(exact(x, z).to_dense().detach(), torch.kron(rbf, a))
-
-
-def test_decomposable_independent_outputs():
-    k = DecomposableFeatureKernel(2 * 20 * 2, num_tasks=2, rank=0, seed=0).to(DT)
-    x = rand(4, 3)
-    blocks = blocks_from_features(k.features(x), k.features(x)).detach()
-    assert (blocks[..., 0, 1] == 0).all()
-
-
-# ----------------------------------------------------------------- Monte Carlo convergence
-def _exact_blocks(k, x, z):
-    return k.exact_kernel()._blocks(x, z).detach()
 
 
 @pytest.mark.parametrize("kind,dim,kw", [
@@ -293,13 +150,6 @@ def test_error_decays_like_inverse_sqrt_d(kind):
     assert -0.65 < slope < -0.35, (slope, errors)
 
 
-# ----------------------------------------------------------------- exactly curl- / div-free fields
-def _jacobian_of_field(k, theta, x):
-    def field(xx):
-        return k.features(xx.unsqueeze(0))[0] @ theta  # (p,)
-    return torch.stack([jacobian(field, xi) for xi in x])  # (N, p, d): J[a, b] = d f_a / d x_b
-
-
 @pytest.mark.parametrize("dim", [2, 3, 4])
 @pytest.mark.parametrize("num_features", [8, 512])
 def test_curl_free_feature_fields_have_zero_curl(dim, num_features):
@@ -324,20 +174,6 @@ def test_div_free_feature_fields_have_zero_divergence(dim, factor, frequencies):
     scale = jac.abs().max()
     assert jac.diagonal(dim1=-2, dim2=-1).sum(-1).abs().max() <= 1e-12 * scale
     assert (jac - jac.mT).abs().max() > 1e-3 * scale  # the curl is not zero
-
-
-def test_exact_kernel_columns_are_curl_and_div_free():
-    # K(., z) e_b is a curl-free (div-free) field of x, for the closed forms too
-    z = rand(1, 3, seed=5)
-    ls = torch.tensor([[0.6, 0.9, 1.4]], dtype=DT)
-    for fn, check in [(curl_free_gaussian, "curl"), (div_free_gaussian, "div")]:
-        for xi in rand(4, 3, seed=6):
-            for b in range(3):
-                jac = jacobian(lambda xx, fn=fn, b=b: fn(xx.unsqueeze(0), z, ls)[0, 0, :, b], xi)
-                if check == "curl":
-                    assert (jac - jac.T).abs().max() < 1e-12 * jac.abs().max()
-                else:
-                    assert jac.trace().abs() < 1e-12 * jac.abs().max()
 
 
 # ----------------------------------------------------------------- errors and plumbing

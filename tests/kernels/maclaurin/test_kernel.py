@@ -30,6 +30,7 @@ def test_paper_one_dimensional_example_through_the_kernel():
     torch.testing.assert_close(phi @ phi.T, k.expected_matrix(x, x), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("projection,complex_", [("rademacher", False), ("tensorsrht", True),
                                                  ("gaussian", False)])
 def test_optimized_is_unbiased_for_the_truncated_kernel(projection, complex_):
@@ -48,6 +49,7 @@ def test_optimized_is_unbiased_for_the_truncated_kernel(projection, complex_):
     assert ((draws.mean(0) - target).abs() <= 5 * stderr + 1e-12).all()
 
 
+@pytest.mark.slow
 def test_random_allocation_is_unbiased_for_the_polynomial_kernel():
     x = unit_rows(3, 3, 4)
     k = MaclaurinKernel("polynomial", 8, degree=3, bias=1.0, allocation="random", input_dim=3)

@@ -1,0 +1,27 @@
+"""Dirichlet-based GP classification (Milios et al., 2018).
+
+* :mod:`~rfgp.classification.softmax`: :func:`softmax_expectation`, the class probabilities
+  :math:`\\mathbb{E}[\\mathrm{softmax}(f)]` (Monte Carlo, mean-field, log-normal).
+* :mod:`~rfgp.classification.exact`: :class:`DirichletExactGP`, the exact GP per class.
+* :mod:`~rfgp.classification.classifier`: :class:`DirichletGPClassifier` on exact and
+  random-feature kernels.
+* :mod:`~rfgp.classification.selection`: :func:`select_alpha` over :data:`ALPHA_GRID`.
+
+The label transform and the GPyTorch likelihood are in :mod:`rfgp.likelihoods`.
+"""
+
+from rfgp.classification.softmax import PROBA_METHODS, latent_moments, softmax_expectation  # noqa: I001
+from rfgp.classification.exact import DirichletExactGP
+from rfgp.classification.classifier import ALPHA_GRID, DirichletGPClassifier, encode_labels
+from rfgp.classification.selection import select_alpha
+
+__all__ = [
+    "ALPHA_GRID",
+    "DirichletExactGP",
+    "DirichletGPClassifier",
+    "PROBA_METHODS",
+    "encode_labels",
+    "latent_moments",
+    "select_alpha",
+    "softmax_expectation",
+]

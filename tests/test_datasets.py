@@ -1,0 +1,141 @@
+"""Tests of rfgp.datasets: the bundled loaders, the seeded split and standardisation."""
+
+import numpy as np
+import pytest
+import torch
+
+from rfgp import datasets
+from rfgp.datasets import UCI_DATASETS, load_uci, load_wind, standardize, train_test_split
+
+DT = torch.float64
+
+
+# ------------------------------------------------------------------------------ loaders
+@pytest.mark.parametrize("name", sorted(UCI_DATASETS))
+def test_every_uci_set_loads_with_its_declared_width(name):
+    x, y = load_uci(name)
+    assert x.dtype == y.dtype == DT
+    assert x.dim() == 2 and x.shape[1] == UCI_DATASETS[name][1]
+    assert y.shape == (x.shape[0],) and x.shape[0] > 100
+    assert torch.isfinite(x).all() and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.float32, "torch.float32"])
+def test_load_uci_dtype_as_name_or_dtype(dtype):
+    x, y = load_uci("yacht", dtype=dtype)
+    assert x.dtype == y.dtype == torch.float32
+    x64, _ = load_uci("yacht")
+    torch.testing.assert_close(x, x64.float())
+
+
+@pytest.mark.parametrize("dtype, error", [("int64", TypeError), (torch.long, TypeError),
+                                          ("cuda", TypeError), (None, TypeError)])
+def test_load_uci_refuses_non_floating_dtypes(dtype, error):
+    with pytest.raises(error, match="dtype must be a floating torch dtype"):
+        load_uci("yacht", dtype=dtype)
+
+
+def test_load_uci_refuses_unknown_names():
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_uci("mnist")
+
+
+def test_wind_field_is_the_sum_of_its_helmholtz_parts():
+    w = load_wind()
+    assert w.u.shape == w.v.shape == (73, 144)
+    assert w.latitude.shape == (73,) and w.longitude.shape == (144,)
+    scale = np.abs(w.u).max()
+    np.testing.assert_allclose(w.u, w.u_chi + w.u_psi, atol=1e-3 * scale)
+    # the decomposition is a truncated spherical-harmonic series: v near the poles is the
+    # least exact part (about 0.1% of the largest wind)
+    np.testing.assert_allclose(w.v, w.v_chi + w.v_psi, atol=2e-3 * np.abs(w.v).max())
+
+
+# ------------------------------------------------------------------------------ split
+def test_split_is_a_partition_and_seeded():
+    x = torch.arange(20, dtype=DT).unsqueeze(-1)
+    y = torch.arange(20, dtype=DT) * 10
+    x_tr, y_tr, x_te, y_te = train_test_split(x, y, 0.25, generator=3)
+    assert x_te.shape == (5, 1) and x_tr.shape == (15, 1)
+    rows = torch.cat([x_tr[:, 0], x_te[:, 0]]).sort().values
+    assert torch.equal(rows, x[:, 0])  # every row exactly once
+    torch.testing.assert_close(y_tr, 10 * x_tr[:, 0])  # rows stay paired
+    again = train_test_split(x, y, 0.25, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(again[2], x_te)  # a seed means a fresh generator with that seed
+    np_parts = train_test_split(x.numpy(), y.numpy(), 0.25, generator=3)
+    assert torch.equal(np_parts[2], x_te)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"generator": 0.5}, TypeError, "generator must be None, an integer seed"),
+        ({"generator": "0"}, TypeError, "generator must be None, an integer seed"),
+        ({"generator": True}, TypeError, "generator must be None, an integer seed"),
+        ({"generator": -1}, ValueError, "generator must be an integer >= 0"),
+        ({"test_fraction": 1.0}, ValueError, "test_fraction"),
+        ({"test_fraction": float("nan")}, ValueError, "test_fraction"),
+    ],
+)
+def test_split_bad_arguments(kwargs, error, match):
+    x = torch.zeros(10, 2)
+    with pytest.raises(error, match=match):
+        train_test_split(x, torch.zeros(10), **kwargs)
+
+
+def test_split_bad_data():
+    with pytest.raises(ValueError, match="same number of rows"):
+        train_test_split(torch.zeros(10, 2), torch.zeros(9))
+    with pytest.raises(ValueError, match="enough rows"):
+        train_test_split(torch.zeros(1, 2), torch.zeros(1), 0.5)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor or NumPy array"):
+        train_test_split([[0.0]] * 4, torch.zeros(4))
+
+
+# ------------------------------------------------------------------------------ standardize
+def test_standardize_moments_and_constant_columns():
+    g = torch.Generator().manual_seed(0)
+    train = torch.randn(50, 3, generator=g, dtype=DT) * torch.tensor([1.0, 5.0, 0.0]) + 7
+    test = torch.randn(10, 3, generator=g, dtype=DT)
+    a, b, mean, std = standardize(train, test)
+    torch.testing.assert_close(a[:, :2].mean(0), torch.zeros(2, dtype=DT), atol=1e-12, rtol=0)
+    torch.testing.assert_close(a[:, :2].std(0), torch.ones(2, dtype=DT))
+    assert std[2] == 1 and (a[:, 2] == 0).all()  # a constant column is centred, not divided
+    torch.testing.assert_close(b, (test - mean) / std)
+
+
+def test_standardize_numpy_and_integer_input():
+    ints = np.array([[0, 10], [2, 10], [4, 10]])
+    a, mean, std = standardize(ints)
+    assert a.dtype == DT
+    torch.testing.assert_close(mean, torch.tensor([2.0, 10.0], dtype=DT))
+    torch.testing.assert_close(a[:, 0], torch.tensor([-1.0, 0.0, 1.0], dtype=DT))
+    a_t, b_t, _, _ = standardize(torch.as_tensor(ints), torch.tensor([[6, 10]]))
+    torch.testing.assert_close(b_t, torch.tensor([[2.0, 0.0]], dtype=DT))
+    one, _, std_one = standardize(torch.tensor([[3.0, 4.0]], dtype=DT))
+    assert (std_one == 1).all() and (one == 0).all()  # one row: no spread, no NaN
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((torch.zeros(4, 3), torch.zeros(2, 2)), ValueError,
+         r"others\[0\] must have the trailing shape \(3,\)"),
+        ((torch.zeros(0, 3),), ValueError, "train must have at least one row"),
+        ((torch.tensor([[1.0], [float("nan")]]),), ValueError, "train must be finite"),
+        ((torch.zeros(3, 1), torch.tensor([[float("inf")]])), ValueError,
+         r"others\[0\] must be finite"),
+        (([[1.0], [2.0]],), TypeError, "train must be a torch.Tensor or NumPy array"),
+        ((torch.zeros(3, 1, dtype=torch.complex64),), TypeError, "real numbers"),
+        ((torch.zeros(3, 1, dtype=torch.bool),), TypeError, "real numbers"),
+        ((torch.tensor(1.0),), ValueError, "leading row dimension"),
+    ],
+)
+def test_standardize_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        standardize(*args)
+
+
+def test_public_names():
+    assert set(datasets.__all__) == {"UCI_DATASETS", "load_uci", "load_wind",
+                                     "train_test_split", "standardize"}
