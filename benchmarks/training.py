@@ -219,8 +219,9 @@ def report(results, train, args, n, elapsed):
         f"Command: `{' '.join(['python benchmarks/training.py', *sys.argv[1:]])}` "
         f"({elapsed:.0f} s). Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
         f"torch {torch.__version__}, gpytorch {gpytorch.__version__}, "
-        f"{os.cpu_count()} cores shared with other jobs (timings are noisy; the ratios come "
-        "from one run, methods timed in alternation). GPU numbers are not measured yet.",
+        f"{os.cpu_count()} cores shared with other jobs (load average {args.load[0]:.1f} -> "
+        f"{args.load[1]:.1f} during the run; timings are noisy and the ratios come from one "
+        "run, methods timed in alternation). GPU numbers are not measured yet.",
         "",
         f"Data: UCI power plant (bundled), N = {n} standardised training rows, d = 4. Kernels "
         f"with D = {NUM_FEATURES} real feature columns, ScaleKernel, ARD lengthscales, float64: "
@@ -304,6 +305,7 @@ def main():
     args.iterations = args.iterations or (5 if args.quick else 10)
     threads = args.threads or sorted({1, os.cpu_count() or 1})
     start = time.time()
+    load_before = os.getloadavg()[0]
     x, y, x_test, y_test = load_data(args.rows)
     results = {}
     for t in threads:
@@ -314,6 +316,7 @@ def main():
             print(f"  {key}: {value:.4f} s", flush=True)
     print("end-to-end training", flush=True)
     train = train_end_to_end(x, y, x_test, y_test, args.iterations)
+    args.load = (load_before, os.getloadavg()[0])
     lines = report(results, train, args, x.shape[0], time.time() - start)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "training.md").write_text("\n".join(lines))
