@@ -17,12 +17,16 @@ output sizes D in {d, 3d, 5d}; 10 seeds (each a fresh sketch and a fresh random 
 The closed-form variances (rfgp.variance) predict ``E||K_hat - K||_F^2 = sum_ij V(x_i, x_j)``;
 the table reports that prediction next to the measurement.
 
-Part 2 -- feature-construction time at d = 1024 (1023 inputs + bias), degree 7, D = 5d:
-TensorSRHT against the dense Rademacher sketch (one GEMM) and scikit-learn's
-``PolynomialCountSketch`` at the same D, real and CtR.
+Part 2 -- feature-construction time at d = 1024 (1023 inputs + bias), degree 7, D = 5d,
+N = 10^4, float32, on one thread and on all threads in the same run: TensorSRHT (compiled
+kernels and GEMM path) against the dense Rademacher sketch (one GEMM) and scikit-learn's
+``PolynomialCountSketch`` at the same D, real and CtR; in inference mode (no gradient) and in
+training mode (forward with autograd on, and forward plus backward to the lengthscale and the
+bias), with the compiled path's stage breakdown.
 
 Run: ``python benchmarks/polynomial_sketches.py`` (``--quick`` for a short run, ``--timing-only``
-to rerun part 2 alone and rewrite only its section of the report).
+to rerun part 2 alone and rewrite only its section of the report, ``--repeats`` rounds,
+``--threads`` thread counts, ``--skip-slow`` without TensorSketch and scikit-learn).
 Writes docs/benchmarks/polynomial_sketches.md and two PNG plots next to it.
 """
 
