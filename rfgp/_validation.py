@@ -30,12 +30,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "KERNEL_INPUT_DTYPES",
     "all_finite",
     "check_bool",
     "check_choice",
     "check_dtype",
     "check_finite",
     "check_int",
+    "check_kernel_input",
     "check_positive",
     "check_real",
     "check_tensor",
@@ -284,6 +286,57 @@ def check_tensor(
         raise ValueError(f"{name} must not be empty, got {describe(value)}")
     if finite:
         check_finite(name, value)
+    return value
+
+
+#: the input dtypes every kernel computes in.
+KERNEL_INPUT_DTYPES = (torch.float32, torch.float64)
+
+
+def check_kernel_input(name: str, value: Any, finite: bool = True) -> Tensor:
+    """Return kernel inputs ``value`` as an ``(..., N, d)`` tensor, or raise a clear error.
+
+    A 1-D tensor means ``d = 1`` (GPyTorch's convention) and gains a trailing dimension. The
+    dtype must be float32 or float64 (half precision has no Cholesky or FFT support on the
+    CPU, and its 3 significant digits cannot hold a kernel matrix); ``N = 0`` is allowed.
+
+    Args:
+        name: the argument's name, for the message.
+        value: what the caller passed.
+        finite: reject NaN and infinite entries (one reduction pass over ``value``).
+
+    Raises:
+        TypeError: for a non-tensor or another dtype.
+        ValueError: for a 0-d tensor, no columns (``d = 0``) or non-finite entries.
+
+    Example:
+        >>> check_kernel_input("x", torch.zeros(3)).shape
+        torch.Size([3, 1])
+        >>> check_kernel_input("x", torch.zeros(3, 2, dtype=torch.float16))
+        Traceback (most recent call last):
+        ...
+        TypeError: x must have a floating dtype, torch.float32 or torch.float64, got torch.float16
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in KERNEL_INPUT_DTYPES:
+        raise TypeError(
+            f"{name} must have a floating dtype, torch.float32 or torch.float64, got "
+            f"{value.dtype}"
+        )
+    if value.dim() == 0:
+        raise ValueError(
+            f"{name} must have shape (..., N, d) or (N,) (at least 1 dimension), got a 0-d "
+            f"tensor"
+        )
+    if value.dim() == 1:
+        value = value.unsqueeze(-1)
+    if value.shape[-1] == 0:
+        raise ValueError(
+            f"{name} must have at least one input column (d >= 1), got {describe(value)}"
+        )
+    if finite and not all_finite(value):
+        raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
     return value
 
 

@@ -23,15 +23,91 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp._validation import check_int
+from rfgp._validation import check_int, check_kernel_input
 from rfgp.ops import all_finite, make_generator
 
 __all__ = [
+    "InputCheckedKernel",
     "RandomFeatureKernel",
     "WeightSpacePredictionStrategy",
+    "check_hyperparameters",
     "real_form",
     "unwrap_scale_kernel",
 ]
+
+
+def check_hyperparameters(kernel: Kernel) -> None:
+    """Raise ``ValueError`` naming the hyperparameter if one of ``kernel``'s (constrained)
+    parameters is NaN or infinite, or zero where its constraint asks for a positive value.
+
+    A lengthscale of 0, inf or NaN (reachable through the raw parameter, e.g. by an optimiser
+    step) would otherwise turn every feature into NaN.
+
+    Example:
+        >>> from gpytorch.kernels import RBFKernel
+        >>> k = RBFKernel()
+        >>> _ = k.raw_lengthscale.data.fill_(float("-inf"))   # lengthscale softplus(-inf) = 0
+        >>> check_hyperparameters(k)
+        Traceback (most recent call last):
+        ...
+        ValueError: lengthscale must be finite and positive, got 0.0 (in RBFKernel)
+    """
+    for name, param, constraint in kernel.named_parameters_and_constraints():
+        value = param if constraint is None else constraint.transform(param)
+        if not all_finite(value):
+            bad = value[~torch.isfinite(value)].reshape(-1)[0].item()
+            raise ValueError(
+                f"{_hyper_name(name)} must be finite{_positive(constraint)}, got {bad} "
+                f"(in {type(kernel).__name__})"
+            )
+        if constraint is not None and _is_positive(constraint) and bool((value <= 0).any()):
+            bad = value[value <= 0].reshape(-1)[0].item()
+            raise ValueError(
+                f"{_hyper_name(name)} must be finite and positive, got {bad} "
+                f"(in {type(kernel).__name__})"
+            )
+
+
+class InputCheckedKernel(Kernel):
+    """A GPyTorch kernel whose calls check their inputs and hyperparameters first.
+
+    Inputs must be float32 / float64 tensors with at least one dimension, at least one column
+    and finite entries; hyperparameters must be finite (and positive where constrained so).
+    Without the checks GPyTorch fails on a 0-d input or one without columns with raw indexing
+    errors, and a zero lengthscale gives NaN. The exact kernels of rfgp derive from it.
+
+    Example:
+        >>> from rfgp.kernels import DotProductKernel
+        >>> DotProductKernel("polynomial", degree=2)(torch.tensor(1.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: x1 must have shape (..., N, d) or (N,) (at least 1 dimension), got a 0-d tensor
+    """
+
+    def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
+                 last_dim_is_batch: bool = False, **params):
+        x1 = check_kernel_input("x1", x1)
+        if x2 is not None:
+            x2 = check_kernel_input("x2", x2)
+        check_hyperparameters(self)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
+                                **params)
+
+
+def _hyper_name(name: str) -> str:
+    # "raw_lengthscale" -> "lengthscale"; "base_kernel.raw_lengthscale" -> "base_kernel.lengthscale"
+    head, _, tail = name.rpartition(".")
+    tail = tail[4:] if tail.startswith("raw_") else tail
+    return f"{head}.{tail}" if head else tail
+
+
+def _is_positive(constraint) -> bool:
+    lower = getattr(constraint, "lower_bound", None)
+    return lower is not None and bool((lower >= 0).all())
+
+
+def _positive(constraint) -> str:
+    return " and positive" if constraint is not None and _is_positive(constraint) else ""
 
 
 def real_form(phi: Tensor) -> Tensor:
@@ -54,6 +130,15 @@ def real_form(phi: Tensor) -> Tensor:
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi
+
+
+def _apply_batch_op(op: tuple, value: Tensor) -> Tensor:
+    # ("expand", new_batch_shape, old_batch_ndim) or ("index", index) on a weight tensor with
+    # leading batch dimensions.
+    if op[0] == "expand":
+        _, shape, old_ndim = op
+        return value.expand(*shape, *value.shape[old_ndim:]).contiguous()
+    return value[op[1]].contiguous()
 
 
 def unwrap_scale_kernel(kernel: Kernel) -> RandomFeatureKernel:
@@ -137,11 +222,25 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     * :meth:`exact_kernel` (raises ``NotImplementedError``): the exact GPyTorch kernel being
       approximated; :meth:`exact_matrix` evaluates it.
 
+    * :meth:`weight_settings`: the constructor settings the random weights were drawn for
+      (``num_features``, degree, sampling, allocation, ...), saved with ``state_dict``.
+
     **Provided**, for callers such as solvers: :meth:`features`, :meth:`prepare_input`,
     :meth:`check_input`, :meth:`ensure_weights`, :attr:`random_weight_names`, ``forward``
     (GPyTorch semantics on the real form), :meth:`resample`, lazy weight initialisation at the
-    first call, batch indexing, ``state_dict`` loading into a fresh kernel and a weight-space
+    first call, batch indexing and ``expand_batch`` (also before the first call: the first
+    draw then replays them), ``state_dict`` loading into a fresh kernel and a weight-space
     ``LinearPredictionStrategy``.
+
+    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``: with ``strict=True``
+    a random weight the checkpoint's kernel held but the state dict lacks is a missing key and
+    a stray key is unexpected (never registered as a weight); weights drawn for other
+    :meth:`weight_settings`, another input dimension or of another shape are refused whatever
+    ``strict`` says, as torch refuses a size mismatch.
+
+    **Inputs** are float32 or float64 (half precision is refused with a ``TypeError``), at
+    least 1-D with at least one column; ``N = 0`` rows give empty features. A NaN, infinite or
+    zero lengthscale (any constrained hyperparameter) is refused when the weights are drawn.
 
     Args:
         num_features: number of columns ``D`` of ``features(x)`` (a complex column counts once).
@@ -190,6 +289,11 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         self.num_features = num_features
         self.seed = seed
         self._random_buffer_names: list[str] = []
+        # expand_batch / kernel[index] before the weights are drawn: the lazy first draw uses
+        # the batch shape the kernel was built with and then replays these operations, so the
+        # weights are those the original kernel draws (expanded or indexed), not a fresh draw.
+        self._draw_batch_shape: Optional[torch.Size] = None
+        self._pending_batch_ops: list[tuple] = []
         # Follows .to()/.double() even for kernels without parameters, so weights drawn later
         # get the module's dtype and device. Not part of the state_dict.
         self.register_buffer("_dtype_anchor", torch.empty(0), persistent=False)
@@ -291,9 +395,51 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
                 "input_dim= to the constructor or evaluate the kernel once first"
             )
         self._set_weights(self._sample_weights(self.input_dim, generator))
+        self._draw_batch_shape, self._pending_batch_ops = None, []
         return self
 
+    def weight_settings(self) -> Dict[str, Any]:
+        """The settings that fix the meaning and layout of the random weights.
+
+        Saved with ``state_dict`` (in its metadata) and compared when a checkpoint is loaded:
+        weights drawn for other settings (another ``num_features``, degree, allocation, ...)
+        are refused instead of being silently reinterpreted. Subclasses add their settings.
+        """
+        return {"kernel": type(self).__name__, "num_features": self.num_features,
+                "is_complex": bool(self.is_complex)}
+
+    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
+        if not self._pending_batch_ops:
+            self._set_weights(self._sample_weights(self.input_dim, generator))
+            return
+        current = self.batch_shape
+        self._batch_shape = self._draw_batch_shape
+        try:
+            weights = self._sample_weights(self.input_dim, generator)
+        finally:
+            self._batch_shape = current
+        for op in self._pending_batch_ops:
+            weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
+        self._draw_batch_shape, self._pending_batch_ops = None, []
+        self._set_weights(weights)
+
+    def _batch_op(self, op: tuple, old_batch_shape: torch.Size) -> None:
+        """Apply a batch expansion or index to the weights, or queue it until they are drawn."""
+        if self.weights_initialized:
+            for name in self._random_buffer_names:
+                self._buffers[name] = _apply_batch_op(op, self._buffers[name])
+            return
+        if not self._pending_batch_ops:
+            self._draw_batch_shape = torch.Size(old_batch_shape)
+        self._pending_batch_ops.append(op)
+
     def _set_weights(self, weights: Dict[str, Tensor]) -> None:
+        # Every draw (the first use, resample, a new allocation) checks the hyperparameters:
+        # features from a zero, infinite or NaN lengthscale would be NaN. Later calls do not
+        # (an optimiser that overshoots sees the non-finite loss and steps back).
+        self.check_hyperparameters()
+        self._draw_batch_shape, self._pending_batch_ops = None, []
+        self._incomplete_weights: list[str] = []
         ref = self._reference_tensor()
         for name, value in weights.items():
             if value.is_floating_point():
@@ -328,29 +474,119 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
                 f"(after active_dims), got {d}"
             )
         if not self.weights_initialized:
-            self._set_weights(self._sample_weights(self.input_dim, make_generator(self.seed)))
+            self._draw_initial_weights(make_generator(self.seed))
+        elif getattr(self, "_incomplete_weights", None):
+            raise RuntimeError(
+                f"{type(self).__name__}: the random weights {self._incomplete_weights} were "
+                "missing from the state_dict loaded with strict=False, so the loaded ones "
+                "cannot be used; load a complete checkpoint or call resample()"
+            )
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args, **kwargs):
+    def _expected_weight_shapes(self, input_dim: int) -> Dict[str, torch.Size]:
+        """Names and shapes of the random weights for input dimension ``input_dim``.
+
+        By default from a throwaway draw (cheap: the weights are small); subclasses whose
+        layout depends on state (the Maclaurin degree counts) override it.
+        """
+        current = self.batch_shape
+        if self._pending_batch_ops:
+            self._batch_shape = self._draw_batch_shape
+        try:
+            weights = self._sample_weights(input_dim, torch.Generator().manual_seed(0))
+        finally:
+            self._batch_shape = current
+        for op in self._pending_batch_ops:
+            weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
+        return {name: value.shape for name, value in weights.items()}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
         # A fresh kernel has no weights yet (they are drawn lazily): create them from the
-        # checkpoint so that loading a trained model needs no dummy forward pass.
-        names = local_metadata.get("rfgp_random_buffers", None)
+        # checkpoint so that loading a trained model needs no dummy forward pass. Only the
+        # weights the checkpoint's kernel held are taken (its metadata lists them); a stray
+        # key stays unexpected, a listed one that is absent is missing, and weights drawn for
+        # other settings or another input dimension are refused.
+        name = type(self).__name__
+        settings = local_metadata.get("rfgp_weight_settings")
+        if settings is not None:
+            mine = self.weight_settings()
+            for key, value in settings.items():
+                if key in mine and mine[key] != value:
+                    error_msgs.append(
+                        f"{name}: the checkpoint's random weights were drawn for {key}="
+                        f"{value!r}, this kernel has {key}={mine[key]!r}"
+                    )
+            if error_msgs:
+                return
+        input_dim = local_metadata.get("rfgp_input_dim")
+        if input_dim is not None and self.input_dim is not None and input_dim != self.input_dim:
+            error_msgs.append(
+                f"{name}: the checkpoint's random weights are for input dimension (input_dim) "
+                f"{input_dim}, this kernel has input_dim={self.input_dim}"
+            )
+            return
+        names = local_metadata.get("rfgp_random_buffers")
+        local_keys = [k[len(prefix):] for k in state_dict
+                      if k.startswith(prefix) and "." not in k[len(prefix):]]
         if names is None:
-            names = [
-                k[len(prefix):]
-                for k in state_dict
-                if k.startswith(prefix)
-                and "." not in k[len(prefix):]
-                and k[len(prefix):] not in self._parameters
-                and k[len(prefix):] not in self._buffers
-            ]
-        for name in names:
-            key = prefix + name
-            if key in state_dict and name not in self._buffers:
-                self.register_buffer(name, torch.empty_like(state_dict[key]))
-                self._random_buffer_names.append(name)
-        if "rfgp_input_dim" in local_metadata and local_metadata["rfgp_input_dim"] is not None:
-            self.input_dim = local_metadata["rfgp_input_dim"]
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args, **kwargs)
+            # A checkpoint without metadata (e.g. a plain dict): every key that is neither a
+            # parameter nor a buffer of this kernel is taken for a random weight.
+            names = [k for k in local_keys if k not in self._parameters and k not in self._buffers]
+        if names:
+            # The checkpoint's weights replace the current ones, layout included (an
+            # optimised Maclaurin allocation may use other degrees).
+            for old in list(self._random_buffer_names):
+                if old not in names:
+                    del self._buffers[old]
+                    self._random_buffer_names.remove(old)
+        loaded, absent = [], []
+        for weight in names:
+            key = prefix + weight
+            if key not in state_dict:
+                missing_keys.append(key)
+                absent.append(weight)
+                continue
+            if weight not in self._buffers:
+                self.register_buffer(weight, torch.empty_like(state_dict[key]))
+                self._random_buffer_names.append(weight)
+            loaded.append(weight)
+        if input_dim is not None:
+            self.input_dim = input_dim
+        pending = local_metadata.get("rfgp_pending_batch_ops")
+        if pending is not None and not names and not self.weights_initialized:
+            self._draw_batch_shape, self._pending_batch_ops = pending[0], list(pending[1])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        try:
+            self.check_hyperparameters()
+        except ValueError as err:
+            error_msgs.append(f"{name}: {err}")
+        # a non-strict load that left the weights incomplete: refused at the next use
+        self._incomplete_weights = [w for w in absent if w not in self._buffers]
+        if loaded:
+            self._draw_batch_shape, self._pending_batch_ops = None, []
+            if self.input_dim is not None:
+                self._check_loaded_weights(prefix, error_msgs)
+
+    def _check_loaded_weights(self, prefix: str, error_msgs: list) -> None:
+        try:
+            expected = self._expected_weight_shapes(self.input_dim)
+        except (RuntimeError, ValueError) as err:  # e.g. settings that admit no weights
+            error_msgs.append(f"{type(self).__name__}: {err}")
+            return
+        for weight in self._random_buffer_names:
+            if weight not in expected:
+                error_msgs.append(
+                    f"{type(self).__name__}: unexpected random weight {prefix + weight!r} for "
+                    f"this kernel's settings (expected {sorted(expected)})"
+                )
+            elif self._buffers[weight].shape != expected[weight]:
+                error_msgs.append(
+                    f"{type(self).__name__}: size mismatch for {prefix + weight}: the checkpoint "
+                    f"has shape {tuple(self._buffers[weight].shape)}, this kernel's settings "
+                    f"(num_features, degree, input_dim = {self.input_dim}, batch_shape) give "
+                    f"{tuple(expected[weight])}"
+                )
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -359,23 +595,37 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             entry = meta.setdefault(prefix[:-1], {})
             entry["rfgp_random_buffers"] = list(self._random_buffer_names)
             entry["rfgp_input_dim"] = self.input_dim
+            entry["rfgp_weight_settings"] = self.weight_settings()
+            if self._pending_batch_ops:
+                # weights not drawn yet after expand_batch / kernel[index]: the first draw
+                # replays these, so a loaded copy draws the same weights
+                entry["rfgp_pending_batch_ops"] = (self._draw_batch_shape,
+                                                   list(self._pending_batch_ops))
 
     # ------------------------------------------------------------------ features
     def check_input(self, x: Tensor, name: str = "x") -> Tensor:
-        """Validate an input tensor: floating, finite; 1-D ``x`` becomes one column.
+        """Validate an input tensor: float32 or float64, at least 1-D with at least one column,
+        finite; 1-D ``x`` becomes one column (:func:`rfgp._validation.check_kernel_input`).
 
         Returns:
             ``x`` as ``(..., N, d)`` (``active_dims`` not yet applied).
         """
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not (x.is_floating_point()):
-            raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
-        if x.dim() == 1:
-            x = x.unsqueeze(-1)
-        if not all_finite(x):
-            raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
-        return x
+        return check_kernel_input(name, x)
+
+    def check_hyperparameters(self) -> None:
+        """Raise ``ValueError`` if a hyperparameter is NaN, infinite or (when constrained
+        positive) zero: features computed from it would be NaN or infinite."""
+        check_hyperparameters(self)
+
+    def _empty_features(self, x: Tensor) -> Tensor:
+        # No rows: the (..., 0, [p,] D) result, without running a feature map on nothing.
+        batch = torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+        p = self.num_outputs_per_input()
+        tail = (p, self.num_features) if p > 1 else (self.num_features,)
+        dtype = x.dtype
+        if self.is_complex:
+            dtype = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+        return x.new_zeros((*batch, 0, *tail), dtype=dtype)
 
     def features(self, x: Tensor) -> Tensor:
         r"""The random feature matrix :math:`\Phi(x)`.
@@ -384,13 +634,22 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         with respect to them.
 
         Args:
-            x: ``(..., N, d)`` inputs (1-D ``x`` means ``d = 1``).
+            x: ``(..., N, d)`` float32 or float64 inputs (1-D ``x`` means ``d = 1``).
 
         Returns:
             ``(..., N, D)`` features (``(..., N, p, D)`` for a kernel with ``p`` outputs per
-            input); complex iff ``is_complex``; dtype follows ``x``.
+            input); complex iff ``is_complex``; dtype follows ``x``. ``N = 0`` gives an empty
+            result of that shape.
+
+        Raises:
+            TypeError: for a non-tensor or a dtype other than float32 / float64.
+            ValueError: for a 0-d input, inputs without columns, NaN or infinite inputs, or (at
+                the first call, which draws the weights) a NaN, infinite or zero hyperparameter.
         """
-        return self._features(self.prepare_input(x))
+        x = self.prepare_input(x)
+        if x.shape[-2] == 0:
+            return self._empty_features(x)
+        return self._features(x)
 
     def prepare_input(self, x: Tensor, name: str = "x") -> Tensor:
         """What :meth:`_features` expects: :meth:`check_input`, then ``active_dims``, then
@@ -425,7 +684,8 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # active_dims has been applied by Kernel.__call__ before forward.
         x = self.check_input(x)
         self.ensure_weights(x)
-        phi = real_form(self._features(x))
+        phi = self._empty_features(x) if x.shape[-2] == 0 else self._features(x)
+        phi = real_form(phi)
         p = self.num_outputs_per_input()
         if p > 1:
             # (..., N, p, D) -> (..., N p, D): GPyTorch's interleaved order, row n * p + t.
@@ -466,26 +726,86 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         """``p``: rows of the GPyTorch covariance per input (GPyTorch calls it with x1, x2)."""
         return self._outputs_per_input
 
+    def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
+                 last_dim_is_batch: bool = False, **params):
+        # Structural checks before GPyTorch's own handling, which fails on a 0-d input or
+        # one without columns with raw indexing errors (finiteness is checked on the
+        # features' path).
+        x1 = check_kernel_input("x1", x1, finite=False)
+        if x2 is not None:
+            x2 = check_kernel_input("x2", x2, finite=False)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
+                                **params)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the kernel's parameters (of its buffers if it has none)."""
+        if self.has_lengthscale:
+            return self.lengthscale.dtype
+        # the anchor buffer follows .to(dtype) like the parameters do
+        dtypes = {p.dtype for p in self.parameters()} | {self._dtype_anchor.dtype}
+        if len(dtypes) > 1:
+            raise RuntimeError(f"The kernel's parameters have multiple dtypes: {dtypes}.")
+        return dtypes.pop()
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the kernel's parameters (of its buffers if it has none)."""
+        for param in self.parameters():
+            return param.device
+        return self._dtype_anchor.device
+
+    def _set_lengthscale(self, value) -> None:
+        if not torch.is_tensor(value):
+            # as GPyTorch does (through the default dtype), so that equal settings of an rfgp
+            # kernel and a GPyTorch kernel give equal lengthscales
+            value = torch.as_tensor(value).to(self.raw_lengthscale)
+        if not all_finite(value) or bool((value <= 0).any()):
+            raise ValueError(f"lengthscale must be finite and positive, got {value}")
+        super()._set_lengthscale(value)
+
+    def expand_batch(self, *sizes) -> RandomFeatureKernel:
+        """A copy with batch shape ``sizes`` (broadcast from the current one): parameters and
+        random weights are expanded, so each new batch member repeats the function of the
+        member it is broadcast from. Works before the weights are drawn, too."""
+        if len(sizes) == 1 and not isinstance(sizes[0], int):
+            new_batch_shape = torch.Size(sizes[0])
+        elif all(isinstance(size, int) for size in sizes):
+            new_batch_shape = torch.Size(sizes)
+        else:
+            raise TypeError(f"expand_batch takes a shape or integers, got {sizes!r}")
+        old = self.batch_shape
+        if new_batch_shape == old:
+            return self
+        try:
+            if torch.broadcast_shapes(new_batch_shape, old) != new_batch_shape:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"cannot expand a kernel with batch shape {tuple(old)} to {tuple(new_batch_shape)}"
+            ) from None
+        new_kernel = copy.deepcopy(self)
+        new_kernel._batch_shape = new_batch_shape
+        for name, param in self.named_parameters(recurse=False):
+            shape = (*new_batch_shape, *param.shape[len(old):])
+            getattr(new_kernel, name).data = param.data.expand(shape).contiguous()
+        new_kernel._batch_op(("expand", tuple(new_batch_shape), len(old)), old)
+        for sub_name, sub in self.named_sub_kernels():
+            setattr(new_kernel, sub_name, sub.expand_batch(new_batch_shape))
+        return new_kernel
+
     def __getitem__(self, index) -> RandomFeatureKernel:
         if len(self.batch_shape) == 0:
             return self
         new_kernel = copy.deepcopy(self)
         index = index if isinstance(index, tuple) else (index,)
-        batch_ndim = len(self.batch_shape)
-        new_batch_shape = None
+        # GPyTorch's semantics: index the leading batch dimensions of every parameter and
+        # random weight; the new batch shape is that of any indexed batch-shaped tensor.
+        new_batch_shape = torch.empty(self.batch_shape)[index].shape
         for name, param in self.named_parameters(recurse=False):
-            new_param = getattr(new_kernel, name)
-            new_param.data = new_param.data.__getitem__(index)
-            removed = param.dim() - new_param.dim()
-            new_batch_shape = new_param.shape[: batch_ndim - removed]
-        for name in self._random_buffer_names:
-            buf = getattr(new_kernel, name)
-            new_kernel._buffers[name] = buf.__getitem__(index)
-            removed = buf.dim() - new_kernel._buffers[name].dim()
-            new_batch_shape = new_kernel._buffers[name].shape[: batch_ndim - removed]
-        if new_batch_shape is None:
-            new_batch_shape = torch.empty(self.batch_shape)[index].shape
-        new_kernel.batch_shape = torch.Size(new_batch_shape)
+            getattr(new_kernel, name).data = param.data[index]
+        new_kernel._batch_op(("index", index), self.batch_shape)
+        new_kernel._batch_shape = torch.Size(new_batch_shape)
         for sub_name, sub in self.named_sub_kernels():
             setattr(new_kernel, sub_name, sub.__getitem__(index))
         return new_kernel

@@ -14,6 +14,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_real
+from rfgp.kernels.base import InputCheckedKernel
 
 __all__ = ["DotProductKernel", "DotProductBias", "DOT_PRODUCT_KINDS"]
 
@@ -86,7 +87,7 @@ class DotProductBias:
         self.initialize(raw_bias=self.raw_bias_constraint.inverse_transform(value))
 
 
-class DotProductKernel(DotProductBias, Kernel):
+class DotProductKernel(DotProductBias, InputCheckedKernel):
     r"""Exact dot-product kernel :math:`f(x^\top y / \ell^2 + b)`.
 
     .. math::

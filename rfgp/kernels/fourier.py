@@ -317,6 +317,10 @@ class FourierFeatureKernel(RandomFeatureKernel):
         exact.lengthscale = self.lengthscale.detach().clone()
         return exact
 
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "spectral": self.spectral,
+                "sampling": self.sampling, "pad_to": self.pad_to}
+
     def extra_repr(self) -> str:
         pad = f", pad_to={self.pad_to}" if self.pad_to is not None else ""
         return (f"num_features={self.num_features}, spectral={self.spectral!r}, "

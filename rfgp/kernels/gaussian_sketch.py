@@ -32,7 +32,7 @@ tried and gave about 100 times the variance on sums of rank-one tensors.)
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from scipy.stats import poisson
@@ -51,21 +51,35 @@ VARIANTS = ("coordinate", "degree")
 
 # ---------------------------------------------------------------------- recursive tensor sketch
 def _sample_tree(
-    num_factors: int, factor_dim: int, num_features: int, generator: Optional[torch.Generator]
+    num_factors: int,
+    factor_dim: int,
+    num_features: int,
+    generator: Optional[torch.Generator],
+    batch_shape: Tuple[int, ...] = (),
 ) -> Dict[str, Tensor]:
-    """Random hashes and signs of one recursive tensor sketch (int64 / float64)."""
+    """Random hashes and signs of one recursive tensor sketch (int64 / float64), with leading
+    ``batch_shape`` dimensions (independent sketches)."""
     leaves = next_power_of_two(num_factors)
     device = generator_device(generator)
+    b = tuple(batch_shape)
     weights: Dict[str, Tensor] = {}
     if factor_dim > num_features:
-        weights["leaf_hash"] = torch.randint(0, num_features, (leaves, factor_dim),
+        weights["leaf_hash"] = torch.randint(0, num_features, (*b, leaves, factor_dim),
                                              generator=generator, device=device)
-        weights["leaf_signs"] = rademacher((leaves, factor_dim), generator)
+        weights["leaf_signs"] = rademacher((*b, leaves, factor_dim), generator)
     if leaves > 1:
-        weights["node_hash"] = torch.randint(0, num_features, (leaves - 1, 2, num_features),
+        weights["node_hash"] = torch.randint(0, num_features, (*b, leaves - 1, 2, num_features),
                                              generator=generator, device=device)
-        weights["node_signs"] = rademacher((leaves - 1, 2, num_features), generator)
+        weights["node_signs"] = rademacher((*b, leaves - 1, 2, num_features), generator)
     return weights
+
+
+def _sketch(u: Tensor, hashes: Tensor, signs: Tensor, num_features: int) -> Tensor:
+    # One CountSketch, (..., N, n) -> (..., N, m); batched hashes (*B, n) broadcast against the
+    # leading dimensions of u.
+    if hashes.dim() == 1:
+        return count_sketch(u, hashes, signs, num_features)
+    return count_sketch(u, hashes.unsqueeze(-2), signs.unsqueeze(-2), num_features).squeeze(-2)
 
 
 def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features: int) -> Tensor:
@@ -81,7 +95,7 @@ def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features:
             u = torch.zeros_like(factors[0])
             u[..., 0] = 1.0
         if "leaf_hash" in weights:
-            u = count_sketch(u, weights["leaf_hash"][i], weights["leaf_signs"][i], m)
+            u = _sketch(u, weights["leaf_hash"][..., i, :], weights["leaf_signs"][..., i, :], m)
         level.append(u)
     if leaves == 1 and level[0].shape[-1] < m:
         # no tree node to sketch into m columns: zero-pad the single factor
@@ -94,10 +108,11 @@ def _apply_tree(factors: List[Tensor], weights: Dict[str, Tensor], num_features:
             # s1 s2, computed as a circular convolution. Leaves narrower than m (no leaf
             # sketch) use the first columns of the node's hashes: their zero padding would add
             # nothing.
-            hashes, signs = weights["node_hash"][node], weights["node_signs"][node]
-            a = count_sketch(left, hashes[0, : left.shape[-1]], signs[0, : left.shape[-1]], m)
-            b = count_sketch(right, hashes[1, : right.shape[-1]], signs[1, : right.shape[-1]],
-                              m)
+            hashes = weights["node_hash"][..., node, :, :]
+            signs = weights["node_signs"][..., node, :, :]
+            nl, nr = left.shape[-1], right.shape[-1]
+            a = _sketch(left, hashes[..., 0, :nl], signs[..., 0, :nl], m)
+            b = _sketch(right, hashes[..., 1, :nr], signs[..., 1, :nr], m)
             nxt.append(torch.fft.irfft(torch.fft.rfft(a) * torch.fft.rfft(b), n=m))
             node += 1
         level = nxt
@@ -208,12 +223,13 @@ class GaussianSketchKernel(RandomFeatureKernel):
     paper leaves the constant ``C`` open (``C`` around 1 to 4 is what the tests use).
 
     Args:
-        num_features: ``D``.
+        num_features: ``D`` (``"degree"``: at least ``truncation``, and 1 when
+            ``truncation = 1``).
         truncation: ``s``, number of Taylor terms (degrees ``0..s-1``); see
             :func:`choose_truncation`.
         variant: ``"coordinate"`` (small ``d``) or ``"degree"`` (large ``d``).
-        input_dim, seed, **kwargs: as for every :class:`RandomFeatureKernel`
-            (``batch_shape`` must be empty: one sketch per kernel).
+        input_dim, seed, **kwargs: as for every :class:`RandomFeatureKernel` (a
+            ``batch_shape`` gives independent sketches per batch member).
 
     Attributes:
         degree_features: for ``"degree"``, the columns of each degree ``0..s-1``.
@@ -245,14 +261,15 @@ class GaussianSketchKernel(RandomFeatureKernel):
         check_choice("variant", variant, VARIANTS)
         truncation = check_int("truncation", truncation)
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
-        if len(self.batch_shape) > 0:
-            raise ValueError(
-                f"batch_shape must be empty for GaussianSketchKernel, got {tuple(self.batch_shape)}"
-            )
         if variant == "degree" and num_features < truncation:
             raise ValueError(
                 f"num_features must be >= truncation ({truncation}) for variant='degree' (one "
                 f"column per degree at least), got {num_features}"
+            )
+        if variant == "degree" and truncation == 1 and num_features != 1:
+            raise ValueError(
+                "num_features must be 1 for variant='degree' with truncation=1 (the only term "
+                f"is the exact degree-0 column), got {num_features}"
             )
         self.truncation = truncation
         self.variant = variant
@@ -277,13 +294,14 @@ class GaussianSketchKernel(RandomFeatureKernel):
     def _sample_weights(self, input_dim: int, generator) -> Dict[str, Tensor]:
         weights: Dict[str, Tensor] = {}
         if self.variant == "coordinate":
-            tree = _sample_tree(input_dim, self.truncation, self.num_features, generator)
+            tree = _sample_tree(input_dim, self.truncation, self.num_features, generator,
+                                self.batch_shape)
             weights.update({f"tree_{k}": v for k, v in tree.items()})
         else:
             for a, m in enumerate(self.degree_features):
                 if a == 0:
                     continue
-                tree = _sample_tree(a, input_dim, m, generator)
+                tree = _sample_tree(a, input_dim, m, generator, self.batch_shape)
                 weights.update({f"degree{a}_{k}": v for k, v in tree.items()})
         return weights
 
@@ -291,11 +309,14 @@ class GaussianSketchKernel(RandomFeatureKernel):
         return x / (math.sqrt(2.0) * self.lengthscale.to(x.dtype))
 
     def _taylor_vectors(self, z: Tensor) -> Tensor:
-        # (..., N, d) -> (..., N, d, s): e^{-z^2} sqrt(2^a / a!) z^a.
-        a = torch.arange(self.truncation, dtype=z.dtype, device=z.device)
+        # (..., N, d) -> (..., N, d, s): e^{-z^2} sqrt(2^a / a!) z^a. Formed as
+        # (z e^{-z^2 / a})^a for a >= 1: the base is bounded by sqrt(a / 2) e^{-1/2}, so no
+        # power overflows where the envelope underflows (which gave inf * 0 = NaN far out).
+        sq = (z * z).unsqueeze(-1)
+        a = torch.arange(1, self.truncation, dtype=z.dtype, device=z.device)
         coef = torch.exp(0.5 * (a * math.log(2.0) - torch.lgamma(a + 1)))
-        powers = z.unsqueeze(-1) ** a
-        return torch.exp(-z * z).unsqueeze(-1) * coef * powers
+        powers = (z.unsqueeze(-1) * torch.exp(-sq / a)) ** a
+        return torch.cat([torch.exp(-sq), coef * powers], dim=-1)
 
     def _weights_with_prefix(self, prefix: str) -> Dict[str, Tensor]:
         return {name[len(prefix):]: getattr(self, name)
@@ -303,20 +324,28 @@ class GaussianSketchKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = self._scaled(x)
+        rows = (*torch.broadcast_shapes(z.shape[:-2], self.batch_shape), z.shape[-2])
         if self.variant == "coordinate":
             vectors = self._taylor_vectors(z)
             factors = list(vectors.unbind(-2))
-            return _apply_tree(factors, self._weights_with_prefix("tree_"), self.num_features)
-        envelope = torch.exp(-(z * z).sum(-1, keepdim=True))
-        blocks = [envelope]
+            phi = _apply_tree(factors, self._weights_with_prefix("tree_"), self.num_features)
+            return phi.expand(*rows, self.num_features)
+        sq = (z * z).sum(-1, keepdim=True)
+        blocks = [torch.exp(-sq).expand(*rows, 1)]
         for a, m in enumerate(self.degree_features):
             if a == 0:
                 continue
-            # T_a(z, ..., z) = ||z||^a T_a(u, ..., u) by multilinearity: no division by ||z||.
-            sketch = _apply_tree([z] * a, self._weights_with_prefix(f"degree{a}_"), m)
+            # e^{-||z||^2} T_a(z, ..., z) = T_a(w, ..., w) with w = z e^{-||z||^2 / a}, by
+            # multilinearity: ||w|| <= sqrt(a / 2) e^{-1/2}, so nothing overflows far out.
+            w = z * torch.exp(-sq / a)
+            sketch = _apply_tree([w] * a, self._weights_with_prefix(f"degree{a}_"), m)
             coef = math.exp(0.5 * (a * math.log(2.0) - math.lgamma(a + 1)))
-            blocks.append(envelope * coef * sketch)
+            blocks.append((coef * sketch).expand(*rows, m))
         return torch.cat(blocks, dim=-1)
+
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "truncation": self.truncation,
+                "variant": self.variant}
 
     def expected_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         r"""The truncated kernel :math:`k_s(x_1, x_2) = \mathbb{E}[\hat k]`, ``(N, M)``."""
@@ -349,7 +378,8 @@ class GaussianSketchKernel(RandomFeatureKernel):
         """``gpytorch.kernels.RBFKernel`` with this kernel's lengthscale."""
         from gpytorch.kernels import RBFKernel
 
-        exact = RBFKernel(ard_num_dims=self.ard_num_dims, active_dims=self.active_dims)
+        exact = RBFKernel(ard_num_dims=self.ard_num_dims, batch_shape=self.batch_shape,
+                          active_dims=self.active_dims)
         exact = exact.to(self.lengthscale)
         exact.lengthscale = self.lengthscale.detach().clone()
         return exact

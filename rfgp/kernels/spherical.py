@@ -158,6 +158,12 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         degree = check_int("degree", degree)
         a = check_real("a", a, low=2.0)
         check_choice("sampling", sampling, ("iid", "orthogonal"))
+        if kwargs.get("ard_num_dims") is not None:
+            raise ValueError(
+                "ard_num_dims does not apply to SphericalFeatureKernel: it has no lengthscale "
+                "(inputs lie on the unit sphere and the scale is the fixed a), got "
+                f"ard_num_dims={kwargs['ard_num_dims']!r}"
+            )
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
         self.degree = degree
         self.a = float(a)
@@ -200,6 +206,10 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         return spherical_polynomial(x1, x2, self.degree, self.a)
 
     exact = renamed_method("exact", "exact_matrix")
+
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "degree": self.degree, "a": self.a,
+                "sampling": self.sampling}
 
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, degree={self.degree}, a={self.a}, "

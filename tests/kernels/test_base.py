@@ -520,3 +520,24 @@ def test_unwrap_scale_kernel():
     assert unwrap_scale_kernel(gpytorch.kernels.ScaleKernel(base)) is base
     with pytest.raises(TypeError, match="RandomFeatureKernel"):
         unwrap_scale_kernel(gpytorch.kernels.RBFKernel())
+
+
+def test_kernels_never_import_inference():
+    # Kernels know nothing about solvers: no module of rfgp.kernels imports rfgp.inference
+    # (rfgp.kernels.helmholtz_components, a deprecated path, resolves it only when read).
+    import ast
+    import pathlib
+
+    import rfgp.kernels
+
+    root = pathlib.Path(rfgp.kernels.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("rfgp.inference")]
+    assert offenders == []

@@ -86,8 +86,8 @@ def test_bad_input():
         GaussianSketchKernel(16, variant="tree")
     with pytest.raises(ValueError, match="truncation"):
         GaussianSketchKernel(16, truncation=0)
-    with pytest.raises(ValueError, match="batch_shape"):
-        GaussianSketchKernel(16, batch_shape=torch.Size([2]))
+    with pytest.raises(ValueError, match="num_features must be 1"):
+        GaussianSketchKernel(16, truncation=1, variant="degree")
     with pytest.raises(ValueError, match="alpha"):
         choose_truncation(1.0, 0.0)
     with pytest.raises(ValueError, match="input_dim"):

@@ -328,20 +328,45 @@ class MaclaurinKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         z = self._scaled(x)
+        gaussian = self.target == "gaussian"
+        if gaussian:
+            half_sq = 0.5 * self._row_scale_sq(z).unsqueeze(-1)  # (..., N, 1)
         blocks = []
         for n, count in enumerate(self.degree_counts.tolist()):
             if n == 0 or count == 0:
                 continue
-            phi = apply_sketch(z, self._degree_weights(n), n, self.projection, self.is_complex)
+            # The Gaussian envelope e^{-||z||^2 / 2} enters a degree-n sketch (homogeneous of
+            # degree n in its input) as the factor e^{-||z||^2 / (2n)} on z: no z^n overflows
+            # where the envelope underflows (which gave inf * 0 = NaN far from the origin).
+            zn = z * torch.exp(-half_sq / n) if gaussian else z
+            phi = apply_sketch(zn, self._degree_weights(n), n, self.projection, self.is_complex)
             blocks.append(phi * self._block_scale(n, count))
         phi = torch.cat(blocks, dim=-1)
         if self.has_constant:
             const = math.sqrt(float(self._coefficients[0]))
             ones = torch.full((*phi.shape[:-1], 1), const, dtype=phi.dtype, device=phi.device)
+            if gaussian:
+                ones = ones * torch.exp(-half_sq).to(phi.dtype)
             phi = torch.cat([ones, phi], dim=-1)
-        if self.target == "gaussian":
-            phi = phi * torch.exp(-0.5 * self._row_scale_sq(z)).unsqueeze(-1).to(phi.dtype)
         return phi
+
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "target": self.target,
+                "allocation": self.allocation, "projection": self.projection,
+                "degree": self.degree, "max_degree": self.max_degree}
+
+    def _expected_weight_shapes(self, input_dim: int) -> Dict[str, torch.Size]:
+        # The layout follows the (loaded) degree counts; a throwaway draw per degree, which
+        # leaves the counts as they are (a random allocation would redraw them).
+        generator = torch.Generator().manual_seed(0)
+        shapes: Dict[str, torch.Size] = {}
+        for n, count in enumerate(self.degree_counts.tolist()):
+            if n == 0 or count == 0:
+                continue
+            sketch = sample_sketch(n, count, input_dim, self.projection, self.is_complex,
+                                   self.batch_shape, generator)
+            shapes.update({f"degree{n}_{key}": value.shape for key, value in sketch.items()})
+        return shapes
 
     # ------------------------------------------------------------------ exact values
     def _exact_scaled(self, z1: Tensor, z2: Tensor) -> Tensor:

@@ -204,6 +204,10 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
             exact.bias = self.bias.detach().clone()
         return exact
 
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "degree": self.degree,
+                "projection": self.projection, "has_bias": bool(self.has_bias)}
+
     def extra_repr(self) -> str:
         return (
             f"degree={self.degree}, num_features={self.num_features}, "

@@ -187,6 +187,11 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
                 index.raw_var.fill_(-1e4)
         return exact
 
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "spectral": self.spectral,
+                "sampling": self.sampling, "num_tasks": self.num_tasks, "rank": self.rank,
+                "diagonal": self.diagonal}
+
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, num_tasks={self.num_tasks}, "
                 f"rank={self.rank}, diagonal={self.diagonal}, spectral={self.spectral!r}, "

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from rfgp._deprecation import renamed_method
 from rfgp._validation import check_bool, check_int
+from rfgp.kernels.base import InputCheckedKernel
 
 __all__ = [
     "CurlFreeKernel",
@@ -67,18 +68,24 @@ def vector_field_normalizer(lengthscale: Tensor, kind: str, dim: int) -> Tensor:
     return c
 
 
-def _gaussian_parts(x1: Tensor, x2: Tensor, lengthscale: Tensor):
-    """``k``, ``Lambda delta`` and ``diag Lambda`` for all pairs of rows of x1 and x2."""
+def _gaussian_parts(x1: Tensor, x2: Tensor, lengthscale: Tensor, diag: bool):
+    """``k``, ``Lambda delta`` and ``diag Lambda`` for all pairs of rows of x1 and x2 (for the
+    pairs ``(x1_n, x2_n)`` if ``diag``)."""
     dim = x1.shape[-1]
     inv_sq = lengthscale.pow(-2).expand(*lengthscale.shape[:-1], dim)  # (*batch, 1, d)
-    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., N, M, d)
-    scaled = diff * inv_sq.unsqueeze(-2)
+    if diag:
+        diff = x1 - x2  # (..., N, d): the pair dimension is the lengthscale's row dimension
+    else:
+        diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., N, M, d)
+        inv_sq = inv_sq.unsqueeze(-2)  # (*batch, 1, 1, d)
+    scaled = diff * inv_sq
     k = torch.exp(-0.5 * (diff * scaled).sum(-1))
-    return k, scaled, inv_sq.unsqueeze(-2)  # inv_sq -> (*batch, 1, 1, d)
+    return k, scaled, inv_sq
+
 
 
 def curl_free_gaussian(
-    x1: Tensor, x2: Tensor, lengthscale: Tensor, normalize: bool = True
+    x1: Tensor, x2: Tensor, lengthscale: Tensor, normalize: bool = True, diag: bool = False
 ) -> Tensor:
     r"""Blocks of the curl-free Gaussian kernel :math:`K(x, z) = -\nabla\nabla^\top k(x - z)`.
 
@@ -93,9 +100,10 @@ def curl_free_gaussian(
         x1: ``(..., N, d)``; x2: ``(..., M, d)``.
         lengthscale: ``(*batch, 1, d_l)`` with ``d_l`` in ``{1, d}``.
         normalize: scale as above.
+        diag: only the blocks ``K(x1_n, x2_n)`` (``M = N``).
 
     Returns:
-        ``(..., N, M, d, d)`` blocks ``K(x1_n, x2_m)``.
+        ``(..., N, M, d, d)`` blocks ``K(x1_n, x2_m)`` (``(..., N, d, d)`` if ``diag``).
 
     Example:
         >>> x = torch.zeros(1, 2, dtype=torch.float64)
@@ -103,17 +111,17 @@ def curl_free_gaussian(
         tensor([[1., 0.],
                 [0., 1.]], dtype=torch.float64)
     """
-    k, scaled, inv_sq = _gaussian_parts(x1, x2, lengthscale)
-    lam = torch.diag_embed(inv_sq)  # (*batch, 1, 1, d, d)
+    k, scaled, inv_sq = _gaussian_parts(x1, x2, lengthscale, diag)
+    lam = torch.diag_embed(inv_sq)  # (*batch, 1, [1,] d, d)
     blocks = (lam - scaled.unsqueeze(-1) * scaled.unsqueeze(-2)) * k[..., None, None]
     if normalize:
-        c = vector_field_normalizer(lengthscale, "curl", x1.shape[-1])
-        blocks = blocks * c[..., None, None, None]
+        c = vector_field_normalizer(lengthscale, "curl", x1.shape[-1])  # (*batch, 1)
+        blocks = blocks * c[(...,) + (None,) * (2 if diag else 3)]
     return blocks
 
 
 def div_free_gaussian(
-    x1: Tensor, x2: Tensor, lengthscale: Tensor, normalize: bool = True
+    x1: Tensor, x2: Tensor, lengthscale: Tensor, normalize: bool = True, diag: bool = False
 ) -> Tensor:
     r"""Blocks of the divergence-free Gaussian kernel :math:`(\nabla\nabla^\top - \Delta I)k`.
 
@@ -129,9 +137,10 @@ def div_free_gaussian(
         x1: ``(..., N, d)``; x2: ``(..., M, d)``, ``d >= 2``.
         lengthscale: ``(*batch, 1, d_l)`` with ``d_l`` in ``{1, d}``.
         normalize: scale as above.
+        diag: only the blocks ``K(x1_n, x2_n)`` (``M = N``).
 
     Returns:
-        ``(..., N, M, d, d)`` blocks.
+        ``(..., N, M, d, d)`` blocks (``(..., N, d, d)`` if ``diag``).
 
     Example:
         >>> x = torch.zeros(1, 3, dtype=torch.float64)
@@ -142,15 +151,15 @@ def div_free_gaussian(
     dim = x1.shape[-1]
     if dim < 2:
         raise ValueError(f"div-free kernels need input dimension d >= 2, got x with d = {dim}")
-    k, scaled, inv_sq = _gaussian_parts(x1, x2, lengthscale)
+    k, scaled, inv_sq = _gaussian_parts(x1, x2, lengthscale, diag)
     lam = torch.diag_embed(inv_sq)
     eye = torch.eye(dim, dtype=x1.dtype, device=x1.device)
-    trace_term = inv_sq.sum(-1) - scaled.pow(2).sum(-1)  # (..., N, M)
+    trace_term = inv_sq.sum(-1) - scaled.pow(2).sum(-1)  # (..., N, [M])
     blocks = scaled.unsqueeze(-1) * scaled.unsqueeze(-2) - lam + trace_term[..., None, None] * eye
     blocks = blocks * k[..., None, None]
     if normalize:
-        c = vector_field_normalizer(lengthscale, "div", dim)
-        blocks = blocks * c[..., None, None, None]
+        c = vector_field_normalizer(lengthscale, "div", dim)  # (*batch, 1)
+        blocks = blocks * c[(...,) + (None,) * (2 if diag else 3)]
     return blocks
 
 
@@ -160,7 +169,7 @@ def _interleave(blocks: Tensor) -> Tensor:
     return blocks.transpose(-3, -2).reshape(*blocks.shape[:-4], n * p, m * q)
 
 
-class _VectorFieldKernel(Kernel):
+class _VectorFieldKernel(InputCheckedKernel):
     """Common plumbing of the exact operator-valued kernels (``p = d`` outputs per input)."""
 
     def __init__(self, input_dim: Optional[int] = None, normalize: bool = True, **kwargs: Any):
@@ -201,7 +210,7 @@ class _VectorFieldKernel(Kernel):
                 f"dimension = output dimension); x has {d} columns"
             )
 
-    def _blocks(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def _blocks(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
         raise NotImplementedError
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False,
@@ -211,8 +220,8 @@ class _VectorFieldKernel(Kernel):
         self._check_dim(x1)
         self._check_dim(x2)
         if diag:
-            blocks = self._blocks(x1.unsqueeze(-2), x2.unsqueeze(-2))  # (..., N, 1, 1, p, p)
-            return blocks.diagonal(dim1=-2, dim2=-1).reshape(*blocks.shape[:-5], -1)
+            blocks = self._blocks(x1, x2, diag=True)  # (..., N, p, p)
+            return blocks.diagonal(dim1=-2, dim2=-1).reshape(*blocks.shape[:-3], -1)
         return _interleave(self._blocks(x1, x2))
 
 
@@ -254,8 +263,8 @@ class CurlFreeKernel(_VectorFieldKernel):
 
     has_lengthscale = True
 
-    def _blocks(self, x1: Tensor, x2: Tensor) -> Tensor:
-        return curl_free_gaussian(x1, x2, self.lengthscale.to(x1.dtype), self.normalize)
+    def _blocks(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
+        return curl_free_gaussian(x1, x2, self.lengthscale.to(x1.dtype), self.normalize, diag)
 
 
 class DivFreeKernel(_VectorFieldKernel):
@@ -294,8 +303,8 @@ class DivFreeKernel(_VectorFieldKernel):
         if self.input_dim is not None and self.input_dim < 2:
             raise ValueError(f"input_dim must be >= 2 for a div-free kernel, got {self.input_dim}")
 
-    def _blocks(self, x1: Tensor, x2: Tensor) -> Tensor:
-        return div_free_gaussian(x1, x2, self.lengthscale.to(x1.dtype), self.normalize)
+    def _blocks(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
+        return div_free_gaussian(x1, x2, self.lengthscale.to(x1.dtype), self.normalize, diag)
 
 
 def register_helmholtz_parameters(module: Kernel, ard_num_dims: Optional[int]) -> None:
@@ -410,12 +419,14 @@ class HelmholtzKernel(HelmholtzParameters, _VectorFieldKernel):
         self.helmholtz_ard_num_dims = ard_num_dims
         register_helmholtz_parameters(self, ard_num_dims)
 
-    def _blocks(self, x1: Tensor, x2: Tensor) -> Tensor:
+    def _blocks(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
         dtype = x1.dtype
-        curl = curl_free_gaussian(x1, x2, self.curl_lengthscale.to(dtype), self.normalize)
-        div = div_free_gaussian(x1, x2, self.div_lengthscale.to(dtype), self.normalize)
-        s_curl = self.curl_outputscale.to(dtype)[..., None, None, None, None]
-        s_div = self.div_outputscale.to(dtype)[..., None, None, None, None]
+        curl = curl_free_gaussian(x1, x2, self.curl_lengthscale.to(dtype), self.normalize, diag)
+        div = div_free_gaussian(x1, x2, self.div_lengthscale.to(dtype), self.normalize, diag)
+        # (*batch,) outputscales against the (..., N, [M,] p, p) blocks
+        trailing = (None,) * (3 if diag else 4)
+        s_curl = self.curl_outputscale.to(dtype)[(...,) + trailing]
+        s_div = self.div_outputscale.to(dtype)[(...,) + trailing]
         return s_curl * curl + s_div * div
 
     def component_kernel(self, part: str) -> Kernel:

@@ -152,6 +152,10 @@ class _VectorFieldFeatureKernel(RandomFeatureKernel):
         exact.lengthscale = self.lengthscale.detach().clone()
         return exact
 
+    def weight_settings(self) -> Dict[str, Any]:
+        return {**super().weight_settings(), "sampling": self.sampling,
+                "factor": getattr(self, "factor", None)}
+
     def extra_repr(self) -> str:
         return (f"num_features={self.num_features}, input_dim={self.input_dim}, "
                 f"sampling={self.sampling!r}, normalize={self.normalize}")
