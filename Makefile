@@ -23,11 +23,12 @@ $(VENV)/.created:
 
 venv: $(VENV)/.created
 
+# `fast` (numba) brings the compiled TensorSRHT kernels: a newcomer gets the fast path.
 install: venv
-	$(PIP) install -q -e ".[plot,progress]"
+	$(PIP) install -q -e ".[fast,plot,progress]"
 
 install-test: venv
-	$(PIP) install -q -e ".[test,sklearn,plot,progress]"
+	$(PIP) install -q -e ".[test,fast,sklearn,plot,progress]"
 
 demo: install
 	$(PY) examples/demo.py

@@ -17,12 +17,16 @@ output sizes D in {d, 3d, 5d}; 10 seeds (each a fresh sketch and a fresh random 
 The closed-form variances (rfgp.variance) predict ``E||K_hat - K||_F^2 = sum_ij V(x_i, x_j)``;
 the table reports that prediction next to the measurement.
 
-Part 2 -- feature-construction time at d = 1024 (1023 inputs + bias), degree 7, D = 5d:
-TensorSRHT against the dense Rademacher sketch (one GEMM) and scikit-learn's
-``PolynomialCountSketch`` at the same D, real and CtR.
+Part 2 -- feature-construction time at d = 1024 (1023 inputs + bias), degree 7, D = 5d,
+N = 10^4, float32, on one thread and on all threads in the same run: TensorSRHT (compiled
+kernels and GEMM path) against the dense Rademacher sketch (one GEMM) and scikit-learn's
+``PolynomialCountSketch`` at the same D, real and CtR; in inference mode (no gradient) and in
+training mode (forward with autograd on, and forward plus backward to the lengthscale and the
+bias), with the compiled path's stage breakdown.
 
 Run: ``python benchmarks/polynomial_sketches.py`` (``--quick`` for a short run, ``--timing-only``
-to rerun part 2 alone and rewrite only its section of the report).
+to rerun part 2 alone and rewrite only its section of the report, ``--repeats`` rounds,
+``--threads`` thread counts, ``--skip-slow`` without TensorSketch and scikit-learn).
 Writes docs/benchmarks/polynomial_sketches.md and two PNG plots next to it.
 """
 
@@ -157,7 +161,10 @@ def srht_stages(x, weights, degree):
     return stages, total
 
 
-def run_timing(num_rows, repeats):
+def run_timing(num_rows, repeats, full=True, slow=True):
+    """Part 2 for the current thread count; ``full=False`` times only the methods the targets
+    compare (compiled TensorSRHT and the dense sketch, real and CtR), ``slow=False`` leaves
+    out TensorSketch and scikit-learn."""
     from sklearn.kernel_approximation import PolynomialCountSketch
 
     d_in, degree, size = 1023, 7, 5 * 1024
@@ -165,15 +172,20 @@ def run_timing(num_rows, repeats):
     x = torch.rand(num_rows, d_in, generator=gen)
     x = x / x.norm(dim=-1, keepdim=True)
     fns, kernels = {}, {}
-    for projection in ("tensorsrht", "tensorsketch", "rademacher"):
+    projections = ("tensorsrht", "tensorsketch", "rademacher") if full and slow else (
+        "tensorsrht", "rademacher")
+    for projection in projections:
         for mode in ("real", "ctr"):
             if mode == "real":
                 k = PolynomialSketchKernel(degree, size, bias=1.0, projection=projection, seed=0)
             else:
                 k = PolynomialSketchKernel.ctr(degree, size, bias=1.0, projection=projection,
                                                seed=0)
+            # draw the weights and compile (numba: once per dtype and array layout) outside
+            # the timing, with and without autograd
             with torch.no_grad():
-                k.real_features(x[:8])  # draw the weights outside the timing
+                k.real_features(x[:128])
+            k.real_features(x[:128]).sum().backward()
             kernels[(projection, mode)] = k
             fns[(projection, mode)] = lambda k=k: k.real_features(x)
     # the sketches alone, on the homogenised input (no input validation, no lengthscale/bias)
@@ -182,25 +194,72 @@ def run_timing(num_rows, repeats):
     for projection in ("tensorsrht", "rademacher"):
         w = kernels[(projection, "real")]._weights()
         fns[(projection, "apply")] = lambda w=w, p=projection: apply_sketch(z, w, degree, p)
-    # the same TensorSRHT calls through the GEMM path (what runs without numba, with autograd
-    # or on a GPU)
-    for key in (("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsrht", "apply")):
-        fns[("tensorsrht-gemm", key[1])] = gemm_path(fns[key])
-    xn = x.numpy()
-    sk = PolynomialCountSketch(degree=degree, gamma=1.0, coef0=1.0, n_components=size,
-                               random_state=0).fit(xn)
-    fns[("sklearn", "real")] = lambda: sk.transform(xn)
-    a = torch.randn(num_rows, 1024, generator=gen)
-    b = torch.randn(1024, degree * size, generator=gen)
-    fns[("gemm", "real")] = lambda: a @ b
+    if full:
+        # the same TensorSRHT calls through the GEMM path (what runs without numba or on a GPU)
+        for key in (("tensorsrht", "real"), ("tensorsrht", "ctr"), ("tensorsrht", "apply")):
+            fns[("tensorsrht-gemm", key[1])] = gemm_path(fns[key])
+        if slow:
+            xn = x.numpy()
+            sk = PolynomialCountSketch(degree=degree, gamma=1.0, coef0=1.0, n_components=size,
+                                       random_state=0).fit(xn)
+            fns[("sklearn", "real")] = lambda: sk.transform(xn)
+        a = torch.randn(num_rows, 1024, generator=gen)
+        b = torch.randn(1024, degree * size, generator=gen)
+        fns[("gemm", "real")] = lambda: a @ b
     with torch.no_grad():
         rows = best_times(fns, repeats)
         for key, value in rows.items():
             print(f"  timing {key}: {value:.3f} s", flush=True)
-        stages, total = gemm_path(srht_stages)(z, kernels[("tensorsrht", "real")]._weights(),
-                                               degree)
-    rows[("stages", "profiled")] = (stages, total)
+        if full:
+            rows[("stages", "profiled")] = gemm_path(srht_stages)(
+                z, kernels[("tensorsrht", "real")]._weights(), degree)
     rows[("compiled", "available")] = _srht_numba.available()
+    rows.update(run_training_timing(x, kernels, repeats, full, slow))
+    return rows
+
+
+def run_training_timing(x, kernels, repeats, full=True, slow=True):
+    """Training mode: features with autograd on (lengthscale and bias learnable), and
+    features plus the backward pass of a fixed incoming gradient ``G`` (as from a loss
+    ``sum(Phi * G)``) to the lengthscale and the bias."""
+    gen = torch.Generator().manual_seed(1)
+    grad = torch.randn(x.shape[0], 5120, generator=gen)
+    cases = {"tensorsrht": ("tensorsrht", "real"), "tensorsrht-ctr": ("tensorsrht", "ctr"),
+             "rademacher": ("rademacher", "real")}
+    fns = {}
+    for name, key in cases.items():
+        k = kernels[key]
+
+        def forward(k=k):
+            return k.real_features(x)
+
+        def forward_backward(k=k):
+            k.zero_grad(set_to_none=True)
+            k.real_features(x).backward(grad)
+
+        fns[("train-forward", name)] = forward
+        fns[("train-both", name)] = forward_backward
+        if name.startswith("tensorsrht") and full and (slow or name == "tensorsrht"):
+            fns[("train-forward", name + "-gemm")] = gemm_path(forward)
+            fns[("train-both", name + "-gemm")] = gemm_path(forward_backward)
+    # stages of the compiled path (real features): the forward kernel alone, then the
+    # backward kernel stopped after its recomputed transforms and gathers, after the products
+    # with the incoming gradient, and complete (with the transposed transforms)
+    k = kernels[("tensorsrht", "real")]
+    w = k._weights()
+    with torch.no_grad():
+        scale = k.lengthscale.reshape(-1)
+        root = k.bias.sqrt().reshape(())
+    if _srht_numba.available():
+        fns[("stage", "forward")] = lambda: _srht_numba.tensorsrht(
+            x, w["signs"], w["indices"], False, scale, root)
+        for stage in (1, 2, 3):
+            fns[("stage", f"backward-{stage}")] = lambda stage=stage: (
+                _srht_numba.tensorsrht_backward(x, w["signs"], w["indices"], False, grad, scale,
+                                                root, stages=stage))
+    rows = best_times(fns, repeats)
+    for key, value in rows.items():
+        print(f"  timing {key}: {value:.3f} s", flush=True)
     return rows
 
 
@@ -228,16 +287,21 @@ def main():
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--rows", type=int, default=None, help="rows per subset (part 1)")
     parser.add_argument("--time-rows", type=int, default=None, help="N for the timing")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=None,
+                        help="thread counts for part 2 (default: 1 and all); part 1 uses 1")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds of part 2")
+    parser.add_argument("--skip-slow", action="store_true",
+                        help="part 2 without TensorSketch and scikit-learn (a shorter run)")
     parser.add_argument("--timing-only", action="store_true",
                         help="run only part 2 and rewrite only its section of the report")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = args.threads or sorted({1, os.cpu_count() or 1})
+    torch.set_num_threads(1)
     seeds = args.seeds or (2 if args.quick else 10)
     rows = args.rows or (300 if args.quick else 600)
     time_rows = args.time_rows or (1000 if args.quick else 10000)
     degrees, multiples = (3, 7, 10), (1, 3, 5)
-    repeats = 1 if args.quick else 3
+    repeats = args.repeats or (1 if args.quick else 3)
 
     t0 = time.time()
     if args.timing_only:
@@ -247,23 +311,30 @@ def main():
         errors = run_errors(degrees, multiples, seeds, rows)
     print("part 2: construction time", flush=True)
     load_before = os.getloadavg()[0]
-    timing = run_timing(time_rows, repeats)
+    timings = {}
+    for count in threads:
+        torch.set_num_threads(count)
+        print(f"  {count} thread(s)", flush=True)
+        # beyond the first thread count, only what the targets compare (the rest is slow
+        # and, for PyTorch's own threads on a shared machine, very noisy)
+        timings[count] = run_timing(time_rows, repeats, full=count == threads[0],
+                                    slow=not args.skip_slow)
+    torch.set_num_threads(1)
     load_after = os.getloadavg()[0]
     elapsed = time.time() - t0
-    command = "python benchmarks/polynomial_sketches.py" + (" --quick" if args.quick else "")
+    command = " ".join(["python benchmarks/polynomial_sketches.py", *sys.argv[1:]])
     if args.timing_only:
         report = OUT / "polynomial_sketches.md"
         if not report.exists():
             raise SystemExit(f"--timing-only rewrites section 2 of {report}; run once without it")
         old = report.read_text()
         lines = old[: old.index("## 2. ")].rstrip("\n").split("\n") + [""]
-        command += " --timing-only"
     else:
         lines = part1_lines(errors, degrees, multiples, seeds, rows, elapsed, args)
-    lines += part2_lines(timing, time_rows, repeats, load_before, load_after, command, elapsed)
+    lines += part2_lines(timings, time_rows, repeats, load_before, load_after, command, elapsed)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "polynomial_sketches.md").write_text("\n".join(lines))
-    plot(errors, timing, degrees, multiples)
+    plot(errors, timings[threads[0]], degrees, multiples)
     print("\n".join(lines))
 
 
@@ -273,7 +344,7 @@ def part1_lines(errors, degrees, multiples, seeds, rows, elapsed, args):
         "",
         f"Command: `python benchmarks/polynomial_sketches.py{' --quick' if args.quick else ''}`"
         f" ({elapsed:.0f} s). Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-        f"torch {torch.__version__}, {args.threads} thread(s) on a shared 2-core machine "
+        f"torch {torch.__version__}, part 1 on one thread, on a shared 2-core machine "
         "(timings are noisy: other jobs ran at the same time).",
         "",
         "## 1. Relative Frobenius error, kernel (x^T y / 2 + 1/2)^p, digits (unit-normalised)",
@@ -350,41 +421,51 @@ def part1_lines(errors, degrees, multiples, seeds, rows, elapsed, args):
     return lines
 
 
-def part2_lines(timing, time_rows, repeats, load_before, load_after, command, elapsed):
+def part2_lines(timings, time_rows, repeats, load_before, load_after, command, elapsed):
     n = time_rows
+    threads = list(timings)
+    timing = timings[threads[0]]  # the prose and the profile: the first (one-thread) run
     compiled = timing[("compiled", "available")]
     gemm = timing[("gemm", "real")]
     flops_dense = 2.0 * n * 1024 * 7 * 5120
     dense = timing[("rademacher", "real")]
     srht = timing[("tensorsrht", "real")]
+    counts = " and ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
     lines = [
         "## 2. Feature-construction time: d = 1024 (1023 inputs + bias), p = 7, D = 5d = 5120",
         "",
         f"Regenerated by `{command}` ({elapsed:.0f} s). N = {n} unit-normalised non-negative "
-        "random rows, float32 for rfgp, float64 for scikit-learn (it computes in float64), one "
-        f"thread; minimum over {repeats} rounds, all methods timed in alternation within each "
-        "round. The machine has 2 cores shared with other jobs (load average "
-        f"{load_before:.1f} -> {load_after:.1f} during the timing), so single runs vary by "
-        "10-20%; the ratios below come from one such run. Reference: one dense float32 GEMM of "
-        f"the dense sketch's size (N x 1024 @ 1024 x {7 * 5120}) took {gemm:.2f} s "
+        "random rows, float32 for rfgp, float64 for scikit-learn (it computes in float64), "
+        f"{counts} (`torch.set_num_threads`; the compiled kernel splits the rows over as many "
+        "threads), in the same run (beyond one thread only the methods the targets compare: "
+        f"`-` marks the others); minimum over {repeats} rounds, all methods timed in "
+        "alternation within each round. The machine has 2 cores shared with other jobs (load "
+        f"average {load_before:.1f} -> {load_after:.1f} during the timing), so single runs "
+        "vary by 10-20% and more with two threads; the ratios below come from one such run. "
+        "GPU numbers are not measured yet. Reference: one dense float32 GEMM of the dense "
+        f"sketch's size (N x 1024 @ 1024 x {7 * 5120}) took {gemm:.2f} s on one thread "
         f"({flops_dense / gemm / 1e9:.0f} GFLOP/s).",
         "",
         "TensorSRHT runs through one of two implementations of the same features (same "
-        "weights, same values up to float rounding): the compiled kernel (`rfgp[fast]`, numba: "
-        "radix-4 fast Walsh-Hadamard transforms on tiles of 64 rows, the signs applied in the "
-        "first pass, permutation gathers, products over degrees and the transposed store "
-        "fused), used on the CPU without autograd when numba is installed, and the GEMM path "
-        "(two Kronecker-factored GEMM stages per transform, in PyTorch), used otherwise "
-        "(autograd, GPU, no numba)"
+        "weights, same values up to float rounding): the compiled kernels (`rfgp[fast]`, "
+        "numba: radix-4 fast Walsh-Hadamard transforms on tiles of 64 rows, the signs applied "
+        "in the first pass, permutation gathers, products over degrees and the transposed "
+        "store fused; and their transpose for the backward pass), used on the CPU when numba "
+        "is installed, with or without autograd, and the GEMM path (two Kronecker-factored "
+        "GEMM stages per transform, in PyTorch), used otherwise (no numba, GPU)"
         + ("" if compiled else " -- numba was not installed for this run, so both TensorSRHT "
            "rows below are the GEMM path")
         + ".",
         "",
-        "Kernel features (`kernel.real_features(x)`: input validation, lengthscale and bias, "
-        "sketch):",
+        "### Inference mode (no gradient)",
         "",
-        "| method | real features | time (s) | dense Rademacher / this | this / TensorSRHT |",
-        "|---|---|---|---|---|",
+        "Kernel features (`kernel.real_features(x)` under `torch.no_grad()`: input validation, "
+        "lengthscale and bias, sketch):",
+        "",
+        "| method | real features | "
+        + " | ".join(f"{t} thread(s): time (s) | dense Rademacher / this" for t in threads)
+        + " |",
+        "|---|---|" + "---|---|" * len(threads),
     ]
     names = [("tensorsrht", "real", "TensorSRHT (compiled kernel)"),
              ("tensorsrht", "ctr", "CtR-TensorSRHT (compiled kernel)"),
@@ -396,33 +477,42 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
              ("rademacher", "ctr", "CtR dense Rademacher"),
              ("sklearn", "real", "sklearn PolynomialCountSketch")]
     for key, mode, name in names:
-        t = timing[(key, mode)]
-        lines.append(f"| {name} | 5120 | {t:.3f} | {dense / t:.1f}x | {t / srht:.1f}x |")
+        cells = [ratio_cell(timings[t], (key, mode), ("rademacher", "real")) for t in threads]
+        lines.append(f"| {name} | 5120 | " + " | ".join(cells) + " |")
     a_srht, a_dense = timing[("tensorsrht", "apply")], timing[("rademacher", "apply")]
-    a_gemm = timing[("tensorsrht-gemm", "apply")]
     srht_gemm = timing[("tensorsrht-gemm", "real")]
     additions = 35 * 1024 * 10 * n  # butterfly additions: 35 transforms x d' log2 d' per row
     lines += [
         "",
         "The sketches alone (`apply_sketch` on the already homogenised float32 input):",
         "",
-        "| method | time (s) | dense / this |",
-        "|---|---|---|",
-        f"| TensorSRHT (compiled kernel) | {a_srht:.3f} | {a_dense / a_srht:.1f}x |",
-        f"| TensorSRHT (GEMM path) | {a_gemm:.3f} | {a_dense / a_gemm:.1f}x |",
-        f"| dense Rademacher | {a_dense:.3f} | 1.0x |",
+        "| method | " + " | ".join(f"{t} thread(s): time (s) | dense / this" for t in threads)
+        + " |",
+        "|---|" + "---|---|" * len(threads),
+    ]
+    for key, name in (("tensorsrht", "TensorSRHT (compiled kernel)"),
+                      ("tensorsrht-gemm", "TensorSRHT (GEMM path)"),
+                      ("rademacher", "dense Rademacher")):
+        cells = [ratio_cell(timings[t], (key, "apply"), ("rademacher", "apply"))
+                 for t in threads]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    ratios = ", ".join(
+        f"{timings[t][('rademacher', 'real')] / timings[t][('tensorsrht', 'real')]:.1f}x on "
+        f"{t} thread(s)" for t in threads)
+    lines += [
         "",
-        f"TensorSRHT kernel features are {dense / srht:.1f}x faster than the dense Rademacher "
-        f"sketch's (target: >= 10x), and {gemm / srht:.1f}x faster than the reference GEMM "
+        f"TensorSRHT kernel features are {ratios} faster than the dense Rademacher "
+        f"sketch's, and on one thread {gemm / srht:.1f}x faster than the reference GEMM "
         "alone (the floor of any dense sketch of this size: its one GEMM at full rate, "
         "without the products over degrees); the sketch alone is "
-        f"{a_dense / a_srht:.1f}x faster than the dense sketch alone. The GEMM path (no numba, "
-        f"or autograd) is {dense / srht_gemm:.1f}x faster than the dense sketch. "
+        f"{a_dense / a_srht:.1f}x faster than the dense sketch alone. The GEMM path (no numba "
+        f"or a GPU) is {dense / srht_gemm:.1f}x faster than the dense sketch. "
         "CtR-TensorSRHT is "
         f"{timing[('rademacher', 'ctr')] / timing[('tensorsrht', 'ctr')]:.1f}x faster than CtR "
-        "dense Rademacher; TensorSRHT is "
-        f"{timing[('sklearn', 'real')] / srht:.1f}x faster than scikit-learn's "
-        "PolynomialCountSketch at the same D.",
+        "dense Rademacher"
+        + (f"; TensorSRHT is {timing[('sklearn', 'real')] / srht:.1f}x faster than "
+           "scikit-learn's PolynomialCountSketch at the same D." if ("sklearn", "real") in timing
+           else " (TensorSketch and scikit-learn were left out of this run: `--skip-slow`)."),
         "",
         "What the compiled kernel does per row: 35 transforms of length 1024 (7 degrees x 5 "
         "independent blocks), each 1024 x log2(1024) = 10,240 additions in 5 radix-4 passes "
@@ -433,6 +523,7 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
         f"touch of the {4 * 5120 * n / 1e6:.0f} MB output.",
         "",
     ]
+    lines += training_lines(timings, n)
     stages, total = timing[("stages", "profiled")]
     outputs = 7 * 5 * 1024 * n  # transform outputs: 7 degrees x 5 blocks x d'
     rows_ = [
@@ -446,7 +537,9 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
          "aten::copy_", None, 2 * 4 * (1024 + 5120) * n),
     ]
     lines += [
-        "Where the GEMM path's time goes (`apply_sketch` with the compiled kernel switched "
+        "### Where the GEMM path's time goes (inference, one thread)",
+        "",
+        "`apply_sketch` with the compiled kernel switched "
         "off, one run under `torch.profiler`, self "
         f"time per operation; total {total:.3f} s with profiling overhead). Work per row: 35 "
         "transforms of length 1024 (7 degrees x 5 independent blocks), each two GEMMs with "
@@ -512,6 +605,110 @@ def part2_lines(timing, time_rows, repeats, load_before, load_after, command, el
     return lines
 
 
+def ratio_cell(timing, key, reference):
+    """``time | reference / time`` table cells, ``- | -`` where not measured."""
+    if key not in timing:
+        return "- | -"
+    return f"{timing[key]:.3f} | {timing[reference] / timing[key]:.1f}x"
+
+
+def training_lines(timings, n):
+    threads = list(timings)
+    rows = [("tensorsrht", "TensorSRHT (compiled kernels)"),
+            ("tensorsrht-ctr", "CtR-TensorSRHT (compiled kernels)"),
+            ("tensorsrht-gemm", "TensorSRHT (GEMM path)"),
+            ("tensorsrht-ctr-gemm", "CtR-TensorSRHT (GEMM path)"),
+            ("rademacher", "dense Rademacher")]
+    lines = [
+        "### Training mode (autograd on)",
+        "",
+        "What GPyTorch training and `RandomFeatureGP.optimize_hyperparameters` run: kernel "
+        "features with the lengthscale and the bias learnable. *forward*: "
+        "`kernel.real_features(x)` with autograd recording; *forward + backward*: the same, "
+        f"then `backward(G)` of a fixed random G ({n} x 5120, the gradient a loss "
+        "`sum(Phi * G)` sends back), which computes the gradients to the lengthscale and the "
+        "bias. The compiled path saves only its inputs for the backward pass and recomputes "
+        "the transforms there (the 35 transforms per row would be 7x the size of the "
+        "features); the dense sketch's autograd keeps its N x 35840 projections.",
+        "",
+        "| method | "
+        + " | ".join(f"{t} thread(s): forward (s) | dense / this | forward + backward (s) | "
+                     "dense / this" for t in threads) + " |",
+        "|---|" + "---|---|---|---|" * len(threads),
+    ]
+    for key, name in rows:
+        cells = []
+        for t in threads:
+            tm = timings[t]
+            cells.append(ratio_cell(tm, ("train-forward", key), ("train-forward", "rademacher"))
+                         + " | "
+                         + ratio_cell(tm, ("train-both", key), ("train-both", "rademacher")))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    forward = [timings[t][("train-forward", "rademacher")]
+               / timings[t][("train-forward", "tensorsrht")] for t in threads]
+    both = [timings[t][("train-both", "rademacher")] / timings[t][("train-both", "tensorsrht")]
+            for t in threads]
+    nograd = [timings[t][("rademacher", "real")] / timings[t][("tensorsrht", "real")]
+              for t in threads]
+    per = ", ".join(f"{t} thread(s)" for t in threads)
+    lines += [
+        "",
+        f"Targets ({per}): forward with autograd on at least 15x the dense sketch: "
+        + ", ".join(f"{v:.1f}x" for v in forward)
+        + (" (met)" if min(forward) >= 15 else " (NOT met)")
+        + "; forward + backward at least 10x the dense sketch's: "
+        + ", ".join(f"{v:.1f}x" for v in both)
+        + (" (met)" if min(both) >= 10 else " (NOT met)")
+        + "; without gradient (inference table above): "
+        + ", ".join(f"{v:.1f}x" for v in nograd) + ".",
+        "",
+    ]
+    if ("stage", "forward") not in timings[threads[0]]:
+        return lines
+    lines += [
+        "Where the compiled path's forward + backward goes (real TensorSRHT; the backward "
+        "kernel timed whole and stopped after each of its stages, the differences give the "
+        "stages; *other*: the rest of the forward + backward row above -- input checks, "
+        "lengthscale and bias handling, the reductions to the parameter gradients, autograd "
+        "bookkeeping; being a difference of timings, it is noisy and can even come out "
+        "negative):",
+        "",
+        "| stage | " + " | ".join(f"{t} thread(s): time (s) | share" for t in threads) + " |",
+        "|---|" + "---|---|" * len(threads),
+    ]
+    stage_rows = [
+        ("forward kernel: features (transforms, gathers, products, store)",
+         lambda tm: tm[("stage", "forward")]),
+        ("backward: transforms and gathers recomputed per tile",
+         lambda tm: tm[("stage", "backward-1")]),
+        ("backward: products of the other degrees' factors with the incoming gradient",
+         lambda tm: tm[("stage", "backward-2")] - tm[("stage", "backward-1")]),
+        ("backward: scatter, transposed transforms, signed accumulation, store",
+         lambda tm: tm[("stage", "backward-3")] - tm[("stage", "backward-2")]),
+        ("other", lambda tm: tm[("train-both", "tensorsrht")] - tm[("stage", "forward")]
+         - tm[("stage", "backward-3")]),
+    ]
+    for name, value in stage_rows:
+        cells = []
+        for t in threads:
+            tm = timings[t]
+            v = value(tm)
+            cells.append(f"{v:.3f} | {v / tm[('train-both', 'tensorsrht')]:.0%}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The backward kernel does per tile and block what the forward does (the transforms "
+        "are recomputed, not stored), then for every degree the product of the incoming "
+        "gradient with the other degrees' factors (suffix products, then a running prefix: "
+        "no division), its scatter through the inverse permutation, and the transposed "
+        "transform: the Hadamard matrix is symmetric, so it is the same butterflies, with the "
+        "signs applied in the last pass and the result added into the tile's input gradient. "
+        "It therefore costs about twice the forward kernel.",
+        "",
+    ]
+    return lines
+
+
 def plot(errors, timing, degrees, multiples):
     import matplotlib
 
@@ -561,7 +758,8 @@ def plot_timing(plt, timing):
             ("sklearn", "real")]
     names = ["TensorSRHT", "CtR-TSRHT", "TensorSRHT (GEMM)", "CtR-TSRHT (GEMM)",
              "TensorSketch", "CtR-TS", "Rademacher", "CtR-Rad.", "sklearn PCS"]
-    ax.barh(names, [timing[k] for k in keys], color="C0")
+    shown = [(n, timing[k]) for k, n in zip(keys, names) if k in timing]
+    ax.barh([n for n, _ in shown], [t for _, t in shown], color="C0")
     ax.set_xlabel("seconds (d = 1024, p = 7, D = 5120)")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -11,13 +11,14 @@ from rfgp import (
     variance,
 )
 from rfgp.classification import DirichletGPClassifier
-from rfgp.inference import RandomFeatureGP
+from rfgp.inference import RandomFeatureGP, StaleFitError
 from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RandomFeatureGP",
+    "StaleFitError",
     "DirichletGPClassifier",
     "helmholtz_components",
     "classification",
@@ -30,7 +31,6 @@ __all__ = [
     "variance",
     "__version__",
 ]
-
 
 
 def __getattr__(name: str):

@@ -103,3 +103,19 @@ def test_renamed_methods_warn_and_agree():
         old = helmholtz.component("curl")(x).to_dense()
     new = helmholtz.component_kernel("curl")(x).to_dense()
     torch.testing.assert_close(old, new, rtol=0, atol=0)
+
+
+def test_importing_the_package_uses_no_deprecated_rfgp_name():
+    # A fresh interpreter: modules already imported by this test session would not re-run.
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "warnings.filterwarnings('ignore', category=DeprecationWarning, module='(?!rfgp)')\n"
+        "warnings.filterwarnings('ignore', message='.*torch.jit.*')\n"
+        "import rfgp, rfgp.inference, rfgp.kernels, rfgp.classification, rfgp.sklearn\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

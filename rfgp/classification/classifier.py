@@ -29,8 +29,9 @@ from rfgp._validation import (
 )
 from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.softmax import PROBA_METHODS, softmax_expectation
-from rfgp.classification.state import StateSnapshot
+from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.composition import as_feature_kernel, is_feature_composition
 from rfgp.likelihoods import DirichletLikelihood, validate_labels
 
 __all__ = ["ALPHA_GRID", "DirichletGPClassifier", "encode_labels"]
@@ -145,7 +146,9 @@ class DirichletGPClassifier:
     ``num_classes`` raises a ``RuntimeError`` asking for a new :meth:`fit`.
 
     Args:
-        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes.
+        kernel: a GPyTorch kernel (random-feature or exact), shared by all classes. A sum /
+            product tree of random-feature kernels is turned into one feature map
+            (:func:`rfgp.kernels.as_feature_kernel`) and takes the weight-space path.
         alpha_epsilon: Dirichlet concentration added to every class; choose it with
             :meth:`select_alpha` on the grid :data:`ALPHA_GRID`.
         num_classes: ``C``; ``None`` takes the distinct labels at :meth:`fit`.
@@ -195,7 +198,8 @@ class DirichletGPClassifier:
     ) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
-        self.kernel = kernel
+        # Sums and products of feature kernels take the weight-space path as one feature map.
+        self.kernel = as_feature_kernel(kernel) if is_feature_composition(kernel) else kernel
         self.alpha_epsilon = check_positive("alpha_epsilon", alpha_epsilon)
         self.num_classes = None if num_classes is None else check_int(
             "num_classes", num_classes, minimum=2
@@ -289,7 +293,7 @@ class DirichletGPClassifier:
         self._train_size = x.shape[0]
         self._input_dim = x.shape[1]
         self._fit_settings = self._settings()
-        self._fit_state = StateSnapshot(self.kernel, self._likelihood_tensors())
+        self._fit_state = Fingerprint.of(self.kernel, self._likelihood_tensors())
         self.fit_time_ = time.perf_counter() - start
         return self
 
@@ -301,7 +305,7 @@ class DirichletGPClassifier:
         if self.gp is None:
             raise RuntimeError("DirichletGPClassifier is not fitted; call fit(x, labels) first")
         changed = [] if self._settings() == self._fit_settings else ["settings"]
-        changed += self._fit_state.changed(self.kernel, self._likelihood_tensors())
+        changed += self._fit_state.changes(self.kernel, self._likelihood_tensors())
         if changed:
             raise RuntimeError(
                 f"DirichletGPClassifier: {', '.join(changed)} changed since fit; the fitted "

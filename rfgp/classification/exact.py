@@ -13,7 +13,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive, check_real
-from rfgp.classification.state import StateSnapshot
+from rfgp.inference.fingerprint import Fingerprint
 from rfgp.likelihoods import DirichletLikelihood
 
 __all__ = ["DirichletExactGP"]
@@ -83,7 +83,7 @@ class DirichletExactGP(gpytorch.models.ExactGP):
         self.outputscale = check_positive("outputscale", outputscale)
         self.jitter = None if jitter is None else check_real("jitter", jitter, low=0.0)
         self._factor: Optional[Tuple[Tensor, Tensor]] = None
-        self._factor_state: Optional[StateSnapshot] = None
+        self._factor_state: Optional[Fingerprint] = None
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         covar = self.covar_module(x) * self.outputscale
@@ -100,7 +100,7 @@ class DirichletExactGP(gpytorch.models.ExactGP):
     def _cholesky(self) -> Tuple[Tensor, Tensor]:
         """``(L, A^{-1} y)`` for every class, ``(C, N, N)`` and ``(C, N)``, kept until an input
         of the fit changes."""
-        if self._factor is not None and not self._factor_state.changed(self, self._inputs_now()):
+        if self._factor is not None and not self._factor_state.changes(self, self._inputs_now()):
             return self._factor
         x = self.train_inputs[0]
         targets = self.train_targets.to(x)  # [C, N]
@@ -110,7 +110,7 @@ class DirichletExactGP(gpytorch.models.ExactGP):
             chol = psd_safe_cholesky(a, jitter=self.jitter)
             weights = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)
         self._factor = (chol, weights)
-        self._factor_state = StateSnapshot(self, self._inputs_now())
+        self._factor_state = Fingerprint.of(self, self._inputs_now())
         return self._factor
 
     def latent_moments(self, x: Tensor, chunk_size: int = 2048) -> Tuple[Tensor, Tensor]:

@@ -50,6 +50,7 @@ from rfgp.inference.selection import (
 )
 from rfgp.inference.solvers import Solver
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.composition import as_feature_kernel, is_composition
 
 __all__ = ["ConvergenceWarning", "RandomFeatureGP", "StaleFitError", "robust_cholesky"]
 
@@ -85,7 +86,11 @@ class RandomFeatureGP(torch.nn.Module):
     fitted posterior (``O(D^2)``, not the data).
 
     Args:
-        kernel: a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one.
+        kernel: a :class:`~rfgp.kernels.RandomFeatureKernel`, a ``ScaleKernel`` around one, or
+            a sum / product tree of them (``+``, ``*``, ``ScaleKernel``), which
+            :func:`~rfgp.kernels.as_feature_kernel` turns into one feature map sharing the
+            tree's parameters (:attr:`kernel` is then that
+            :class:`~rfgp.kernels.ComposedFeatureKernel`).
         noise: model noise variance: a positive scalar or one value per output.
         complex_posterior: complex posterior (default) or the real form, for complex features.
         solve: ``"auto"``, ``"weight"`` (``D x D``) or ``"function"`` (``N x N``).
@@ -128,6 +133,9 @@ class RandomFeatureGP(torch.nn.Module):
         statistics_dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        # Sums and products of feature kernels become one feature map here, once, so that the
+        # fit, its fingerprint and the sample paths all hold the same composed kernel.
+        kernel = as_feature_kernel(kernel) if is_composition(kernel) else kernel
         FeatureMap(kernel)  # validates the kernel before anything is registered
         self.solve = check_choice("solve", solve, _SOLVES)
         self.complex_posterior = check_bool("complex_posterior", complex_posterior)
@@ -143,6 +151,8 @@ class RandomFeatureGP(torch.nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "noise" and "_buffers" in self.__dict__ and "noise" in self._buffers:
             value = check_model_noise(value)
+        if name == "kernel" and isinstance(value, Kernel) and is_composition(value):
+            value = as_feature_kernel(value)  # a reassigned kernel tree, as at construction
         super().__setattr__(name, value)
 
     # ================================================================== properties

@@ -34,8 +34,10 @@ def resolve_feature_kernel(kernel: Kernel) -> Tuple[RandomFeatureKernel, Optiona
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     scale = kernel if isinstance(kernel, ScaleKernel) else None
-    # Composed kernels (sums and products of random-feature kernels) plug in on this line:
-    # base = as_feature_kernel(kernel.base_kernel if scale is not None else kernel)
+    # Composed kernels (sums and products of random-feature kernels) arrive here already turned
+    # into one ComposedFeatureKernel: RandomFeatureGP calls as_feature_kernel once, at
+    # construction, so that the composition's random permutations are drawn once, belong to the
+    # kernel module the fit fingerprints, and travel with the sample paths' copy of it.
     base = unwrap_scale_kernel(kernel)
     return base, scale
 

@@ -10,7 +10,7 @@ version counters: GPyTorch's setters write through ``.data``, which does not mov
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -39,8 +39,22 @@ def _describe_change(name: str, recorded: Tensor, current: Tensor) -> str:
     return f"{name} (values)"
 
 
+def _named_tensors(
+    module: torch.nn.Module, extra: Optional[Mapping[str, Tensor]]
+) -> Dict[str, Tensor]:
+    named = dict(module.named_parameters())
+    named.update(module.named_buffers())
+    for name, value in (extra or {}).items():
+        named[name] = value
+    return named
+
+
 class Fingerprint:
-    """Copies of the named parameters and buffers of a module tree.
+    """Copies of the named parameters and buffers of a module tree, plus any further named
+    tensors a fit depends on (``extra``: a fixed noise, the training inputs).
+
+    Args:
+        tensors: the recorded copies by name (use :meth:`of` to build one).
 
     Example:
         >>> lin = torch.nn.Linear(2, 1)
@@ -49,21 +63,29 @@ class Fingerprint:
         ...     _ = lin.bias.data.fill_(3.0)
         >>> fp.changes(lin)
         ['bias (values)']
+        >>> noise = torch.ones(3)
+        >>> fp = Fingerprint.of(lin, extra={"noise": noise})
+        >>> fp.changes(lin, extra={"noise": 2 * noise})
+        ['noise (values)']
     """
 
     def __init__(self, tensors: Dict[str, Tensor]) -> None:
         self.tensors = tensors
 
     @classmethod
-    def of(cls, module: torch.nn.Module) -> Fingerprint:
-        named = dict(module.named_parameters())
-        named.update(module.named_buffers())
+    def of(
+        cls, module: torch.nn.Module, extra: Optional[Mapping[str, Tensor]] = None
+    ) -> Fingerprint:
+        """Record ``module``'s parameters and buffers and the ``extra`` tensors."""
+        named = _named_tensors(module, extra)
         return cls({name: t.detach().clone() for name, t in named.items()})
 
-    def changes(self, module: torch.nn.Module) -> List[str]:
-        """What differs between the recorded values and ``module`` now (empty: nothing)."""
-        named = dict(module.named_parameters())
-        named.update(module.named_buffers())
+    def changes(
+        self, module: torch.nn.Module, extra: Optional[Mapping[str, Tensor]] = None
+    ) -> List[str]:
+        """What differs between the recorded values and ``module`` (and ``extra``) now; empty
+        when nothing did."""
+        named = _named_tensors(module, extra)
         changed = [f"{name} (added)" for name in named if name not in self.tensors]
         changed += [f"{name} (removed)" for name in self.tensors if name not in named]
         for name, recorded in self.tensors.items():

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP, robust_cholesky
-from rfgp.kernels.fourier import SPECTRAL_DENSITIES, FourierFeatureKernel
+from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
 __all__ = [
     "DEFAULT_COST_BUDGET",
@@ -222,7 +222,7 @@ def make_ard_kernel(
     """
     num_features = check_int("num_features", num_features, minimum=2)
     input_dim = check_int("input_dim", input_dim)
-    check_choice("spectral", spectral, tuple(SPECTRAL_DENSITIES))
+    check_choice("spectral", spectral, tuple(MATERN_NU))
     base = FourierFeatureKernel(
         num_features, spectral=spectral, sampling="orthogonal", input_dim=input_dim,
         ard_num_dims=input_dim, seed=seed,
@@ -475,7 +475,7 @@ def fit_auto(
         The fitted model, ``num_features`` features, conditioned on all rows.
     """
     x, y = _check_data(x, y)
-    check_choice("spectral", spectral, tuple(SPECTRAL_DENSITIES))
+    check_choice("spectral", spectral, tuple(MATERN_NU))
     search_features = check_int("search_features", search_features, minimum=2)
     subsample = check_int("subsample", subsample, minimum=2)
     refine_iterations = check_int("refine_iterations", refine_iterations, minimum=0)

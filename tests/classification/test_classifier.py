@@ -421,7 +421,7 @@ def test_changed_kernel_noise_or_settings_never_reuse_the_old_fit(kernel):
             clf.predict_proba(x)
         clf.fit(x, y)
     clf.likelihood.noise = clf.likelihood.noise * 2
-    with pytest.raises(RuntimeError, match="likelihood.noise changed since fit"):
+    with pytest.raises(RuntimeError, match=r"likelihood.noise \(values\) changed since fit"):
         clf.latent_posterior(x)
     clf = fitted()
     clf.alpha_epsilon = 0.5

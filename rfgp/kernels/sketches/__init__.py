@@ -27,11 +27,12 @@ Four constructions, each real or complex:
   projections :math:`P_{\pi_{b,i}} H_{d'} D_{b,i} x` (unnormalised Walsh--Hadamard
   :math:`H`); the block's features are their elementwise product over :math:`i`, the blocks
   are concatenated, truncated to :math:`D` and scaled by :math:`D^{-1/2}`. Cost
-  :math:`O(p D \log d')`. On the CPU without autograd, with numba installed (the ``fast``
-  extra), a compiled fast Walsh--Hadamard kernel computes the features
-  (:mod:`rfgp.kernels.sketches._srht_numba`; ``RFGP_DISABLE_NUMBA=1`` switches it off);
-  otherwise (and for gradients or on a GPU) the transforms are two Kronecker-factored GEMMs
-  per chunk. Both give the same features for the same weights. Projections inside one block are
+  :math:`O(p D \log d')`. On the CPU with numba installed (the ``fast`` extra), compiled fast
+  Walsh--Hadamard kernels compute the features and, in training, their gradients with
+  respect to the inputs, lengthscale and bias (:mod:`rfgp.kernels.sketches._srht_numba`;
+  ``RFGP_DISABLE_NUMBA=1`` switches them off); otherwise (no numba: warned once, or on a GPU)
+  the transforms are two Kronecker-factored GEMMs per chunk. Both give the same features for
+  the same weights. Projections inside one block are
   orthogonal, which lowers the variance (exactly zero for ``degree = 1`` and ``D`` a multiple
   of :math:`d'`).
 

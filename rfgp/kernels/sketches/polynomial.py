@@ -181,9 +181,10 @@ class PolynomialSketchKernel(DotProductBias, RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         weights = self._weights()
-        if self.projection == "tensorsrht" and not torch.is_grad_enabled() and not self.batch_shape:
-            # the TensorSRHT kernels (compiled or GEMM plan) homogenise row chunk by row chunk
-            # while filling their tiles: no homogenised copy of x
+        if self.projection == "tensorsrht" and not self.batch_shape:
+            # the TensorSRHT kernels (compiled, or the GEMM plan without autograd) homogenise
+            # row chunk by row chunk while filling their tiles: no homogenised copy of x; the
+            # compiled kernels also differentiate through it
             scale = self.lengthscale.to(x.dtype).reshape(-1, 1)
             root = self.bias.to(x.dtype).sqrt().reshape(()) if self.has_bias else None
             return apply_tensorsrht(x, weights, self.degree, self.is_complex, scale, root)

@@ -3,8 +3,8 @@ r"""TensorSRHT (Algorithm 1 of Wacker, Kanagawa & Filippone 2022).
 Inputs are zero-padded to :math:`d' = 2^k`; every block and degree has its own random signs
 and permutation of the Walsh--Hadamard transform; the block's features are the product over
 degrees. Three implementations give the same features for the same weights: a compiled
-numba kernel (CPU, no autograd; :mod:`rfgp.kernels.sketches._srht_numba`), Kronecker-factored
-GEMMs (:class:`SrhtPlan`, unbatched weights) and a generic batched path.
+numba kernel (CPU, forward and backward; :mod:`rfgp.kernels.sketches._srht_numba`),
+Kronecker-factored GEMMs (:class:`SrhtPlan`, unbatched weights) and a generic batched path.
 """
 
 from __future__ import annotations
@@ -262,18 +262,27 @@ def apply_tensorsrht(
             f"{tuple(indices.shape)})"
         )
     num_features = indices.shape[-1]
-    if _srht_numba.applies(x, indices, scale, root):
-        # compiled fast Walsh-Hadamard kernel (numba installed, CPU, no autograd)
-        out = _srht_numba.tensorsrht(
-            x.reshape(-1, x.shape[-1]), signs, indices, is_complex, scale, root
+    if _srht_numba.applies(x, indices):
+        # compiled fast Walsh-Hadamard kernels (numba installed, CPU), forward and, when
+        # autograd records, backward
+        out = _srht_numba.differentiable_tensorsrht(
+            x.reshape(-1, x.shape[-1]), signs, indices, is_complex,
+            None if scale is None else scale.reshape(-1), root,
         )
         if out is not None:  # None: numba could not compile here (warned once)
             return out.reshape(*x.shape[:-1], num_features)
-    # SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM, and scale/root only without
-    # autograd (its differentiable variant takes x as it is)
-    if indices.dim() == 2 and padded <= _PLAN_MAX_DIM and (
-        (scale is None and root is None) or not torch.is_grad_enabled()
-    ):
+    differentiable = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, scale, root)
+    )
+    if differentiable and (scale is not None or root is not None):
+        # SrhtPlan's differentiable variant takes x as it is: homogenise here
+        if scale is not None:
+            x = x / scale.reshape(-1)
+        if root is not None:
+            x = torch.cat([x, root.expand(*x.shape[:-1], 1)], dim=-1)
+        scale = root = None
+    # SrhtPlan handles unbatched weights up to d' = _PLAN_MAX_DIM
+    if indices.dim() == 2 and padded <= _PLAN_MAX_DIM:
         # the plan folds the 1/sqrt(D) factor into its first GEMM
         plan = SrhtPlan(signs, indices, degree, is_complex, x.dtype)
         out = plan(x.reshape(-1, x.shape[-1]), scale, root)

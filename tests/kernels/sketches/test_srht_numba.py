@@ -1,6 +1,7 @@
 """The compiled (numba) TensorSRHT kernel against Algorithm 1 written out with dense matrices."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -123,17 +124,22 @@ def test_kernel_features_take_the_compiled_path(monkeypatch):
                                seed=0).double()
     x = torch.randn(50, 5, dtype=torch.float64)
     calls = []
-    original = _srht_numba.tensorsrht
-    monkeypatch.setattr(_srht_numba, "tensorsrht", lambda *a: calls.append(1) or original(*a))
+    for name in ("tensorsrht", "tensorsrht_backward"):
+        original = getattr(_srht_numba, name)
+        monkeypatch.setattr(_srht_numba, name,
+                            lambda *a, f=original, n=name, **kw: calls.append(n) or f(*a, **kw))
     with torch.no_grad():
         phi = k.features(x)
-    assert calls
+    assert calls == ["tensorsrht"]
     ls = k.lengthscale.detach().reshape(-1, 1)
     _close(phi, algorithm_1(x, k._weights(), 3, False, ls, k.bias.detach().sqrt().reshape(())))
-    # with autograd the differentiable GEMM path runs, with the same values
+    # with autograd (learnable lengthscale and bias) forward and backward run compiled too
     calls.clear()
-    torch.testing.assert_close(k.features(x).detach(), phi)
-    assert not calls
+    out = k.features(x)
+    torch.testing.assert_close(out.detach(), phi)
+    out.sum().backward()
+    assert calls[-2:] == ["tensorsrht", "tensorsrht_backward"]  # after a one-row warm-up
+    assert k.raw_lengthscale.grad.abs().sum() > 0 and k.raw_bias.grad.abs().sum() > 0
 
 
 def test_applies_only_where_it_can():
@@ -141,11 +147,9 @@ def test_applies_only_where_it_can():
     w = sample_sketch(2, 8, 4, "tensorsrht", generator=g)
     x = torch.randn(3, 4)
     xg = x.clone().requires_grad_(True)
-    assert not _srht_numba.applies(xg, w["indices"])
+    assert _srht_numba.applies(xg, w["indices"]) == _srht_numba.available()  # autograd too
     assert not _srht_numba.applies(x.half(), w["indices"])
     assert not _srht_numba.applies(x, w["indices"].unsqueeze(0))  # batched weights
-    with torch.no_grad():
-        assert _srht_numba.applies(xg, w["indices"]) == _srht_numba.available()
 
 
 def test_environment_variable_disables_it(monkeypatch):
@@ -157,14 +161,20 @@ def test_environment_variable_disables_it(monkeypatch):
     _close(apply_sketch(x, w, 3, "tensorsrht"), algorithm_1(x, w, 3, False))
 
 
+def _pretend_numba(monkeypatch, installed):
+    monkeypatch.delenv("RFGP_DISABLE_NUMBA", raising=False)
+    monkeypatch.setitem(_srht_numba._state, "enabled", True)
+    monkeypatch.setitem(_srht_numba._state, "checked", True)
+    monkeypatch.setitem(_srht_numba._state, "numba", installed)
+    monkeypatch.setitem(_srht_numba._state, "warned", False)
+    monkeypatch.setitem(_srht_numba._state, "backward_ready", set())
+
+
 def test_compile_failure_falls_back_with_a_warning(monkeypatch):
     def broken():
         raise RuntimeError("no compiler here")
 
-    monkeypatch.delenv("RFGP_DISABLE_NUMBA", raising=False)
-    monkeypatch.setitem(_srht_numba._state, "enabled", True)
-    monkeypatch.setitem(_srht_numba._state, "checked", True)
-    monkeypatch.setitem(_srht_numba._state, "numba", True)
+    _pretend_numba(monkeypatch, True)
     monkeypatch.setattr(_srht_numba, "_kernels", broken)
     g = torch.Generator().manual_seed(3)
     w = sample_sketch(2, 10, 3, "tensorsrht", generator=g)
@@ -173,6 +183,57 @@ def test_compile_failure_falls_back_with_a_warning(monkeypatch):
         phi = apply_sketch(x, w, 2, "tensorsrht")
     _close(phi, algorithm_1(x, w, 2, False))
     assert not _srht_numba.available()  # switched off: no warning on every call
+
+
+@pytest.mark.parametrize("complex", [False, True])
+def test_backward_compile_failure_falls_back_before_autograd_records(monkeypatch, complex):
+    # the backward kernel is tried once per dtype before the autograd function is used: a
+    # platform where it cannot compile gets the GEMM path's values and gradients
+    _pretend_numba(monkeypatch, True)
+    monkeypatch.setattr(_srht_numba, "tensorsrht_backward",
+                        lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("no backward")))
+    g = torch.Generator().manual_seed(4)
+    w = sample_sketch(3, 12, 5, "tensorsrht", complex, generator=g)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=g).requires_grad_()
+    scale = torch.tensor([1.3], dtype=torch.float64, requires_grad=True)
+    root = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="no backward"):
+        out = _srht_numba.differentiable_tensorsrht(x, w["signs"], w["indices"], complex,
+                                                    scale, root)
+    assert out is None and not _srht_numba.available()
+    from rfgp.kernels.sketches.tensorsrht import apply_tensorsrht
+
+    phi = apply_tensorsrht(x, w, 3, complex, scale, root)
+    ref = algorithm_1(x, w, 3, complex, scale.expand(4), root)
+    _close(phi.detach(), ref.detach())
+    got = torch.autograd.grad(phi.real.sum(), (x, scale, root))
+    want = torch.autograd.grad(ref.real.sum(), (x, scale, root))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_missing_numba_warns_once_naming_the_extra(monkeypatch):
+    _pretend_numba(monkeypatch, False)
+    g = torch.Generator().manual_seed(5)
+    w = sample_sketch(3, 12, 5, "tensorsrht", generator=g)
+    x = torch.randn(9, 5, dtype=torch.float64, generator=g)
+    with pytest.warns(UserWarning, match=r"rfgp\[fast\]"):
+        phi = apply_sketch(x, w, 3, "tensorsrht")
+    _close(phi, algorithm_1(x, w, 3, False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_sketch(x, w, 3, "tensorsrht")  # once per process, not on every call
+
+
+def test_disabling_by_environment_does_not_warn(monkeypatch):
+    _pretend_numba(monkeypatch, False)
+    monkeypatch.setenv("RFGP_DISABLE_NUMBA", "1")
+    g = torch.Generator().manual_seed(6)
+    w = sample_sketch(3, 12, 5, "tensorsrht", generator=g)
+    x = torch.randn(9, 5, dtype=torch.float64, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _close(apply_sketch(x, w, 3, "tensorsrht"), algorithm_1(x, w, 3, False))
 
 
 def test_set_enabled_checks_its_argument():

@@ -1,0 +1,570 @@
+"""Batch Bayesian optimisation: rfgp Thompson sampling against exact-GP Thompson sampling.
+
+On BoTorch's synthetic test functions (maximising the negated function) every method starts from
+the same Sobol design of ``q`` points and proposes ``q`` points per iteration:
+
+* ``rfgp-ts``: :class:`rfgp.RandomFeatureGP` with ``FourierFeatureKernel(D, "rbf", ARD,
+  orthogonal frequencies)``, the model of the exact baseline (RBF with ARD, BoTorch's
+  dimension-scaled log-normal lengthscale prior and log-normal noise prior, started at their
+  modes): the MAP hyperparameters are re-fitted each iteration by L-BFGS on rfgp's
+  feature-space evidence (``log_marginal_likelihood``, ``O(N D^2)``), warm-started, then
+  :func:`rfgp.bayesopt.thompson_sample` draws ``q`` weight-space sample paths and maximises
+  each by projected Adam (30 steps of at most 0.002 per coordinate in the unit cube) from its
+  two best starts among the shared candidates.
+* ``rfgp-ts-candidates``: the same model and paths, each path's maximum over the candidate set
+  (``steps=0``): the selection rule of ``MaxPosteriorSampling``, with random-feature paths in
+  place of joint exact draws.
+* ``exact-ts``: BoTorch ``SingleTaskGP`` (its default kernel and priors, ``Standardize``),
+  ``fit_gpytorch_mll`` each iteration, ``MaxPosteriorSampling`` (joint exact posterior draws
+  over the candidate set, without replacement).
+* ``exact-pathwise``: the same fitted ``SingleTaskGP``, BoTorch's pathwise sampler
+  (``draw_matheron_paths``: random-feature prior plus the exact Matheron update) and
+  ``optimize_posterior_samples`` (L-BFGS-B from the best raw samples).
+* ``random``: uniform random search.
+
+The candidate set (``MaxPosteriorSampling``) and the starting pool (rfgp) are the same kind of
+set: uniform points plus Gaussian perturbations of the best points so far. Inputs are scaled
+to the unit cube; rfgp's targets are standardised per iteration.
+
+Each iteration's time (model fit + batch selection; the test function costs nothing) is
+measured with ``time.perf_counter`` on one thread per method; the methods run one after the
+other in one process, so the ratios compare like with like on the same (shared) machine.
+
+Usage::
+
+    python benchmarks/bayesopt.py            # the measured run (about 20 minutes)
+    python benchmarks/bayesopt.py --quick    # a short run (a minute or two)
+    # or the two parts side by side, then the report:
+    python benchmarks/bayesopt.py --part loops & python benchmarks/bayesopt.py --part sweep
+    python benchmarks/bayesopt.py --part report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT_DIR = ROOT / "docs" / "benchmarks"
+
+METHODS = ("rfgp-ts", "rfgp-ts-candidates", "exact-ts", "exact-pathwise", "random")
+LABELS = {
+    "rfgp-ts": "rfgp Thompson, gradient ascent",
+    "rfgp-ts-candidates": "rfgp Thompson, candidate set",
+    "exact-ts": "exact GP, MaxPosteriorSampling",
+    "exact-pathwise": "exact GP, pathwise sampler",
+    "random": "random search",
+}
+
+
+def make_problem(name: str):
+    from botorch.test_functions import Ackley, Hartmann, Levy
+
+    if name == "hartmann6":
+        return Hartmann(dim=6, negate=True)
+    if name == "ackley10":
+        return Ackley(dim=10, negate=True)
+    if name == "levy20":
+        return Levy(dim=20, negate=True)
+    raise ValueError(f"unknown problem {name!r}")
+
+
+def candidate_pool(x_unit, y, size: int, generator):
+    """``size`` points of the unit cube: half uniform, half Gaussian perturbations (sd 0.1) of
+    the five best points so far."""
+    import torch
+
+    dim = x_unit.shape[1]
+    uniform = torch.rand(size // 2, dim, generator=generator, dtype=x_unit.dtype)
+    best = x_unit[y.topk(min(5, y.shape[0])).indices]
+    centres = best[torch.randint(best.shape[0], (size - size // 2,), generator=generator)]
+    local = centres + 0.1 * torch.randn(centres.shape, generator=generator, dtype=x_unit.dtype)
+    return torch.cat([uniform, local.clamp(0.0, 1.0)])
+
+
+class RfgpThompson:
+    """rfgp: the same model as the exact baseline (RBF, ARD, BoTorch's priors), in features."""
+
+    def __init__(self, dim: int, num_features: int, seed: int, pool: int, fit_iterations: int,
+                 sampling: str = "orthogonal", steps: int = 30):
+        import torch
+        from gpytorch.priors import LogNormalPrior
+
+        from rfgp.kernels import FourierFeatureKernel
+
+        # SingleTaskGP's defaults: dimension-scaled log-normal lengthscale prior started at its
+        # mode, log-normal noise prior started at its mode.
+        self.lengthscale_prior = LogNormalPrior(math.sqrt(2) + 0.5 * math.log(dim), math.sqrt(3))
+        self.noise_prior = LogNormalPrior(-4.0, 1.0)
+        self.kernel = FourierFeatureKernel(
+            num_features, spectral="rbf", sampling=sampling, ard_num_dims=dim, seed=seed
+        ).double()
+        self.kernel.lengthscale = torch.full(
+            (1, dim), float(self.lengthscale_prior.mode), dtype=torch.float64
+        )
+        self.log_noise = torch.tensor(float(self.noise_prior.mode), dtype=torch.float64).log()
+        self.pool = pool
+        self.fit_iterations = fit_iterations
+        self.steps = steps
+
+    def fit(self, x_unit, ys):
+        """MAP hyperparameters (L-BFGS on rfgp's feature-space evidence plus the priors),
+        warm-started from the previous iteration; returns the fitted GP."""
+        import torch
+
+        from rfgp import RandomFeatureGP
+
+        gp = RandomFeatureGP(self.kernel, noise=float(self.log_noise.exp()))
+        log_noise = self.log_noise.clone().requires_grad_(True)
+        params = [self.kernel.raw_lengthscale, log_noise]
+        optimiser = torch.optim.LBFGS(
+            params, lr=1.0, max_iter=self.fit_iterations, line_search_fn="strong_wolfe"
+        )
+
+        def closure():
+            optimiser.zero_grad()
+            noise = log_noise.exp() + 1e-4
+            loss = -(
+                gp.log_marginal_likelihood(x_unit, ys, noise)
+                + self.lengthscale_prior.log_prob(self.kernel.lengthscale).sum()
+                + self.noise_prior.log_prob(noise)
+            ) / x_unit.shape[0]
+            loss.backward()
+            return loss
+
+        state = [p.detach().clone() for p in params]
+        try:
+            optimiser.step(closure)
+        except Exception:  # a failed line search: keep the previous hyperparameters
+            with torch.no_grad():
+                for p, old in zip(params, state):
+                    p.copy_(old)
+        self.log_noise = log_noise.detach()
+        gp.noise = float(self.log_noise.exp()) + 1e-4
+        return gp.fit(x_unit, ys)
+
+    def propose(self, x_unit, y, q, generator):
+        import torch
+
+        from rfgp.bayesopt import thompson_sample
+
+        gp = self.fit(x_unit, (y - y.mean()) / y.std())
+        bounds = torch.stack([torch.zeros(x_unit.shape[1]), torch.ones(x_unit.shape[1])]).double()
+        return thompson_sample(
+            gp,
+            bounds,
+            q,
+            raw_samples=self.pool // 2,
+            candidates=candidate_pool(x_unit, y, self.pool // 2, generator),
+            num_restarts=2,
+            steps=self.steps,
+            lr=0.002,  # at most ~0.06 per coordinate: a local refinement of the best starts
+            generator=generator,
+        )
+
+
+def fit_exact(x_unit, y):
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    model = SingleTaskGP(x_unit, y.unsqueeze(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    return model
+
+
+class ExactThompson:
+    def __init__(self, pool: int):
+        self.pool = pool
+
+    def propose(self, x_unit, y, q, generator):
+        import torch
+        from botorch.generation import MaxPosteriorSampling
+
+        model = fit_exact(x_unit, y)
+        candidates = candidate_pool(x_unit, y, self.pool, generator)
+        with torch.no_grad():
+            return MaxPosteriorSampling(model=model, replacement=False)(candidates, num_samples=q)
+
+
+class ExactPathwise:
+    def __init__(self, pool: int):
+        self.pool = pool
+
+    def propose(self, x_unit, y, q, generator):
+        import torch
+        from botorch.sampling.pathwise import draw_matheron_paths
+        from botorch.utils.sampling import optimize_posterior_samples
+
+        model = fit_exact(x_unit, y)
+        paths = draw_matheron_paths(model, sample_shape=torch.Size([q]))
+        bounds = torch.stack([torch.zeros(x_unit.shape[1]), torch.ones(x_unit.shape[1])]).double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            x_opt, _ = optimize_posterior_samples(
+                paths, bounds, raw_samples=self.pool, num_restarts=2
+            )
+        return x_opt.reshape(q, -1).detach()
+
+
+class RandomSearch:
+    def propose(self, x_unit, y, q, generator):
+        import torch
+
+        return torch.rand(q, x_unit.shape[1], generator=generator, dtype=x_unit.dtype)
+
+
+def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_iterations=20):
+    import torch
+    from torch.quasirandom import SobolEngine
+
+    torch.manual_seed(seed)  # BoTorch's samplers draw from the global RNG
+    problem = make_problem(problem_name)
+    dim = problem.dim
+    lower, upper = problem.bounds[0].double(), problem.bounds[1].double()
+
+    def evaluate(x_unit):
+        return problem(lower + x_unit * (upper - lower)).double()
+
+    x = SobolEngine(dim, scramble=True, seed=seed).draw(q).double()
+    y = evaluate(x)
+    generator = torch.Generator().manual_seed(1000 + seed)
+    if method.startswith("rfgp-ts"):
+        steps = 0 if method == "rfgp-ts-candidates" else 30
+        optimizer = RfgpThompson(dim, num_features, seed, pool, fit_iterations, steps=steps)
+    elif method == "exact-ts":
+        optimizer = ExactThompson(pool)
+    elif method == "exact-pathwise":
+        optimizer = ExactPathwise(pool)
+    else:
+        optimizer = RandomSearch()
+    trace = [{"evaluations": int(y.shape[0]), "best": float(y.max()), "seconds": 0.0}]
+    for _ in range(iterations):
+        start = time.perf_counter()
+        batch = optimizer.propose(x, y, q, generator)
+        seconds = time.perf_counter() - start
+        x = torch.cat([x, batch.to(x)])
+        y = torch.cat([y, evaluate(batch.to(x))])
+        trace.append(
+            {"evaluations": int(y.shape[0]), "best": float(y.max()), "seconds": seconds}
+        )
+    return trace
+
+
+def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterations=20):
+    """Seconds of one BO iteration (fit from the initial hyperparameters + batch selection) at
+    N Sobol points. Each model is fitted once per N and timed once; each selection rule is
+    timed on that fit, and a method's iteration is fit + its selection."""
+    import torch
+    from botorch.generation import MaxPosteriorSampling
+    from botorch.sampling.pathwise import draw_matheron_paths
+    from botorch.utils.sampling import optimize_posterior_samples
+    from torch.quasirandom import SobolEngine
+
+    from rfgp.bayesopt import thompson_sample
+
+    problem = make_problem(problem_name)
+    lower, upper = problem.bounds[0].double(), problem.bounds[1].double()
+    bounds = torch.stack([torch.zeros(problem.dim), torch.ones(problem.dim)]).double()
+    rows = []
+    for n in sizes:
+        x = SobolEngine(problem.dim, scramble=True, seed=n).draw(n).double()
+        y = problem(lower + x * (upper - lower)).double()
+        generator = torch.Generator().manual_seed(0)
+        candidates = candidate_pool(x, y, pool, generator)
+        row = {"n": n}
+        if any(m.startswith("rfgp") for m in methods):
+            rfgp = RfgpThompson(problem.dim, num_features, 0, pool, fit_iterations)
+            start = time.perf_counter()
+            gp = rfgp.fit(x, (y - y.mean()) / y.std())
+            fit_seconds = time.perf_counter() - start
+            for method, steps in (("rfgp-ts", 30), ("rfgp-ts-candidates", 0)):
+                if method not in methods:
+                    continue
+                start = time.perf_counter()
+                thompson_sample(gp, bounds, q, raw_samples=pool // 2,
+                                candidates=candidates[pool // 2:], num_restarts=2, steps=steps,
+                                lr=0.002, generator=generator)
+                row[method] = fit_seconds + time.perf_counter() - start
+        if any(m.startswith("exact") for m in methods):
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            model = fit_exact(x, y)
+            fit_seconds = time.perf_counter() - start
+            if "exact-ts" in methods:
+                start = time.perf_counter()
+                with torch.no_grad():
+                    MaxPosteriorSampling(model=model, replacement=False)(candidates, num_samples=q)
+                row["exact-ts"] = fit_seconds + time.perf_counter() - start
+            if "exact-pathwise" in methods:
+                start = time.perf_counter()
+                paths = draw_matheron_paths(model, sample_shape=torch.Size([q]))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimize_posterior_samples(paths, bounds, raw_samples=pool, num_restarts=2)
+                row["exact-pathwise"] = fit_seconds + time.perf_counter() - start
+        print("sweep", problem_name, row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def summarise(results, problems, methods, seeds):
+    """Per problem and method: final best (mean, standard error), last iteration time."""
+    rows = []
+    for problem in problems:
+        optimum = float(make_problem(problem).optimal_value)  # of the negated function
+        for method in methods:
+            traces = [results[problem][method][str(s)] for s in seeds]
+            finals = [t[-1]["best"] for t in traces]
+            mean = sum(finals) / len(finals)
+            se = (
+                math.sqrt(sum((f - mean) ** 2 for f in finals) / (len(finals) - 1) / len(finals))
+                if len(finals) > 1
+                else float("nan")
+            )
+            last = sum(t[-1]["seconds"] for t in traces) / len(traces)
+            total = sum(sum(step["seconds"] for step in t) for t in traces) / len(traces)
+            rows.append(
+                {
+                    "problem": problem,
+                    "method": method,
+                    "evaluations": traces[0][-1]["evaluations"],
+                    "best_mean": mean,
+                    "best_se": se,
+                    "regret": optimum - mean,
+                    "last_iteration_s": last,
+                    "total_s": total,
+                }
+            )
+    return rows
+
+
+def plot(results, problems, methods, seeds, path, sweep=None, sweep_problem=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = len(problems) + (1 if sweep else 0)
+    fig, axes = plt.subplots(3, columns, figsize=(5 * columns, 11), squeeze=False)
+    for col, problem in enumerate(problems):
+        optimum = float(make_problem(problem).optimal_value)  # of the negated function
+        for method in methods:
+            traces = [results[problem][method][str(s)] for s in seeds]
+            evals = [step["evaluations"] for step in traces[0]]
+            regret = [
+                sum(optimum - t[i]["best"] for t in traces) / len(traces) for i in range(len(evals))
+            ]
+            cumulative = [
+                sum(sum(step["seconds"] for step in t[: i + 1]) for t in traces) / len(traces)
+                for i in range(len(evals))
+            ]
+            per_iter = [
+                sum(t[i]["seconds"] for t in traces) / len(traces) for i in range(1, len(evals))
+            ]
+            axes[0, col].plot(evals, regret, label=LABELS[method])
+            if method != "random":
+                axes[1, col].plot(cumulative, regret, label=LABELS[method])
+                axes[2, col].plot(evals[:-1], per_iter, marker=".", label=LABELS[method])
+        axes[0, col].set(title=problem, xlabel="evaluations", ylabel="regret (mean over seeds)",
+                         yscale="log")
+        axes[1, col].set(xlabel="cumulative model + selection time (s)", ylabel="regret",
+                         yscale="log")
+        axes[2, col].set(xlabel="evaluations so far (N)", ylabel="seconds per BO iteration",
+                         yscale="log")
+    axes[0, 0].legend(fontsize=8)
+    axes[2, 0].legend(fontsize=8)
+    if sweep:
+        ax = axes[2, -1]
+        sizes = [row["n"] for row in sweep]
+        for method in methods:
+            if method in sweep[0]:
+                ax.plot(sizes, [row[method] for row in sweep], marker="o", label=LABELS[method])
+        ax.set(title=f"{sweep_problem}: one iteration at N points", xlabel="N",
+               ylabel="seconds per BO iteration", xscale="log", yscale="log")
+        ax.legend(fontsize=8)
+        axes[0, -1].axis("off")
+        axes[1, -1].axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
+    lines = [
+        "# Batch Bayesian optimisation",
+        "",
+        "Produced by `python benchmarks/bayesopt.py` "
+        + ("`--quick` " if config["quick"] else "")
+        + f"on {config['machine']} (a shared 2-core machine; other jobs ran at the same time,"
+        " so absolute times are noisy and the ratios measured side by side are what counts).",
+        "",
+        f"Settings: batch q = {config['q']}, {config['iterations']} iterations after a Sobol "
+        f"design of q points ({config['q'] * (config['iterations'] + 1)} evaluations), seeds "
+        f"{config['seeds']}, rfgp with D = {config['num_features']} Fourier features "
+        "(RBF, ARD, orthogonal frequencies; the exact GP's kernel and priors), candidate / "
+        f"start pool of {config['pool']} points, "
+        f"one torch thread per process. Wall time summed over the parts of the run: "
+        f"{elapsed / 60:.1f} minutes (the parts may run as processes side by side).",
+        "",
+        "Regret is the optimum minus the best value found (mean over seeds, ± standard error); "
+        "'last iteration' is the mean time of the final iteration (model fit + choosing the "
+        "batch, at the largest data size); 'speed-up' divides the exact GP's time by that of "
+        "rfgp with gradient ascent; 'total time' is the model + selection time of a whole run.",
+        "",
+        "| problem | method | evaluations | regret | last iteration (s) | speed-up of rfgp "
+        "| total time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        ref = next(
+            r for r in rows if r["problem"] == row["problem"] and r["method"] == "rfgp-ts"
+        )
+        speedup = (
+            f"{row['last_iteration_s'] / ref['last_iteration_s']:.1f}x"
+            if row["method"].startswith("exact")
+            else ""
+        )
+        se = "" if math.isnan(row["best_se"]) else f" ± {row['best_se']:.3g}"
+        lines.append(
+            f"| {row['problem']} | {LABELS[row['method']]} | {row['evaluations']} | "
+            f"{row['regret']:.3g}{se} | {row['last_iteration_s']:.2f} | {speedup} | "
+            f"{row['total_s']:.1f} |"
+        )
+    if sweep:
+        lines += [
+            "",
+            f"## Time per iteration as the data grow ({config['sweep_problem']})",
+            "",
+            "One BO iteration (hyperparameter fit from the initial values + choosing a batch of "
+            f"q = {config['q']}) on N Sobol points of the problem, each method from scratch:",
+            "",
+            "| N | " + " | ".join(LABELS[m] + " (s)" for m in sweep[0] if m != "n")
+            + " | speed-up of rfgp (gradient) over "
+            + ", ".join(m for m in sweep[0] if m.startswith("exact"))
+            + " |",
+            "|---:|" + "---:|" * (len(sweep[0]) - 1) + "---:|",
+        ]
+        for row in sweep:
+            ratios = [row[m] / row["rfgp-ts"] for m in row if m.startswith("exact")]
+            lines.append(
+                f"| {row['n']} | "
+                + " | ".join(f"{row[m]:.2f}" for m in row if m != "n")
+                + " | "
+                + ", ".join(f"{r:.1f}x" for r in ratios)
+                + " |"
+            )
+    lines += ["", f"![regret and time per iteration]({plot_name})", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument(
+        "--part", default="all", choices=["all", "loops", "sweep", "report"],
+        help="run the BO loops, the timing sweep (each saves its JSON; two processes can run "
+        "them side by side), write the report from the saved JSON, or all three",
+    )
+    parser.add_argument("--problems", nargs="+", default=["hartmann6", "ackley10", "levy20"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--q", type=int, default=50)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--num-features", type=int, default=512)
+    parser.add_argument("--pool", type=int, default=1000)
+    parser.add_argument("--fit-iterations", type=int, default=20)
+    parser.add_argument("--sweep-problem", default="ackley10")
+    parser.add_argument("--sweep-sizes", nargs="*", type=int, default=[500, 1000, 2000])
+    parser.add_argument("--output", default="bayesopt")
+    parser.add_argument(
+        "--merge", nargs="*", default=[],
+        help="report: also merge the loops of these outputs (e.g. one process per problem, "
+        "each run with --part loops --problems P --output NAME)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.iterations, args.pool, args.sweep_sizes = 1, 3, 500, [200, 400]
+    import torch
+
+    torch.set_num_threads(1)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    loops_path = OUT_DIR / f"{args.output}.json"
+    sweep_path = OUT_DIR / f"{args.output}_sweep.json"
+    seeds = list(range(args.seeds))
+    if args.part in ("all", "loops"):
+        results = {p: {m: {} for m in args.methods} for p in args.problems}
+        began = time.perf_counter()
+        for problem in args.problems:
+            for seed in seeds:
+                for method in args.methods:
+                    trace = run_one(
+                        problem, method, seed, args.q, args.iterations, args.num_features,
+                        args.pool, args.fit_iterations,
+                    )
+                    results[problem][method][str(seed)] = trace
+                    total = sum(step["seconds"] for step in trace)
+                    print(
+                        f"{problem:10s} seed {seed} {method:18s} best {trace[-1]['best']:9.4f} "
+                        f"time {total:7.1f} s (last iteration {trace[-1]['seconds']:.2f} s)",
+                        flush=True,
+                    )
+        config = {
+            "quick": args.quick,
+            "q": args.q,
+            "iterations": args.iterations,
+            "seeds": seeds,
+            "problems": args.problems,
+            "methods": args.methods,
+            "num_features": args.num_features,
+            "pool": args.pool,
+            "machine": f"{platform.machine()} / torch {torch.__version__}",
+            "minutes": (time.perf_counter() - began) / 60,
+        }
+        loops_path.write_text(json.dumps({"config": config, "results": results}, indent=1))
+    if args.part in ("all", "sweep") and args.sweep_sizes:
+        began = time.perf_counter()
+        sweep = timing_sweep(
+            args.sweep_problem, args.sweep_sizes, args.methods, args.q, args.num_features,
+            args.pool, args.fit_iterations,
+        )
+        sweep_path.write_text(json.dumps({
+            "problem": args.sweep_problem, "rows": sweep,
+            "minutes": (time.perf_counter() - began) / 60,
+        }, indent=1))
+    if args.part in ("all", "report"):
+        saved = json.loads(loops_path.read_text()) if loops_path.exists() else None
+        for name in args.merge:
+            part = json.loads((OUT_DIR / f"{name}.json").read_text())
+            if saved is None:
+                saved = part
+                continue
+            saved["results"].update(part["results"])
+            saved["config"]["problems"] += part["config"]["problems"]
+            saved["config"]["minutes"] += part["config"]["minutes"]
+        config, results = saved["config"], saved["results"]
+        sweep_saved = json.loads(sweep_path.read_text()) if sweep_path.exists() else None
+        sweep = sweep_saved["rows"] if sweep_saved else None
+        config["sweep_problem"] = sweep_saved["problem"] if sweep_saved else None
+        minutes = config["minutes"] + (sweep_saved["minutes"] if sweep_saved else 0.0)
+        problems, methods, seeds = config["problems"], config["methods"], config["seeds"]
+        rows = summarise(results, problems, methods, seeds)
+        plot_name = f"{args.output}.png"
+        plot(results, problems, methods, seeds, OUT_DIR / plot_name, sweep,
+             config["sweep_problem"])
+        write_markdown(rows, config, OUT_DIR / f"{args.output}.md", plot_name, minutes * 60,
+                       sweep)
+        for row in rows:
+            print(row)
+
+
+if __name__ == "__main__":
+    main()

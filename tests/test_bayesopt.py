@@ -1,0 +1,150 @@
+"""Batch Thompson sampling on random-feature sample paths (rfgp.bayesopt)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpytorch.kernels import ScaleKernel
+
+from rfgp import RandomFeatureGP
+from rfgp.bayesopt import maximize_paths, thompson_sample
+from rfgp.kernels import (
+    FourierFeatureKernel,
+    GaussianSketchKernel,
+    MaclaurinKernel,
+    PolynomialSketchKernel,
+    SphericalFeatureKernel,
+)
+
+DT = torch.float64
+BOUNDS = torch.tensor([[-1.0, -1.0], [1.0, 1.0]], dtype=DT)
+CENTRE = torch.tensor([0.3, -0.4], dtype=DT)
+
+
+def bowl(x):
+    """A smooth function with its maximum at CENTRE inside the box."""
+    return -((x - CENTRE) ** 2).sum(-1)
+
+
+def data(n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = 2 * torch.rand(n, 2, generator=g, dtype=DT) - 1
+    return x, bowl(x)
+
+
+def test_maximize_paths_finds_each_paths_maximum():
+    # Three concave paths with different maximisers, one inside and two on the boundary.
+    centres = torch.tensor([[0.2, 0.5], [-0.7, 0.1], [1.5, -2.0]], dtype=DT)
+
+    def paths(x):
+        return -((x.unsqueeze(0) - centres.unsqueeze(1)) ** 2).sum(-1)  # (3, M)
+
+    best, values = maximize_paths(
+        paths, BOUNDS, raw_samples=64, steps=300, lr=0.05,
+        generator=torch.Generator().manual_seed(0),
+    )
+    expected = centres.clamp(-1.0, 1.0)  # the box's closest point maximises a radial bowl
+    torch.testing.assert_close(best, expected, atol=2e-3, rtol=0)
+    torch.testing.assert_close(values, paths(best).diagonal())
+
+
+def test_sample_paths_are_differentiable_in_x():
+    x, y = data(50)
+    gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=1e-2).fit(x, y)
+    paths = gp.sample_functions(3, generator=torch.Generator().manual_seed(1))
+    point = torch.tensor([[0.1, 0.2]], dtype=DT, requires_grad=True)
+    grad = torch.autograd.grad(paths(point)[1].sum(), point)[0]
+    eps = 1e-6
+    fd = torch.stack(
+        [
+            (paths(point.detach() + eps * e)[1] - paths(point.detach() - eps * e)[1]) / (2 * eps)
+            for e in torch.eye(2, dtype=DT)
+        ],
+        dim=-1,
+    )
+    torch.testing.assert_close(grad, fd, atol=1e-6, rtol=1e-5)
+
+
+def kernels():
+    yield "fourier", ScaleKernel(FourierFeatureKernel(256, spectral="matern52", seed=0))
+    yield "polynomial-complex", PolynomialSketchKernel(
+        2, 128, bias=1.0, projection="gaussian", complex=True, seed=0
+    )
+    yield "maclaurin", MaclaurinKernel("exponential", 128, seed=0)
+    yield "gaussian-sketch", GaussianSketchKernel(128, seed=0)
+    yield "spherical", SphericalFeatureKernel(128, degree=3, seed=0)
+    yield "sum-product", ScaleKernel(
+        FourierFeatureKernel(128, active_dims=[0], seed=1)
+        * FourierFeatureKernel(128, active_dims=[1], seed=2)
+    ) + PolynomialSketchKernel(2, 64, bias=1.0, projection="rademacher", seed=3)
+
+
+@pytest.mark.parametrize("name,kernel", list(kernels()), ids=[n for n, _ in kernels()])
+def test_thompson_batch_lies_in_the_box_and_ascends_each_path(name, kernel):
+    x, y = data()
+    gp = RandomFeatureGP(kernel.double(), noise=1e-2).fit(x, (y - y.mean()) / y.std())
+    g = torch.Generator().manual_seed(3)
+    q = 5
+    batch = thompson_sample(gp, BOUNDS, q, raw_samples=128, steps=30, generator=g)
+    assert batch.shape == (q, 2)
+    assert bool(((batch >= BOUNDS[0]) & (batch <= BOUNDS[1])).all())
+    # Same draws again: every maximiser beats (or ties) the path's best start.
+    g = torch.Generator().manual_seed(3)
+    paths = gp.sample_functions(q, generator=g)
+    best, values = maximize_paths(paths, BOUNDS, raw_samples=128, steps=30, generator=g)
+    torch.testing.assert_close(best, batch)
+    g0 = torch.Generator().manual_seed(3)
+    paths0 = gp.sample_functions(q, generator=g0)
+    _, start_values = maximize_paths(paths0, BOUNDS, raw_samples=128, steps=0, generator=g0)
+    assert bool((values >= start_values - 1e-12).all())
+
+
+def test_concentrated_posterior_puts_the_batch_at_the_maximiser():
+    # Many exact observations: every posterior draw is close to the function itself.
+    x, y = data(400)
+    kernel = ScaleKernel(FourierFeatureKernel(512, seed=0)).double()
+    kernel.base_kernel.lengthscale = torch.tensor(1.0, dtype=DT)
+    gp = RandomFeatureGP(kernel, noise=1e-6).fit(x, y)
+    batch = thompson_sample(gp, BOUNDS, 8, steps=200, lr=0.02,
+                            generator=torch.Generator().manual_seed(0))
+    assert (batch - CENTRE).norm(dim=-1).max() < 0.05
+
+
+def test_heteroscedastic_noise_and_fit_stream():
+    x, y = data(300)
+    noise = 1e-3 + 0.1 * (x[:, 0] > 0).to(DT)  # per-point noise variances
+    kernel = FourierFeatureKernel(128, seed=0).double()
+    gp = RandomFeatureGP(kernel, noise=1.0)
+    gp.fit_stream((x[i : i + 100], y[i : i + 100], noise[i : i + 100]) for i in range(0, 300, 100))
+    batch = thompson_sample(gp, BOUNDS, 4, raw_samples=128, steps=20,
+                            generator=torch.Generator().manual_seed(0))
+    assert batch.shape == (4, 2)
+    # fit_stream equals fit on all data: the same draws give the same batch.
+    full = RandomFeatureGP(kernel, noise=1.0, solve="weight").fit(x, y, noise=noise)
+    again = thompson_sample(full, BOUNDS, 4, raw_samples=128, steps=20,
+                            generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(again, batch)
+
+
+def test_several_outputs_need_an_objective():
+    x, _ = data(40)
+    kernel = FourierFeatureKernel(64, seed=0).double()  # two independent outputs
+    gp = RandomFeatureGP(kernel, noise=1e-2).fit(x, torch.stack([bowl(x), -bowl(x)], -1))
+    with pytest.raises(ValueError, match="objective"):
+        thompson_sample(gp, BOUNDS, 2, raw_samples=16, steps=1)
+    batch = thompson_sample(gp, BOUNDS, 2, raw_samples=16, steps=2, objective=lambda v: v[..., 0])
+    assert batch.shape == (2, 2)
+
+
+def test_argument_checks():
+    paths = lambda x: x.sum(-1, keepdim=True).T  # noqa: E731
+    with pytest.raises(ValueError, match=r"bounds must have shape \(2, d\)"):
+        maximize_paths(paths, torch.zeros(3, 2, dtype=DT))
+    with pytest.raises(ValueError, match="lower < upper"):
+        maximize_paths(paths, torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=DT))
+    with pytest.raises(ValueError, match="num_restarts"):
+        maximize_paths(paths, BOUNDS, num_restarts=0)
+    with pytest.raises(ValueError, match="inside bounds"):
+        maximize_paths(paths, BOUNDS, candidates=torch.full((1, 2), 3.0, dtype=DT))
+    with pytest.raises(ValueError, match=r"candidates must have shape \(C, 2\)"):
+        maximize_paths(paths, BOUNDS, candidates=torch.zeros(1, 3, dtype=DT))

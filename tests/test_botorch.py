@@ -1,0 +1,166 @@
+"""The BoTorch adapter: posterior identities, gradients, acquisition optimisation, conditioning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("botorch")
+
+from botorch.acquisition import (  # noqa: E402
+    LogExpectedImprovement,
+    UpperConfidenceBound,
+    qLogExpectedImprovement,
+)
+from botorch.optim import optimize_acqf  # noqa: E402
+from botorch.posteriors.gpytorch import GPyTorchPosterior  # noqa: E402
+from gpytorch.kernels import ScaleKernel  # noqa: E402
+
+from rfgp import RandomFeatureGP  # noqa: E402
+from rfgp.botorch import RandomFeatureModel  # noqa: E402
+from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel  # noqa: E402
+
+DT = torch.float64
+BOUNDS = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+CENTRE = torch.tensor([0.3, 0.6], dtype=DT)
+NOISE = 1e-3
+
+
+def bowl(x):
+    return -((x - CENTRE) ** 2).sum(-1) * 10
+
+
+def fitted(n=60, kernel=None, solve="auto", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=g, dtype=DT)
+    if kernel is None:
+        kernel = ScaleKernel(FourierFeatureKernel(64, seed=0)).double()
+        kernel.base_kernel.lengthscale = torch.tensor(0.4, dtype=DT)
+    gp = RandomFeatureGP(kernel, noise=NOISE, solve=solve).fit(x, bowl(x))
+    return gp, x
+
+
+def dense_posterior(gp, x, xs):
+    """The GP posterior of the features' kernel by the N x N (function-space) formula."""
+    k = gp.kernel
+    with torch.no_grad():
+        kxx = k(x).to_dense() + NOISE * torch.eye(x.shape[0], dtype=DT)
+        ksx = k(xs, x).to_dense()
+        kss = k(xs).to_dense()
+    mean = ksx @ torch.linalg.solve(kxx, bowl(x))
+    cov = kss - ksx @ torch.linalg.solve(kxx, ksx.T)
+    return mean, cov
+
+
+@pytest.mark.parametrize("solve", ["weight", "function"])
+def test_joint_posterior_over_batches_equals_the_dense_gp(solve):
+    gp, x = fitted(solve=solve, n=40)
+    model = RandomFeatureModel(gp)
+    xs = torch.rand(3, 4, 2, dtype=DT)  # b = 3 batches of q = 4 points
+    post = model.posterior(xs)
+    assert isinstance(post, GPyTorchPosterior)
+    assert post.mean.shape == (3, 4, 1)
+    for b in range(3):
+        mean, cov = dense_posterior(gp, x, xs[b])
+        torch.testing.assert_close(post.mean[b, :, 0], mean, atol=1e-7, rtol=1e-6)
+        torch.testing.assert_close(post.mvn.covariance_matrix[b], cov, atol=1e-7, rtol=1e-6)
+    noisy = model.posterior(xs, observation_noise=True)
+    torch.testing.assert_close(
+        noisy.variance - post.variance, torch.full_like(post.variance, NOISE)
+    )
+    given = model.posterior(xs, observation_noise=torch.full((1, 1), 0.5, dtype=DT))
+    torch.testing.assert_close(given.variance - post.variance, torch.full_like(post.variance, 0.5))
+
+
+def test_posterior_is_differentiable_in_x():
+    gp, _ = fitted()
+    model = RandomFeatureModel(gp)
+    point = torch.tensor([[0.2, 0.7], [0.5, 0.5]], dtype=DT, requires_grad=True)
+
+    def summary(p):
+        post = model.posterior(p)
+        return post.mean.sum() + post.mvn.covariance_matrix.sum()
+
+    grad = torch.autograd.grad(summary(point), point)[0]
+    eps = 1e-6
+    fd = torch.zeros_like(point)
+    with torch.no_grad():
+        for i in range(2):
+            for j in range(2):
+                e = torch.zeros_like(point)
+                e[i, j] = eps
+                fd[i, j] = (summary(point + e) - summary(point - e)) / (2 * eps)
+    torch.testing.assert_close(grad, fd, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make_acqf,q",
+    [
+        (lambda m, best: LogExpectedImprovement(m, best_f=best), 1),
+        (lambda m, best: qLogExpectedImprovement(m, best_f=best), 3),
+        (lambda m, best: UpperConfidenceBound(m, beta=0.5), 1),
+    ],
+    ids=["LogEI", "qLogEI", "UCB"],
+)
+def test_optimize_acqf_runs_on_the_model(make_acqf, q):
+    torch.manual_seed(0)
+    gp, x = fitted(n=80)
+    model = RandomFeatureModel(gp)
+    acqf = make_acqf(model, bowl(x).max())
+    candidates, value = optimize_acqf(acqf, BOUNDS, q=q, num_restarts=3, raw_samples=64)
+    assert candidates.shape == (q, 2)
+    assert bool(((candidates >= 0) & (candidates <= 1)).all())
+    assert torch.isfinite(value).all()
+    # optimize_acqf ascended: its candidates score at least as well as random points.
+    with torch.no_grad():
+        random_values = acqf(torch.rand(64, q, 2, dtype=DT))
+    assert value.max() >= random_values.max() - 1e-9
+
+
+def test_posterior_mean_maximiser_is_the_function_maximiser():
+    # UCB with beta = 0 is the posterior mean; with dense exact data it peaks at CENTRE.
+    torch.manual_seed(0)
+    gp, _ = fitted(n=300)
+    acqf = UpperConfidenceBound(RandomFeatureModel(gp), beta=0.0)
+    candidate, _ = optimize_acqf(acqf, BOUNDS, q=1, num_restarts=4, raw_samples=128)
+    assert (candidate[0] - CENTRE).norm() < 0.03
+
+
+def test_condition_on_observations_equals_refitting():
+    gp, x = fitted(n=30)
+    model = RandomFeatureModel(gp)
+    new_x = torch.rand(5, 2, dtype=DT)
+    new_y = bowl(new_x).unsqueeze(-1)
+    conditioned = model.condition_on_observations(new_x, new_y)
+    all_x = torch.cat([x, new_x])
+    refit = RandomFeatureGP(gp.kernel, noise=NOISE).fit(all_x, bowl(all_x))
+    xs = torch.rand(7, 2, dtype=DT)
+    torch.testing.assert_close(conditioned.posterior(xs).mean[:, 0], refit.predict(xs))
+    assert gp.num_data == 30 and conditioned.gp.num_data == 35
+
+
+def test_complex_and_composed_kernels_work():
+    kernel = (
+        FourierFeatureKernel(32, active_dims=[0], seed=1)
+        + PolynomialSketchKernel(2, 16, bias=1.0, projection="gaussian", complex=True, seed=2)
+    ).double()
+    gp, x = fitted(kernel=kernel, n=50)
+    post = RandomFeatureModel(gp).posterior(torch.rand(2, 2, dtype=DT))
+    assert post.mean.shape == (2, 1)
+    assert (post.variance >= -1e-10).all()
+
+
+def test_argument_checks():
+    with pytest.raises(TypeError, match="rfgp.RandomFeatureGP"):
+        RandomFeatureModel(object())
+    with pytest.raises(ValueError, match="fitted"):
+        RandomFeatureModel(RandomFeatureGP(FourierFeatureKernel(8)))
+    x = torch.rand(20, 2, dtype=DT)
+    two = RandomFeatureGP(FourierFeatureKernel(8, seed=0).double()).fit(x, x)  # two outputs
+    with pytest.raises(ValueError, match="one output"):
+        RandomFeatureModel(two)
+    model = RandomFeatureModel(fitted()[0])
+    with pytest.raises(ValueError, match="output_indices"):
+        model.posterior(torch.rand(2, 2, dtype=DT), output_indices=[1])
+    with pytest.raises(ValueError, match="Y must have shape"):
+        model.condition_on_observations(torch.rand(2, 2, dtype=DT), torch.rand(3, 1, dtype=DT))
