@@ -261,9 +261,10 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
     rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
     noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
-    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), and the GP
-    is refitted on all rows with ``num_features`` features (default: as many as the operation
-    budget allows for ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
+    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), refine it
+    with 10 iterations on up to 20000 rows when there are more, and the GP is refitted on all
+    rows with ``num_features`` features (default: as many as the operation budget allows for
+    ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
     then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
     lengthscale, the outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the
     kernel built from the arguments maximise the log marginal likelihood (the random weights
