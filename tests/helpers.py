@@ -39,3 +39,16 @@ class ComplexFourierKernel(RandomFeatureKernel):
     def _features(self, x):
         proj = (x / self.lengthscale.to(x.dtype)) @ self.frequencies.to(x.dtype).T
         return torch.polar(torch.ones_like(proj), proj) / math.sqrt(self.num_features)
+
+
+def assert_resampled_gram_is_unbiased(kernel, x, target, generator, num_draws, atol=1e-12):
+    """Redraw ``kernel``'s weights ``num_draws`` times from ``generator``; the Monte Carlo mean of
+    ``Re(Phi(x) Phi(x)^H)`` must lie within 5 standard errors (plus ``atol``) of ``target``."""
+    draws = []
+    for _ in range(num_draws):
+        kernel.resample(generator)
+        phi = kernel.features(x)
+        draws.append((phi @ phi.conj().T).real)
+    draws = torch.stack(draws)
+    stderr = draws.std(0) / math.sqrt(draws.shape[0])
+    assert ((draws.mean(0) - target).abs() <= 5 * stderr + atol).all()
