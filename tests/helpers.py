@@ -1,6 +1,12 @@
-"""Plain helpers shared by test modules (imported, not fixtures): seeded draws in float64."""
+"""Plain helpers shared by test modules (imported, not fixtures): seeded draws in float64 and a
+complex random-feature kernel for the complex code paths."""
+
+import math
 
 import torch
+
+from rfgp.kernels import RandomFeatureKernel
+from rfgp.ops import gaussian
 
 DT = torch.float64
 
@@ -13,3 +19,36 @@ def gen(seed: int) -> torch.Generator:
 def rand(*shape: int, seed: int = 0) -> torch.Tensor:
     """Uniform draws on ``[-1, 1)`` of ``shape`` (float64) from ``gen(seed)``."""
     return torch.rand(*shape, generator=gen(seed), dtype=DT) * 2 - 1
+
+
+class ComplexFourierKernel(RandomFeatureKernel):
+    r"""Complex random Fourier features ``D^{-1/2} exp(i w^T x / l)`` (test only).
+
+    ``E[Phi(x)^T conj Phi(y)] = exp(-||x - y||^2 / (2 l^2))``; ``Im K_hat != 0``.
+    """
+
+    has_lengthscale = True
+
+    def __init__(self, num_features, **kwargs):
+        super().__init__(num_features=num_features, **kwargs)
+        self.is_complex = True
+
+    def _sample_weights(self, input_dim, generator):
+        return {"frequencies": gaussian((self.num_features, input_dim), generator)}
+
+    def _features(self, x):
+        proj = (x / self.lengthscale.to(x.dtype)) @ self.frequencies.to(x.dtype).T
+        return torch.polar(torch.ones_like(proj), proj) / math.sqrt(self.num_features)
+
+
+def assert_resampled_gram_is_unbiased(kernel, x, target, generator, num_draws, atol=1e-12):
+    """Redraw ``kernel``'s weights ``num_draws`` times from ``generator``; the Monte Carlo mean of
+    ``Re(Phi(x) Phi(x)^H)`` must lie within 5 standard errors (plus ``atol``) of ``target``."""
+    draws = []
+    for _ in range(num_draws):
+        kernel.resample(generator)
+        phi = kernel.features(x)
+        draws.append((phi @ phi.conj().T).real)
+    draws = torch.stack(draws)
+    stderr = draws.std(0) / math.sqrt(draws.shape[0])
+    assert ((draws.mean(0) - target).abs() <= 5 * stderr + atol).all()

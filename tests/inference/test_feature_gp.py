@@ -16,31 +16,12 @@ from rfgp import RandomFeatureGP, metrics
 from rfgp.inference.feature_gp import ConvergenceWarning, robust_cholesky
 from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel
 from rfgp.ops import gaussian
+from tests.helpers import ComplexFourierKernel
 
 DT = torch.float64
 
 
 # ----------------------------------------------------------------------------- test kernels
-class ComplexFourierKernel(RandomFeatureKernel):
-    r"""Complex random Fourier features ``D^{-1/2} exp(i w^T x / l)`` (test only).
-
-    ``E[Phi(x)^T conj Phi(y)] = exp(-||x - y||^2 / (2 l^2))``; ``Im K_hat != 0``.
-    """
-
-    has_lengthscale = True
-
-    def __init__(self, num_features, **kwargs):
-        super().__init__(num_features=num_features, **kwargs)
-        self.is_complex = True
-
-    def _sample_weights(self, input_dim, generator):
-        return {"frequencies": gaussian((self.num_features, input_dim), generator)}
-
-    def _features(self, x):
-        proj = (x / self.lengthscale.to(x.dtype)) @ self.frequencies.to(x.dtype).T
-        return torch.polar(torch.ones_like(proj), proj) / math.sqrt(self.num_features)
-
-
 class AsComplexKernel(RandomFeatureKernel):
     """Real features of an inner kernel returned as complex with zero imaginary part."""
 

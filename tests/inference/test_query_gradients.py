@@ -3,33 +3,14 @@ autograd gradients with respect to x equal central finite differences (float64).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel
-from rfgp.ops import gaussian
+from rfgp.kernels import FourierFeatureKernel
+from tests.helpers import ComplexFourierKernel
 
 DT = torch.float64
-
-
-class ComplexFourierKernel(RandomFeatureKernel):
-    """Complex random Fourier features ``D^{-1/2} exp(i w^T x / l)`` (test only)."""
-
-    has_lengthscale = True
-
-    def __init__(self, num_features, **kwargs):
-        super().__init__(num_features=num_features, **kwargs)
-        self.is_complex = True
-
-    def _sample_weights(self, input_dim, generator):
-        return {"frequencies": gaussian((self.num_features, input_dim), generator)}
-
-    def _features(self, x):
-        proj = (x / self.lengthscale.to(x.dtype)) @ self.frequencies.to(x.dtype).T
-        return torch.polar(torch.ones_like(proj), proj) / math.sqrt(self.num_features)
 
 
 def _model(kind, solve):

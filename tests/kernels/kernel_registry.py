@@ -82,6 +82,12 @@ def data(n: int = 6, dtype: torch.dtype = torch.float32, seed: int = 0, *batch: 
     return torch.randn(*batch, n, D, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
+def construct(name: str, seed: int = 0) -> Kernel:
+    """The kernel ``name`` straight from its factory (``seed`` for a random-feature kernel), not
+    allocated: a fresh module to load another kernel's state into."""
+    return ALL_KERNELS[name](**({} if name in EXACT_KERNELS else {"seed": seed}))
+
+
 def build(name: str, seed: int = 0, **kwargs: Any) -> Kernel:
     """The kernel ``name``, ready to use on ``data()``-like inputs (allocated if needed)."""
     if name in EXACT_KERNELS:

@@ -23,10 +23,10 @@ from rfgp.kernels import (
 )
 from tests.kernels.kernel_registry import (
     ALL_KERNELS,
-    EXACT_KERNELS,
     FEATURE_KERNELS,
     D,
     build,
+    construct,
     data,
     evaluate,
     outputs,
@@ -42,7 +42,7 @@ def test_state_dict_into_a_fresh_kernel_gives_identical_values(name):
     kernel = build(name)
     x = data()
     expected = evaluate(kernel, x)
-    fresh = ALL_KERNELS[name](**({} if name in EXACT_KERNELS else {"seed": 1}))
+    fresh = construct(name, seed=1)
     fresh.load_state_dict(kernel.state_dict())  # strict: every key matches
     assert torch.equal(evaluate(fresh, x), expected)
 
@@ -55,7 +55,7 @@ def test_state_dict_through_torch_save(name):
     buffer = io.BytesIO()
     torch.save(kernel.state_dict(), buffer)
     buffer.seek(0)
-    fresh = ALL_KERNELS[name](**({} if name in EXACT_KERNELS else {"seed": 1}))
+    fresh = construct(name, seed=1)
     fresh.load_state_dict(torch.load(buffer))
     assert torch.equal(evaluate(fresh, x), expected)
 

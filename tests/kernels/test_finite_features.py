@@ -16,9 +16,9 @@ from rfgp.kernels import (
 )
 from tests.kernels.kernel_registry import (
     ALL_KERNELS,
-    EXACT_KERNELS,
     FEATURE_KERNELS,
     build,
+    construct,
     data,
 )
 
@@ -106,7 +106,7 @@ def test_degenerate_lengthscale_is_refused_at_first_use(name, value):
     # First use: the call that draws the weights (or allocates them); exact kernels check at
     # every call. (Later calls of a feature kernel do not check: an optimiser that overshoots
     # sees the non-finite loss and steps back.)
-    kernel = ALL_KERNELS[name](**({} if name in EXACT_KERNELS else {"seed": 0}))
+    kernel = construct(name)
     with torch.no_grad():
         # the raw value whose transformed lengthscale is 0, inf or NaN
         getattr(kernel, LENGTHSCALES[name]).fill_(-math.inf if value == 0 else value)

@@ -65,6 +65,17 @@ def _features_and_gradients(k, x, weight):
     return phi.detach(), x.grad, grads
 
 
+def _compiled_and_gemm(k, x, weight):
+    """:func:`_features_and_gradients` through the compiled path, then through the GEMM path."""
+    compiled = _features_and_gradients(k, x, weight)
+    previous = _srht_numba.set_enabled(False)
+    try:
+        gemm = _features_and_gradients(k, x, weight)
+    finally:
+        _srht_numba.set_enabled(previous)
+    return compiled, gemm
+
+
 @needs_numba
 @pytest.mark.parametrize("complex", [False, True])
 @pytest.mark.parametrize("ard", [False, True])
@@ -75,12 +86,7 @@ def test_kernel_gradients_match_the_gemm_path(complex, ard, bias):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(150, 7, dtype=torch.float64, generator=g)  # several tiles, a partial one
     weight = torch.randn(150, k.num_real_features, dtype=torch.float64, generator=g)
-    compiled = _features_and_gradients(k, x, weight)
-    previous = _srht_numba.set_enabled(False)
-    try:
-        gemm = _features_and_gradients(k, x, weight)
-    finally:
-        _srht_numba.set_enabled(previous)
+    compiled, gemm = _compiled_and_gemm(k, x, weight)
     torch.testing.assert_close(compiled[0], gemm[0], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(compiled[1], gemm[1], rtol=1e-10, atol=1e-12)
     assert set(compiled[2]) == set(gemm[2]) and compiled[2]
@@ -115,12 +121,7 @@ def test_batched_inputs_with_one_draw_of_weights():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 3, 20, 7, dtype=torch.float64, generator=g)
     weight = torch.randn(2, 3, 20, k.num_real_features, dtype=torch.float64, generator=g)
-    compiled = _features_and_gradients(k, x, weight)
-    previous = _srht_numba.set_enabled(False)
-    try:
-        gemm = _features_and_gradients(k, x, weight)
-    finally:
-        _srht_numba.set_enabled(previous)
+    compiled, gemm = _compiled_and_gemm(k, x, weight)
     assert compiled[0].shape == (2, 3, 20, 40)
     for a, b in zip(compiled[:2], gemm[:2]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
