@@ -11,7 +11,7 @@ from rfgp import (
     variance,
 )
 from rfgp.classification import DirichletGPClassifier
-from rfgp.inference import RandomFeatureGP, StaleFitError
+from rfgp.inference import RandomFeatureGP, StaleFitError, fit_auto
 from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "RandomFeatureGP",
     "StaleFitError",
+    "fit_auto",
     "DirichletGPClassifier",
     "helmholtz_components",
     "classification",

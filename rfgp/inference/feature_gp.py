@@ -544,22 +544,6 @@ class RandomFeatureGP(torch.nn.Module):
         z = self.feature_map.real_rows(x_checked)
         return log_evidence_from_features(z, rows_y, rows_noise.to(rows_y), self.jitter)
 
-    # ================================================================== default recipe
-    @classmethod
-    def fit_auto(cls, x: Tensor, y: Tensor, **options: Any) -> RandomFeatureGP:
-        """Fit by rfgp's default recipe: :func:`rfgp.inference.recipe.fit_auto` (data-driven
-        start, evidence search at few features on a subsample, refit with many features).
-
-        Example:
-            >>> x = torch.linspace(0, 1, 50, dtype=torch.float64).unsqueeze(-1)
-            >>> gp = RandomFeatureGP.fit_auto(x, torch.sin(6 * x[:, 0]), num_features=256)
-            >>> gp.num_data
-            50
-        """
-        from rfgp.inference.recipe import fit_auto
-
-        return fit_auto(x, y, **options)
-
     # ================================================================== hyperparameters
     def optimize_hyperparameters(
         self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None,

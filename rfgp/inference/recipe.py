@@ -46,7 +46,9 @@ from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
-from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP, robust_cholesky
+from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.linalg import robust_cholesky
+from rfgp.inference.selection import ConvergenceWarning
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
 __all__ = [
