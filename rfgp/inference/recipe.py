@@ -46,8 +46,8 @@ from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
+from rfgp.inference.evidence import negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.linalg import robust_cholesky
 from rfgp.inference.selection import ConvergenceWarning
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
@@ -59,7 +59,6 @@ __all__ = [
     "initial_hyperparameters",
     "make_ard_kernel",
     "maximize_evidence",
-    "negative_log_evidence",
 ]
 
 #: Operation budget of the final fit, :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds: about
@@ -70,7 +69,6 @@ _MIN_FEATURES = 512
 # The noise is exp(log_noise) + this share of the targets' mean square: a floor that keeps the
 # weight-space matrix factorisable without a barrier in the search.
 _NOISE_FLOOR = 1e-6
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass
@@ -235,107 +233,6 @@ def make_ard_kernel(
 def _set_hyperparameters(kernel: ScaleKernel, lengthscale: Tensor, outputscale: Tensor) -> None:
     kernel.base_kernel.lengthscale = lengthscale.detach().reshape(1, -1)
     kernel.outputscale = outputscale.detach()
-
-
-class _WeightSpaceEvidence(torch.autograd.Function):
-    """``-log p(y)`` of ``y ~ N(0, Z Z^T + s I)`` with its gradient in closed form."""
-
-    @staticmethod
-    def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-        n, width = z.shape
-        s = noise
-        bmat = torch.addmm(torch.eye(width, dtype=z.dtype, device=z.device), z.T, z, alpha=1 / s)
-        chol = robust_cholesky(bmat, None, "weight-space matrix B")
-        h = (z.T @ y) / s
-        alpha = torch.cholesky_solve(h, chol)
-        resid = y - z @ alpha
-        quad = (y * resid).sum(0) / s  # y^T (Z Z^T + s I)^{-1} y, per output
-        logdet = 2.0 * chol.diagonal().log().sum() + n * torch.log(s)
-        ctx.save_for_backward(z, chol, alpha, resid, noise)
-        return 0.5 * (quad + logdet + n * _LOG_2PI).sum()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        z, chol, alpha, resid, s = ctx.saved_tensors
-        n, width = z.shape
-        outputs = resid.shape[1]
-        binv = torch.cholesky_inverse(chol)
-        grad_z = (outputs * (z @ binv) - resid @ alpha.T) * (grad / s)
-        grad_s = 0.5 * (
-            -resid.square().sum() / s**2 + outputs * (n - width + binv.diagonal().sum()) / s
-        )
-        return grad_z, None, grad * grad_s
-
-
-class _FunctionSpaceEvidence(torch.autograd.Function):
-    """The same ``-log p(y)`` through the ``N x N`` matrix ``K = Z Z^T + s I`` (for ``N < D``)."""
-
-    @staticmethod
-    def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-        n = z.shape[0]
-        kmat = torch.addmm(torch.diag_embed(noise.expand(n)), z, z.T)
-        chol = robust_cholesky(kmat, None, "kernel matrix K")
-        alpha = torch.cholesky_solve(y, chol)
-        quad = (y * alpha).sum(0)
-        logdet = 2.0 * chol.diagonal().log().sum()
-        ctx.save_for_backward(z, chol, alpha)
-        return 0.5 * (quad + logdet + n * _LOG_2PI).sum()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        z, chol, alpha = ctx.saved_tensors
-        outputs = alpha.shape[1]
-        kinv = torch.cholesky_inverse(chol)
-        grad_z = (outputs * kinv - alpha @ alpha.T) @ z * grad
-        grad_s = 0.5 * (outputs * kinv.diagonal().sum() - alpha.square().sum())
-        return grad_z, None, grad * grad_s
-
-
-def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-    r"""``-log p(y)`` for :math:`y_t \sim N(0, Z Z^\top + \sigma^2 I)` (independent columns),
-    computed in weight space, with the gradient in closed form.
-
-    With :math:`B = I + Z^\top Z / \sigma^2`, :math:`\alpha = B^{-1} Z^\top y / \sigma^2` and
-    :math:`r = y - Z \alpha = \sigma^2 (Z Z^\top + \sigma^2 I)^{-1} y`,
-
-    .. math::
-        -\log p(y) = \tfrac12 \textstyle\sum_t \big(y_t^\top r_t / \sigma^2 + \log|B|
-            + N \log \sigma^2 + N \log 2\pi\big),\quad
-        \frac{\partial}{\partial Z} = \frac{T Z B^{-1} - r \alpha^\top}{\sigma^2},\quad
-        \frac{\partial}{\partial \sigma^2} = \tfrac12 \Big(-\frac{\|r\|^2}{\sigma^4}
-            + T\,\frac{N - D + \mathrm{tr} B^{-1}}{\sigma^2}\Big).
-
-    One evaluation with its gradient costs two :math:`N D^2` products (:math:`Z^\top Z` and
-    :math:`Z B^{-1}`), a Cholesky factor and its inverse: the floor of the weight-space
-    evidence, where automatic differentiation of the same formula adds a Cholesky backward pass
-    and several ``N x D`` temporaries. With fewer rows than features (``N < D``) the same value
-    is computed through :math:`K = Z Z^\top + \sigma^2 I` at :math:`O(N^2 D + N^3)`:
-    :math:`\partial/\partial Z = (T K^{-1} - a a^\top) Z`,
-    :math:`\partial/\partial \sigma^2 = \tfrac12 (T\,\mathrm{tr} K^{-1} - \|a\|^2)`,
-    :math:`a = K^{-1} y`.
-
-    Args:
-        z: ``(N, D)`` real features (times the square root of the outputscale).
-        y: ``(N, T)`` targets.
-        noise: 0-d positive tensor :math:`\sigma^2`.
-
-    Returns:
-        A 0-d tensor, differentiable in ``z`` and ``noise``.
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> z = torch.randn(50, 4, dtype=torch.float64, generator=g)
-        >>> y = torch.randn(50, 1, dtype=torch.float64, generator=g)
-        >>> cov = z @ z.T + 0.5 * torch.eye(50, dtype=torch.float64)
-        >>> exact = -torch.distributions.MultivariateNormal(torch.zeros(50, dtype=torch.float64),
-        ...                                                 cov).log_prob(y[:, 0])
-        >>> bool(torch.isclose(negative_log_evidence(z, y, torch.tensor(0.5, dtype=torch.float64)),
-        ...                    exact))
-        True
-    """
-    if z.shape[0] < z.shape[1]:
-        return _FunctionSpaceEvidence.apply(z, y, noise)
-    return _WeightSpaceEvidence.apply(z, y, noise)
 
 
 def maximize_evidence(

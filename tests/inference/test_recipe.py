@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
+from rfgp.inference.evidence import negative_log_evidence
 from rfgp.inference.recipe import (
     DEFAULT_COST_BUDGET,
     FitReport,
@@ -18,7 +19,6 @@ from rfgp.inference.recipe import (
     initial_hyperparameters,
     make_ard_kernel,
     maximize_evidence,
-    negative_log_evidence,
 )
 
 DT = torch.float64
