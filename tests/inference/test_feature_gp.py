@@ -13,7 +13,8 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from linear_operator.utils.warnings import NumericalWarning
 
 from rfgp import RandomFeatureGP, metrics
-from rfgp.inference.feature_gp import ConvergenceWarning, robust_cholesky
+from rfgp.inference.linalg import robust_cholesky
+from rfgp.inference.selection import ConvergenceWarning
 from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel
 from rfgp.ops import gaussian
 from tests.helpers import ComplexFourierKernel

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rfgp import DirichletGPClassifier, RandomFeatureGP
-from rfgp.inference.feature_gp import StaleFitError
+from rfgp.inference.fit_state import StaleFitError
 from rfgp.kernels import (
     CurlFreeFeatureKernel,
     FourierFeatureKernel,
