@@ -41,14 +41,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import ScaleKernel
-from linear_operator.utils.errors import NotPSDError
 from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
 from rfgp.inference.evidence import negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.selection import ConvergenceWarning
+from rfgp.inference.selection import ConvergenceWarning, Objective
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
 __all__ = [
@@ -269,8 +268,8 @@ def maximize_evidence(
     log_noise = start.log().clone().requires_grad_(True)
     params = [p for p in gp.kernel.parameters() if p.requires_grad] + [log_noise]
     scale = 1.0 / y.numel()
-    # Real features of a ScaleKernel: the closed-form gradient. The evidence is computed in
-    # weight space either way, so the closed form is also the cheaper one when N < D.
+    # Real features of a ScaleKernel: the closed-form gradient (in weight space, or in function
+    # space when N < D); other kernels go through the model's autograd evidence.
     base = gp.kernel.base_kernel if isinstance(gp.kernel, ScaleKernel) else None
     closed_form = (
         base is not None and not getattr(base, "is_complex", False)
@@ -278,55 +277,28 @@ def maximize_evidence(
     )
     y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
 
-    def objective() -> Tensor:
+    def loss() -> Tensor:
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
         return -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
 
-    state: Dict[str, object] = {"best": math.inf, "params": None, "barrier": None}
-    trace: List[float] = []
-
-    def closure() -> Tensor:
-        for p in params:
-            p.grad = None
-        loss = None
-        try:
-            loss = objective() * scale
-        except NotPSDError:
-            pass
-        if loss is None or not torch.isfinite(loss):
-            if state["barrier"] is None:
-                raise ValueError(
-                    "the log marginal likelihood is not finite at the initial hyperparameters"
-                )
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            return torch.tensor(state["barrier"], dtype=x.dtype, device=x.device)
-        loss.backward()
-        value = float(loss.detach())
-        trace.append(value)
-        if value < state["best"]:
-            state["best"] = value
-            state["params"] = [p.detach().clone() for p in params]
-        return loss.detach()
-
+    objective = Objective(params, lambda: loss() * scale, lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
-        first = closure()
-        state["barrier"] = abs(float(first)) * 10.0 + 1e3
+        first = objective.closure()
+        # A finite loss far above any reached: the line search rejects the trial point.
+        objective.barrier = abs(float(first)) * 10.0 + 1e3
         opt = torch.optim.LBFGS(
             params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
             tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
             line_search_fn="strong_wolfe",
         )
-        opt.step(closure)
+        opt.step(objective.closure)
     iterations = int(opt.state[params[0]]["n_iter"])
-    with torch.no_grad():
-        for p, value in zip(params, state["params"]):
-            p.copy_(value)
+    objective.restore_best()
     gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(gp.noise.shape)
-    return trace, iterations, iterations < max_iterations
+    return objective.evaluations, iterations, iterations < max_iterations
 
 
 def fit_auto(

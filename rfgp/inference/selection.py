@@ -49,6 +49,9 @@ class Objective:
         params: the tensors optimised (leaves with ``requires_grad``).
         loss: computes the loss at the current parameter values.
         feasible: whether the current values are inside the allowed box.
+
+    Attributes:
+        evaluations: the loss at every finite point evaluated, in order.
     """
 
     params: List[Tensor]
@@ -58,6 +61,7 @@ class Objective:
     best_state: Optional[List[Tensor]] = None
     best_grad: float = math.inf
     barrier: Optional[float] = field(default=None)
+    evaluations: List[float] = field(default_factory=list)
 
     def evaluate(self) -> Optional[Tensor]:
         """Loss (gradients set) at the current point; ``None`` where it is not finite."""
@@ -77,6 +81,7 @@ class Objective:
         if not all(bool(torch.isfinite(g).all()) for g in grads):
             return None
         value = float(loss.detach())
+        self.evaluations.append(value)
         if value < self.best_loss:
             self.best_loss = value
             self.best_state = [p.detach().clone() for p in self.params]
@@ -95,7 +100,7 @@ class Objective:
             )
         for p in self.params:
             p.grad = torch.zeros_like(p)
-        return torch.tensor(self.barrier, dtype=self.params[0].dtype)
+        return torch.tensor(self.barrier, dtype=self.params[0].dtype, device=self.params[0].device)
 
     def restore_best(self) -> None:
         with torch.no_grad():
