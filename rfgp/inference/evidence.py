@@ -200,6 +200,14 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         ...                    exact))
         True
     """
+    # Shape checks only: this runs at every evaluation of an optimiser's loss.
+    if z.dim() != 2 or y.dim() != 2 or y.shape[0] != z.shape[0] or z.shape[0] == 0:
+        raise ValueError(
+            "negative_log_evidence: z must have shape (N, D) and y shape (N, T) with N >= 1, "
+            f"got z {tuple(z.shape)} and y {tuple(y.shape)}"
+        )
+    if noise.dim() != 0:
+        raise ValueError(f"noise must be a 0-d tensor, got shape {tuple(noise.shape)}")
     if z.shape[0] < z.shape[1]:
         return _FunctionSpaceEvidence.apply(z, y, noise)
     return _WeightSpaceEvidence.apply(z, y, noise)

@@ -261,6 +261,7 @@ def maximize_evidence(
         ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
         iterations, and whether L-BFGS stopped on its tolerances before ``max_iterations``.
     """
+    x, y = _check_data(x, y)
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
     floor = _NOISE_FLOOR * max(float(y.square().mean()), 1e-300)

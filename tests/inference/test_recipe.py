@@ -288,6 +288,22 @@ def test_fit_auto_checks_its_arguments():
         fit_auto(x, y, num_features=64.0)
 
 
+def test_maximize_evidence_and_negative_log_evidence_check_shapes():
+    x, y = torch.rand(6, 2, dtype=DT), torch.rand(6, dtype=DT)
+    gp = RandomFeatureGP(make_ard_kernel(8, 2, seed=0), noise=0.1)
+    with pytest.raises(ValueError, match="y must have shape"):
+        maximize_evidence(gp, x, y[:5])
+    with pytest.raises(ValueError, match="x"):
+        maximize_evidence(gp, x[0], y)
+    z, s = torch.rand(6, 3, dtype=DT), torch.tensor(0.1, dtype=DT)
+    with pytest.raises(ValueError, match="y shape"):
+        negative_log_evidence(z, y, s)
+    with pytest.raises(ValueError, match="y shape"):
+        negative_log_evidence(z, y[:5, None], s)
+    with pytest.raises(ValueError, match="noise must be a 0-d"):
+        negative_log_evidence(z, y[:, None], s.expand(6))
+
+
 # ----------------------------------------------------------------------------- scikit-learn
 def test_sklearn_default_is_the_recipe():
     from sklearn.utils import check_random_state
