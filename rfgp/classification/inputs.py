@@ -11,7 +11,7 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_tensor, describe
+from rfgp._validation import check_integer_tensor, check_tensor, describe
 from rfgp.likelihoods import validate_labels
 
 __all__ = ["base_kernel", "check_inputs", "encode_labels"]
@@ -46,21 +46,7 @@ def encode_labels(labels: Any, num_classes: Optional[int] = None) -> Tuple[Tenso
         >>> encode_labels(torch.tensor([1000000, 3, 3]))
         (tensor([1, 0, 0]), tensor([      3, 1000000]))
     """
-    if isinstance(labels, np.ndarray):
-        if not (np.issubdtype(labels.dtype, np.integer) and labels.dtype != np.bool_):
-            raise TypeError(
-                f"labels must hold integer class ids, got a NumPy array of dtype "
-                f"{labels.dtype}; {_ENCODE_HINT}"
-            )
-        labels = torch.as_tensor(labels)
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"labels must be a torch.Tensor or NumPy array of integer class ids, got "
-            f"{type(labels).__name__}; {_ENCODE_HINT}"
-        )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must hold integer class ids, got dtype {labels.dtype}; "
-                        f"{_ENCODE_HINT}")
+    labels = check_integer_tensor("labels", labels, "integer class ids", "; " + _ENCODE_HINT)
     if num_classes is not None:
         indices, num_classes = validate_labels(labels, num_classes)
         return indices, torch.arange(num_classes, device=indices.device)
