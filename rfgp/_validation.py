@@ -37,6 +37,7 @@ __all__ = [
     "check_dtype",
     "check_finite",
     "check_int",
+    "check_integer_tensor",
     "check_kernel_input",
     "check_positive",
     "check_real",
@@ -362,3 +363,40 @@ def check_dtype(name: str, value: Any) -> torch.dtype:
             f"got {describe(value)}"
         )
     return dtype
+
+
+def check_integer_tensor(name: str, value: Any, what: str = "integers", hint: str = "") -> Tensor:
+    """Return ``value`` as a torch tensor of an integer dtype, or raise a ``TypeError``.
+
+    A NumPy array of an integer dtype is converted; floating, complex and boolean values are
+    refused, never rounded. Shape and range are the caller's to check.
+
+    Args:
+        name: the argument's name, for the message.
+        value: a ``torch.Tensor`` or NumPy array.
+        what: what the entries stand for, for the message (e.g. ``"integer class indices"``).
+        hint: text appended to every message (e.g. ``"; encode them first"``).
+
+    Example:
+        >>> check_integer_tensor("labels", np.array([0, 2]))
+        tensor([0, 2])
+        >>> check_integer_tensor("labels", torch.tensor([0.5]), "integer class indices")
+        Traceback (most recent call last):
+        ...
+        TypeError: labels must hold integer class indices, got dtype torch.float32
+    """
+    if isinstance(value, np.ndarray):
+        # np.bool_ is not an np.integer subtype, so booleans are refused here too.
+        if not np.issubdtype(value.dtype, np.integer):
+            raise TypeError(
+                f"{name} must hold {what}, got a NumPy array of dtype {value.dtype}{hint}"
+            )
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor or NumPy array of {what}, got "
+            f"{type(value).__name__}{hint}"
+        )
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must hold {what}, got dtype {value.dtype}{hint}")
+    return value

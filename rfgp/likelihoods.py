@@ -27,13 +27,18 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple, Union
 
-import numpy as np
 import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_dtype, check_int, check_positive
+from rfgp._validation import (
+    check_bool,
+    check_dtype,
+    check_int,
+    check_integer_tensor,
+    check_positive,
+)
 
 __all__ = ["DirichletLikelihood", "dirichlet_transform", "validate_labels"]
 
@@ -68,21 +73,7 @@ def validate_labels(
         >>> validate_labels(torch.tensor([0, 2, 1]))
         (tensor([0, 2, 1]), 3)
     """
-    if isinstance(labels, np.ndarray):
-        if not np.issubdtype(labels.dtype, np.integer):
-            raise TypeError(
-                f"{name} must hold integer class indices, got a NumPy array of dtype {labels.dtype}"
-            )
-        labels = torch.as_tensor(labels)
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor (or NumPy array) of integer class indices, "
-            f"got {type(labels).__name__}"
-        )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(
-            f"{name} must hold integer class indices (e.g. torch.long), got dtype {labels.dtype}"
-        )
+    labels = check_integer_tensor(name, labels, "integer class indices")
     if labels.dim() != 1:
         raise ValueError(
             f"{name} must be a 1-D tensor of shape (N,), got shape {tuple(labels.shape)}"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_finite, check_int, check_real, describe
+from rfgp._validation import check_finite, check_int, check_integer_tensor, check_real, describe
 
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
@@ -424,15 +424,7 @@ def _check_proba_labels(probs, labels) -> Tuple[Tensor, Tensor]:
 
 def _check_labels(labels, n: int, num_classes: Optional[int] = None) -> Tensor:
     """``labels`` as an ``(n,)`` integer tensor of class indices in ``[0, num_classes)``."""
-    if isinstance(labels, np.ndarray):
-        labels = torch.from_numpy(np.ascontiguousarray(labels))
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"labels must be a torch.Tensor or NumPy array of shape (N,), got "
-            f"{type(labels).__name__}"
-        )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must hold integer class indices, got dtype {labels.dtype}")
+    labels = check_integer_tensor("labels", labels, "integer class indices")
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
     if n == 0:

@@ -51,7 +51,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.inference.recipe import FitReport, choose_num_features, fit_auto
-from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
 
 __all__ = ["KERNELS", "make_kernel", "RandomFeatureGPRegressor", "RandomFeatureGPClassifier"]
 
@@ -166,7 +166,7 @@ def make_kernel(
     params = {"num_features": num_features, "sampling": sampling, "degree": degree,
               "bias": float(bias), "projection": projection}
     kernel = KERNELS[name](params, seed).to(torch.float64)
-    if getattr(kernel, "has_lengthscale", False):
+    if kernel.has_lengthscale:
         kernel.lengthscale = torch.full_like(kernel.lengthscale, lengthscale)
     return kernel
 
@@ -197,16 +197,11 @@ def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
             f"{type(estimator.kernel).__name__}"
         )
     kernel = copy.deepcopy(estimator.kernel).to(torch.float64)
-    base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-    if not isinstance(base, RandomFeatureKernel):
-        raise TypeError(
-            "kernel must be a RandomFeatureKernel (or a ScaleKernel around one), got "
-            f"{type(base).__name__}"
-        )
+    base = unwrap_scale_kernel(kernel)
     if estimator.random_state is not None:
         if base.input_dim is None:
             base.input_dim = estimator.n_features_in_
-        if not getattr(base, "needs_allocation", False):
+        if not base.needs_allocation:
             base.resample(torch.Generator().manual_seed(seed))
     return kernel
 

@@ -84,6 +84,7 @@ def test_likelihood_noise_used_by_gpytorch_marginal():
         (torch.tensor([0.0, 1.0]), 2, TypeError, "labels.*integer"),
         (np.array([0.0, 1.0]), 2, TypeError, "labels.*integer"),
         (torch.tensor([True, False]), 2, TypeError, "labels.*integer"),
+        (np.array([True, False]), 2, TypeError, "labels.*integer.*NumPy array of dtype bool"),
         ([0, 1], 2, TypeError, "labels must be a torch.Tensor"),
         (torch.tensor([0, -1, 1]), 2, ValueError, "labels.*non-negative.*-1"),
         (torch.tensor([0, 1, 3]), 3, ValueError, "labels must be < num_classes = 3, got maximum 3"),

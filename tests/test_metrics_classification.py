@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,8 @@ def test_bad_inputs(fn):
     probs = torch.tensor([[0.5, 0.5], [0.2, 0.8]], dtype=DTYPE)
     with pytest.raises(TypeError, match="labels.*integer"):
         fn(probs, torch.tensor([0.0, 1.0]))
+    with pytest.raises(TypeError, match="labels.*integer.*NumPy array of dtype bool"):
+        fn(probs, np.array([True, False]))
     with pytest.raises(ValueError, match=r"labels must have shape \(2,\)"):
         fn(probs, torch.tensor([0, 1, 1]))
     with pytest.raises(ValueError, match="labels must lie in"):

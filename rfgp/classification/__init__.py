@@ -3,6 +3,7 @@
 * :mod:`~rfgp.classification.softmax`: :func:`softmax_expectation`, the class probabilities
   :math:`\\mathbb{E}[\\mathrm{softmax}(f)]` (Monte Carlo, mean-field, log-normal).
 * :mod:`~rfgp.classification.exact`: :class:`DirichletExactGP`, the exact GP per class.
+* :mod:`~rfgp.classification.inputs`: :func:`encode_labels` and the input checks.
 * :mod:`~rfgp.classification.classifier`: :class:`DirichletGPClassifier` on exact and
   random-feature kernels.
 * :mod:`~rfgp.classification.selection`: :func:`select_alpha` over :data:`ALPHA_GRID`.
@@ -12,8 +13,9 @@ The label transform and the GPyTorch likelihood are in :mod:`rfgp.likelihoods`.
 
 from rfgp.classification.softmax import PROBA_METHODS, latent_moments, softmax_expectation  # noqa: I001
 from rfgp.classification.exact import DirichletExactGP
-from rfgp.classification.classifier import ALPHA_GRID, DirichletGPClassifier, encode_labels
-from rfgp.classification.selection import select_alpha
+from rfgp.classification.inputs import encode_labels
+from rfgp.classification.selection import ALPHA_GRID, select_alpha
+from rfgp.classification.classifier import DirichletGPClassifier
 
 __all__ = [
     "ALPHA_GRID",

@@ -14,9 +14,8 @@ import math
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
-from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import (
@@ -24,99 +23,18 @@ from rfgp._validation import (
     check_choice,
     check_int,
     check_positive,
-    check_tensor,
     describe,
 )
 from rfgp.classification.exact import DirichletExactGP
+from rfgp.classification.inputs import base_kernel, check_inputs, encode_labels
+from rfgp.classification.selection import ALPHA_GRID, select_alpha
 from rfgp.classification.softmax import PROBA_METHODS, softmax_expectation
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.composition import as_feature_kernel, is_feature_composition
-from rfgp.likelihoods import DirichletLikelihood, validate_labels
+from rfgp.likelihoods import DirichletLikelihood
 
-__all__ = ["ALPHA_GRID", "DirichletGPClassifier", "encode_labels"]
-
-#: The papers' grid for ``alpha_epsilon``: ``10^-5, 10^-4, ..., 10^0``.
-ALPHA_GRID: Tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
-
-_ENCODE_HINT = (
-    "encode other labels as integers first, e.g. with sklearn.preprocessing.LabelEncoder, "
-    "np.unique(labels, return_inverse=True) or rfgp.sklearn.RandomFeatureGPClassifier"
-)
-
-
-def encode_labels(labels: Any, num_classes: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-    """Map integer class ids to class indices as scikit-learn does.
-
-    Without ``num_classes`` the classes are the sorted distinct ids (``classes = unique(labels)``,
-    index ``i`` stands for ``classes[i]``), so ids ``{3, 10**6}`` make two classes, never a
-    dense range up to the largest id. With ``num_classes`` the labels must already be indices in
-    ``[0, num_classes)`` and ``classes = arange(num_classes)`` (classes absent from the labels
-    are kept).
-
-    Args:
-        labels: ``(N,)`` integer ids (a tensor or NumPy array of an integer dtype).
-        num_classes: ``C``, or ``None`` to take the distinct ids.
-
-    Returns:
-        ``(indices, classes)``: ``(N,)`` long indices into ``classes`` and ``(C,)`` long ids.
-
-    Raises:
-        TypeError: labels that are not integers (strings, floats, booleans): encode them first.
-        ValueError: empty, not 1-D, fewer than two classes, or out of ``[0, num_classes)``.
-
-    Example:
-        >>> encode_labels(torch.tensor([1000000, 3, 3]))
-        (tensor([1, 0, 0]), tensor([      3, 1000000]))
-    """
-    if isinstance(labels, np.ndarray):
-        if not (np.issubdtype(labels.dtype, np.integer) and labels.dtype != np.bool_):
-            raise TypeError(
-                f"labels must hold integer class ids, got a NumPy array of dtype "
-                f"{labels.dtype}; {_ENCODE_HINT}"
-            )
-        labels = torch.as_tensor(labels)
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"labels must be a torch.Tensor or NumPy array of integer class ids, got "
-            f"{type(labels).__name__}; {_ENCODE_HINT}"
-        )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must hold integer class ids, got dtype {labels.dtype}; "
-                        f"{_ENCODE_HINT}")
-    if num_classes is not None:
-        indices, num_classes = validate_labels(labels, num_classes)
-        return indices, torch.arange(num_classes, device=indices.device)
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be a 1-D tensor of shape (N,), got {describe(labels)}")
-    if labels.numel() == 0:
-        raise ValueError("labels must not be empty")
-    classes, indices = torch.unique(labels.long(), sorted=True, return_inverse=True)
-    if classes.numel() < 2:
-        raise ValueError(
-            f"labels must contain at least two distinct classes, got only class {int(classes[0])}"
-        )
-    return indices, classes
-
-
-def base_kernel(kernel: Kernel) -> Kernel:
-    """The kernel inside any number of ``ScaleKernel`` wrappers."""
-    while isinstance(kernel, ScaleKernel):
-        kernel = kernel.base_kernel
-    return kernel
-
-
-def check_inputs(x: Any, name: str = "x") -> Tensor:
-    """``x`` as an ``(N, d)`` finite floating tensor (NumPy accepted; 1-D means ``d = 1``)."""
-    if isinstance(x, np.ndarray):
-        x = torch.as_tensor(x)
-    x = check_tensor(name, x)
-    if x.dim() == 1:
-        x = x.unsqueeze(-1)
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, d), got {describe(x)}")
-    return x
-
+__all__ = ["DirichletGPClassifier"]
 
 class DirichletGPClassifier:
     r"""Dirichlet-based GP classifier with a closed-form posterior (Milios et al., 2018).
@@ -442,8 +360,6 @@ class DirichletGPClassifier:
             ``self``; the scores are in ``selection_`` (a list of dicts with ``alpha_epsilon``,
             ``lengthscale``, ``mnll``, ``log_marginal_likelihood``, ``selected``).
         """
-        from rfgp.classification.selection import select_alpha
-
         refit = check_bool("refit", refit)
         best, rows = select_alpha(
             self, x, labels, alphas=alphas, lengthscales=lengthscales,

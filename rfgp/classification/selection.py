@@ -10,27 +10,29 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rfgp._validation import check_choice, check_positive, check_real
-from rfgp.classification.classifier import (
-    ALPHA_GRID,
-    DirichletGPClassifier,
-    base_kernel,
-    check_inputs,
-    encode_labels,
-)
+from rfgp.classification.inputs import base_kernel, check_inputs, encode_labels
 from rfgp.classification.softmax import PROBA_METHODS
 from rfgp.kernels.base import RandomFeatureKernel
 
-__all__ = ["select_alpha"]
+__all__ = ["ALPHA_GRID", "select_alpha"]
+
+#: The papers' grid for ``alpha_epsilon``: ``10^-5, 10^-4, ..., 10^0``.
+ALPHA_GRID: Tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+# What select_alpha uses of its template (a DirichletGPClassifier). Checked by name, and typed
+# as Any, because the classifier module imports this one; imports run one way only.
+_TEMPLATE_ATTRIBUTES = ("kernel", "num_classes", "centre", "outputscale", "num_samples", "seed",
+                        "solver_kwargs", "fit", "predict_proba")
 
 
-def _candidate(template: DirichletGPClassifier, alpha: float, lengthscale: Optional[float],
-               num_classes: int) -> DirichletGPClassifier:
+def _candidate(template: Any, alpha: float, lengthscale: Optional[float],
+               num_classes: int) -> Any:
     """A fresh, unfitted classifier like ``template`` with its own copy of the kernel."""
     kernel = copy.deepcopy(template.kernel)
     if lengthscale is not None:
         base = base_kernel(kernel)
         base.lengthscale = torch.full_like(base.lengthscale, lengthscale)
-    return DirichletGPClassifier(
+    return type(template)(
         kernel, alpha_epsilon=alpha, num_classes=num_classes, centre=template.centre,
         outputscale=template.outputscale, num_samples=template.num_samples, seed=template.seed,
         **template.solver_kwargs,
@@ -38,7 +40,7 @@ def _candidate(template: DirichletGPClassifier, alpha: float, lengthscale: Optio
 
 
 def select_alpha(
-    classifier: DirichletGPClassifier,
+    classifier: Any,
     x: Any,
     labels: Any,
     alphas: Sequence[float] = ALPHA_GRID,
@@ -47,7 +49,7 @@ def select_alpha(
     seed: int = 0,
     lengthscale_criterion: str = "validation",
     method: str = "mean_field",
-) -> Tuple[DirichletGPClassifier, List[Dict[str, Any]]]:
+) -> Tuple[Any, List[Dict[str, Any]]]:
     """Fit a fresh classifier per candidate on a training part and return the best.
 
     The data are split at random (``seed``) into a training part and a validation part of
@@ -61,7 +63,7 @@ def select_alpha(
     weights yet draws them first, so that every candidate uses the same features.
 
     Args:
-        classifier: the template (kernel and settings).
+        classifier: the template, a :class:`DirichletGPClassifier` (kernel and settings).
         x, labels: the data, as for :meth:`DirichletGPClassifier.fit`.
         alphas: candidate ``alpha_epsilon`` values (default :data:`ALPHA_GRID`).
         lengthscales: candidate lengthscales of the (base) kernel; ``None`` keeps it.
@@ -77,6 +79,7 @@ def select_alpha(
 
     Example:
         >>> import gpytorch
+        >>> from rfgp.classification import DirichletGPClassifier
         >>> x = torch.cat([torch.zeros(10, 1), torch.ones(10, 1)]).double()
         >>> y = torch.cat([torch.zeros(10), torch.ones(10)]).long()
         >>> clf = DirichletGPClassifier(gpytorch.kernels.RBFKernel().double())
@@ -87,7 +90,7 @@ def select_alpha(
     from rfgp.datasets import train_test_split
     from rfgp.metrics import mnll_classification
 
-    if not isinstance(classifier, DirichletGPClassifier):
+    if not all(hasattr(classifier, name) for name in _TEMPLATE_ATTRIBUTES):
         raise TypeError(
             f"classifier must be a DirichletGPClassifier, got {type(classifier).__name__}"
         )
@@ -110,13 +113,12 @@ def select_alpha(
         lengthscales = [check_positive("lengthscales", v) for v in lengthscales]
         if not lengthscales:
             raise ValueError("lengthscales must hold at least one value")
-        if not getattr(base, "has_lengthscale", False):
+        if not base.has_lengthscale:
             raise ValueError(
                 f"lengthscales given but the kernel {type(base).__name__} has no lengthscale"
             )
-    if isinstance(base, RandomFeatureKernel) and not base.weights_initialized and not getattr(
-        base, "needs_allocation", False
-    ):
+    if (isinstance(base, RandomFeatureKernel) and not base.weights_initialized
+            and not base.needs_allocation):
         with torch.no_grad():
             base.features(x[:1])  # draws the weights once, so the copies share them
     x_train, labels_train, x_val, labels_val = train_test_split(
@@ -125,9 +127,9 @@ def select_alpha(
     num_classes = classes.numel()
     rows: List[Dict[str, Any]] = []
     # Only the best candidate so far is kept alive: each holds its own factorisations.
-    best: Optional[Tuple[float, int, DirichletGPClassifier]] = None
+    best: Optional[Tuple[float, int, Any]] = None
     for alpha in alphas:
-        group: Optional[Tuple[float, int, DirichletGPClassifier]] = None
+        group: Optional[Tuple[float, int, Any]] = None
         for ls in lengthscales if lengthscales is not None else [None]:
             model = _candidate(classifier, alpha, ls, num_classes).fit(x_train, labels_train)
             lml = (model.log_marginal_likelihood()
