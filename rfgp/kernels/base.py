@@ -664,13 +664,6 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         self.ensure_weights(x)
         return x
 
-    # The names under which callers knew these before they were declared public.
-    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
-        return self.check_input(x, name)
-
-    def _ensure_weights(self, x: Tensor) -> None:
-        self.ensure_weights(x)
-
     def real_features(self, x: Tensor) -> Tensor:
         """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
         return real_form(self.features(x))
