@@ -24,7 +24,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from rfgp._validation import check_int, check_kernel_input
-from rfgp.ops import all_finite, make_generator
+from rfgp.ops import all_finite, complex_dtype, make_generator
 
 __all__ = [
     "InputCheckedKernel",
@@ -618,13 +618,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         check_hyperparameters(self)
 
     def _empty_features(self, x: Tensor) -> Tensor:
-        # No rows: the (..., 0, [p,] D) result, without running a feature map on nothing.
         batch = torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
         p = self.num_outputs_per_input()
         tail = (p, self.num_features) if p > 1 else (self.num_features,)
-        dtype = x.dtype
-        if self.is_complex:
-            dtype = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+        dtype = complex_dtype(x.dtype) if self.is_complex else x.dtype
         return x.new_zeros((*batch, 0, *tail), dtype=dtype)
 
     def features(self, x: Tensor) -> Tensor:
@@ -646,10 +643,11 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             ValueError: for a 0-d input, inputs without columns, NaN or infinite inputs, or (at
                 the first call, which draws the weights) a NaN, infinite or zero hyperparameter.
         """
-        x = self.prepare_input(x)
-        if x.shape[-2] == 0:
-            return self._empty_features(x)
-        return self._features(x)
+        return self._features_or_empty(self.prepare_input(x))
+
+    def _features_or_empty(self, x: Tensor) -> Tensor:
+        # No rows: the (..., 0, [p,] D) result, without running a feature map on nothing.
+        return self._empty_features(x) if x.shape[-2] == 0 else self._features(x)
 
     def prepare_input(self, x: Tensor, name: str = "x") -> Tensor:
         """What :meth:`_features` expects: :meth:`check_input`, then ``active_dims``, then
@@ -677,8 +675,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # active_dims has been applied by Kernel.__call__ before forward.
         x = self.check_input(x)
         self.ensure_weights(x)
-        phi = self._empty_features(x) if x.shape[-2] == 0 else self._features(x)
-        phi = real_form(phi)
+        phi = real_form(self._features_or_empty(x))
         p = self.num_outputs_per_input()
         if p > 1:
             # (..., N, p, D) -> (..., N p, D): GPyTorch's interleaved order, row n * p + t.
