@@ -395,7 +395,6 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
                 "input_dim= to the constructor or evaluate the kernel once first"
             )
         self._set_weights(self._sample_weights(self.input_dim, generator))
-        self._draw_batch_shape, self._pending_batch_ops = None, []
         return self
 
     def weight_settings(self) -> Dict[str, Any]:
@@ -408,20 +407,25 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         return {"kernel": type(self).__name__, "num_features": self.num_features,
                 "is_complex": bool(self.is_complex)}
 
-    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
-        if not self._pending_batch_ops:
-            self._set_weights(self._sample_weights(self.input_dim, generator))
-            return
+    def _sample_replaying_batch_ops(
+        self, input_dim: int, generator: Optional[torch.Generator]
+    ) -> Dict[str, Tensor]:
+        # The weights the kernel would hold had they been drawn before the queued
+        # expand_batch / kernel[index] operations: drawn for the original batch shape, then
+        # expanded or indexed as those operations did.
         current = self.batch_shape
-        self._batch_shape = self._draw_batch_shape
+        if self._pending_batch_ops:
+            self._batch_shape = self._draw_batch_shape
         try:
-            weights = self._sample_weights(self.input_dim, generator)
+            weights = self._sample_weights(input_dim, generator)
         finally:
             self._batch_shape = current
         for op in self._pending_batch_ops:
             weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
-        self._draw_batch_shape, self._pending_batch_ops = None, []
-        self._set_weights(weights)
+        return weights
+
+    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
+        self._set_weights(self._sample_replaying_batch_ops(self.input_dim, generator))
 
     def _batch_op(self, op: tuple, old_batch_shape: torch.Size) -> None:
         """Apply a batch expansion or index to the weights, or queue it until they are drawn."""
@@ -488,15 +492,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         By default from a throwaway draw (cheap: the weights are small); subclasses whose
         layout depends on state (the Maclaurin degree counts) override it.
         """
-        current = self.batch_shape
-        if self._pending_batch_ops:
-            self._batch_shape = self._draw_batch_shape
-        try:
-            weights = self._sample_weights(input_dim, torch.Generator().manual_seed(0))
-        finally:
-            self._batch_shape = current
-        for op in self._pending_batch_ops:
-            weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
+        weights = self._sample_replaying_batch_ops(input_dim, torch.Generator().manual_seed(0))
         return {name: value.shape for name, value in weights.items()}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
