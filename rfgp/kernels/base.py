@@ -652,10 +652,16 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         Returns:
             ``(..., N, input_dim)``.
         """
+        x = self._checked_active_input(x, name)
+        self.ensure_weights(x)
+        return x
+
+    def _checked_active_input(self, x: Tensor, name: str = "x") -> Tensor:
+        # check_input, then the active_dims columns (for subclass methods that need the
+        # restricted inputs but no weights, e.g. a variance correction or an allocation).
         x = self.check_input(x, name)
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
-        self.ensure_weights(x)
         return x
 
     def real_features(self, x: Tensor) -> Tensor:
