@@ -23,8 +23,8 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp._validation import check_int, check_kernel_input
-from rfgp.ops import all_finite, complex_dtype, make_generator
+from rfgp._validation import all_finite, check_int, check_kernel_input
+from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
     "InputCheckedKernel",
