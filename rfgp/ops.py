@@ -235,11 +235,6 @@ def complex_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.complex64 if dtype == torch.float32 else torch.complex128
 
 
-# Old private names, kept for code written against them.
-_device_of = generator_device
-_complex_dtype = complex_dtype
-
-
 def gaussian(
     shape: Sequence[int],
     generator: Optional[torch.Generator] = None,

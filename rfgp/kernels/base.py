@@ -23,8 +23,8 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp._validation import check_int, check_kernel_input
-from rfgp.ops import all_finite, make_generator
+from rfgp._validation import all_finite, check_int, check_kernel_input
+from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
     "InputCheckedKernel",
@@ -395,7 +395,6 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
                 "input_dim= to the constructor or evaluate the kernel once first"
             )
         self._set_weights(self._sample_weights(self.input_dim, generator))
-        self._draw_batch_shape, self._pending_batch_ops = None, []
         return self
 
     def weight_settings(self) -> Dict[str, Any]:
@@ -408,20 +407,25 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         return {"kernel": type(self).__name__, "num_features": self.num_features,
                 "is_complex": bool(self.is_complex)}
 
-    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
-        if not self._pending_batch_ops:
-            self._set_weights(self._sample_weights(self.input_dim, generator))
-            return
+    def _sample_replaying_batch_ops(
+        self, input_dim: int, generator: Optional[torch.Generator]
+    ) -> Dict[str, Tensor]:
+        # The weights the kernel would hold had they been drawn before the queued
+        # expand_batch / kernel[index] operations: drawn for the original batch shape, then
+        # expanded or indexed as those operations did.
         current = self.batch_shape
-        self._batch_shape = self._draw_batch_shape
+        if self._pending_batch_ops:
+            self._batch_shape = self._draw_batch_shape
         try:
-            weights = self._sample_weights(self.input_dim, generator)
+            weights = self._sample_weights(input_dim, generator)
         finally:
             self._batch_shape = current
         for op in self._pending_batch_ops:
             weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
-        self._draw_batch_shape, self._pending_batch_ops = None, []
-        self._set_weights(weights)
+        return weights
+
+    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
+        self._set_weights(self._sample_replaying_batch_ops(self.input_dim, generator))
 
     def _batch_op(self, op: tuple, old_batch_shape: torch.Size) -> None:
         """Apply a batch expansion or index to the weights, or queue it until they are drawn."""
@@ -488,15 +492,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         By default from a throwaway draw (cheap: the weights are small); subclasses whose
         layout depends on state (the Maclaurin degree counts) override it.
         """
-        current = self.batch_shape
-        if self._pending_batch_ops:
-            self._batch_shape = self._draw_batch_shape
-        try:
-            weights = self._sample_weights(input_dim, torch.Generator().manual_seed(0))
-        finally:
-            self._batch_shape = current
-        for op in self._pending_batch_ops:
-            weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
+        weights = self._sample_replaying_batch_ops(input_dim, torch.Generator().manual_seed(0))
         return {name: value.shape for name, value in weights.items()}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -618,13 +614,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         check_hyperparameters(self)
 
     def _empty_features(self, x: Tensor) -> Tensor:
-        # No rows: the (..., 0, [p,] D) result, without running a feature map on nothing.
         batch = torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
         p = self.num_outputs_per_input()
         tail = (p, self.num_features) if p > 1 else (self.num_features,)
-        dtype = x.dtype
-        if self.is_complex:
-            dtype = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+        dtype = complex_dtype(x.dtype) if self.is_complex else x.dtype
         return x.new_zeros((*batch, 0, *tail), dtype=dtype)
 
     def features(self, x: Tensor) -> Tensor:
@@ -646,10 +639,11 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
             ValueError: for a 0-d input, inputs without columns, NaN or infinite inputs, or (at
                 the first call, which draws the weights) a NaN, infinite or zero hyperparameter.
         """
-        x = self.prepare_input(x)
-        if x.shape[-2] == 0:
-            return self._empty_features(x)
-        return self._features(x)
+        return self._features_or_empty(self.prepare_input(x))
+
+    def _features_or_empty(self, x: Tensor) -> Tensor:
+        # No rows: the (..., 0, [p,] D) result, without running a feature map on nothing.
+        return self._empty_features(x) if x.shape[-2] == 0 else self._features(x)
 
     def prepare_input(self, x: Tensor, name: str = "x") -> Tensor:
         """What :meth:`_features` expects: :meth:`check_input`, then ``active_dims``, then
@@ -658,18 +652,17 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         Returns:
             ``(..., N, input_dim)``.
         """
-        x = self.check_input(x, name)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
+        x = self._checked_active_input(x, name)
         self.ensure_weights(x)
         return x
 
-    # The names under which callers knew these before they were declared public.
-    def _check_input(self, x: Tensor, name: str = "x") -> Tensor:
-        return self.check_input(x, name)
-
-    def _ensure_weights(self, x: Tensor) -> None:
-        self.ensure_weights(x)
+    def _checked_active_input(self, x: Tensor, name: str = "x") -> Tensor:
+        # check_input, then the active_dims columns (for subclass methods that need the
+        # restricted inputs but no weights, e.g. a variance correction or an allocation).
+        x = self.check_input(x, name)
+        if self.active_dims is not None:
+            x = x.index_select(-1, self.active_dims)
+        return x
 
     def real_features(self, x: Tensor) -> Tensor:
         """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
@@ -684,8 +677,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # active_dims has been applied by Kernel.__call__ before forward.
         x = self.check_input(x)
         self.ensure_weights(x)
-        phi = self._empty_features(x) if x.shape[-2] == 0 else self._features(x)
-        phi = real_form(phi)
+        phi = real_form(self._features_or_empty(x))
         p = self.num_outputs_per_input()
         if p > 1:
             # (..., N, p, D) -> (..., N p, D): GPyTorch's interleaved order, row n * p + t.

@@ -364,9 +364,7 @@ class GaussianSketchKernel(RandomFeatureKernel):
 
     def variance_correction(self, x: Tensor) -> Tensor:
         r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)] = 1 - k_s(x, x) \ge 0`, shape ``(N,)``."""
-        x = self.check_input(x)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
+        x = self._checked_active_input(x)
         z2 = (self._scaled(x) ** 2).detach().cpu().double().numpy()
         if self.variant == "coordinate":
             kept = poisson.cdf(self.truncation - 1, 2.0 * z2).prod(-1)

@@ -504,11 +504,11 @@ def test_prepare_input_checks_restricts_and_draws():
         kernel.prepare_input(torch.full((2, 4), float("nan"), dtype=torch.float64))
 
 
-def test_old_private_names_forward_to_the_public_ones():
+def test_check_input_and_ensure_weights():
     kernel = FourierFeatureKernel(8, seed=0).double()
     x = torch.randn(3, dtype=torch.float64)
-    assert kernel._check_input(x).shape == kernel.check_input(x).shape == (3, 1)
-    kernel._ensure_weights(kernel.check_input(x))
+    assert kernel.check_input(x).shape == (3, 1)
+    kernel.ensure_weights(kernel.check_input(x))
     assert kernel.weights_initialized and kernel.input_dim == 1
 
 

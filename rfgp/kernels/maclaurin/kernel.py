@@ -421,9 +421,7 @@ class MaclaurinKernel(RandomFeatureKernel):
         collapse of the approximate posterior variance far from the origin (Sec. 5.6 of
         Wacker et al.), e.g. with ``RandomFeatureGP(..., correct_variance=True)``.
         """
-        x = self.check_input(x)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
+        x = self._checked_active_input(x)
         sq = self._row_scale_sq(self._scaled(x))
         present = self._present_degrees()
         truncated = sum(float(self._coefficients[n]) * sq**n for n in present)
