@@ -124,6 +124,10 @@ class RandomFeatureModel(Model):
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0], got {output_indices!r}")
         batch, q, dim = X.shape[:-2], X.shape[-2], X.shape[-1]
+        if q == 0:
+            raise ValueError(
+                f"X must hold q >= 1 points per batch, got shape {tuple(X.shape)} (q = 0)"
+            )
         flat = X.reshape(-1, dim)
         joint = self.gp.posterior(flat)  # over all b q points, lazily low rank
         rows = torch.arange(flat.shape[0], device=X.device).reshape(-1, q)  # (B, q)
