@@ -198,6 +198,17 @@ def thompson_sample(
 
     Returns:
         ``(q, d)`` points in the box.
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> x = torch.rand(20, 1, dtype=torch.float64)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=1e-2)
+        >>> gp = gp.fit(x, torch.sin(6 * x[:, 0]))
+        >>> bounds = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+        >>> batch = thompson_sample(gp, bounds, q=3, raw_samples=64, steps=10)
+        >>> batch.shape, bool(((batch >= 0) & (batch <= 1)).all())
+        (torch.Size([3, 1]), True)
     """
     q = check_int("q", q)
     paths = model.sample_functions(q, generator=generator)

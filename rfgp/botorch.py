@@ -75,6 +75,16 @@ class RandomFeatureModel(Model):
     Raises:
         TypeError: if ``gp`` is not a ``RandomFeatureGP``.
         ValueError: if it is not fitted or has several outputs.
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> x = torch.rand(30, 2, dtype=torch.float64)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=1e-2)
+        >>> model = RandomFeatureModel(gp.fit(x, x.sum(-1)))
+        >>> post = model.posterior(torch.rand(5, 3, 2, dtype=torch.float64))  # 5 batches, q = 3
+        >>> post.mean.shape, post.mvn.covariance_matrix.shape
+        (torch.Size([5, 3, 1]), torch.Size([5, 3, 3]))
     """
 
     def __init__(self, gp: RandomFeatureGP) -> None:
@@ -124,6 +134,10 @@ class RandomFeatureModel(Model):
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0], got {output_indices!r}")
         batch, q, dim = X.shape[:-2], X.shape[-2], X.shape[-1]
+        if q == 0:
+            raise ValueError(
+                f"X must hold q >= 1 points per batch, got shape {tuple(X.shape)} (q = 0)"
+            )
         flat = X.reshape(-1, dim)
         joint = self.gp.posterior(flat)  # over all b q points, lazily low rank
         rows = torch.arange(flat.shape[0], device=X.device).reshape(-1, q)  # (B, q)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from gpytorch.kernels import ScaleKernel
 
-from rfgp import RandomFeatureGP
+from rfgp import RandomFeatureGP, StaleFitError
 from rfgp.bayesopt import maximize_paths, thompson_sample
 from rfgp.kernels import (
     FourierFeatureKernel,
@@ -19,6 +19,7 @@ from rfgp.kernels import (
 DT = torch.float64
 BOUNDS = torch.tensor([[-1.0, -1.0], [1.0, 1.0]], dtype=DT)
 CENTRE = torch.tensor([0.3, -0.4], dtype=DT)
+NAN, INF = float("nan"), float("inf")
 
 
 def bowl(x):
@@ -148,3 +149,56 @@ def test_argument_checks():
         maximize_paths(paths, BOUNDS, candidates=torch.full((1, 2), 3.0, dtype=DT))
     with pytest.raises(ValueError, match=r"candidates must have shape \(C, 2\)"):
         maximize_paths(paths, BOUNDS, candidates=torch.zeros(1, 3, dtype=DT))
+
+
+@pytest.mark.parametrize(
+    "bounds,error,match",
+    [
+        (torch.tensor([[0.0, NAN], [1.0, 1.0]], dtype=DT), ValueError, "bounds must be finite"),
+        (torch.tensor([[0.0, -INF], [1.0, 1.0]], dtype=DT), ValueError, "bounds must be finite"),
+        (torch.tensor([[0, 0], [1, 1]]), TypeError, "bounds must have a floating dtype"),
+        (torch.zeros(2, 0, dtype=DT), ValueError, r"bounds must have shape \(2, d\)"),
+        (torch.tensor(1.0, dtype=DT), ValueError, "bounds must have at least 2"),
+    ],
+    ids=["nan", "inf", "integer", "empty", "0-d"],
+)
+def test_thompson_sample_rejects_bad_bounds(bounds, error, match):
+    x, y = data(30)
+    gp = RandomFeatureGP(FourierFeatureKernel(32, seed=0).double(), noise=1e-2).fit(x, y)
+    with pytest.raises(error, match=match):
+        thompson_sample(gp, bounds, 2, raw_samples=8, steps=1)
+
+
+@pytest.mark.parametrize(
+    "q,error", [(0, ValueError), (2.0, TypeError), (True, TypeError)], ids=["0", "float", "bool"]
+)
+def test_thompson_sample_rejects_bad_q(q, error):
+    x, y = data(30)
+    gp = RandomFeatureGP(FourierFeatureKernel(32, seed=0).double(), noise=1e-2).fit(x, y)
+    with pytest.raises(error, match="q must be an integer"):
+        thompson_sample(gp, BOUNDS, q, raw_samples=8, steps=1)
+
+
+def test_maximize_paths_rejects_non_finite_settings():
+    paths = lambda x: x.sum(-1, keepdim=True).T  # noqa: E731
+    with pytest.raises(ValueError, match="lr must be a finite real number"):
+        maximize_paths(paths, BOUNDS, lr=float("nan"))
+    with pytest.raises(ValueError, match="candidates must be finite"):
+        maximize_paths(paths, BOUNDS, candidates=torch.tensor([[0.0, float("nan")]], dtype=DT))
+
+
+def test_a_model_changed_after_fit_is_refitted_or_refused():
+    x, y = data(60)
+    kernel = FourierFeatureKernel(64, seed=0).double()
+    gp = RandomFeatureGP(kernel, noise=1e-2).fit(x, y)
+    kernel.lengthscale = 0.3  # the held data is refitted under the new lengthscale
+    batch = thompson_sample(gp, BOUNDS, 3, raw_samples=32, steps=5,
+                            generator=torch.Generator().manual_seed(0))
+    fresh = RandomFeatureGP(kernel, noise=1e-2).fit(x, y)
+    expected = thompson_sample(fresh, BOUNDS, 3, raw_samples=32, steps=5,
+                               generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(batch, expected)
+    streamed = RandomFeatureGP(kernel, noise=1e-2).fit_stream([(x, y)])
+    kernel.lengthscale = 0.5  # no data held: no stale answer, an error
+    with pytest.raises(StaleFitError, match="lengthscale"):
+        thompson_sample(streamed, BOUNDS, 3, raw_samples=32, steps=5)

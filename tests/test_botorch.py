@@ -16,7 +16,7 @@ from botorch.optim import optimize_acqf  # noqa: E402
 from botorch.posteriors.gpytorch import GPyTorchPosterior  # noqa: E402
 from gpytorch.kernels import ScaleKernel  # noqa: E402
 
-from rfgp import RandomFeatureGP  # noqa: E402
+from rfgp import RandomFeatureGP, StaleFitError  # noqa: E402
 from rfgp.botorch import RandomFeatureModel  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel  # noqa: E402
 
@@ -164,3 +164,49 @@ def test_argument_checks():
         model.posterior(torch.rand(2, 2, dtype=DT), output_indices=[1])
     with pytest.raises(ValueError, match="Y must have shape"):
         model.condition_on_observations(torch.rand(2, 2, dtype=DT), torch.rand(3, 1, dtype=DT))
+
+
+@pytest.mark.parametrize(
+    "X,error,match",
+    [
+        (torch.tensor([[0.0, float("nan")]], dtype=DT), ValueError, "X must be finite"),
+        (torch.tensor([[0.0, float("inf")]], dtype=DT), ValueError, "X must be finite"),
+        (torch.zeros(1, 2, dtype=torch.long), TypeError, "X must have a floating dtype"),
+        (torch.tensor(0.5, dtype=DT), ValueError, "X must have at least 2"),
+        (torch.zeros(0, 2, dtype=DT), ValueError, r"X must hold q >= 1 points"),
+        (torch.zeros(3, 0, 2, dtype=DT), ValueError, r"X must hold q >= 1 points"),
+    ],
+    ids=["nan", "inf", "integer", "0-d", "empty", "empty-q"],
+)
+def test_posterior_rejects_bad_points(X, error, match):
+    model = RandomFeatureModel(fitted()[0])
+    with pytest.raises(error, match=match):
+        model.posterior(X)
+
+
+def test_bad_noise_and_targets_are_rejected():
+    model = RandomFeatureModel(fitted()[0])
+    x = torch.rand(2, 2, dtype=DT)
+    with pytest.raises(ValueError, match="observation_noise must be finite"):
+        model.posterior(x, observation_noise=torch.full((2, 1), float("nan"), dtype=DT))
+    with pytest.raises(ValueError, match="Y must be finite"):
+        model.condition_on_observations(x, torch.tensor([[float("nan")], [1.0]], dtype=DT))
+    with pytest.raises(TypeError, match="Y must have a floating dtype"):
+        model.condition_on_observations(x, torch.ones(2, 1, dtype=torch.long))
+
+
+def test_a_model_changed_after_fit_is_refitted_or_refused():
+    gp, x = fitted()
+    model = RandomFeatureModel(gp)
+    xs = torch.rand(4, 2, dtype=DT)
+    gp.kernel.base_kernel.lengthscale = torch.tensor(0.2, dtype=DT)  # data held: refitted
+    fresh = RandomFeatureGP(gp.kernel, noise=NOISE).fit(x, bowl(x))
+    torch.testing.assert_close(model.posterior(xs).mean[:, 0], fresh.posterior(xs).mean)
+    streamed = RandomFeatureModel(
+        RandomFeatureGP(gp.kernel, noise=NOISE).fit_stream([(x, bowl(x))])
+    )
+    gp.kernel.base_kernel.lengthscale = torch.tensor(0.5, dtype=DT)  # nothing held: refused
+    with pytest.raises(StaleFitError, match="lengthscale"):
+        streamed.posterior(xs)
+    with pytest.raises(StaleFitError, match="lengthscale"):
+        streamed.condition_on_observations(xs[:1], torch.zeros(1, 1, dtype=DT))

@@ -174,13 +174,12 @@ class ComposedFeatureKernel(RandomFeatureKernel):
 
     def __init__(self, kernel: Kernel, product: str = "elementwise", seed: Optional[int] = None):
         _check_tree(kernel, "kernel")
-        product = check_choice("product", product, PRODUCT_MODES)
-        self._product_mode = product
+        # Set before Module.__init__ (plain attributes may be): _shape_of reads it.
+        self.product = check_choice("product", product, PRODUCT_MODES)
         self._permutation_specs: List[Tuple[str, int]] = []  # (buffer name, width)
         width, complex_, outputs = self._shape_of(kernel, "kernel", [0])
         super().__init__(num_features=width, seed=seed)
         self.tree = kernel
-        self.product = product
         self.is_complex = complex_
         self._outputs_per_input = outputs
 
@@ -220,7 +219,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
                         f"{type(leaf).__name__} object appears in factors {seen[id(leaf)]} and "
                         f"{index}; build each factor from its own kernel"
                     )
-        if self._product_mode == "tensor":
+        if self.product == "tensor":
             return math.prod(widths), complex_, 1
         if len(set(widths)) > 1:
             raise ValueError(

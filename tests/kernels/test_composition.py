@@ -179,6 +179,35 @@ def test_product_variance_validates():
         product_variance([k], [-k], 4)
     with pytest.raises(ValueError, match="product must be one of"):
         product_variance([k], [k], 4, product="outer")
+    with pytest.raises(ValueError, match=r"values\[0\] must be finite"):
+        product_variance([torch.tensor([math.nan])], [k[:1]], 4)
+    with pytest.raises(ValueError, match=r"variances\[0\] must be finite"):
+        product_variance([k], [torch.full((2,), math.inf)], 4)
+    with pytest.raises(TypeError, match=r"values\[0\] must have a floating dtype"):
+        product_variance([torch.ones(2, dtype=torch.long)], [k], 4)
+    with pytest.raises(ValueError, match="num_features must be an integer >= 1"):
+        product_variance([k], [k], 0)
+
+
+@pytest.mark.parametrize(
+    "x,error,match",
+    [
+        (torch.tensor([[0.0, math.nan]]), ValueError, "x must be finite"),
+        (torch.tensor([[0.0, math.inf]]), ValueError, "x must be finite"),
+        (torch.zeros(2, 2, dtype=torch.long), TypeError, "x must have a floating dtype"),
+        (torch.tensor(1.0), ValueError, "0-d"),
+        (torch.zeros(3, 3), ValueError, "x must have 2 input columns, got 3"),
+    ],
+    ids=["nan", "inf", "integer", "0-d", "width"],
+)
+def test_composed_features_reject_bad_inputs(x, error, match):
+    k = as_feature_kernel(
+        FourierFeatureKernel(8, active_dims=[0]) * FourierFeatureKernel(8, active_dims=[1])
+    )
+    k.features(torch.zeros(1, 2))  # fixes the input dimension
+    with pytest.raises(error, match=match):
+        k.features(x)
+    assert k.features(torch.zeros(0, 2)).shape == (0, 8)  # no rows: no features, no error
 
 
 # ---------------------------------------------------------------- gradients, state

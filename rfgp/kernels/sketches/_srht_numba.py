@@ -645,6 +645,27 @@ def tensorsrht_backward(
     Returns:
         ``(N, d)``, or ``(N, d + 1)`` with ``root``: the gradient with respect to ``x / scale``
         (and the root column).
+
+    Example:
+        Every feature is homogeneous of degree ``p`` in :math:`\tilde x`, so (Euler)
+        :math:`\tilde x^\top \bar{\tilde x} = p\, g^\top \phi` row by row:
+
+        >>> from rfgp.kernels import sample_sketch
+        >>> w = sample_sketch(3, 64, 8, projection="tensorsrht",
+        ...                   generator=torch.Generator().manual_seed(0))
+        >>> x = torch.randn(10, 7, dtype=torch.float64)
+        >>> root = torch.tensor(0.5, dtype=torch.float64)
+        >>> if available():
+        ...     phi = tensorsrht(x, w["signs"], w["indices"], False, root=root)
+        ...     g = torch.randn_like(phi)
+        ...     z = tensorsrht_backward(x, w["signs"], w["indices"], False, g, root=root)
+        ...     x_tilde = torch.cat([x, root.expand(10, 1)], -1)
+        ...     ok = z.shape == (10, 8) and torch.allclose((x_tilde * z).sum(-1),
+        ...                                                3 * (g * phi).sum(-1))
+        ... else:
+        ...     ok = True
+        >>> ok
+        True
     """
     n, d = x.shape
     padded = signs.shape[-2] if complex else signs.shape[-1]
@@ -679,6 +700,25 @@ class TensorSRHTFunction(torch.autograd.Function):
         \overline{\sqrt b} = \sum_n \bar{\tilde x}_{n, d}.
 
     Only the inputs are saved for the backward pass. Not twice differentiable.
+
+    ``TensorSRHTFunction.apply(x, scale, root, signs, indices, complex)`` takes the arguments of
+    :func:`tensorsrht` (``x (N, d)``, ``scale`` ``(d,)``, ``(1,)`` or ``None``, ``root`` 0-d or
+    ``None``) and returns its ``(N, D)`` features; it raises an internal exception where numba
+    cannot compile, so call it through :func:`differentiable_tensorsrht`, which falls back.
+
+    Example:
+        >>> from rfgp.kernels import sample_sketch
+        >>> w = sample_sketch(2, 16, 4, projection="tensorsrht",
+        ...                   generator=torch.Generator().manual_seed(0))
+        >>> x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+        >>> if available():
+        ...     phi = TensorSRHTFunction.apply(x, None, None, w["signs"], w["indices"], False)
+        ...     phi.sum().backward()
+        ...     ok = phi.shape == (5, 16) and x.grad.shape == (5, 3)
+        ... else:
+        ...     ok = True
+        >>> ok
+        True
     """
 
     @staticmethod
