@@ -54,9 +54,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT_DIR = ROOT / "docs" / "benchmarks"
 
-METHODS = ("rfgp-ts", "rfgp-ts-candidates", "exact-ts", "exact-pathwise", "random")
+METHODS = ("rfgp-ts", "rfgp-ts-fixed", "rfgp-ts-candidates", "exact-ts", "exact-pathwise",
+           "random")
 LABELS = {
     "rfgp-ts": "rfgp Thompson, gradient ascent",
+    "rfgp-ts-fixed": "rfgp Thompson, D fixed",
     "rfgp-ts-candidates": "rfgp Thompson, candidate set",
     "exact-ts": "exact GP, MaxPosteriorSampling",
     "exact-pathwise": "exact GP, pathwise sampler",
@@ -93,37 +95,65 @@ class RfgpThompson:
     """rfgp: the same model as the exact baseline (RBF, ARD, BoTorch's priors), in features."""
 
     def __init__(self, dim: int, num_features: int, seed: int, pool: int, fit_iterations: int,
-                 sampling: str = "orthogonal", steps: int = 30):
+                 sampling: str = "orthogonal", steps: int = 30, fit_features=None,
+                 posterior_features=None, constrain: bool = True, learn_mean: bool = True):
         import torch
         from gpytorch.priors import LogNormalPrior
-
-        from rfgp.kernels import FourierFeatureKernel
 
         # SingleTaskGP's defaults: dimension-scaled log-normal lengthscale prior started at its
         # mode, log-normal noise prior started at its mode.
         self.lengthscale_prior = LogNormalPrior(math.sqrt(2) + 0.5 * math.log(dim), math.sqrt(3))
         self.noise_prior = LogNormalPrior(-4.0, 1.0)
-        self.kernel = FourierFeatureKernel(
-            num_features, spectral="rbf", sampling=sampling, ard_num_dims=dim, seed=seed
-        ).double()
-        self.kernel.lengthscale = torch.full(
-            (1, dim), float(self.lengthscale_prior.mode), dtype=torch.float64
+        self.dim = dim
+        self.seed = seed
+        self.sampling = sampling
+        self.constrain = constrain
+        self.num_features = num_features
+        # Callables N -> D: the features of the hyperparameter fit and of the posterior the
+        # paths are drawn from (None: num_features).
+        self.fit_features = fit_features
+        self.posterior_features = posterior_features
+        self.kernel = self.make_kernel(
+            num_features, torch.full((1, dim), float(self.lengthscale_prior.mode))
         )
         self.log_noise = torch.tensor(float(self.noise_prior.mode), dtype=torch.float64).log()
+        # SingleTaskGP's ConstantMean: a constant prior mean fitted with the hyperparameters.
+        self.learn_mean = learn_mean
+        self.mean = torch.tensor(0.0, dtype=torch.float64)
         self.pool = pool
         self.fit_iterations = fit_iterations
         self.steps = steps
 
+    def make_kernel(self, num_features, lengthscale):
+        from gpytorch.constraints import GreaterThan
+
+        from rfgp.kernels import FourierFeatureKernel
+
+        # SingleTaskGP's lengthscale constraint (>= 0.025) when constrain is set.
+        extra = {"lengthscale_constraint": GreaterThan(0.025)} if self.constrain else {}
+        kernel = FourierFeatureKernel(
+            num_features, spectral="rbf", sampling=self.sampling, ard_num_dims=self.dim,
+            seed=self.seed, **extra,
+        ).double()
+        kernel.lengthscale = lengthscale.detach().double()
+        return kernel
+
     def fit(self, x_unit, ys):
         """MAP hyperparameters (L-BFGS on rfgp's feature-space evidence plus the priors),
-        warm-started from the previous iteration; returns the fitted GP."""
+        warm-started from the previous iteration; returns the GP fitted on all rows with the
+        posterior's features."""
         import torch
 
         from rfgp import RandomFeatureGP
 
+        n = x_unit.shape[0]
+        width = self.fit_features(n) if self.fit_features else self.num_features
+        if width != self.kernel.num_features:
+            self.kernel = self.make_kernel(width, self.kernel.lengthscale)
         gp = RandomFeatureGP(self.kernel, noise=float(self.log_noise.exp()))
         log_noise = self.log_noise.clone().requires_grad_(True)
-        params = [self.kernel.raw_lengthscale, log_noise]
+        mean = self.mean.clone().requires_grad_(self.learn_mean)
+        params = [self.kernel.raw_lengthscale, log_noise] + ([mean] if self.learn_mean else [])
         optimiser = torch.optim.LBFGS(
             params, lr=1.0, max_iter=self.fit_iterations, line_search_fn="strong_wolfe"
         )
@@ -132,10 +162,10 @@ class RfgpThompson:
             optimiser.zero_grad()
             noise = log_noise.exp() + 1e-4
             loss = -(
-                gp.log_marginal_likelihood(x_unit, ys, noise)
+                gp.log_marginal_likelihood(x_unit, ys - mean, noise)
                 + self.lengthscale_prior.log_prob(self.kernel.lengthscale).sum()
                 + self.noise_prior.log_prob(noise)
-            ) / x_unit.shape[0]
+            ) / n
             loss.backward()
             return loss
 
@@ -147,8 +177,15 @@ class RfgpThompson:
                 for p, old in zip(params, state):
                     p.copy_(old)
         self.log_noise = log_noise.detach()
-        gp.noise = float(self.log_noise.exp()) + 1e-4
-        return gp.fit(x_unit, ys)
+        self.mean = mean.detach()
+        noise = float(self.log_noise.exp()) + 1e-4
+        posterior = self.posterior_features(n) if self.posterior_features else width
+        kernel = (self.kernel if posterior == width
+                  else self.make_kernel(posterior, self.kernel.lengthscale))
+        # The paths are f(x) + mean: the constant moves no maximiser, so they are drawn
+        # from the GP of the residuals.
+        with torch.no_grad():
+            return RandomFeatureGP(kernel, noise=noise).fit(x_unit, ys - self.mean)
 
     def propose(self, x_unit, y, q, generator):
         import torch
@@ -223,7 +260,31 @@ class RandomSearch:
         return torch.rand(q, x_unit.shape[1], generator=generator, dtype=x_unit.dtype)
 
 
-def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_iterations=20):
+def make_optimizer(method, dim, seed, num_features, pool, fit_iterations, posterior_max):
+    """The proposer of ``method``; rfgp's posterior width grows with the data by
+    :func:`rfgp.bayesopt.posterior_num_features` (at least ``num_features``, at most
+    ``posterior_max``) except in ``rfgp-ts-fixed``."""
+    from rfgp.bayesopt import posterior_num_features
+
+    if method.startswith("rfgp-ts"):
+        def grow(n):
+            return posterior_num_features(n, minimum=num_features,
+                                          maximum=max(posterior_max, num_features))
+
+        return RfgpThompson(
+            dim, num_features, seed, pool, fit_iterations,
+            steps=0 if method == "rfgp-ts-candidates" else 30,
+            posterior_features=None if method == "rfgp-ts-fixed" else grow,
+        )
+    if method == "exact-ts":
+        return ExactThompson(pool)
+    if method == "exact-pathwise":
+        return ExactPathwise(pool)
+    return RandomSearch()
+
+
+def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_iterations=20,
+            posterior_max=4096):
     import torch
     from torch.quasirandom import SobolEngine
 
@@ -238,15 +299,8 @@ def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_i
     x = SobolEngine(dim, scramble=True, seed=seed).draw(q).double()
     y = evaluate(x)
     generator = torch.Generator().manual_seed(1000 + seed)
-    if method.startswith("rfgp-ts"):
-        steps = 0 if method == "rfgp-ts-candidates" else 30
-        optimizer = RfgpThompson(dim, num_features, seed, pool, fit_iterations, steps=steps)
-    elif method == "exact-ts":
-        optimizer = ExactThompson(pool)
-    elif method == "exact-pathwise":
-        optimizer = ExactPathwise(pool)
-    else:
-        optimizer = RandomSearch()
+    optimizer = make_optimizer(method, dim, seed, num_features, pool, fit_iterations,
+                               posterior_max)
     trace = [{"evaluations": int(y.shape[0]), "best": float(y.max()), "seconds": 0.0}]
     for _ in range(iterations):
         start = time.perf_counter()
@@ -260,17 +314,17 @@ def run_one(problem_name, method, seed, q, iterations, num_features, pool, fit_i
     return trace
 
 
-def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterations=20):
+def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterations=20,
+                 posterior_max=4096):
     """Seconds of one BO iteration (fit from the initial hyperparameters + batch selection) at
-    N Sobol points. Each model is fitted once per N and timed once; each selection rule is
-    timed on that fit, and a method's iteration is fit + its selection."""
+    N Sobol points. Each rfgp method is one ``propose`` call; the exact GP is fitted once per
+    N, each exact selection rule is timed on that fit, and its iteration is fit + selection."""
     import torch
     from botorch.generation import MaxPosteriorSampling
     from botorch.sampling.pathwise import draw_matheron_paths
     from botorch.utils.sampling import optimize_posterior_samples
     from torch.quasirandom import SobolEngine
 
-    from rfgp.bayesopt import thompson_sample
 
     problem = make_problem(problem_name)
     lower, upper = problem.bounds[0].double(), problem.bounds[1].double()
@@ -282,19 +336,13 @@ def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterat
         generator = torch.Generator().manual_seed(0)
         candidates = candidate_pool(x, y, pool, generator)
         row = {"n": n}
-        if any(m.startswith("rfgp") for m in methods):
-            rfgp = RfgpThompson(problem.dim, num_features, 0, pool, fit_iterations)
-            start = time.perf_counter()
-            gp = rfgp.fit(x, (y - y.mean()) / y.std())
-            fit_seconds = time.perf_counter() - start
-            for method, steps in (("rfgp-ts", 30), ("rfgp-ts-candidates", 0)):
-                if method not in methods:
-                    continue
+        for method in methods:
+            if method.startswith("rfgp"):
+                proposer = make_optimizer(method, problem.dim, 0, num_features, pool,
+                                          fit_iterations, posterior_max)
                 start = time.perf_counter()
-                thompson_sample(gp, bounds, q, raw_samples=pool // 2,
-                                candidates=candidates[pool // 2:], num_restarts=2, steps=steps,
-                                lr=0.002, generator=generator)
-                row[method] = fit_seconds + time.perf_counter() - start
+                proposer.propose(x, y, q, generator)
+                row[method] = time.perf_counter() - start
         if any(m.startswith("exact") for m in methods):
             torch.manual_seed(0)
             start = time.perf_counter()
@@ -317,32 +365,41 @@ def timing_sweep(problem_name, sizes, methods, q, num_features, pool, fit_iterat
     return rows
 
 
+def mean_se(values):
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
 def summarise(results, problems, methods, seeds):
-    """Per problem and method: final best (mean, standard error), last iteration time."""
+    """Per problem and method: regret (mean, standard error over seeds) at the evaluations all
+    methods reached ('matched') and at the method's own end; the time of the iteration that
+    reached the matched evaluations and of the last iteration."""
     rows = []
     for problem in problems:
         optimum = float(make_problem(problem).optimal_value)  # of the negated function
+        matched = min(results[problem][m][str(s)][-1]["evaluations"]
+                      for m in methods for s in seeds)
         for method in methods:
             traces = [results[problem][method][str(s)] for s in seeds]
-            finals = [t[-1]["best"] for t in traces]
-            mean = sum(finals) / len(finals)
-            se = (
-                math.sqrt(sum((f - mean) ** 2 for f in finals) / (len(finals) - 1) / len(finals))
-                if len(finals) > 1
-                else float("nan")
-            )
-            last = sum(t[-1]["seconds"] for t in traces) / len(traces)
-            total = sum(sum(step["seconds"] for step in t) for t in traces) / len(traces)
+            at = next(i for i, step in enumerate(traces[0]) if step["evaluations"] == matched)
+            regret, regret_se = mean_se([optimum - t[at]["best"] for t in traces])
+            final, final_se = mean_se([optimum - t[-1]["best"] for t in traces])
             rows.append(
                 {
                     "problem": problem,
                     "method": method,
+                    "matched_evaluations": matched,
+                    "regret": regret,
+                    "regret_se": regret_se,
                     "evaluations": traces[0][-1]["evaluations"],
-                    "best_mean": mean,
-                    "best_se": se,
-                    "regret": optimum - mean,
-                    "last_iteration_s": last,
-                    "total_s": total,
+                    "final_regret": final,
+                    "final_regret_se": final_se,
+                    "matched_iteration_s": sum(t[at]["seconds"] for t in traces) / len(traces),
+                    "last_iteration_s": sum(t[-1]["seconds"] for t in traces) / len(traces),
+                    "total_s": sum(sum(step["seconds"] for step in t) for t in traces)
+                    / len(traces),
                 }
             )
     return rows
@@ -399,6 +456,8 @@ def plot(results, problems, methods, seeds, path, sweep=None, sweep_problem=None
 
 
 def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
+    exact_iterations = config.get("exact_iterations", config["iterations"])
+    posterior_max = config.get("posterior_max_features", config["num_features"])
     lines = [
         "# Batch Bayesian optimisation",
         "",
@@ -407,37 +466,50 @@ def write_markdown(rows, config, path, plot_name, elapsed, sweep=None):
         + f"on {config['machine']} (a shared 2-core machine; other jobs ran at the same time,"
         " so absolute times are noisy and the ratios measured side by side are what counts).",
         "",
-        f"Settings: batch q = {config['q']}, {config['iterations']} iterations after a Sobol "
-        f"design of q points ({config['q'] * (config['iterations'] + 1)} evaluations), seeds "
-        f"{config['seeds']}, rfgp with D = {config['num_features']} Fourier features "
-        "(RBF, ARD, orthogonal frequencies; the exact GP's kernel and priors), candidate / "
-        f"start pool of {config['pool']} points, "
-        f"one torch thread per process. Wall time summed over the parts of the run: "
+        f"Settings: batch q = {config['q']}, a Sobol design of q points, then "
+        f"{config['iterations']} iterations ({config['q'] * (config['iterations'] + 1)} "
+        f"evaluations) for rfgp and random search and {exact_iterations} iterations "
+        f"({config['q'] * (exact_iterations + 1)} evaluations) for the exact GP; seeds "
+        f"{config['seeds']}. rfgp: RBF, ARD, orthogonal Fourier features, the exact GP's "
+        "priors, lengthscale constraint and constant mean; hyperparameters fitted with "
+        f"D = {config['num_features']} features, paths drawn from a posterior with "
+        f"`posterior_num_features(N)` features (the smallest power of two >= 2N, between "
+        f"{config['num_features']} and {posterior_max}; 'D fixed': {config['num_features']}). "
+        f"Candidate / start pool of {config['pool']} points, "
+        f"one torch thread. Wall time summed over the parts of the run: "
         f"{elapsed / 60:.1f} minutes (the parts may run as processes side by side).",
         "",
-        "Regret is the optimum minus the best value found (mean over seeds, ± standard error); "
-        "'last iteration' is the mean time of the final iteration (model fit + choosing the "
-        "batch, at the largest data size); 'speed-up' divides the exact GP's time by that of "
-        "rfgp with gradient ascent; 'total time' is the model + selection time of a whole run.",
+        "Regret is the optimum minus the best value found (mean over seeds, ± standard error), "
+        "at the evaluations every method reached ('matched') and at the method's own end; "
+        "'iteration' is the mean time of the iteration that reached the matched evaluations "
+        f"(model fit + choosing the batch on N = matched - {config['q']} points), 'last "
+        "iteration' that of the method's final one; 'speed-up' divides the exact GP's "
+        "iteration time by that of rfgp with gradient ascent at the same N; 'total time' is the "
+        "model + selection time of a whole run.",
         "",
-        "| problem | method | evaluations | regret | last iteration (s) | speed-up of rfgp "
-        "| total time (s) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| problem | method | regret, matched evaluations | iteration (s) | speed-up of rfgp "
+        "| evaluations | regret at the end | last iteration (s) | total time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def value(mean, se):
+        return f"{mean:.3g}" + ("" if math.isnan(se) else f" ± {se:.2g}")
+
     for row in rows:
         ref = next(
             r for r in rows if r["problem"] == row["problem"] and r["method"] == "rfgp-ts"
         )
         speedup = (
-            f"{row['last_iteration_s'] / ref['last_iteration_s']:.1f}x"
+            f"{row['matched_iteration_s'] / ref['matched_iteration_s']:.1f}x"
             if row["method"].startswith("exact")
             else ""
         )
-        se = "" if math.isnan(row["best_se"]) else f" ± {row['best_se']:.3g}"
         lines.append(
-            f"| {row['problem']} | {LABELS[row['method']]} | {row['evaluations']} | "
-            f"{row['regret']:.3g}{se} | {row['last_iteration_s']:.2f} | {speedup} | "
-            f"{row['total_s']:.1f} |"
+            f"| {row['problem']} | {LABELS[row['method']]} | "
+            f"{value(row['regret'], row['regret_se'])} ({row['matched_evaluations']}) | "
+            f"{row['matched_iteration_s']:.2f} | {speedup} | {row['evaluations']} | "
+            f"{value(row['final_regret'], row['final_regret_se'])} | "
+            f"{row['last_iteration_s']:.2f} | {row['total_s']:.1f} |"
         )
     if sweep:
         lines += [
@@ -479,6 +551,15 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--q", type=int, default=50)
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument(
+        "--exact-iterations", type=int, default=None,
+        help="iterations of the exact-GP methods (default --iterations; their cost grows as N^3)",
+    )
+    parser.add_argument(
+        "--posterior-max-features", type=int, default=4096,
+        help="largest D of rfgp's posterior (it grows with N: "
+        "rfgp.bayesopt.posterior_num_features)",
+    )
     parser.add_argument("--num-features", type=int, default=512)
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--fit-iterations", type=int, default=20)
@@ -506,9 +587,11 @@ def main(argv=None):
         for problem in args.problems:
             for seed in seeds:
                 for method in args.methods:
+                    iterations = (args.exact_iterations if method.startswith("exact")
+                                  and args.exact_iterations is not None else args.iterations)
                     trace = run_one(
-                        problem, method, seed, args.q, args.iterations, args.num_features,
-                        args.pool, args.fit_iterations,
+                        problem, method, seed, args.q, iterations, args.num_features,
+                        args.pool, args.fit_iterations, args.posterior_max_features,
                     )
                     results[problem][method][str(seed)] = trace
                     total = sum(step["seconds"] for step in trace)
@@ -521,6 +604,9 @@ def main(argv=None):
             "quick": args.quick,
             "q": args.q,
             "iterations": args.iterations,
+            "exact_iterations": (args.exact_iterations if args.exact_iterations is not None
+                                 else args.iterations),
+            "posterior_max_features": args.posterior_max_features,
             "seeds": seeds,
             "problems": args.problems,
             "methods": args.methods,
@@ -534,7 +620,7 @@ def main(argv=None):
         began = time.perf_counter()
         sweep = timing_sweep(
             args.sweep_problem, args.sweep_sizes, args.methods, args.q, args.num_features,
-            args.pool, args.fit_iterations,
+            args.pool, args.fit_iterations, args.posterior_max_features,
         )
         sweep_path.write_text(json.dumps({
             "problem": args.sweep_problem, "rows": sweep,

@@ -19,6 +19,10 @@ observations the model holds. The recipe:
    re-standardising), repeat.
 
 :func:`thompson_sample` does steps 2-4; :func:`maximize_paths` does 3-4 for any callable paths.
+As the data grow, draw the paths from a posterior with more features than the hyperparameter
+fit used (:func:`posterior_num_features`): a weight-space posterior with ``D`` features and
+``N >> D`` observations is confident in every direction of its ``D``-dimensional weight space,
+so its paths all look like the posterior mean and the batch loses its diversity.
 
 Example:
     >>> from rfgp import RandomFeatureGP
@@ -41,9 +45,51 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_tensor
+from rfgp._validation import check_int, check_positive, check_real, check_tensor
 
-__all__ = ["maximize_paths", "thompson_sample"]
+__all__ = ["maximize_paths", "posterior_num_features", "thompson_sample"]
+
+
+def posterior_num_features(
+    num_data: int, factor: float = 2.0, minimum: int = 512, maximum: int = 4096
+) -> int:
+    r"""Features ``D`` of the posterior Thompson paths are drawn from, for ``N`` observations.
+
+    The smallest power of two :math:`D \ge` ``factor`` :math:`\cdot N`, clipped to
+    ``[minimum, maximum]``. A weight-space posterior :math:`w \sim N(\mu_w, B^{-1})`,
+    :math:`B = \Phi^\top \Phi / \sigma^2 + I`, has ``D`` directions: with :math:`N \ge D`
+    well-spread observations every direction is pinned by the data, :math:`B^{-1}` is small
+    everywhere and the paths are nearly the posterior mean even far from the data (variance
+    starvation); with :math:`D \ge 2N` at least :math:`D - N` directions keep their prior
+    variance, as the exact GP's posterior does away from the data. The fit costs
+    :math:`O(N D^2 + D^3)` once per batch; the hyperparameters can be fitted with fewer
+    features (they need the kernel's shape, not its posterior's rank).
+
+    Args:
+        num_data: ``N``, the number of observations (at least 1).
+        factor: features per observation to aim for (positive).
+        minimum, maximum: even bounds on ``D`` (``2 <= minimum <= maximum``).
+
+    Returns:
+        ``D``, an even integer.
+
+    Example:
+        >>> posterior_num_features(100), posterior_num_features(600), posterior_num_features(5000)
+        (512, 2048, 4096)
+    """
+    num_data = check_int("num_data", num_data)
+    factor = check_positive("factor", factor)
+    minimum = check_int("minimum", minimum, minimum=2)
+    maximum = check_int("maximum", maximum, minimum=minimum)
+    for name, value in (("minimum", minimum), ("maximum", maximum)):
+        if value % 2:
+            raise ValueError(f"{name} must be even (a cos and a sin column per frequency), "
+                             f"got {value}")
+    target = check_real("factor * num_data", factor * num_data, low=0.0)
+    features = 2
+    while features < target and features < maximum:
+        features *= 2
+    return max(minimum, min(features, maximum))
 
 
 def _check_bounds(bounds: Tensor) -> Tensor:
