@@ -582,9 +582,24 @@ def main(argv=None):
     sweep_path = OUT_DIR / f"{args.output}_sweep.json"
     seeds = list(range(args.seeds))
     if args.part in ("all", "loops"):
-        results = {p: {m: {} for m in args.methods} for p in args.problems}
+        results = {}
         began = time.perf_counter()
+        config = {
+            "quick": args.quick,
+            "q": args.q,
+            "iterations": args.iterations,
+            "exact_iterations": (args.exact_iterations if args.exact_iterations is not None
+                                 else args.iterations),
+            "posterior_max_features": args.posterior_max_features,
+            "seeds": seeds,
+            "problems": [],
+            "methods": args.methods,
+            "num_features": args.num_features,
+            "pool": args.pool,
+            "machine": f"{platform.machine()} / torch {torch.__version__}",
+        }
         for problem in args.problems:
+            results[problem] = {m: {} for m in args.methods}
             for seed in seeds:
                 for method in args.methods:
                     iterations = (args.exact_iterations if method.startswith("exact")
@@ -600,32 +615,22 @@ def main(argv=None):
                         f"time {total:7.1f} s (last iteration {trace[-1]['seconds']:.2f} s)",
                         flush=True,
                     )
-        config = {
-            "quick": args.quick,
-            "q": args.q,
-            "iterations": args.iterations,
-            "exact_iterations": (args.exact_iterations if args.exact_iterations is not None
-                                 else args.iterations),
-            "posterior_max_features": args.posterior_max_features,
-            "seeds": seeds,
-            "problems": args.problems,
-            "methods": args.methods,
-            "num_features": args.num_features,
-            "pool": args.pool,
-            "machine": f"{platform.machine()} / torch {torch.__version__}",
-            "minutes": (time.perf_counter() - began) / 60,
-        }
-        loops_path.write_text(json.dumps({"config": config, "results": results}, indent=1))
+            # Saved after every problem, so a run stopped early keeps the finished problems.
+            config["problems"].append(problem)
+            config["minutes"] = (time.perf_counter() - began) / 60
+            loops_path.write_text(json.dumps({"config": config, "results": results}, indent=1))
     if args.part in ("all", "sweep") and args.sweep_sizes:
         began = time.perf_counter()
-        sweep = timing_sweep(
-            args.sweep_problem, args.sweep_sizes, args.methods, args.q, args.num_features,
-            args.pool, args.fit_iterations, args.posterior_max_features,
-        )
-        sweep_path.write_text(json.dumps({
-            "problem": args.sweep_problem, "rows": sweep,
-            "minutes": (time.perf_counter() - began) / 60,
-        }, indent=1))
+        sweep = []
+        for size in args.sweep_sizes:  # saved after every size
+            sweep += timing_sweep(
+                args.sweep_problem, [size], args.methods, args.q, args.num_features,
+                args.pool, args.fit_iterations, args.posterior_max_features,
+            )
+            sweep_path.write_text(json.dumps({
+                "problem": args.sweep_problem, "rows": sweep,
+                "minutes": (time.perf_counter() - began) / 60,
+            }, indent=1))
     if args.part in ("all", "report"):
         saved = json.loads(loops_path.read_text()) if loops_path.exists() else None
         for name in args.merge:
