@@ -7,7 +7,7 @@ import torch
 from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP, StaleFitError
-from rfgp.bayesopt import maximize_paths, thompson_sample
+from rfgp.bayesopt import maximize_paths, posterior_num_features, thompson_sample
 from rfgp.kernels import (
     FourierFeatureKernel,
     GaussianSketchKernel,
@@ -202,3 +202,42 @@ def test_a_model_changed_after_fit_is_refitted_or_refused():
     kernel.lengthscale = 0.5  # no data held: no stale answer, an error
     with pytest.raises(StaleFitError, match="lengthscale"):
         thompson_sample(streamed, BOUNDS, 3, raw_samples=32, steps=5)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 2.0, 3.0])
+def test_posterior_num_features_is_the_smallest_power_of_two_above_factor_n(factor):
+    minimum, maximum = 64, 4096
+    for n in [1, 2, 31, 32, 33, 100, 255, 256, 257, 1000, 2047, 2048, 2049, 10**6]:
+        d = posterior_num_features(n, factor, minimum, maximum)
+        assert minimum <= d <= maximum and d & (d - 1) == 0  # a power of two in range
+        if d < maximum:
+            assert d >= factor * n  # enough features ...
+        if d > minimum:
+            assert d / 2 < factor * n  # ... and the fewest such
+
+
+def test_posterior_num_features_clips_to_even_bounds():
+    assert posterior_num_features(1) == 512
+    assert posterior_num_features(10**6) == 4096
+    assert posterior_num_features(600, maximum=1000) == 1000  # not a power of two: the bound
+    assert posterior_num_features(5, minimum=6, maximum=6) == 6
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"num_data": 0}, ValueError, "num_data must be an integer >= 1"),
+        ({"num_data": 10.0}, TypeError, "num_data must be an integer"),
+        ({"factor": 0.0}, ValueError, "factor must be a finite real number > 0"),
+        ({"factor": float("nan")}, ValueError, "factor must be a finite real number > 0"),
+        ({"minimum": 1}, ValueError, "minimum must be an integer >= 2"),
+        ({"minimum": 513}, ValueError, "minimum must be even"),
+        ({"maximum": 511}, ValueError, r"maximum must be an integer >= 512"),
+        ({"maximum": 1025}, ValueError, "maximum must be even"),
+    ],
+    ids=["zero", "float", "factor0", "factor-nan", "minimum1", "odd-min", "max<min", "odd-max"],
+)
+def test_posterior_num_features_rejects_bad_arguments(kwargs, error, match):
+    arguments = {"num_data": 100, **kwargs}
+    with pytest.raises(error, match=match):
+        posterior_num_features(**arguments)
