@@ -5,15 +5,22 @@ the same Sobol design of ``q`` points and proposes ``q`` points per iteration:
 
 * ``rfgp-ts``: :class:`rfgp.RandomFeatureGP` with ``FourierFeatureKernel(D, "rbf", ARD,
   orthogonal frequencies)``, the model of the exact baseline (RBF with ARD, BoTorch's
-  dimension-scaled log-normal lengthscale prior and log-normal noise prior, started at their
-  modes): the MAP hyperparameters are re-fitted each iteration by L-BFGS on rfgp's
-  feature-space evidence (``log_marginal_likelihood``, ``O(N D^2)``), warm-started, then
-  :func:`rfgp.bayesopt.thompson_sample` draws ``q`` weight-space sample paths and maximises
-  each by projected Adam (30 steps of at most 0.002 per coordinate in the unit cube) from its
-  two best starts among the shared candidates.
-* ``rfgp-ts-candidates``: the same model and paths, each path's maximum over the candidate set
-  (``steps=0``): the selection rule of ``MaxPosteriorSampling``, with random-feature paths in
-  place of joint exact draws.
+  dimension-scaled log-normal lengthscale prior started at its mode, its lengthscale
+  constraint ``>= 0.025``, its log-normal noise prior, and a constant prior mean fitted with
+  the hyperparameters like ``SingleTaskGP``'s ``ConstantMean``): the MAP hyperparameters are
+  re-fitted each iteration by L-BFGS on rfgp's feature-space evidence
+  (``log_marginal_likelihood``, ``O(N D^2)``) with ``D = --num-features`` (512), warm-started;
+  the posterior the paths come from is then fitted once with
+  :func:`rfgp.bayesopt.posterior_num_features` ``(N)`` features (the smallest power of two
+  ``>= 2N``, from 512 up to ``--posterior-max-features``), against variance starvation when
+  ``N`` approaches ``D``. :func:`rfgp.bayesopt.thompson_sample` draws ``q`` weight-space
+  sample paths and maximises each by projected Adam (30 steps of at most 0.002 per coordinate
+  in the unit cube) from its two best starts among the shared candidates.
+* ``rfgp-ts-fixed``: the same, with the paths drawn from the 512-feature fit (the ablation of
+  the growing posterior).
+* ``rfgp-ts-candidates``: the model and paths of ``rfgp-ts``, each path's maximum over the
+  candidate set (``steps=0``): the selection rule of ``MaxPosteriorSampling``, with
+  random-feature paths in place of joint exact draws.
 * ``exact-ts``: BoTorch ``SingleTaskGP`` (its default kernel and priors, ``Standardize``),
   ``fit_gpytorch_mll`` each iteration, ``MaxPosteriorSampling`` (joint exact posterior draws
   over the candidate set, without replacement).
@@ -32,8 +39,13 @@ other in one process, so the ratios compare like with like on the same (shared) 
 
 Usage::
 
-    python benchmarks/bayesopt.py            # the measured run (about 20 minutes)
     python benchmarks/bayesopt.py --quick    # a short run (a minute or two)
+    # the run on the benchmark page (about an hour on one core):
+    python benchmarks/bayesopt.py --seeds 3 --iterations 30 --exact-iterations 10 \\
+        --methods rfgp-ts rfgp-ts-fixed exact-ts exact-pathwise random
+    # the full size for a dedicated machine:
+    python benchmarks/bayesopt.py --seeds 5 --iterations 60 --exact-iterations 40 \\
+        --sweep-sizes 500 1000 2000 4000
     # or the two parts side by side, then the report:
     python benchmarks/bayesopt.py --part loops & python benchmarks/bayesopt.py --part sweep
     python benchmarks/bayesopt.py --part report
