@@ -21,6 +21,7 @@ from rfgp.classification.classifier import DirichletGPClassifier
 from rfgp.classification.recipe import (
     ClassifierFitReport,
     choose_classifier_features,
+    dirichlet_evidence_search,
     fit_classifier_auto,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "DirichletGPClassifier",
     "PROBA_METHODS",
     "choose_classifier_features",
+    "dirichlet_evidence_search",
     "encode_labels",
     "fit_classifier_auto",
     "latent_moments",

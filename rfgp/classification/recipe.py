@@ -53,7 +53,13 @@ from gpytorch.kernels import ScaleKernel
 from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_choice, check_int, check_positive
+from rfgp._validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_positive,
+    check_tensor,
+)
 from rfgp.classification.classifier import DirichletGPClassifier
 from rfgp.classification.inputs import check_inputs, encode_labels
 from rfgp.inference.heteroscedastic_evidence import heteroscedastic_negative_log_evidence
@@ -171,6 +177,16 @@ def dirichlet_evidence_search(
     """
     if not isinstance(kernel, ScaleKernel):
         raise TypeError(f"kernel must be a ScaleKernel, got {type(kernel).__name__}")
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
+    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
+    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
+    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
+        raise ValueError(
+            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
+            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
+        )
+    if not bool((noise > 0).all()):
+        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
     base = kernel.base_kernel

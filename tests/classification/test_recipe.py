@@ -223,3 +223,19 @@ def test_recipe_does_not_change_its_inputs():
     x0, l0 = copy.deepcopy(x), copy.deepcopy(labels)
     fit_classifier_auto(x, labels, num_features=64, seed=0)
     assert torch.equal(x, x0) and torch.equal(labels, l0)
+
+
+def test_evidence_search_checks_its_arguments():
+    from rfgp.classification import dirichlet_evidence_search
+
+    x, labels = _three_blobs()
+    targets, noise = dirichlet_transform(labels, 3)
+    kernel = make_ard_kernel(32, 2, seed=0)
+    with pytest.raises(TypeError, match="kernel must be a ScaleKernel"):
+        dirichlet_evidence_search(kernel.base_kernel, x, targets, noise)
+    with pytest.raises(ValueError, match="targets and noise must have shape"):
+        dirichlet_evidence_search(kernel, x, targets, noise[:, :2])
+    with pytest.raises(ValueError, match="noise must be positive"):
+        dirichlet_evidence_search(kernel, x, targets, -noise)
+    with pytest.raises(ValueError, match="x must be finite"):
+        dirichlet_evidence_search(kernel, x * float("nan"), targets, noise)
