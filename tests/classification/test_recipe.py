@@ -239,3 +239,14 @@ def test_evidence_search_checks_its_arguments():
         dirichlet_evidence_search(kernel, x, targets, -noise)
     with pytest.raises(ValueError, match="x must be finite"):
         dirichlet_evidence_search(kernel, x * float("nan"), targets, noise)
+
+
+def test_recipe_finds_the_irrelevant_inputs():
+    # Labels depend on the first two of four inputs: the evidence (ARD) lengthscales of the
+    # other two grow far beyond those of the relevant ones.
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(300, 4, generator=g, dtype=DTYPE)
+    labels = (torch.sin(2 * x[:, 0]) + x[:, 1] > 0).long()
+    clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
+    lengthscale = clf.kernel.base_kernel.lengthscale.detach().reshape(-1)
+    assert float(lengthscale[2:].min()) > 5 * float(lengthscale[:2].max())
