@@ -27,6 +27,11 @@ in the steps of the regression recipe (:mod:`rfgp.inference.recipe`):
    features (default :func:`choose_classifier_features`) at the found hyperparameters is
    fitted on all rows in closed form.
 
+The targets are centred per class, as :class:`~rfgp.DirichletGPClassifier` does by default.
+A learned constant mean per class instead (maximising the evidence over it too) raised the
+log evidence by less than 0.01 nats per datum and class on wine, breast cancer and digits and
+moved the test NLL by at most 0.012 (one split each, ``D = 512``), so centring is kept.
+
 The noise is fixed by ``alpha_epsilon`` (default 0.01), which is kept unless
 ``select_alpha=True``: then ``alpha_epsilon`` is chosen from
 :data:`~rfgp.classification.ALPHA_GRID` on a validation split at the found hyperparameters
