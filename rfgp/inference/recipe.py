@@ -8,6 +8,9 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    (:func:`maximize_evidence`, run until its own tolerances are met, not for a fixed handful of
    iterations) with ``search_features`` features on a random subsample of ``subsample`` rows.
    One evaluation costs :math:`O(n D_s^2 + D_s^3)` instead of :math:`O(N D^2 + D^3)`.
+   On at most ``exact_rows`` rows (default 1000) the search maximises the evidence of the
+   exact kernel instead (:math:`O(n^3)`, no dearer there, and free of the features' error):
+   on the bundled concrete, energy and boston sets this lowered the test MNLL on most splits.
 3. **Refinement on more rows** (when ``N > subsample``). ``refine_iterations`` (default 10)
    more L-BFGS iterations on ``min(N, refine_rows)`` rows (default 20000; a superset of the
    subsample) at ``search_features`` features correct the subsample's bias (long
@@ -45,10 +48,10 @@ from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
-from rfgp.inference.evidence import negative_log_evidence
+from rfgp.inference.evidence import kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.selection import ConvergenceWarning, Objective
-from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
+from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel, stationary_kernel
 
 __all__ = [
     "DEFAULT_COST_BUDGET",
@@ -84,6 +87,7 @@ class FitReport:
         seconds: wall time per stage (``"subsample"``, ``"refine"``, ``"refit"``).
         initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
         losses: per stage, the negative log evidence per datum at each evaluation.
+        exact_stages: the stages that maximised the exact kernel's evidence.
     """
 
     num_features: int
@@ -95,6 +99,7 @@ class FitReport:
     seconds: Dict[str, float] = field(default_factory=dict)
     initial: Dict[str, Tensor] = field(default_factory=dict)
     losses: Dict[str, List[float]] = field(default_factory=dict)
+    exact_stages: List[str] = field(default_factory=list)
 
 
 def _check_data(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
@@ -240,6 +245,7 @@ def maximize_evidence(
     y: Tensor,
     max_iterations: int = 100,
     tolerance: float = 1e-6,
+    exact: bool = False,
 ) -> Tuple[List[float], int, bool]:
     r"""Maximise :math:`\log p(y)` over the kernel's hyperparameters and the model noise.
 
@@ -256,6 +262,10 @@ def maximize_evidence(
         x, y: training data.
         max_iterations: L-BFGS iterations (each one line search, a few evaluations).
         tolerance: gradient tolerance on the loss per datum.
+        exact: maximise the evidence of the exact kernel the features approximate
+            (:func:`~rfgp.kernels.fourier.stationary_kernel`, :math:`O(N^3)` per evaluation)
+            instead of the random-feature evidence; needs a ``ScaleKernel`` around a
+            :class:`~rfgp.kernels.FourierFeatureKernel`.
 
     Returns:
         ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
@@ -277,8 +287,16 @@ def maximize_evidence(
         and base.num_outputs_per_input(x, x) == 1
     )
     y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
+    if exact and not isinstance(base, FourierFeatureKernel):
+        raise TypeError(
+            "maximize_evidence(exact=True) needs a ScaleKernel around a FourierFeatureKernel, "
+            f"got {type(gp.kernel).__name__}"
+        )
 
     def loss() -> Tensor:
+        if exact:
+            k = stationary_kernel(x, x, base.lengthscale, base.nu) * gp.kernel.outputscale
+            return kernel_negative_log_evidence(k, y_cols, log_noise.exp() + floor)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
@@ -316,6 +334,7 @@ def fit_auto(
     cost_budget: float = DEFAULT_COST_BUDGET,
     seed: int = 0,
     report: Optional[FitReport] = None,
+    exact_rows: int = 1000,
 ) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
@@ -342,6 +361,9 @@ def fit_auto(
         cost_budget: operation budget of the final fit (see :func:`choose_num_features`).
         seed: seed of the random frequencies and of the subsample.
         report: a :class:`FitReport` to fill in (iterations, convergence, times).
+        exact_rows: a search stage on at most this many rows maximises the exact kernel's
+            evidence (``O(n^3)``, no more than the ``search_features`` evidence's
+            :math:`O(n D_s^2)` at these sizes) instead of the random-feature one (0: never).
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
@@ -353,6 +375,7 @@ def fit_auto(
     refine_iterations = check_int("refine_iterations", refine_iterations, minimum=0)
     refine_rows = check_int("refine_rows", refine_rows, minimum=2)
     seed = check_int("seed", seed, minimum=0)
+    exact_rows = check_int("exact_rows", exact_rows, minimum=0)
     n, d = x.shape
     if num_features is None:
         num_features = choose_num_features(n, cost_budget)
@@ -381,9 +404,13 @@ def fit_auto(
         stages.append(("subsample", x, y, max_iterations))
     info.subsample = min(n, subsample)
     info.refine_rows = stages[-1][1].shape[0] if len(stages) > 1 else 0
+    info.exact_stages = []
     for name, xs, ys, iters in stages:
         started = time.perf_counter()
-        losses, iterations, converged = maximize_evidence(gp, xs, ys, iters, tolerance)
+        exact = xs.shape[0] <= exact_rows
+        if exact:
+            info.exact_stages.append(name)
+        losses, iterations, converged = maximize_evidence(gp, xs, ys, iters, tolerance, exact)
         info.seconds[name] = time.perf_counter() - started
         info.iterations[name], info.converged[name], info.losses[name] = (
             iterations, converged, losses
