@@ -305,6 +305,8 @@ def make_plan(args):
     for name in sorted((n for n in UCI_DATASETS if n != "power-plant"), key=lambda n: -sizes[n]):
         splits = args.splits if sizes[name] <= args.small_rows else args.big_splits
         plan.append((name, name, 1, splits, base + ["exact GP"]))
+    if args.sets:
+        plan = [p for p in plan if p[0] in args.sets]
     return plan
 
 
@@ -635,6 +637,8 @@ def main():
     parser.add_argument("--check-max", type=int, default=20000,
                         help="compare the estimator with fit_auto up to this many rows")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sets", nargs="*", default=None,
+                        help="run only these sets (labels, e.g. concrete 'power-plant x 11')")
     args = parser.parse_args()
     if args.quick:
         args.sgpr_steps, args.svgp_steps = 20, 50
