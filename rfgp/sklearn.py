@@ -60,7 +60,29 @@ from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.inference.recipe import FitReport, choose_num_features, fit_auto
 from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
 
-__all__ = ["KERNELS", "make_kernel", "RandomFeatureGPRegressor", "RandomFeatureGPClassifier"]
+__all__ = [
+    "InvalidParameterError",
+    "KERNELS",
+    "make_kernel",
+    "RandomFeatureGPRegressor",
+    "RandomFeatureGPClassifier",
+]
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A constructor parameter of an estimator is of the wrong type or value.
+
+    It is a ``ValueError`` (what scikit-learn's estimator checks expect of a bad parameter)
+    and a ``TypeError`` (what Python code expects of a wrong type), so either can be caught.
+
+    Example:
+        >>> from rfgp.sklearn import make_kernel
+        >>> try:
+        ...     make_kernel("rbf", num_features="many")
+        ... except TypeError as error:
+        ...     print(error)
+        num_features must be a positive integer, got 'many' (str)
+    """
 
 
 def _fourier(spectral: str) -> Callable[..., RandomFeatureKernel]:
@@ -117,15 +139,22 @@ _RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise ValueError(f"{name} must be a positive float, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(
+            f"{name} must be a positive float, got {value!r} ({type(value).__name__})"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidParameterError(f"{name} must be a positive float, got {value!r}")
     return float(value)
 
 
 def _check_positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidParameterError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1:
+        raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
