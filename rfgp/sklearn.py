@@ -293,7 +293,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
     noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
     of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), refine it
-    with 10 iterations on up to 20000 rows when there are more, and the GP is refitted on all
+    with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
     ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
     then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
