@@ -55,7 +55,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from gpytorch.kernels import ScaleKernel
-from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import (
@@ -73,7 +72,7 @@ from rfgp.inference.recipe import (
     initial_hyperparameters,
     make_ard_kernel,
 )
-from rfgp.inference.selection import ConvergenceWarning, Objective
+from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU
 from rfgp.likelihoods import DirichletLikelihood
 
@@ -202,21 +201,7 @@ def dirichlet_evidence_search(
         z = base.features(x) * kernel.outputscale.sqrt()
         return heteroscedastic_negative_log_evidence(z, targets, noise) * scale
 
-    objective = Objective(params, loss, lambda: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumericalWarning)
-        first = objective.closure()
-        # A finite loss far above any reached: the line search rejects the trial point.
-        objective.barrier = abs(float(first)) * 10.0 + 1e3
-        opt = torch.optim.LBFGS(
-            params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
-            tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
-            line_search_fn="strong_wolfe",
-        )
-        opt.step(objective.closure)
-    iterations = int(opt.state[params[0]]["n_iter"])
-    objective.restore_best()
-    return objective.evaluations, iterations, iterations < max_iterations
+    return minimize_lbfgs(params, loss, max_iterations, tolerance)
 
 
 def fit_classifier_auto(

@@ -45,13 +45,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import ScaleKernel
-from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
 from rfgp.inference.evidence import kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.selection import ConvergenceWarning, Objective
+from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel, stationary_kernel
 
 __all__ = [
@@ -303,22 +302,9 @@ def maximize_evidence(
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
         return -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
 
-    objective = Objective(params, lambda: loss() * scale, lambda: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumericalWarning)
-        first = objective.closure()
-        # A finite loss far above any reached: the line search rejects the trial point.
-        objective.barrier = abs(float(first)) * 10.0 + 1e3
-        opt = torch.optim.LBFGS(
-            params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
-            tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
-            line_search_fn="strong_wolfe",
-        )
-        opt.step(objective.closure)
-    iterations = int(opt.state[params[0]]["n_iter"])
-    objective.restore_best()
+    result = minimize_lbfgs(params, lambda: loss() * scale, max_iterations, tolerance)
     gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(gp.noise.shape)
-    return objective.evaluations, iterations, iterations < max_iterations
+    return result
 
 
 def fit_auto(
