@@ -50,8 +50,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 from gpytorch.kernels import ScaleKernel
@@ -69,6 +68,7 @@ from rfgp.classification.inputs import check_inputs, encode_labels
 from rfgp.inference.heteroscedastic_evidence import heteroscedastic_negative_log_evidence
 from rfgp.inference.recipe import (
     DEFAULT_COST_BUDGET,
+    FitReport,
     initial_hyperparameters,
     make_ard_kernel,
 )
@@ -87,9 +87,8 @@ _MIN_FEATURES = 512
 _MAX_FEATURES = 8192
 
 
-@dataclass
-class ClassifierFitReport:
-    """What :func:`fit_classifier_auto` did.
+class ClassifierFitReport(FitReport):
+    """What :func:`fit_classifier_auto` did (the fields of :class:`~rfgp.inference.FitReport`).
 
     Attributes:
         num_features: ``D`` of the final fit.
@@ -99,19 +98,11 @@ class ClassifierFitReport:
         iterations: L-BFGS iterations per stage (``"subsample"``, ``"refine"``).
         converged: per stage, whether L-BFGS met its tolerances before its iteration limit.
         seconds: wall time per stage (``"subsample"``, ``"refine"``, ``"refit"``).
-        initial: the starting ``lengthscale`` and ``outputscale``.
+        initial: the starting ``lengthscale`` and ``outputscale`` (the noise is fixed by the
+            Dirichlet transform).
         losses: per stage, the negative log evidence per datum and class at each evaluation.
+        exact_stages: empty (the classifier's search always uses the features).
     """
-
-    num_features: int = 0
-    search_features: int = 0
-    subsample: int = 0
-    refine_rows: int = 0
-    iterations: Dict[str, int] = field(default_factory=dict)
-    converged: Dict[str, bool] = field(default_factory=dict)
-    seconds: Dict[str, float] = field(default_factory=dict)
-    initial: Dict[str, Tensor] = field(default_factory=dict)
-    losses: Dict[str, List[float]] = field(default_factory=dict)
 
 
 def choose_classifier_features(

@@ -90,9 +90,9 @@ class FitReport:
         exact_stages: the stages that maximised the exact kernel's evidence.
     """
 
-    num_features: int
-    search_features: int
-    subsample: int
+    num_features: int = 0
+    search_features: int = 0
+    subsample: int = 0
     refine_rows: int = 0
     iterations: Dict[str, int] = field(default_factory=dict)
     converged: Dict[str, bool] = field(default_factory=dict)
