@@ -49,7 +49,6 @@ Example:
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Optional
 
 import torch
@@ -71,8 +70,11 @@ from rfgp.inference.recipe import (
     FitReport,
     initial_hyperparameters,
     make_ard_kernel,
+    run_search_stages,
+    search_stages,
+    stage_sizes,
 )
-from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
+from rfgp.inference.selection import minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU
 from rfgp.likelihoods import DirichletLikelihood
 
@@ -88,7 +90,8 @@ _MAX_FEATURES = 8192
 
 
 class ClassifierFitReport(FitReport):
-    """What :func:`fit_classifier_auto` did (the fields of :class:`~rfgp.inference.FitReport`).
+    """What :func:`fit_classifier_auto` did: the fields of
+    :class:`~rfgp.inference.recipe.FitReport`.
 
     Attributes:
         num_features: ``D`` of the final fit.
@@ -286,33 +289,15 @@ def fit_classifier_auto(
     kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
     kernel.base_kernel.lengthscale = init["lengthscale"].reshape(1, -1)
     kernel.outputscale = outputscale.to(x.device)
-    stages = []
-    if n > subsample:
-        order = torch.randperm(n, generator=generator).to(x.device)
-        stages.append(("subsample", order[:subsample], max_iterations))
-        if refine_iterations:
-            rows = order[:max(refine_rows, subsample)] if n > refine_rows else order
-            stages.append(("refine", rows, refine_iterations))
-    else:
-        stages.append(("subsample", None, max_iterations))
-    info.subsample = min(n, subsample)
-    info.refine_rows = stages[-1][1].numel() if len(stages) > 1 else 0
-    for name, rows, iters in stages:
-        started = time.perf_counter()
+    stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
+                           generator, x.device)
+    info.subsample, info.refine_rows = stage_sizes(stages, n)
+
+    def search(name: str, rows: Optional[Tensor], iterations: int):
         xs, ys, ss = (x, targets, noise) if rows is None else (x[rows], targets[rows], noise[rows])
-        losses, iterations, converged = dirichlet_evidence_search(
-            kernel, xs, ys, ss, iters, tolerance
-        )
-        info.seconds[name] = time.perf_counter() - started
-        info.iterations[name], info.converged[name], info.losses[name] = (
-            iterations, converged, losses
-        )
-    if not info.converged["subsample"]:
-        warnings.warn(
-            f"fit_classifier_auto: the evidence search did not converge in {max_iterations} "
-            "L-BFGS iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
+        return dirichlet_evidence_search(kernel, xs, ys, ss, iterations, tolerance)
+
+    run_search_stages(stages, search, info, "fit_classifier_auto")
 
     started = time.perf_counter()
     final = kernel

@@ -61,6 +61,9 @@ __all__ = [
     "initial_hyperparameters",
     "make_ard_kernel",
     "maximize_evidence",
+    "run_search_stages",
+    "search_stages",
+    "stage_sizes",
 ]
 
 #: Operation budget of the final fit, :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds: about
@@ -307,6 +310,64 @@ def maximize_evidence(
     return result
 
 
+def search_stages(
+    num_rows: int,
+    subsample: int,
+    refine_iterations: int,
+    refine_rows: int,
+    max_iterations: int,
+    generator: torch.Generator,
+    device: Optional[torch.device] = None,
+) -> List[Tuple[str, Optional[Tensor], int]]:
+    """The stages of a recipe's evidence search: ``(name, rows, L-BFGS iterations)``.
+
+    With more than ``subsample`` rows: ``"subsample"`` on a random ``subsample`` rows, then
+    (if ``refine_iterations``) ``"refine"`` on ``min(N, refine_rows)`` rows, a random superset
+    of them; otherwise one ``"subsample"`` stage on all rows. ``rows`` is a tensor of row
+    indices, or ``None`` for all rows in their order.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> [(name, None if rows is None else rows.numel(), iters)
+        ...  for name, rows, iters in search_stages(5000, 2000, 30, 20000, 200, g)]
+        [('subsample', 2000, 200), ('refine', None, 30)]
+    """
+    if num_rows <= subsample:
+        return [("subsample", None, max_iterations)]
+    order = torch.randperm(num_rows, generator=generator).to(device)
+    stages: List[Tuple[str, Optional[Tensor], int]] = [
+        ("subsample", order[:subsample], max_iterations)
+    ]
+    if refine_iterations:
+        rows = order[:max(refine_rows, subsample)] if num_rows > refine_rows else None
+        stages.append(("refine", rows, refine_iterations))
+    return stages
+
+
+def stage_sizes(stages: List[Tuple[str, Optional[Tensor], int]], num_rows: int) -> Tuple[int, int]:
+    """``(rows of the first stage, rows of the refinement or 0)`` of :func:`search_stages`."""
+    sizes = [num_rows if rows is None else rows.numel() for _, rows, _ in stages]
+    return sizes[0], (sizes[1] if len(sizes) > 1 else 0)
+
+
+def run_search_stages(stages, search, info: FitReport, caller: str) -> None:
+    """Run ``search(name, rows, iterations) -> (losses, iterations, converged)`` per stage,
+    recording sizes, iterations, convergence, losses and times in ``info``; warn with a
+    :class:`~rfgp.inference.selection.ConvergenceWarning` when the first stage did not
+    converge."""
+    for name, rows, iterations in stages:
+        started = time.perf_counter()
+        losses, done, converged = search(name, rows, iterations)
+        info.seconds[name] = time.perf_counter() - started
+        info.iterations[name], info.converged[name], info.losses[name] = done, converged, losses
+    if not info.converged["subsample"]:
+        warnings.warn(
+            f"{caller}: the evidence search did not converge in {stages[0][2]} L-BFGS "
+            "iterations; increase max_iterations",
+            ConvergenceWarning,
+        )
+
+
 def fit_auto(
     x: Tensor,
     y: Tensor,
@@ -377,37 +438,19 @@ def fit_auto(
     kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
     _set_hyperparameters(kernel, init["lengthscale"], init["outputscale"])
     gp = RandomFeatureGP(kernel, noise=init["noise"])
-    stages = []
-    if n > subsample:
-        order = torch.randperm(n, generator=generator).to(x.device)
-        stages.append(("subsample", x[order[:subsample]], y[order[:subsample]], max_iterations))
-        if refine_iterations:
-            if n > refine_rows:
-                rows = order[:max(refine_rows, subsample)]
-                stages.append(("refine", x[rows], y[rows], refine_iterations))
-            else:
-                stages.append(("refine", x, y, refine_iterations))
-    else:
-        stages.append(("subsample", x, y, max_iterations))
-    info.subsample = min(n, subsample)
-    info.refine_rows = stages[-1][1].shape[0] if len(stages) > 1 else 0
+    stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
+                           generator, x.device)
+    info.subsample, info.refine_rows = stage_sizes(stages, n)
     info.exact_stages = []
-    for name, xs, ys, iters in stages:
-        started = time.perf_counter()
+
+    def search(name: str, rows: Optional[Tensor], iterations: int):
+        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
         exact = xs.shape[0] <= exact_rows
         if exact:
             info.exact_stages.append(name)
-        losses, iterations, converged = maximize_evidence(gp, xs, ys, iters, tolerance, exact)
-        info.seconds[name] = time.perf_counter() - started
-        info.iterations[name], info.converged[name], info.losses[name] = (
-            iterations, converged, losses
-        )
-    if not info.converged["subsample"]:
-        warnings.warn(
-            f"fit_auto: the evidence search did not converge in {max_iterations} L-BFGS "
-            "iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
+        return maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
+
+    run_search_stages(stages, search, info, "fit_auto")
     started = time.perf_counter()
     if num_features != search_features:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
