@@ -91,20 +91,9 @@ _MAX_FEATURES = 8192
 
 class ClassifierFitReport(FitReport):
     """What :func:`fit_classifier_auto` did: the fields of
-    :class:`~rfgp.inference.recipe.FitReport`.
-
-    Attributes:
-        num_features: ``D`` of the final fit.
-        search_features: ``D`` of the evidence search.
-        subsample: rows of the first search stage.
-        refine_rows: rows of the refinement stage (0 when there is none).
-        iterations: L-BFGS iterations per stage (``"subsample"``, ``"refine"``).
-        converged: per stage, whether L-BFGS met its tolerances before its iteration limit.
-        seconds: wall time per stage (``"subsample"``, ``"refine"``, ``"refit"``).
-        initial: the starting ``lengthscale`` and ``outputscale`` (the noise is fixed by the
-            Dirichlet transform).
-        losses: per stage, the negative log evidence per datum and class at each evaluation.
-        exact_stages: empty (the classifier's search always uses the features).
+    :class:`~rfgp.inference.recipe.FitReport`, where ``initial`` holds the starting
+    ``lengthscale`` and ``outputscale`` (the Dirichlet transform fixes the noise), ``losses`` are
+    per datum and class, and ``exact_stages`` is empty (the search always uses the features).
     """
 
 
