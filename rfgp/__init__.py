@@ -10,7 +10,7 @@ from rfgp import (
     ops,
     variance,
 )
-from rfgp.classification import DirichletGPClassifier
+from rfgp.classification import DirichletGPClassifier, fit_classifier_auto
 from rfgp.inference import RandomFeatureGP, StaleFitError, fit_auto
 from rfgp.inference.vector_field import helmholtz_components
 
@@ -21,6 +21,7 @@ __all__ = [
     "StaleFitError",
     "fit_auto",
     "DirichletGPClassifier",
+    "fit_classifier_auto",
     "helmholtz_components",
     "classification",
     "datasets",

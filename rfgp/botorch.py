@@ -8,7 +8,9 @@ and optimisers. For ``b`` batches of ``q`` points the joint posterior of each ba
     \quad (B = \Phi^\top S^{-1}\Phi + I),
 
 a rank-``D`` (noise-free, latent) covariance computed from the ``q`` points' features in
-:math:`O(q D^2)`, whatever the number of observations; both are differentiable in :math:`X`, so
+:math:`O(q D^2)`, whatever the number of observations. A model with ``m`` outputs (targets
+``(N, m)`` sharing the kernel, or the ``p`` outputs of a vector-field kernel) gives the joint
+``(q m) x (q m)`` covariance of each batch. Both are differentiable in :math:`X`, so
 analytic acquisition functions (``LogExpectedImprovement``, ``UpperConfidenceBound``), Monte
 Carlo ones (``qLogExpectedImprovement``) and ``optimize_acqf`` work on it. New observations are
 absorbed by :meth:`RandomFeatureModel.condition_on_observations` through
@@ -47,7 +49,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError(
         "rfgp.botorch needs BoTorch; install it with: pip install 'rfgp[botorch]'"
     ) from error
-from gpytorch.distributions import MultivariateNormal
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 
 from rfgp._validation import check_tensor
 from rfgp.inference.feature_gp import RandomFeatureGP
@@ -56,25 +58,32 @@ __all__ = ["RandomFeatureModel"]
 
 
 class RandomFeatureModel(Model):
-    r"""BoTorch ``Model`` around a fitted single-output :class:`~rfgp.RandomFeatureGP`.
+    r"""BoTorch ``Model`` around a fitted :class:`~rfgp.RandomFeatureGP`.
 
     The GP's prior mean is zero: fit it on standardised targets (and compare acquisition
     values on that scale). The posterior is the latent function's; ``observation_noise=True``
     adds the model noise :attr:`rfgp.RandomFeatureGP.noise`, a tensor adds the given noise
     variances.
 
+    Outputs: a GP fitted on targets of shape ``(N,)`` has one output; on ``(N, m)`` it has
+    ``m`` outputs that share the kernel's features and are independent a posteriori (their
+    cross-covariance is zero); a vector-field kernel with ``p`` outputs per input has ``p``
+    coupled outputs. ``num_outputs`` is ``m`` (or ``p``), and :meth:`posterior` returns a
+    ``MultitaskMultivariateNormal`` over ``q`` points and those outputs, as BoTorch's
+    multi-output models do.
+
     Args:
-        gp: a fitted :class:`~rfgp.RandomFeatureGP` with one output (targets of shape ``(N,)``
-            and a scalar-output kernel). It is used, not copied.
+        gp: a fitted :class:`~rfgp.RandomFeatureGP`. It is used, not copied.
 
     Attributes:
         gp (RandomFeatureGP): the wrapped model.
-        num_outputs (int): 1.
+        num_outputs (int): the outputs per point.
         batch_shape (torch.Size): empty.
 
     Raises:
         TypeError: if ``gp`` is not a ``RandomFeatureGP``.
-        ValueError: if it is not fitted or has several outputs.
+        ValueError: if it is not fitted, or has several target columns and several outputs
+            per input.
 
     Example:
         >>> from rfgp import RandomFeatureGP
@@ -85,6 +94,10 @@ class RandomFeatureModel(Model):
         >>> post = model.posterior(torch.rand(5, 3, 2, dtype=torch.float64))  # 5 batches, q = 3
         >>> post.mean.shape, post.mvn.covariance_matrix.shape
         (torch.Size([5, 3, 1]), torch.Size([5, 3, 3]))
+        >>> two = RandomFeatureModel(RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(),
+        ...                                          noise=1e-2).fit(x, x))  # targets (30, 2)
+        >>> two.num_outputs, two.posterior(torch.rand(5, 3, 2, dtype=torch.float64)).mean.shape
+        (2, torch.Size([5, 3, 2]))
     """
 
     def __init__(self, gp: RandomFeatureGP) -> None:
@@ -92,22 +105,37 @@ class RandomFeatureModel(Model):
             raise TypeError(f"gp must be an rfgp.RandomFeatureGP, got {type(gp).__name__}")
         if not gp.is_fitted:
             raise ValueError("gp must be fitted; call gp.fit(x, y) first")
-        num_columns = sum(len(group) for group in gp.factorization_groups)
-        if num_columns != 1 or gp.outputs_per_input != 1:
+        columns = sum(len(group) for group in gp.factorization_groups)
+        if columns > 1 and gp.outputs_per_input > 1:
             raise ValueError(
-                "RandomFeatureModel supports one output, got a model with "
-                f"{num_columns * gp.outputs_per_input} outputs"
+                f"RandomFeatureModel supports several target columns ({columns}) or several "
+                f"outputs per input ({gp.outputs_per_input}), not both"
             )
         super().__init__()
         self.gp = gp
+        self._outputs = columns * gp.outputs_per_input
 
     @property
     def num_outputs(self) -> int:
-        return 1
+        return self._outputs
 
     @property
     def batch_shape(self) -> torch.Size:
         return torch.Size([])
+
+    def _output_list(self, output_indices: Optional[List[int]]) -> List[int]:
+        if output_indices is None:
+            return list(range(self._outputs))
+        chosen = list(output_indices)
+        if not chosen or any(
+            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self._outputs
+            for i in chosen
+        ):
+            raise ValueError(
+                f"output_indices must be None or a non-empty list of output indices in "
+                f"[0, {self._outputs}), got {output_indices!r}"
+            )
+        return chosen
 
     def posterior(
         self,
@@ -117,22 +145,23 @@ class RandomFeatureModel(Model):
         posterior_transform: Any = None,
         **kwargs: Any,
     ) -> GPyTorchPosterior:
-        r"""Joint posterior over each batch of ``q`` points.
+        r"""Joint posterior over each batch of ``q`` points (and the chosen outputs).
 
         Args:
             X: ``(q, d)`` or ``(*b, q, d)`` points.
-            output_indices: ``None`` or ``[0]``.
+            output_indices: ``None`` (all outputs) or a list of output indices.
             observation_noise: ``False`` (latent), ``True`` (add the model noise) or a tensor
-                of noise variances broadcastable to ``(*b, q, 1)``.
+                of noise variances broadcastable to ``(*b, q, m)`` (``m`` chosen outputs).
             posterior_transform: optional BoTorch ``PosteriorTransform``.
 
         Returns:
-            ``GPyTorchPosterior`` of a ``MultivariateNormal`` with mean ``(*b, q)`` and
-            covariance ``(*b, q, q)`` (rank at most ``D``), differentiable in ``X``.
+            ``GPyTorchPosterior`` with mean ``(*b, q, m)``: of a ``MultivariateNormal`` with
+            covariance ``(*b, q, q)`` for one output, else of a
+            ``MultitaskMultivariateNormal`` with covariance ``(*b, q m, q m)``; the covariance
+            has rank at most ``D`` and everything is differentiable in ``X``.
         """
         check_tensor("X", X, min_dim=2)
-        if output_indices is not None and list(output_indices) != [0]:
-            raise ValueError(f"output_indices must be None or [0], got {output_indices!r}")
+        outputs = self._output_list(output_indices)
         batch, q, dim = X.shape[:-2], X.shape[-2], X.shape[-1]
         if q == 0:
             raise ValueError(
@@ -140,22 +169,53 @@ class RandomFeatureModel(Model):
             )
         flat = X.reshape(-1, dim)
         joint = self.gp.posterior(flat)  # over all b q points, lazily low rank
-        rows = torch.arange(flat.shape[0], device=X.device).reshape(-1, q)  # (B, q)
-        # Only the (q, q) diagonal blocks: O(B q^2 D) from the low-rank factors.
+        points = torch.arange(flat.shape[0], device=X.device).reshape(-1, q)  # (B, q)
+        m = len(outputs)
+        if self._outputs == 1:
+            rows, interleaved = points, True
+            mean = joint.mean.reshape(*batch, q, 1)
+        else:
+            interleaved = bool(joint._interleaved)
+            tasks = torch.tensor(outputs, device=X.device)
+            if interleaved:  # row of (point i, output t) = i * outputs + t
+                rows = (points.unsqueeze(-1) * self._outputs + tasks).reshape(-1, q * m)
+            else:  # row of (point i, output t) = t * points + i
+                rows = (tasks.unsqueeze(-1) * flat.shape[0] + points.unsqueeze(-2))
+                rows = rows.reshape(-1, m * q)
+            mean = joint.mean[:, outputs].reshape(*batch, q, m)
+        # Only the diagonal blocks of each batch: O(B (q m)^2 D) from the low-rank factors.
         covariance = joint.lazy_covariance_matrix[rows.unsqueeze(-1), rows.unsqueeze(-2)]
-        covariance = covariance.reshape(*batch, q, q)
-        mean = joint.mean.reshape(*batch, q)
+        covariance = covariance.reshape(*batch, q * m, q * m)
         if observation_noise is not False:
-            if observation_noise is True:
-                noise = self.gp.noise.to(mean).expand(*batch, q)
-            else:
-                check_tensor("observation_noise", observation_noise)
-                noise = observation_noise.to(mean).expand(*batch, q, 1)[..., 0]
-            covariance = covariance + torch.diag_embed(noise)
-        posterior = GPyTorchPosterior(MultivariateNormal(mean, covariance))
+            covariance = covariance + torch.diag_embed(
+                self._noise_diagonal(observation_noise, mean, interleaved)
+            )
+        if m == 1:
+            distribution = MultivariateNormal(mean[..., 0], covariance)
+        else:
+            distribution = MultitaskMultivariateNormal(mean, covariance, interleaved=interleaved)
+        posterior = GPyTorchPosterior(distribution)
         if posterior_transform is not None:
             return posterior_transform(posterior)
         return posterior
+
+    def _noise_diagonal(self, observation_noise: Union[bool, Tensor], mean: Tensor,
+                        interleaved: bool) -> Tensor:
+        """The noise variances of the rows of the covariance, shape ``(*b, q m)``."""
+        if observation_noise is True:
+            noise = self.gp.noise.to(mean).expand(mean.shape)
+        else:
+            check_tensor("observation_noise", observation_noise)
+            try:
+                noise = observation_noise.to(mean).expand(mean.shape)
+            except RuntimeError as error:
+                raise ValueError(
+                    "observation_noise must broadcast to the posterior mean's shape "
+                    f"{tuple(mean.shape)}, got {tuple(observation_noise.shape)}"
+                ) from error
+        if not interleaved:
+            noise = noise.transpose(-1, -2)
+        return noise.reshape(*mean.shape[:-2], -1)
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Optional[Tensor] = None, **kwargs: Any
@@ -164,8 +224,9 @@ class RandomFeatureModel(Model):
 
         Args:
             X: ``(n, d)`` new inputs.
-            Y: ``(n, 1)`` new targets (on the scale the model was fitted on).
-            noise: ``(n, 1)`` noise variances, needed exactly when the model was fitted with
+            Y: ``(n, m)`` new targets, ``m = num_outputs`` (on the scale the model was
+                fitted on).
+            noise: ``(n, m)`` noise variances, needed exactly when the model was fitted with
                 a fixed ``noise``.
 
         Returns:
@@ -174,17 +235,17 @@ class RandomFeatureModel(Model):
         """
         check_tensor("X", X, min_dim=2, max_dim=2)
         check_tensor("Y", Y, min_dim=2, max_dim=2)
-        if Y.shape != (X.shape[0], 1):
+        if Y.shape != (X.shape[0], self._outputs):
             raise ValueError(
-                f"Y must have shape (n, 1) = ({X.shape[0]}, 1), got {tuple(Y.shape)}; batched "
-                "fantasies are not supported"
+                f"Y must have shape (n, num_outputs) = ({X.shape[0]}, {self._outputs}), got "
+                f"{tuple(Y.shape)}; batched fantasies are not supported"
             )
         gp = copy.deepcopy(self.gp)
-        # Targets in the layout of the fit: (n,) after a 1-D fit, (n, 1) after a 2-D one.
+        # Targets in the layout of the fit: (n,) after a 1-D fit, (n, m) otherwise.
         one_dimensional = gp.predict(X[:1]).dim() == 1
         targets = Y[:, 0] if one_dimensional else Y
         if noise is not None:
-            noise = noise.reshape(-1) if one_dimensional else noise.reshape(-1, 1)
+            noise = noise.reshape(-1) if one_dimensional else noise.reshape(Y.shape)
         gp.update(X, targets, noise)
         return RandomFeatureModel(gp)
 

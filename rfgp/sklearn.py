@@ -48,12 +48,41 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from gpytorch.kernels import Kernel, ScaleKernel
 from linear_operator.utils.warnings import NumericalWarning
 
-from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
+from rfgp.classification import (
+    PROBA_METHODS,
+    ClassifierFitReport,
+    DirichletGPClassifier,
+    choose_classifier_features,
+    fit_classifier_auto,
+    softmax_expectation,
+)
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.inference.recipe import FitReport, choose_num_features, fit_auto
 from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
 
-__all__ = ["KERNELS", "make_kernel", "RandomFeatureGPRegressor", "RandomFeatureGPClassifier"]
+__all__ = [
+    "InvalidParameterError",
+    "KERNELS",
+    "make_kernel",
+    "RandomFeatureGPRegressor",
+    "RandomFeatureGPClassifier",
+]
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A constructor parameter of an estimator is of the wrong type or value.
+
+    It is a ``ValueError`` (what scikit-learn's estimator checks expect of a bad parameter)
+    and a ``TypeError`` (what Python code expects of a wrong type), so either can be caught.
+
+    Example:
+        >>> from rfgp.sklearn import make_kernel
+        >>> try:
+        ...     make_kernel("rbf", num_features="many")
+        ... except TypeError as error:
+        ...     print(error)
+        num_features must be a positive integer, got 'many' (str)
+    """
 
 
 def _fourier(spectral: str) -> Callable[..., RandomFeatureKernel]:
@@ -110,15 +139,22 @@ _RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise ValueError(f"{name} must be a positive float, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(
+            f"{name} must be a positive float, got {value!r} ({type(value).__name__})"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidParameterError(f"{name} must be a positive float, got {value!r}")
     return float(value)
 
 
 def _check_positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidParameterError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1:
+        raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -257,7 +293,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
     noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
     of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), refine it
-    with 10 iterations on up to 20000 rows when there are more, and the GP is refitted on all
+    with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
     ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
     then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
@@ -473,27 +509,43 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     r"""Dirichlet-based GP classification with random features, as a scikit-learn estimator.
 
     The labels become ``C`` regression problems on the Dirichlet-transformed targets
-    (Milios et al., 2018), solved in closed form by :class:`rfgp.DirichletGPClassifier` with a
-    random-feature kernel at cost :math:`O(C (N D^2 + D^3))`. The class probabilities are
-    :math:`p_c(x) = \mathbb{E}[\mathrm{softmax}(f(x))_c]` under the latent posterior
+    (Milios et al., 2018) with a fixed noise per point and class, solved in closed form by
+    :class:`rfgp.DirichletGPClassifier` with a random-feature kernel. The class probabilities
+    are :math:`p_c(x) = \mathbb{E}[\mathrm{softmax}(f(x))_c]` under the latent posterior
     :math:`f_c(x) \sim N(\mu_c(x), v_c(x))`; with ``proba_method="mc"`` a fixed set of
     ``mc_samples`` standard normal draws is shared by all rows, so the probabilities of a
     point do not depend on the other rows of ``X``.
 
+    By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
+    rfgp's classification recipe :func:`rfgp.classification.fit_classifier_auto`: ARD
+    lengthscales (from the inputs' spread) and the outputscale, shared by the ``C`` classes,
+    maximise the summed evidence of the transformed labels at 512 orthogonal features on a
+    subsample of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations;
+    10 more on up to 20000 rows when there are more), and the classifier is refitted on all
+    rows with ``num_features`` features (default: as many as the operation budget allows for
+    ``N`` rows and ``C`` classes, up to 8192); ``lengthscale`` and ``sampling`` are then not
+    used and ``alpha_epsilon`` is kept. ``optimizer="validation"`` runs the same recipe, then
+    chooses ``alpha_epsilon`` on a validation split. With ``optimizer=None`` (and with the
+    other kernels) the kernel built from the arguments is used as it is.
+
     Args:
         kernel: a name in :data:`KERNELS` or a :class:`~rfgp.kernels.RandomFeatureKernel`,
             deep-copied at ``fit``.
-        num_features: ``D`` of a named kernel.
-        lengthscale: lengthscale of a named kernel.
+        num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
+            and classes (:func:`rfgp.classification.choose_classifier_features`).
+        lengthscale: lengthscale of a named kernel (not used by the recipe).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
-            ``"structured"``).
+            ``"structured"``; the recipe uses orthogonal frequencies).
         degree: degree ``p`` of ``"polynomial"``.
         bias: bias ``b`` of ``"polynomial"``.
         projection: sketch of the dot-product kernels.
         alpha_epsilon: Dirichlet concentration added to every class.
-        optimizer: ``None`` or ``"validation"``: choose ``alpha_epsilon`` from
-            :data:`rfgp.classification.ALPHA_GRID` by the MNLL on a random 10% validation split
-            (:meth:`rfgp.DirichletGPClassifier.select_alpha`), then refit on all data.
+        optimizer: ``"auto"`` (the recipe), ``"validation"`` (the recipe, or the kernel as
+            given for the other kernels, then ``alpha_epsilon`` chosen from
+            :data:`rfgp.classification.ALPHA_GRID` by the MNLL on a random 10% validation split,
+            :meth:`rfgp.DirichletGPClassifier.select_alpha`, and a refit on all data) or
+            ``None`` (keep the hyperparameters).
+        max_iter: L-BFGS iterations of the recipe's evidence search.
         proba_method: ``"mc"``, ``"mean_field"`` or ``"lognormal"`` (see
             :func:`rfgp.classification.softmax_expectation`).
         mc_samples: Monte Carlo samples of ``"mc"``.
@@ -502,6 +554,8 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     Attributes:
         classes_ (ndarray): the class labels (any type ``np.unique`` sorts).
         classifier_ (DirichletGPClassifier): the fitted model (labels ``0 .. C-1``).
+        fit_report_ (ClassifierFitReport or None): what the recipe did (recipe fits only).
+        n_iter_ (int): L-BFGS iterations of the recipe (0 without it).
         n_features_in_ (int): number of input columns seen in ``fit``.
 
     Example:
@@ -509,7 +563,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         >>> from rfgp.sklearn import RandomFeatureGPClassifier
         >>> X, y = load_iris(return_X_y=True)
         >>> X = (X - X.mean(0)) / X.std(0)
-        >>> clf = RandomFeatureGPClassifier(num_features=128, random_state=0).fit(X, y)
+        >>> clf = RandomFeatureGPClassifier(random_state=0).fit(X, y)
         >>> clf.predict_proba(X[:2]).shape, bool(clf.score(X, y) > 0.9)
         ((2, 3), True)
 
@@ -521,14 +575,15 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     def __init__(
         self,
         kernel: Any = "rbf",
-        num_features: int = 256,
+        num_features: Optional[int] = None,
         lengthscale: float = 1.0,
         sampling: str = "iid",
         degree: int = 2,
         bias: float = 1.0,
         projection: str = "rademacher",
         alpha_epsilon: float = 0.01,
-        optimizer: Optional[str] = None,
+        optimizer: Optional[str] = "auto",
+        max_iter: int = 200,
         proba_method: str = "mc",
         mc_samples: int = 1000,
         random_state: Any = None,
@@ -563,24 +618,57 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
                 f"{type(self).__name__} needs at least 2 classes in y, got "
                 f"{len(self.classes_)} class"
             )
-        if self.optimizer not in (None, "validation"):
-            raise ValueError(f"optimizer must be None or 'validation', got {self.optimizer!r}")
+        if self.optimizer not in ("auto", "validation", None):
+            raise ValueError(
+                f"optimizer must be 'auto', 'validation' or None, got {self.optimizer!r}"
+            )
         if self.proba_method not in PROBA_METHODS:
             raise ValueError(
                 f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
             )
         _check_positive_int("mc_samples", self.mc_samples)
+        _check_positive_int("max_iter", self.max_iter)
+        alpha = _check_positive("alpha_epsilon", self.alpha_epsilon)
+        num_features = self.num_features
+        if num_features is not None:
+            num_features = _check_positive_int("num_features", num_features)
         seed = _seed(self.random_state)
-        kernel = _kernel_from(self, seed, X.shape[0])
-        model = DirichletGPClassifier(
-            kernel, alpha_epsilon=_check_positive("alpha_epsilon", self.alpha_epsilon),
-            num_classes=len(self.classes_), seed=seed,
-        )
         x_t, labels = _as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
-        if self.optimizer == "validation":
-            model.select_alpha(x_t, labels, seed=seed)
+        num_classes = len(self.classes_)
+        self.fit_report_ = None
+        self.n_iter_ = 0
+        recipe = isinstance(self.kernel, str) and self.kernel in _RECIPE_KERNELS
+        if self.optimizer is not None and recipe:
+            report = ClassifierFitReport()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                warnings.simplefilter("ignore", NumericalWarning)
+                model = fit_classifier_auto(
+                    x_t, labels, spectral=self.kernel, num_features=num_features,
+                    num_classes=num_classes, alpha_epsilon=alpha,
+                    select_alpha=self.optimizer == "validation",
+                    max_iterations=int(self.max_iter), num_samples=int(self.mc_samples),
+                    seed=seed, report=report,
+                )
+            self.fit_report_ = report
+            self.n_iter_ = sum(report.iterations.values())
         else:
-            model.fit(x_t, labels)
+            if isinstance(self.kernel, str):
+                if num_features is None:
+                    num_features = choose_classifier_features(X.shape[0], num_classes)
+                kernel = make_kernel(
+                    self.kernel, num_features, self.lengthscale, self.sampling, self.degree,
+                    self.bias, self.projection, seed,
+                )
+            else:
+                kernel = _kernel_from(self, seed, X.shape[0])
+            model = DirichletGPClassifier(
+                kernel, alpha_epsilon=alpha, num_classes=num_classes, seed=seed,
+            )
+            if self.optimizer == "validation":
+                model.select_alpha(x_t, labels, seed=seed)
+            else:
+                model.fit(x_t, labels)
         self.classifier_ = model
         self._draw_seed = seed
         return self

@@ -155,13 +155,12 @@ def test_argument_checks():
         RandomFeatureModel(object())
     with pytest.raises(ValueError, match="fitted"):
         RandomFeatureModel(RandomFeatureGP(FourierFeatureKernel(8)))
-    x = torch.rand(20, 2, dtype=DT)
-    two = RandomFeatureGP(FourierFeatureKernel(8, seed=0).double()).fit(x, x)  # two outputs
-    with pytest.raises(ValueError, match="one output"):
-        RandomFeatureModel(two)
     model = RandomFeatureModel(fitted()[0])
-    with pytest.raises(ValueError, match="output_indices"):
-        model.posterior(torch.rand(2, 2, dtype=DT), output_indices=[1])
+    for bad in ([1], [], [0.0], [True], [-1]):
+        with pytest.raises(ValueError, match="output_indices"):
+            model.posterior(torch.rand(2, 2, dtype=DT), output_indices=bad)
+    with pytest.raises(ValueError, match="observation_noise must broadcast"):
+        model.posterior(torch.rand(2, 2, dtype=DT), observation_noise=torch.ones(3, 1, dtype=DT))
     with pytest.raises(ValueError, match="Y must have shape"):
         model.condition_on_observations(torch.rand(2, 2, dtype=DT), torch.rand(3, 1, dtype=DT))
 
@@ -210,3 +209,114 @@ def test_a_model_changed_after_fit_is_refitted_or_refused():
         streamed.posterior(xs)
     with pytest.raises(StaleFitError, match="lengthscale"):
         streamed.condition_on_observations(xs[:1], torch.zeros(1, 1, dtype=DT))
+
+
+# ---------------------------------------------------------------- several outputs
+def two_output_data(n=50, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=g, dtype=DT)
+    y = torch.stack([bowl(x), torch.sin(4 * x[:, 0]) * x[:, 1]], -1)
+    return x, y
+
+
+def rff_kernel():
+    kernel = ScaleKernel(FourierFeatureKernel(64, seed=0)).double()
+    kernel.base_kernel.lengthscale = torch.tensor(0.4, dtype=DT)
+    return kernel
+
+
+@pytest.mark.parametrize("solve", ["weight", "function"])
+def test_outputs_of_a_multi_column_fit_are_the_per_column_models(solve):
+    # Columns share the features and the noise, so column t's posterior is that of a model
+    # fitted on column t alone, and the outputs are independent a posteriori.
+    x, y = two_output_data()
+    model = RandomFeatureModel(RandomFeatureGP(rff_kernel(), noise=NOISE, solve=solve).fit(x, y))
+    assert model.num_outputs == 2
+    xs = torch.rand(3, 4, 2, dtype=DT)
+    post = model.posterior(xs)
+    assert post.mean.shape == (3, 4, 2)
+    cov = post.mvn.covariance_matrix  # (3, 8, 8)
+    assert cov.shape == (3, 8, 8)
+    for t in range(2):
+        single = RandomFeatureModel(
+            RandomFeatureGP(rff_kernel(), noise=NOISE, solve=solve).fit(x, y[:, t])
+        )
+        ref = single.posterior(xs)
+        torch.testing.assert_close(post.mean[..., t], ref.mean[..., 0], rtol=1e-8, atol=1e-10)
+        rows = [i * 2 + t for i in range(4)] if post.mvn._interleaved else list(
+            range(4 * t, 4 * t + 4)
+        )
+        block = cov[:, rows][:, :, rows]
+        torch.testing.assert_close(block, ref.mvn.covariance_matrix, rtol=1e-7, atol=1e-10)
+        chosen = model.posterior(xs, output_indices=[t])
+        torch.testing.assert_close(chosen.mean, ref.mean, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(chosen.mvn.covariance_matrix, ref.mvn.covariance_matrix,
+                                   rtol=1e-7, atol=1e-10)
+    other = [i * 2 + 1 for i in range(4)] if post.mvn._interleaved else list(range(4, 8))
+    first = [i * 2 for i in range(4)] if post.mvn._interleaved else list(range(4))
+    assert cov[:, first][:, :, other].abs().max() < 1e-12
+    noisy = model.posterior(xs, observation_noise=True).mvn.covariance_matrix
+    torch.testing.assert_close(noisy - cov, NOISE * torch.eye(8, dtype=DT).expand(3, 8, 8))
+    given = torch.tensor([0.1, 0.2], dtype=DT)  # per output
+    noisy = model.posterior(xs, observation_noise=given).mvn.covariance_matrix
+    torch.testing.assert_close(
+        (noisy - cov).diagonal(dim1=-2, dim2=-1).reshape(3, -1).sort(-1).values,
+        given.repeat_interleave(4).expand(3, 8),
+    )
+
+
+def test_vector_field_outputs_are_the_joint_posterior_blocks():
+    from rfgp.kernels import CurlFreeFeatureKernel
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(40, 2, generator=g, dtype=DT)
+    field = torch.stack([torch.cos(3 * x[:, 0]), torch.sin(3 * x[:, 1])], -1)
+    gp = RandomFeatureGP(CurlFreeFeatureKernel(32, input_dim=2, seed=0).to(DT), noise=1e-2)
+    model = RandomFeatureModel(gp.fit(x, field))
+    assert model.num_outputs == 2
+    xs = torch.rand(2, 3, 2, generator=g, dtype=DT)
+    post = model.posterior(xs)
+    assert post.mean.shape == (2, 3, 2)
+    for b in range(2):
+        ref = gp.posterior(xs[b])  # the joint posterior of these 3 points, 2 outputs each
+        torch.testing.assert_close(post.mean[b], ref.mean, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(post.mvn.covariance_matrix[b], ref.covariance_matrix,
+                                   rtol=1e-7, atol=1e-10)
+
+
+def test_acquisition_on_a_scalarised_two_output_model():
+    from botorch.acquisition.objective import ScalarizedPosteriorTransform
+
+    x, y = two_output_data(n=60)
+    gp = RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x, y)
+    model = RandomFeatureModel(gp)
+    weights = torch.tensor([1.0, 0.0], dtype=DT)  # the bowl alone: its maximiser is CENTRE
+    transform = ScalarizedPosteriorTransform(weights)
+    best = float((y @ weights).max())
+    for acqf in (
+        UpperConfidenceBound(model, beta=0.01, posterior_transform=transform),
+        LogExpectedImprovement(model, best_f=best, posterior_transform=transform),
+        qLogExpectedImprovement(model, best_f=best, posterior_transform=transform),
+    ):
+        point, _ = optimize_acqf(acqf, BOUNDS, q=1, num_restarts=4, raw_samples=64)
+        assert point.shape == (1, 2)
+        assert torch.isfinite(point).all()
+    mean_point, _ = optimize_acqf(
+        UpperConfidenceBound(model, beta=0.0, posterior_transform=transform), BOUNDS, q=1,
+        num_restarts=4, raw_samples=64,
+    )
+    assert (mean_point[0] - CENTRE).norm() < 0.1
+
+
+def test_conditioning_a_two_output_model_equals_refitting():
+    x, y = two_output_data(n=60)
+    model = RandomFeatureModel(RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x[:40], y[:40]))
+    conditioned = model.condition_on_observations(x[40:], y[40:])
+    refit = RandomFeatureModel(RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x, y))
+    xs = torch.rand(2, 3, 2, dtype=DT)
+    a, b = conditioned.posterior(xs), refit.posterior(xs)
+    torch.testing.assert_close(a.mean, b.mean, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(a.mvn.covariance_matrix, b.mvn.covariance_matrix,
+                               rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match=r"Y must have shape \(n, num_outputs\) = \(2, 2\)"):
+        model.condition_on_observations(x[:2], y[:2, :1])

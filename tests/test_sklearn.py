@@ -155,6 +155,13 @@ def test_bad_arguments():
         RandomFeatureGPRegressor(kernel=3.0).fit(X, y)
     with pytest.raises(ValueError, match="noise must be a positive float"):
         RandomFeatureGPRegressor(noise=-1.0).fit(X, y)
+    # A wrong type is a TypeError (and a ValueError, as scikit-learn's checks expect).
+    with pytest.raises(TypeError, match=r"noise must be a positive float, got 'big' \(str\)"):
+        RandomFeatureGPRegressor(noise="big").fit(X, y)
+    with pytest.raises(TypeError, match=r"num_features must be a positive integer.*\(float\)"):
+        make_kernel("rbf", num_features=8.0)
+    with pytest.raises(ValueError, match=r"num_features must be a positive integer.*\(bool\)"):
+        make_kernel("rbf", num_features=True)
     with pytest.raises(ValueError, match="optimizer"):
         RandomFeatureGPRegressor(optimizer="sgd").fit(X, y)
     with pytest.raises(ValueError, match="num_features"):

@@ -52,6 +52,10 @@ class DirichletGPClassifier:
     measured against. Kernels with several outputs per input (vector-field kernels) are refused:
     they would couple the class latents.
 
+    The default way to fit one, with ARD lengthscales and an outputscale learned from the
+    evidence of the transformed labels, is :func:`rfgp.classification.fit_classifier_auto`;
+    this class fits a given kernel as it is.
+
     Labels are integer class ids; the classes are their sorted distinct values (``classes_``,
     as in scikit-learn), or ``0 .. num_classes - 1`` when ``num_classes`` is given.
 

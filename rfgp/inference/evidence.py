@@ -26,6 +26,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp.inference.linalg import robust_cholesky
@@ -34,6 +35,7 @@ from rfgp.inference.noise import equal_noise_columns
 __all__ = [
     "check_representable",
     "evidence_total",
+    "kernel_negative_log_evidence",
     "log_evidence_from_features",
     "negative_log_evidence",
     "weight_evidence_terms",
@@ -211,3 +213,70 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     if z.shape[0] < z.shape[1]:
         return _FunctionSpaceEvidence.apply(z, y, noise)
     return _WeightSpaceEvidence.apply(z, y, noise)
+
+
+class _KernelEvidence(torch.autograd.Function):
+    """``-log p(y)`` for ``y ~ N(0, K + noise I)`` with the gradient in closed form."""
+
+    @staticmethod
+    def forward(ctx, k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+        n, t = y.shape
+        factor, info = torch.linalg.cholesky_ex(k + noise * torch.eye(n, dtype=k.dtype,
+                                                                      device=k.device))
+        if int(info) != 0:
+            raise NotPSDError("the kernel matrix plus noise is not positive definite")
+        a = torch.cholesky_solve(y, factor)
+        value = 0.5 * (y * a).sum() + t * factor.diagonal().log().sum() + 0.5 * n * t * math.log(
+            2.0 * math.pi
+        )
+        ctx.save_for_backward(factor, a)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        factor, a = ctx.saved_tensors
+        t = a.shape[1]
+        inverse = torch.cholesky_inverse(factor)
+        # d/dK = (T K^-1 - a a^T) / 2 and d/dnoise = tr(d/dK); d/dy = a.
+        grad_k = 0.5 * (t * inverse - a @ a.T)
+        grad_noise = grad_k.diagonal().sum()
+        return grad * grad_k, grad * a, grad * grad_noise
+
+
+def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
+    r"""``-log p(y)`` for :math:`y_t \sim N(0, K + \sigma^2 I)` (independent columns) from a
+    dense kernel matrix, with the gradient in closed form.
+
+    With :math:`L L^\top = K + \sigma^2 I` and :math:`a = (K + \sigma^2 I)^{-1} y`,
+
+    .. math::
+        -\log p(y) = \tfrac12 \textstyle\sum_t y_t^\top a_t + T \sum_i \log L_{ii}
+            + \tfrac{N T}{2} \log 2\pi,\quad
+        \frac{\partial}{\partial K} = \tfrac12 \big(T (K + \sigma^2 I)^{-1} - a a^\top\big),\quad
+        \frac{\partial}{\partial \sigma^2} = \mathrm{tr}\,\frac{\partial}{\partial K}.
+
+    One evaluation with its gradient costs a Cholesky factor and its inverse,
+    :math:`O(N^3)`: the exact GP's evidence, used by :func:`rfgp.fit_auto` on small data,
+    where it costs no more than the random-feature evidence and has no approximation error.
+
+    Args:
+        k: ``(N, N)`` symmetric positive semi-definite kernel matrix.
+        y: ``(N, T)`` targets.
+        noise: 0-d positive tensor :math:`\sigma^2`.
+
+    Returns:
+        A 0-d tensor, differentiable in ``k``, ``y`` and ``noise``.
+
+    Raises:
+        NotPSDError: if :math:`K + \sigma^2 I` cannot be factorised.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z = torch.randn(30, 40, dtype=torch.float64, generator=g)
+        >>> y = torch.randn(30, 1, dtype=torch.float64, generator=g)
+        >>> noise = torch.tensor(0.5, dtype=torch.float64)
+        >>> bool(torch.isclose(kernel_negative_log_evidence(z @ z.T, y, noise),
+        ...                    negative_log_evidence(z, y, noise)))
+        True
+    """
+    return _KernelEvidence.apply(k, y, noise)

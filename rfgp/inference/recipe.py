@@ -8,11 +8,15 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    (:func:`maximize_evidence`, run until its own tolerances are met, not for a fixed handful of
    iterations) with ``search_features`` features on a random subsample of ``subsample`` rows.
    One evaluation costs :math:`O(n D_s^2 + D_s^3)` instead of :math:`O(N D^2 + D^3)`.
-3. **Refinement on more rows** (when ``N > subsample``). ``refine_iterations`` (default 10)
+   On at most ``exact_rows`` rows (default 1000) the search maximises the evidence of the
+   exact kernel instead (:math:`O(n^3)`, no dearer there, and free of the features' error):
+   on the bundled concrete, energy and boston sets this lowered the test MNLL on most splits.
+3. **Refinement on more rows** (when ``N > subsample``). ``refine_iterations`` (default 30)
    more L-BFGS iterations on ``min(N, refine_rows)`` rows (default 20000; a superset of the
    subsample) at ``search_features`` features correct the subsample's bias (long
    lengthscales, large noise), at :math:`O(n D_s^2)` per evaluation. On power-plant
-   (N = 8611) ten iterations on all rows lowered the test MNLL from -0.006 to -0.054.
+   (N = 8611, two splits) 30 iterations on all rows gave a test MNLL of -0.092 and -0.044
+   where 10 gave -0.051 and -0.009.
 4. **High-fidelity refit.** The hyperparameters are copied to a kernel with ``num_features``
    features (default :func:`choose_num_features`: as many as an operation budget allows for
    ``N`` rows, up to 8192) and the posterior is computed once, in closed form.
@@ -41,14 +45,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import ScaleKernel
-from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive, check_tensor
-from rfgp.inference.evidence import negative_log_evidence
+from rfgp.inference.evidence import kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.selection import ConvergenceWarning, Objective
-from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
+from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
+from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel, stationary_kernel
 
 __all__ = [
     "DEFAULT_COST_BUDGET",
@@ -58,6 +61,9 @@ __all__ = [
     "initial_hyperparameters",
     "make_ard_kernel",
     "maximize_evidence",
+    "run_search_stages",
+    "search_stages",
+    "stage_sizes",
 ]
 
 #: Operation budget of the final fit, :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds: about
@@ -84,17 +90,19 @@ class FitReport:
         seconds: wall time per stage (``"subsample"``, ``"refine"``, ``"refit"``).
         initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
         losses: per stage, the negative log evidence per datum at each evaluation.
+        exact_stages: the stages that maximised the exact kernel's evidence.
     """
 
-    num_features: int
-    search_features: int
-    subsample: int
+    num_features: int = 0
+    search_features: int = 0
+    subsample: int = 0
     refine_rows: int = 0
     iterations: Dict[str, int] = field(default_factory=dict)
     converged: Dict[str, bool] = field(default_factory=dict)
     seconds: Dict[str, float] = field(default_factory=dict)
     initial: Dict[str, Tensor] = field(default_factory=dict)
     losses: Dict[str, List[float]] = field(default_factory=dict)
+    exact_stages: List[str] = field(default_factory=list)
 
 
 def _check_data(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
@@ -240,6 +248,7 @@ def maximize_evidence(
     y: Tensor,
     max_iterations: int = 100,
     tolerance: float = 1e-6,
+    exact: bool = False,
 ) -> Tuple[List[float], int, bool]:
     r"""Maximise :math:`\log p(y)` over the kernel's hyperparameters and the model noise.
 
@@ -256,6 +265,10 @@ def maximize_evidence(
         x, y: training data.
         max_iterations: L-BFGS iterations (each one line search, a few evaluations).
         tolerance: gradient tolerance on the loss per datum.
+        exact: maximise the evidence of the exact kernel the features approximate
+            (:func:`~rfgp.kernels.fourier.stationary_kernel`, :math:`O(N^3)` per evaluation)
+            instead of the random-feature evidence; needs a ``ScaleKernel`` around a
+            :class:`~rfgp.kernels.FourierFeatureKernel`.
 
     Returns:
         ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
@@ -277,29 +290,82 @@ def maximize_evidence(
         and base.num_outputs_per_input(x, x) == 1
     )
     y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
+    if exact and not isinstance(base, FourierFeatureKernel):
+        raise TypeError(
+            "maximize_evidence(exact=True) needs a ScaleKernel around a FourierFeatureKernel, "
+            f"got {type(gp.kernel).__name__}"
+        )
 
     def loss() -> Tensor:
+        if exact:
+            k = stationary_kernel(x, x, base.lengthscale, base.nu) * gp.kernel.outputscale
+            return kernel_negative_log_evidence(k, y_cols, log_noise.exp() + floor)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
         return -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
 
-    objective = Objective(params, lambda: loss() * scale, lambda: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumericalWarning)
-        first = objective.closure()
-        # A finite loss far above any reached: the line search rejects the trial point.
-        objective.barrier = abs(float(first)) * 10.0 + 1e3
-        opt = torch.optim.LBFGS(
-            params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
-            tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
-            line_search_fn="strong_wolfe",
-        )
-        opt.step(objective.closure)
-    iterations = int(opt.state[params[0]]["n_iter"])
-    objective.restore_best()
+    result = minimize_lbfgs(params, lambda: loss() * scale, max_iterations, tolerance)
     gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(gp.noise.shape)
-    return objective.evaluations, iterations, iterations < max_iterations
+    return result
+
+
+def search_stages(
+    num_rows: int,
+    subsample: int,
+    refine_iterations: int,
+    refine_rows: int,
+    max_iterations: int,
+    generator: torch.Generator,
+    device: Optional[torch.device] = None,
+) -> List[Tuple[str, Optional[Tensor], int]]:
+    """The stages of a recipe's evidence search: ``(name, rows, L-BFGS iterations)``.
+
+    With more than ``subsample`` rows: ``"subsample"`` on a random ``subsample`` rows, then
+    (if ``refine_iterations``) ``"refine"`` on ``min(N, refine_rows)`` rows, a random superset
+    of them; otherwise one ``"subsample"`` stage on all rows. ``rows`` is a tensor of row
+    indices, or ``None`` for all rows in their order.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> [(name, None if rows is None else rows.numel(), iters)
+        ...  for name, rows, iters in search_stages(5000, 2000, 30, 20000, 200, g)]
+        [('subsample', 2000, 200), ('refine', None, 30)]
+    """
+    if num_rows <= subsample:
+        return [("subsample", None, max_iterations)]
+    order = torch.randperm(num_rows, generator=generator).to(device)
+    stages: List[Tuple[str, Optional[Tensor], int]] = [
+        ("subsample", order[:subsample], max_iterations)
+    ]
+    if refine_iterations:
+        rows = order[:max(refine_rows, subsample)] if num_rows > refine_rows else None
+        stages.append(("refine", rows, refine_iterations))
+    return stages
+
+
+def stage_sizes(stages: List[Tuple[str, Optional[Tensor], int]], num_rows: int) -> Tuple[int, int]:
+    """``(rows of the first stage, rows of the refinement or 0)`` of :func:`search_stages`."""
+    sizes = [num_rows if rows is None else rows.numel() for _, rows, _ in stages]
+    return sizes[0], (sizes[1] if len(sizes) > 1 else 0)
+
+
+def run_search_stages(stages, search, info: FitReport, caller: str) -> None:
+    """Run ``search(name, rows, iterations) -> (losses, iterations, converged)`` per stage,
+    recording sizes, iterations, convergence, losses and times in ``info``; warn with a
+    :class:`~rfgp.inference.selection.ConvergenceWarning` when the first stage did not
+    converge."""
+    for name, rows, iterations in stages:
+        started = time.perf_counter()
+        losses, done, converged = search(name, rows, iterations)
+        info.seconds[name] = time.perf_counter() - started
+        info.iterations[name], info.converged[name], info.losses[name] = done, converged, losses
+    if not info.converged["subsample"]:
+        warnings.warn(
+            f"{caller}: the evidence search did not converge in {stages[0][2]} L-BFGS "
+            "iterations; increase max_iterations",
+            ConvergenceWarning,
+        )
 
 
 def fit_auto(
@@ -309,13 +375,14 @@ def fit_auto(
     num_features: Optional[int] = None,
     search_features: int = 512,
     subsample: int = 2000,
-    refine_iterations: int = 10,
+    refine_iterations: int = 30,
     refine_rows: int = 20000,
     max_iterations: int = 200,
     tolerance: float = 1e-4,
     cost_budget: float = DEFAULT_COST_BUDGET,
     seed: int = 0,
     report: Optional[FitReport] = None,
+    exact_rows: int = 1000,
 ) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
@@ -332,7 +399,7 @@ def fit_auto(
             cost_budget)``.
         search_features: ``D`` of the evidence search (at most ``num_features``).
         subsample: rows of the first search stage (all rows when ``N`` is not larger).
-        refine_iterations: L-BFGS iterations on ``min(N, refine_rows)`` rows after the
+        refine_iterations: L-BFGS iterations (default 30) on ``min(N, refine_rows)`` rows after the
             subsample stage (0: none; skipped when the subsample holds all rows).
         refine_rows: rows of the refinement (a random superset of the subsample; all rows when
             ``N`` is not larger).
@@ -342,6 +409,9 @@ def fit_auto(
         cost_budget: operation budget of the final fit (see :func:`choose_num_features`).
         seed: seed of the random frequencies and of the subsample.
         report: a :class:`FitReport` to fill in (iterations, convergence, times).
+        exact_rows: a search stage on at most this many rows maximises the exact kernel's
+            evidence (``O(n^3)``, no more than the ``search_features`` evidence's
+            :math:`O(n D_s^2)` at these sizes) instead of the random-feature one (0: never).
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
@@ -353,6 +423,7 @@ def fit_auto(
     refine_iterations = check_int("refine_iterations", refine_iterations, minimum=0)
     refine_rows = check_int("refine_rows", refine_rows, minimum=2)
     seed = check_int("seed", seed, minimum=0)
+    exact_rows = check_int("exact_rows", exact_rows, minimum=0)
     n, d = x.shape
     if num_features is None:
         num_features = choose_num_features(n, cost_budget)
@@ -367,33 +438,19 @@ def fit_auto(
     kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
     _set_hyperparameters(kernel, init["lengthscale"], init["outputscale"])
     gp = RandomFeatureGP(kernel, noise=init["noise"])
-    stages = []
-    if n > subsample:
-        order = torch.randperm(n, generator=generator).to(x.device)
-        stages.append(("subsample", x[order[:subsample]], y[order[:subsample]], max_iterations))
-        if refine_iterations:
-            if n > refine_rows:
-                rows = order[:max(refine_rows, subsample)]
-                stages.append(("refine", x[rows], y[rows], refine_iterations))
-            else:
-                stages.append(("refine", x, y, refine_iterations))
-    else:
-        stages.append(("subsample", x, y, max_iterations))
-    info.subsample = min(n, subsample)
-    info.refine_rows = stages[-1][1].shape[0] if len(stages) > 1 else 0
-    for name, xs, ys, iters in stages:
-        started = time.perf_counter()
-        losses, iterations, converged = maximize_evidence(gp, xs, ys, iters, tolerance)
-        info.seconds[name] = time.perf_counter() - started
-        info.iterations[name], info.converged[name], info.losses[name] = (
-            iterations, converged, losses
-        )
-    if not info.converged["subsample"]:
-        warnings.warn(
-            f"fit_auto: the evidence search did not converge in {max_iterations} L-BFGS "
-            "iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
+    stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
+                           generator, x.device)
+    info.subsample, info.refine_rows = stage_sizes(stages, n)
+    info.exact_stages = []
+
+    def search(name: str, rows: Optional[Tensor], iterations: int):
+        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+        exact = xs.shape[0] <= exact_rows
+        if exact:
+            info.exact_stages.append(name)
+        return maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
+
+    run_search_stages(stages, search, info, "fit_auto")
     started = time.perf_counter()
     if num_features != search_features:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)

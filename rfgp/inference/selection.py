@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from linear_operator.utils.errors import NotPSDError
+from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_int, check_positive
@@ -25,6 +26,7 @@ from rfgp.inference.noise import targets_as_rows
 __all__ = [
     "ConvergenceWarning",
     "Objective",
+    "minimize_lbfgs",
     "minimize_safeguarded",
     "optimize_evidence",
     "select_by_score",
@@ -182,6 +184,51 @@ def minimize_safeguarded(
     objective.restore_best()
     _warn_if_not_converged(objective, method, losses, failed)
     return losses
+
+
+def minimize_lbfgs(
+    params: List[Tensor], loss: Callable[[], Tensor], max_iterations: int, tolerance: float
+) -> Tuple[List[float], int, bool]:
+    """L-BFGS (strong-Wolfe line search) on ``loss`` over ``params``, run to its tolerances.
+
+    L-BFGS stops when the largest gradient entry is below ``tolerance``, the loss changes by
+    less than ``tolerance**2``, or after ``max_iterations`` iterations. A trial point whose loss
+    or gradient is not finite, or that cannot be factorised (``NotPSDError``), gets a finite
+    loss far above the first one (see :class:`Objective`), so the line search backs off; the
+    best point evaluated is restored at the end.
+
+    Args:
+        params: leaf tensors with ``requires_grad``, changed in place.
+        loss: computes the loss at the current values of ``params``.
+        max_iterations: L-BFGS iterations (each one line search, a few evaluations).
+        tolerance: gradient tolerance.
+
+    Returns:
+        ``(losses, iterations, converged)``: the loss at every finite evaluation, the number
+        of iterations, and whether L-BFGS stopped on its tolerances before ``max_iterations``.
+
+    Example:
+        >>> w = torch.tensor([3.0, -2.0], dtype=torch.float64, requires_grad=True)
+        >>> losses, iterations, converged = minimize_lbfgs(
+        ...     [w], lambda: ((w - 1.0) ** 2).sum(), max_iterations=50, tolerance=1e-8)
+        >>> converged, torch.allclose(w.detach(), torch.ones(2, dtype=torch.float64))
+        (True, True)
+    """
+    objective = Objective(params, loss, lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        first = objective.closure()
+        # A finite loss far above any reached: the line search rejects the trial point.
+        objective.barrier = abs(float(first)) * 10.0 + 1e3
+        opt = torch.optim.LBFGS(
+            params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
+            tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+        opt.step(objective.closure)
+    iterations = int(opt.state[params[0]]["n_iter"])
+    objective.restore_best()
+    return objective.evaluations, iterations, iterations < max_iterations
 
 
 def select_by_score(values: Sequence[float], score: Callable[[float], float]) -> tuple:

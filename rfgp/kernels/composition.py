@@ -44,6 +44,11 @@ real form :math:`[\mathrm{Re}\,\Phi, \mathrm{Im}\,\Phi]` estimates :math:`\prod_
 bias (GPyTorch multiplies the real parts of the parts' estimates instead, which has the same
 expectation).
 
+**Variance correction.** Biased (truncated) parts keep their correction
+:math:`c_i = k_i(x, x) - \mathbb{E}[\hat k_i(x, x)]`: scales multiply it, sums add it, and a
+product of independent parts has :math:`c = \prod_i k_i - \prod_i (k_i - c_i)`
+(:meth:`ComposedFeatureKernel.variance_correction`).
+
 Use :func:`as_feature_kernel`; :class:`ComposedFeatureKernel` shares (does not copy) the tree's
 parameters and random weights.
 """
@@ -312,6 +317,76 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             counter[0] += 1
             phi = phi * part.index_select(-1, perm)
         return phi * width ** ((len(parts) - 1) / 2)
+
+    # ------------------------------------------------------------------ variance correction
+    @property
+    def has_variance_correction(self) -> bool:  # type: ignore[override]
+        """Whether a part is a biased (truncated) approximation with a variance correction."""
+        return any(leaf.has_variance_correction for leaf in _leaves(self.tree))
+
+    def variance_correction(self, x: Tensor) -> Tensor:
+        r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)]` of the composition, shape ``(..., N p)``.
+
+        Built from the parts' corrections :math:`c_i` and exact diagonals :math:`k_i(x, x)`:
+        a scale multiplies, a sum adds, and a product of independent parts (elementwise or
+        tensor, both with :math:`\mathbb{E}\,\hat k = \prod_i \mathbb{E}\,\hat k_i`) has
+
+        .. math::
+            c = \prod_i k_i - \prod_i (k_i - c_i).
+
+        A part's :math:`k_i(x, x)` comes from its exact kernel, or, for a part without one, from
+        the unbiased estimate :math:`\|\phi_i(x)\|^2 + c_i`; it is needed only inside
+        products with a corrected factor. Zero when no part has a correction.
+        """
+        x = self.check_input(x)
+        if not self.has_variance_correction:
+            return super().variance_correction(x)
+        _, correction = self._correction(self.tree, x, need_diagonal=False)
+        if correction is None:
+            return super().variance_correction(x)
+        return correction
+
+    def _correction(
+        self, node: Kernel, x: Tensor, need_diagonal: bool
+    ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """``(k(x, x) or None, correction or None)`` of ``node`` at ``x``, the node's input
+        before its own ``active_dims`` (every part selects its own columns from it)."""
+        if isinstance(node, RandomFeatureKernel):
+            corr = node.variance_correction(x) if node.has_variance_correction else None
+            return (self._leaf_diagonal(node, x, corr) if need_diagonal else None), corr
+        if isinstance(node, ScaleKernel):
+            inner = node.base_kernel
+            if node.active_dims is not None and inner.active_dims is None:
+                x = x.index_select(-1, node.active_dims.to(x.device))
+            diag, corr = self._correction(inner, x, need_diagonal)
+            scale = node.outputscale.to(x.dtype)
+            return (None if diag is None else diag * scale), (
+                None if corr is None else corr * scale
+            )
+        if node.active_dims is not None:
+            x = x.index_select(-1, node.active_dims.to(x.device))
+        children = [child for _, child in _children(node)]
+        if isinstance(node, AdditiveKernel):
+            parts = [self._correction(child, x, need_diagonal) for child in children]
+            corrs = [c for _, c in parts if c is not None]
+            diag = sum(d for d, _ in parts) if need_diagonal else None
+            return diag, (sum(corrs) if corrs else None)
+        parts = [self._correction(child, x, need_diagonal=True) for child in children]
+        full = math.prod(d for d, _ in parts)
+        if all(c is None for _, c in parts):
+            return full, None
+        expected = math.prod(d if c is None else d - c for d, c in parts)
+        return full, full - expected
+
+    @staticmethod
+    def _leaf_diagonal(leaf: RandomFeatureKernel, x: Tensor, corr: Optional[Tensor]) -> Tensor:
+        try:
+            # GPyTorch's call applies the leaf's active_dims to x, as the leaf does.
+            return leaf.exact_kernel()(x, x, diag=True).to(x.dtype)
+        except NotImplementedError:
+            phi = leaf.features(x)
+            estimate = (phi.abs() ** 2).sum(-1)
+            return estimate if corr is None else estimate + corr
 
     def extra_repr(self) -> str:
         return (

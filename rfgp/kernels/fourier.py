@@ -32,6 +32,7 @@ __all__ = [
     "sample_frequencies",
     "haar_orthogonal",
     "cos_sin_features",
+    "stationary_kernel",
 ]
 
 #: ``spectral`` name -> Matérn smoothness nu of the kernel (``None``: the RBF kernel, nu = inf).
@@ -108,6 +109,53 @@ def sample_frequencies(
     if nu is not None:
         w = w * _student_scale(shape, nu, generator).unsqueeze(-1)
     return w
+
+
+def stationary_kernel(
+    x1: Tensor, x2: Tensor, lengthscale: Tensor, nu: Optional[float] = None
+) -> Tensor:
+    r"""The exact kernel that :class:`FourierFeatureKernel` approximates, differentiable in all
+    arguments.
+
+    With :math:`r = \|(x_1 - x_2) / \ell\|` (per-input lengthscales :math:`\ell`):
+
+    .. math::
+        k_\infty = e^{-r^2/2},\quad k_{1/2} = e^{-r},\quad
+        k_{3/2} = (1 + \sqrt3 r)\,e^{-\sqrt3 r},\quad
+        k_{5/2} = (1 + \sqrt5 r + \tfrac53 r^2)\,e^{-\sqrt5 r}.
+
+    Args:
+        x1: ``(N, d)`` inputs.
+        x2: ``(M, d)`` inputs.
+        lengthscale: ``(d,)``, ``(1, d)`` or scalar lengthscales.
+        nu: ``None`` (RBF) or a Matérn smoothness in ``MATERN_NU``'s values.
+
+    Returns:
+        ``(N, M)`` kernel matrix.
+
+    Example:
+        >>> x = torch.randn(5, 2, dtype=torch.float64)
+        >>> k = stationary_kernel(x, x, torch.tensor([0.5, 2.0], dtype=torch.float64), 2.5)
+        >>> bool(torch.allclose(k.diagonal(), torch.ones(5, dtype=torch.float64)))
+        True
+    """
+    ls = lengthscale.reshape(-1).to(x1.dtype)
+    z1, z2 = x1 / ls, x2 / ls
+    # |a - b|^2 = |a|^2 + |b|^2 - 2 a.b, clamped: rounding can make it slightly negative.
+    sq = (z1.square().sum(-1, keepdim=True) + z2.square().sum(-1) - 2.0 * z1 @ z2.T).clamp_min(0)
+    if nu is None:
+        return torch.exp(-0.5 * sq)
+    # r is differentiated where sq > 0 only: the gradient of sqrt at 0 is infinite.
+    r = torch.where(sq > 0, sq.clamp_min(1e-300).sqrt(), torch.zeros_like(sq))
+    if nu == 0.5:
+        return torch.exp(-r)
+    if nu == 1.5:
+        s3 = math.sqrt(3.0) * r
+        return (1.0 + s3) * torch.exp(-s3)
+    if nu == 2.5:
+        s5 = math.sqrt(5.0) * r
+        return (1.0 + s5 + 5.0 / 3.0 * sq) * torch.exp(-s5)
+    raise ValueError(f"nu must be None, 0.5, 1.5 or 2.5, got {nu!r}")
 
 
 def cos_sin_features(proj: Tensor, scale: float) -> Tensor:

@@ -231,18 +231,21 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
 
 
 # ----------------------------------------------------------------------------- multi-fidelity
-def test_refit_at_equal_features_reproduces_a_direct_fit():
+@pytest.mark.parametrize("exact_rows", [0, 1000], ids=["feature-evidence", "exact-evidence"])
+def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
     x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
+    report = FitReport(0, 0, 0)
     auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3,
-                    tolerance=1e-5)
+                    tolerance=1e-5, exact_rows=exact_rows, report=report)
+    assert report.exact_stages == (["subsample"] if exact_rows else [])
     # The same steps by hand: start, converged search on all rows, fit.
     init = initial_hyperparameters(x, y, generator=gen(3))
     kernel = make_ard_kernel(256, 2, seed=3)
     kernel.base_kernel.lengthscale = init["lengthscale"].reshape(1, -1)
     kernel.outputscale = init["outputscale"]
     direct = RandomFeatureGP(kernel, noise=init["noise"])
-    maximize_evidence(direct, x, y, max_iterations=200, tolerance=1e-5)
+    maximize_evidence(direct, x, y, max_iterations=200, tolerance=1e-5, exact=bool(exact_rows))
     direct.fit(x, y)
     m1, s1 = auto.predict(xq, return_std=True)
     m2, s2 = direct.predict(xq, return_std=True)
@@ -322,3 +325,83 @@ def test_sklearn_default_is_the_recipe():
     np.testing.assert_allclose(std, s.numpy() * y.std(), rtol=0, atol=1e-9)
     assert reg.fit_report_.num_features == gp.kernel.base_kernel.num_features
     assert reg.n_iter_ > 3
+
+
+# ----------------------------------------------------------------------------- exact search
+@pytest.mark.parametrize("nu", [None, 0.5, 1.5, 2.5])
+def test_stationary_kernel_is_gpytorch_kernel(nu):
+    import gpytorch
+
+    from rfgp.kernels.fourier import stationary_kernel
+
+    g = gen(11)
+    x1 = torch.randn(7, 3, generator=g, dtype=DT)
+    x2 = torch.randn(5, 3, generator=g, dtype=DT)
+    ls = torch.tensor([0.4, 1.3, 3.0], dtype=DT)
+    ref = (gpytorch.kernels.RBFKernel(ard_num_dims=3) if nu is None
+           else gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=3)).double()
+    ref.lengthscale = ls
+    with torch.no_grad():
+        expected = ref(x1, x2).to_dense()
+        same = ref(x1, x1).to_dense()
+    torch.testing.assert_close(stationary_kernel(x1, x2, ls, nu), expected, rtol=1e-10,
+                               atol=1e-12)
+    torch.testing.assert_close(stationary_kernel(x1, x1, ls, nu), same, rtol=1e-10, atol=1e-12)
+    ls_var = ls.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda v: stationary_kernel(x1, x2, v, nu), (ls_var,))
+    with pytest.raises(ValueError, match="nu must be"):
+        stationary_kernel(x1, x2, ls, 1.0)
+
+
+def test_kernel_evidence_is_the_gaussian_density_with_its_gradient():
+    from linear_operator.utils.errors import NotPSDError
+
+    from rfgp.inference.evidence import kernel_negative_log_evidence
+
+    g = gen(12)
+    a = torch.randn(25, 10, generator=g, dtype=DT)
+    y = torch.randn(25, 3, generator=g, dtype=DT)
+    noise = torch.tensor(0.3, dtype=DT)
+    cov = a @ a.T + noise * torch.eye(25, dtype=DT)
+    mvn = torch.distributions.MultivariateNormal(torch.zeros(25, dtype=DT), cov)
+    expected = -mvn.log_prob(y.T).sum()
+    torch.testing.assert_close(kernel_negative_log_evidence(a @ a.T, y, noise), expected)
+    # Gradient through a parametrised (symmetric) K, the targets and the noise.
+    args = (a.clone().requires_grad_(True), y.clone().requires_grad_(True),
+            noise.clone().requires_grad_(True))
+    assert torch.autograd.gradcheck(
+        lambda a_, y_, s_: kernel_negative_log_evidence(a_ @ a_.T, y_, s_), args
+    )
+    with pytest.raises(NotPSDError, match="not positive definite"):
+        kernel_negative_log_evidence(-torch.eye(4, dtype=DT), y[:4], torch.tensor(0.1, dtype=DT))
+
+
+def test_exact_search_maximises_the_exact_evidence():
+    # On few rows the search maximises the exact kernel's evidence: its gradient vanishes at
+    # the result, which beats the random-feature search's hyperparameters on that evidence.
+    from rfgp.inference.evidence import kernel_negative_log_evidence
+    from rfgp.kernels.fourier import stationary_kernel
+
+    x, y, _ = rff_gp_data(300, noise=0.05, seed=13)
+
+    def exact_loss(gp):
+        base = gp.kernel.base_kernel
+        k = stationary_kernel(x, x, base.lengthscale, base.nu) * gp.kernel.outputscale
+        return kernel_negative_log_evidence(k, y.unsqueeze(-1), gp.noise)
+
+    options = dict(num_features=128, search_features=128, seed=0, tolerance=1e-6)
+    exact = fit_auto(x, y, exact_rows=1000, **options)
+    approx = fit_auto(x, y, exact_rows=0, **options)
+    with torch.no_grad():
+        assert float(exact_loss(exact)) < float(exact_loss(approx))
+    params = [p for p in exact.kernel.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(exact_loss(exact) / y.numel(), params)
+    assert max(float(gr.abs().max()) for gr in grads) < 1e-4
+    with pytest.raises(TypeError, match="FourierFeatureKernel"):
+        from gpytorch.kernels import ScaleKernel
+
+        from rfgp.kernels import PolynomialSketchKernel
+
+        other = RandomFeatureGP(ScaleKernel(PolynomialSketchKernel(2, 16, seed=0)).double(),
+                                noise=0.1)
+        maximize_evidence(other, x, y, exact=True)

@@ -359,3 +359,64 @@ def test_a_kernel_tree_assigned_to_the_solver_becomes_one_feature_map():
     assert isinstance(gp.kernel, ComposedFeatureKernel) and gp.kernel.tree is tree
     x = torch.rand(12, 4, dtype=DT)
     assert gp.fit(x, x[:, 0]).predict(x).shape == (12,)
+
+
+# ---------------------------------------------------------------- variance correction
+def corrected_tree(width=32):
+    """poly(dims 2, 3) * Gaussian sketch(dims 0, 1) + scale * Gaussian sketch(dims 0, 1)."""
+    from rfgp.kernels import GaussianSketchKernel
+
+    poly = PolynomialSketchKernel(2, width, bias=0.5, projection="gaussian", active_dims=[2, 3],
+                                  seed=3)
+    sketch = GaussianSketchKernel(width, truncation=2, active_dims=[0, 1], seed=4)
+    sketch.lengthscale = torch.tensor(0.7)
+    other = GaussianSketchKernel(width, truncation=3, active_dims=[0, 1], seed=5)
+    scaled = ScaleKernel(other)
+    scaled.outputscale = torch.tensor(1.5)
+    return (poly * sketch + scaled).double(), poly, sketch, other
+
+
+def test_composed_variance_correction_is_built_from_the_parts():
+    tree, poly, sketch, other = corrected_tree()
+    k = as_feature_kernel(tree, seed=0)
+    assert k.has_variance_correction
+    x = pairs(n=6)[0]
+    with torch.no_grad():
+        k_poly = polynomial(x[:, 2:], x[:, 2:], 2, 0.5)
+        expected = k_poly * sketch.variance_correction(x) + 1.5 * other.variance_correction(x)
+        torch.testing.assert_close(k.variance_correction(x), expected)
+    assert (expected > 1e-3).all()  # truncation 2 and 3 leave a visible bias
+    assert not as_feature_kernel(mixed_tree()).has_variance_correction
+    torch.testing.assert_close(as_feature_kernel(mixed_tree()).variance_correction(x),
+                               torch.zeros(6, dtype=DT))
+
+
+def test_composed_estimate_plus_correction_is_the_exact_diagonal():
+    # E[k_hat(x, x)] + c(x) = k(x, x): the Gaussian sketches are biased, the correction is not.
+    tree, *_ = corrected_tree(width=16)
+    k = as_feature_kernel(tree, seed=0)
+    x = pairs(n=4)[0]
+    with torch.no_grad():
+        exact = polynomial(x[:, 2:], x[:, 2:], 2, 0.5) + 1.5
+        values = monte_carlo(k, x, x, draws=600, seed=2) + k.variance_correction(x)
+    z = (values.mean(0) - exact) / (values.std(0) / math.sqrt(values.shape[0]))
+    assert z.abs().max() < 4.5, z
+    biased = monte_carlo(k, x, x, draws=600, seed=2)
+    z_biased = (biased.mean(0) - exact) / (biased.std(0) / math.sqrt(biased.shape[0]))
+    assert z_biased.abs().min() > 4.5, z_biased  # without the correction the bias shows
+
+
+def test_solver_adds_the_composed_correction_to_the_variance():
+    tree, *_ = corrected_tree()
+    g = torch.Generator().manual_seed(0)
+    x = 0.6 * torch.randn(30, 4, generator=g, dtype=DT)
+    y = torch.sin(x.sum(-1))
+    xs = 0.6 * torch.randn(5, 4, generator=g, dtype=DT)
+    k = as_feature_kernel(tree, seed=0)  # one feature map (permutations) for both models
+    plain = RandomFeatureGP(k, noise=0.1).fit(x, y)
+    corrected = RandomFeatureGP(k, noise=0.1, correct_variance=True).fit(x, y)
+    with torch.no_grad():
+        _, s0 = plain.predict(xs, return_std=True)
+        _, s1 = corrected.predict(xs, return_std=True)
+        correction = k.variance_correction(xs)
+    torch.testing.assert_close(s1.square() - s0.square(), correction)

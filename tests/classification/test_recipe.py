@@ -1,0 +1,252 @@
+"""The classification recipe: the fixed-noise evidence, its gradient, the search and the refit."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from rfgp.classification import (
+    ClassifierFitReport,
+    DirichletGPClassifier,
+    choose_classifier_features,
+    fit_classifier_auto,
+)
+from rfgp.inference.heteroscedastic_evidence import (
+    heteroscedastic_negative_log_evidence,
+    shared_weight_split,
+)
+from rfgp.inference.recipe import make_ard_kernel
+from rfgp.likelihoods import dirichlet_transform
+from tests.classification.data import THREE_CENTRES, blobs
+
+DTYPE = torch.float64
+
+
+def _exact_nll(z, y, noise):
+    """-log p(Y) from torch's multivariate normal density with K = Z Z^T + diag(s_t)."""
+    n = z.shape[0]
+    total = 0.0
+    for t in range(y.shape[1]):
+        cov = z @ z.T + torch.diag(noise[:, t])
+        dist = torch.distributions.MultivariateNormal(torch.zeros(n, dtype=DTYPE), cov)
+        total = total - dist.log_prob(y[:, t])
+    return total
+
+
+def _dirichlet_problem(n, width, num_classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, width, dtype=DTYPE, generator=g) / width**0.5
+    labels = torch.randint(0, num_classes, (n,), generator=g)
+    targets, noise = dirichlet_transform(labels, num_classes, 0.1)
+    return z, targets - targets.mean(0), noise
+
+
+@pytest.mark.parametrize("n, width", [(40, 8), (8, 40)])  # weight space, function space
+def test_evidence_equals_gaussian_density_for_dirichlet_noise(n, width):
+    z, y, noise = _dirichlet_problem(n, width)
+    value = heteroscedastic_negative_log_evidence(z, y, noise)
+    torch.testing.assert_close(value, _exact_nll(z, y, noise), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n, width", [(30, 6), (6, 30)])
+def test_evidence_equals_gaussian_density_for_arbitrary_noise(n, width):
+    # Every entry distinct: no shared weight, each column's Gram built from all rows.
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(n, width, dtype=DTYPE, generator=g)
+    y = torch.randn(n, 2, dtype=DTYPE, generator=g)
+    noise = torch.rand(n, 2, dtype=DTYPE, generator=g) + 0.05
+    value = heteroscedastic_negative_log_evidence(z, y, noise)
+    torch.testing.assert_close(value, _exact_nll(z, y, noise), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n, width", [(25, 6), (6, 25)])
+def test_evidence_gradient_matches_finite_differences(n, width):
+    z, y, noise = _dirichlet_problem(n, width, seed=2)
+    noise = noise.clone()
+    noise[0, 0] = 0.9  # a third value in one column: the correction rows are not one class
+    z.requires_grad_(True)
+    y.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a, b: heteroscedastic_negative_log_evidence(a, b, noise), (z, y)
+    )
+
+
+def test_shared_weight_split_reconstructs_the_weighted_gram():
+    _, _, noise = _dirichlet_problem(50, 4)
+    weights = noise.reciprocal()
+    shared, rows = shared_weight_split(weights)
+    for t, r in enumerate(rows):
+        rebuilt = torch.full((50,), float(shared[t]), dtype=DTYPE)
+        rebuilt[r] = weights[r, t]
+        torch.testing.assert_close(rebuilt, weights[:, t], rtol=0, atol=0)
+        assert 2 * r.numel() <= 50  # the Dirichlet columns share their "other class" weight
+
+
+def test_evidence_rejects_bad_shapes():
+    z, y, noise = _dirichlet_problem(10, 4)
+    with pytest.raises(ValueError, match="noise"):
+        heteroscedastic_negative_log_evidence(z, y, noise[:, :2])
+    with pytest.raises(ValueError, match="z must have shape"):
+        heteroscedastic_negative_log_evidence(z[:0], y[:0], noise[:0])
+
+
+def test_choose_classifier_features_respects_the_budget():
+    budget = 1e10
+    previous = None
+    for n in (100, 1000, 10_000, 100_000):
+        d = choose_classifier_features(n, 10, budget)
+        cost = min(2 * n * d * d + 10 * d**3 / 3, n * n * d + 10 * n**3 / 3)
+        assert d == 512 or cost <= budget
+        if d < 8192:
+            d2 = 2 * d
+            assert min(2 * n * d2 * d2 + 10 * d2**3 / 3, n * n * d2 + 10 * n**3 / 3) > budget
+        assert previous is None or d <= previous  # more rows never give more features
+        previous = d
+
+
+def _three_blobs():
+    return blobs(40, THREE_CENTRES, 0.6, seed=3)
+
+
+def test_recipe_increases_the_evidence_over_the_start():
+    x, labels = _three_blobs()
+    report = ClassifierFitReport()
+    clf = fit_classifier_auto(x, labels, num_features=128, search_features=128, seed=0,
+                              report=report)
+    assert report.converged["subsample"]
+    # The evidence of the fitted classifier (RandomFeatureGP's own computation) against a
+    # classifier with the same features at the starting hyperparameters.
+    start = make_ard_kernel(128, 2, seed=0)
+    start.base_kernel.lengthscale = report.initial["lengthscale"].reshape(1, -1)
+    start.outputscale = report.initial["outputscale"]
+    at_start = DirichletGPClassifier(start, outputscale=1.0).fit(x, labels)
+    assert clf.log_marginal_likelihood() > at_start.log_marginal_likelihood() + 1.0
+    # The search's own losses are the negative evidence per datum and class.
+    assert report.losses["subsample"][-1] == pytest.approx(
+        -clf.log_marginal_likelihood() / (x.shape[0] * 3), rel=1e-8
+    )
+
+
+@pytest.mark.parametrize("num_features", [128, 256])
+def test_refit_equals_a_direct_fit_at_the_found_hyperparameters(num_features):
+    x, labels = _three_blobs()
+    clf = fit_classifier_auto(x, labels, num_features=num_features, search_features=128,
+                              subsample=10_000, seed=4)
+    found = clf.kernel
+    kernel = make_ard_kernel(num_features, 2, seed=4)  # the same frequencies (seed)
+    kernel.base_kernel.lengthscale = found.base_kernel.lengthscale.detach()
+    kernel.outputscale = found.outputscale.detach()
+    direct = DirichletGPClassifier(kernel, outputscale=1.0).fit(x, labels)
+    test = torch.linspace(-1, 3, 21, dtype=DTYPE).reshape(-1, 1).repeat(1, 2)
+    ours, theirs = clf.latent_posterior(test), direct.latent_posterior(test)
+    torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-10, atol=1e-10)
+    assert found.base_kernel.num_features == num_features
+
+
+def test_recipe_subsample_and_refinement_stages():
+    x, labels = blobs(300, THREE_CENTRES, 0.6, seed=5)
+    report = ClassifierFitReport()
+    fit_classifier_auto(x, labels, num_features=64, subsample=200, refine_iterations=3,
+                        refine_rows=500, seed=0, report=report)
+    assert report.subsample == 200 and report.refine_rows == 500
+    assert report.iterations["refine"] <= 3
+    # The refinement starts where the subsample stage stopped and never ends higher.
+    assert report.losses["refine"][-1] <= report.losses["refine"][0]
+
+
+def test_select_alpha_after_the_search():
+    from rfgp.classification import ALPHA_GRID
+
+    x, labels = _three_blobs()
+    clf = fit_classifier_auto(x, labels, num_features=64, select_alpha=True, seed=0)
+    assert clf.alpha_epsilon in ALPHA_GRID
+    assert sum(r["selected"] for r in clf.selection_) == 1
+
+
+def test_estimator_default_is_the_recipe():
+    pytest.importorskip("sklearn")
+    from sklearn.utils import check_random_state
+
+    from rfgp.classification import softmax_expectation
+    from rfgp.sklearn import RandomFeatureGPClassifier
+
+    x, labels = _three_blobs()
+    X, y = x.numpy(), labels.numpy() + 10  # labels of any values
+    est = RandomFeatureGPClassifier(num_features=128, random_state=0).fit(X, y)
+    seed = int(check_random_state(0).randint(np.iinfo(np.int32).max))
+    clf = fit_classifier_auto(x, labels, num_features=128, seed=seed)
+    ours = est.classifier_.latent_posterior(x)
+    theirs = clf.latent_posterior(x)
+    torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-10, atol=1e-10)
+    proba = softmax_expectation(theirs.mean, theirs.variance, "mc", 1000,
+                                torch.Generator().manual_seed(seed))
+    np.testing.assert_allclose(est.predict_proba(X), proba.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(est.predict(X), proba.argmax(-1).numpy() + 10)
+    assert est.fit_report_ is not None and est.n_iter_ > 0
+    # optimizer=None keeps the given lengthscale: no report, no iterations.
+    old = RandomFeatureGPClassifier(num_features=64, optimizer=None, random_state=0).fit(X, y)
+    assert old.fit_report_ is None and old.n_iter_ == 0
+    assert float(old.classifier_.kernel.lengthscale.detach()) == 1.0
+
+
+def test_hostile_input_names_the_argument():
+    x, labels = _three_blobs()
+    bad = x.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="x must be finite"):
+        fit_classifier_auto(bad, labels)
+    with pytest.raises(ValueError, match="x must have at least one row"):
+        fit_classifier_auto(x[:0], labels[:0])
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        fit_classifier_auto(x.long(), labels)
+    with pytest.raises(TypeError, match="labels must hold integer"):
+        fit_classifier_auto(x, labels.double())
+    with pytest.raises(ValueError, match="labels must have one entry per row"):
+        fit_classifier_auto(x, labels[:-1])
+    with pytest.raises(ValueError, match="spectral"):
+        fit_classifier_auto(x, labels, spectral="cosine")
+    with pytest.raises(ValueError, match="alpha_epsilon"):
+        fit_classifier_auto(x, labels, alpha_epsilon=0.0)
+    with pytest.raises(TypeError, match="select_alpha"):
+        fit_classifier_auto(x, labels, select_alpha="yes")
+    with pytest.raises(ValueError, match="num_features"):
+        fit_classifier_auto(x, labels, num_features=1)
+
+
+def test_recipe_does_not_change_its_inputs():
+    x, labels = _three_blobs()
+    x0, l0 = copy.deepcopy(x), copy.deepcopy(labels)
+    fit_classifier_auto(x, labels, num_features=64, seed=0)
+    assert torch.equal(x, x0) and torch.equal(labels, l0)
+
+
+def test_evidence_search_checks_its_arguments():
+    from rfgp.classification import dirichlet_evidence_search
+
+    x, labels = _three_blobs()
+    targets, noise = dirichlet_transform(labels, 3)
+    kernel = make_ard_kernel(32, 2, seed=0)
+    with pytest.raises(TypeError, match="kernel must be a ScaleKernel"):
+        dirichlet_evidence_search(kernel.base_kernel, x, targets, noise)
+    with pytest.raises(ValueError, match="targets and noise must have shape"):
+        dirichlet_evidence_search(kernel, x, targets, noise[:, :2])
+    with pytest.raises(ValueError, match="noise must be positive"):
+        dirichlet_evidence_search(kernel, x, targets, -noise)
+    with pytest.raises(ValueError, match="x must be finite"):
+        dirichlet_evidence_search(kernel, x * float("nan"), targets, noise)
+
+
+def test_recipe_finds_the_irrelevant_inputs():
+    # Labels depend on the first two of four inputs: the evidence (ARD) lengthscales of the
+    # other two grow far beyond those of the relevant ones.
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(300, 4, generator=g, dtype=DTYPE)
+    labels = (torch.sin(2 * x[:, 0]) + x[:, 1] > 0).long()
+    clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
+    lengthscale = clf.kernel.base_kernel.lengthscale.detach().reshape(-1)
+    assert float(lengthscale[2:].min()) > 5 * float(lengthscale[:2].max())
