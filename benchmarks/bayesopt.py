@@ -458,10 +458,11 @@ def plot(results, problems, methods, seeds, path, sweep=None, sweep_problem=None
             per_iter = [
                 sum(t[i]["seconds"] for t in traces) / len(traces) for i in range(1, len(evals))
             ]
-            axes[0, col].plot(evals, regret, label=LABELS[method])
+            style = {"label": LABELS[method], "color": f"C{METHODS.index(method)}"}
+            axes[0, col].plot(evals, regret, **style)
             if method != "random":
-                axes[1, col].plot(cumulative, regret, label=LABELS[method])
-                axes[2, col].plot(evals[:-1], per_iter, marker=".", label=LABELS[method])
+                axes[1, col].plot(cumulative, regret, **style)
+                axes[2, col].plot(evals[:-1], per_iter, marker=".", **style)
         axes[0, col].set(title=problem, xlabel="evaluations", ylabel="regret (mean over seeds)",
                          yscale="log")
         axes[1, col].set(xlabel="cumulative model + selection time (s)", ylabel="regret",
@@ -475,7 +476,8 @@ def plot(results, problems, methods, seeds, path, sweep=None, sweep_problem=None
         sizes = [row["n"] for row in sweep]
         for method in methods:
             if method in sweep[0]:
-                ax.plot(sizes, [row[method] for row in sweep], marker="o", label=LABELS[method])
+                ax.plot(sizes, [row[method] for row in sweep], marker="o", label=LABELS[method],
+                        color=f"C{METHODS.index(method)}")
         ax.set(title=f"{sweep_problem}: one iteration at N points", xlabel="N",
                ylabel="seconds per BO iteration", xscale="log", yscale="log")
         ax.legend(fontsize=8)
