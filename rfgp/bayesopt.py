@@ -19,10 +19,13 @@ observations the model holds. The recipe:
    re-standardising), repeat.
 
 :func:`thompson_sample` does steps 2-4; :func:`maximize_paths` does 3-4 for any callable paths.
-As the data grow, draw the paths from a posterior with more features than the hyperparameter
-fit used (:func:`posterior_num_features`): a weight-space posterior with ``D`` features and
-``N >> D`` observations is confident in every direction of its ``D``-dimensional weight space,
-so its paths all look like the posterior mean and the batch loses its diversity.
+Fit a constant prior mean with the hyperparameters (the model has a zero mean: fit it to the
+targets minus that constant) and start each hyperparameter fit from the priors; the
+Thompson-sampling guide has the recipe. Once ``N`` is many times ``D``, draw the paths from a
+posterior with more features than the hyperparameter fit used (:func:`posterior_num_features`):
+a weight-space posterior with ``D`` features and ``N >> D`` observations is confident in every
+direction of its ``D``-dimensional weight space, so its paths all look like the posterior mean
+and the batch loses its diversity.
 
 Example:
     >>> from rfgp import RandomFeatureGP
@@ -63,7 +66,10 @@ def posterior_num_features(
     starvation); with :math:`D \ge 2N` at least :math:`D - N` directions keep their prior
     variance, as the exact GP's posterior does away from the data. The fit costs
     :math:`O(N D^2 + D^3)` once per batch; the hyperparameters can be fitted with fewer
-    features (they need the kernel's shape, not its posterior's rank).
+    features (they need the kernel's shape, not its posterior's rank). In the
+    Bayesian-optimisation benchmark (q = 50, up to N = 1500 against 512 fitted features) it
+    cost 1.4x to 2.6x per iteration and did not lower the regret: it is a safeguard for
+    ``N`` many times the fit's ``D``.
 
     Args:
         num_data: ``N``, the number of observations (at least 1).
