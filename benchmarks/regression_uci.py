@@ -578,9 +578,9 @@ def write_markdown(results, args, path):
             "standardised targets with the estimator's seed (first split of each set): largest "
             "absolute difference of the predictive mean and standard deviation. The two fits "
             "get targets that differ by rounding (the estimator standardises them itself); "
-            "where the difference is above rounding, L-BFGS stopped at another iteration on "
-            "a flat evidence (on boston's first split 61 against 76 iterations, losses per "
-            "datum 0.34914 against 0.34903 at tolerance 1e-4), not a different recipe.", "",
+            "where the difference is above rounding, the two L-BFGS runs, started from "
+            "targets that differ in the last bits, stopped at different iterations on a flat "
+            "evidence: not a different recipe.", "",
             "| data set | mean | std |", "|---|---|---|"]
     for name, diff in results["equivalence"].items():
         out.append(f"| {name} | {diff['mean']:.2e} | {diff['std']:.2e} |")
