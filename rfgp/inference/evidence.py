@@ -136,6 +136,21 @@ class _WeightSpaceEvidence(torch.autograd.Function):
         return grad_z, None, grad * grad_s
 
 
+def _gaussian_terms(chol: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(-log N(y; 0, L L^T) summed over columns, a = (L L^T)^{-1} y)`` from a Cholesky factor."""
+    n = y.shape[0]
+    alpha = torch.cholesky_solve(y, chol)
+    quad = (y * alpha).sum(0)
+    logdet = 2.0 * chol.diagonal().log().sum()
+    return 0.5 * (quad + logdet + n * LOG_2PI).sum(), alpha
+
+
+def _covariance_gradient(chol: Tensor, alpha: Tensor) -> Tensor:
+    """``T C^{-1} - a a^T``: twice the gradient of :func:`_gaussian_terms` in the covariance
+    ``C = L L^T`` (symmetric)."""
+    return alpha.shape[1] * torch.cholesky_inverse(chol) - alpha @ alpha.T
+
+
 class _FunctionSpaceEvidence(torch.autograd.Function):
     """The same ``-log p(y)`` through the ``N x N`` matrix ``K = Z Z^T + s I`` (for ``N < D``)."""
 
@@ -144,20 +159,16 @@ class _FunctionSpaceEvidence(torch.autograd.Function):
         n = z.shape[0]
         kmat = torch.addmm(torch.diag_embed(noise.expand(n)), z, z.T)
         chol = robust_cholesky(kmat, None, "kernel matrix K")
-        alpha = torch.cholesky_solve(y, chol)
-        quad = (y * alpha).sum(0)
-        logdet = 2.0 * chol.diagonal().log().sum()
+        value, alpha = _gaussian_terms(chol, y)
         ctx.save_for_backward(z, chol, alpha)
-        return 0.5 * (quad + logdet + n * LOG_2PI).sum()
+        return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         z, chol, alpha = ctx.saved_tensors
-        outputs = alpha.shape[1]
-        kinv = torch.cholesky_inverse(chol)
-        grad_z = (outputs * kinv - alpha @ alpha.T) @ z * grad
-        grad_s = 0.5 * (outputs * kinv.diagonal().sum() - alpha.square().sum())
-        return grad_z, None, grad * grad_s
+        gram_grad = _covariance_gradient(chol, alpha)
+        grad_s = 0.5 * gram_grad.diagonal().sum()
+        return gram_grad @ z * grad, None, grad * grad_s
 
 
 def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
@@ -220,27 +231,22 @@ class _KernelEvidence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-        n, t = y.shape
-        factor, info = torch.linalg.cholesky_ex(k + noise * torch.eye(n, dtype=k.dtype,
-                                                                      device=k.device))
+        n = y.shape[0]
+        chol, info = torch.linalg.cholesky_ex(
+            k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
+        )
         if int(info) != 0:
             raise NotPSDError("the kernel matrix plus noise is not positive definite")
-        a = torch.cholesky_solve(y, factor)
-        value = 0.5 * (y * a).sum() + t * factor.diagonal().log().sum() + 0.5 * n * t * math.log(
-            2.0 * math.pi
-        )
-        ctx.save_for_backward(factor, a)
+        value, alpha = _gaussian_terms(chol, y)
+        ctx.save_for_backward(chol, alpha)
         return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        factor, a = ctx.saved_tensors
-        t = a.shape[1]
-        inverse = torch.cholesky_inverse(factor)
-        # d/dK = (T K^-1 - a a^T) / 2 and d/dnoise = tr(d/dK); d/dy = a.
-        grad_k = 0.5 * (t * inverse - a @ a.T)
-        grad_noise = grad_k.diagonal().sum()
-        return grad * grad_k, grad * a, grad * grad_noise
+        chol, alpha = ctx.saved_tensors
+        # d/dK = (T K^-1 - a a^T) / 2, d/dnoise = tr(d/dK), d/dy = a.
+        grad_k = 0.5 * _covariance_gradient(chol, alpha)
+        return grad * grad_k, grad * alpha, grad * grad_k.diagonal().sum()
 
 
 def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
