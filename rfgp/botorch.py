@@ -57,6 +57,17 @@ from rfgp.inference.feature_gp import RandomFeatureGP
 __all__ = ["RandomFeatureModel"]
 
 
+def _count_outputs(gp: RandomFeatureGP) -> int:
+    """Outputs per point of a fitted GP: target columns times outputs per input."""
+    columns = sum(len(group) for group in gp.factorization_groups)
+    if columns > 1 and gp.outputs_per_input > 1:
+        raise ValueError(
+            f"RandomFeatureModel supports several target columns ({columns}) or several "
+            f"outputs per input ({gp.outputs_per_input}), not both"
+        )
+    return columns * gp.outputs_per_input
+
+
 class RandomFeatureModel(Model):
     r"""BoTorch ``Model`` around a fitted :class:`~rfgp.RandomFeatureGP`.
 
@@ -105,35 +116,31 @@ class RandomFeatureModel(Model):
             raise TypeError(f"gp must be an rfgp.RandomFeatureGP, got {type(gp).__name__}")
         if not gp.is_fitted:
             raise ValueError("gp must be fitted; call gp.fit(x, y) first")
-        columns = sum(len(group) for group in gp.factorization_groups)
-        if columns > 1 and gp.outputs_per_input > 1:
-            raise ValueError(
-                f"RandomFeatureModel supports several target columns ({columns}) or several "
-                f"outputs per input ({gp.outputs_per_input}), not both"
-            )
+        _count_outputs(gp)
         super().__init__()
         self.gp = gp
-        self._outputs = columns * gp.outputs_per_input
 
     @property
     def num_outputs(self) -> int:
-        return self._outputs
+        # Read from the GP at every use: it may have been refitted on other targets.
+        return _count_outputs(self.gp)
 
     @property
     def batch_shape(self) -> torch.Size:
         return torch.Size([])
 
-    def _output_list(self, output_indices: Optional[List[int]]) -> List[int]:
+    @staticmethod
+    def _output_list(output_indices: Optional[List[int]], outputs: int) -> List[int]:
         if output_indices is None:
-            return list(range(self._outputs))
+            return list(range(outputs))
         chosen = list(output_indices)
         if not chosen or any(
-            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self._outputs
+            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < outputs
             for i in chosen
         ):
             raise ValueError(
                 f"output_indices must be None or a non-empty list of output indices in "
-                f"[0, {self._outputs}), got {output_indices!r}"
+                f"[0, {outputs}), got {output_indices!r}"
             )
         return chosen
 
@@ -161,7 +168,8 @@ class RandomFeatureModel(Model):
             has rank at most ``D`` and everything is differentiable in ``X``.
         """
         check_tensor("X", X, min_dim=2)
-        outputs = self._output_list(output_indices)
+        total = self.num_outputs
+        outputs = self._output_list(output_indices, total)
         batch, q, dim = X.shape[:-2], X.shape[-2], X.shape[-1]
         if q == 0:
             raise ValueError(
@@ -171,14 +179,14 @@ class RandomFeatureModel(Model):
         joint = self.gp.posterior(flat)  # over all b q points, lazily low rank
         points = torch.arange(flat.shape[0], device=X.device).reshape(-1, q)  # (B, q)
         m = len(outputs)
-        if self._outputs == 1:
+        if total == 1:
             rows, interleaved = points, True
             mean = joint.mean.reshape(*batch, q, 1)
         else:
             interleaved = bool(joint._interleaved)
             tasks = torch.tensor(outputs, device=X.device)
             if interleaved:  # row of (point i, output t) = i * outputs + t
-                rows = (points.unsqueeze(-1) * self._outputs + tasks).reshape(-1, q * m)
+                rows = (points.unsqueeze(-1) * total + tasks).reshape(-1, q * m)
             else:  # row of (point i, output t) = t * points + i
                 rows = (tasks.unsqueeze(-1) * flat.shape[0] + points.unsqueeze(-2))
                 rows = rows.reshape(-1, m * q)
@@ -235,9 +243,10 @@ class RandomFeatureModel(Model):
         """
         check_tensor("X", X, min_dim=2, max_dim=2)
         check_tensor("Y", Y, min_dim=2, max_dim=2)
-        if Y.shape != (X.shape[0], self._outputs):
+        outputs = self.num_outputs
+        if Y.shape != (X.shape[0], outputs):
             raise ValueError(
-                f"Y must have shape (n, num_outputs) = ({X.shape[0]}, {self._outputs}), got "
+                f"Y must have shape (n, num_outputs) = ({X.shape[0]}, {outputs}), got "
                 f"{tuple(Y.shape)}; batched fantasies are not supported"
             )
         gp = copy.deepcopy(self.gp)

@@ -320,3 +320,14 @@ def test_conditioning_a_two_output_model_equals_refitting():
                                rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match=r"Y must have shape \(n, num_outputs\) = \(2, 2\)"):
         model.condition_on_observations(x[:2], y[:2, :1])
+
+
+def test_outputs_follow_a_refit_of_the_wrapped_gp():
+    # The model reads its outputs from the GP it wraps: a refit on other targets is never stale.
+    x, y = two_output_data()
+    gp = RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x, y[:, 0])
+    model = RandomFeatureModel(gp)
+    assert model.num_outputs == 1
+    gp.fit(x, y)
+    assert model.num_outputs == 2
+    assert model.posterior(torch.rand(3, 2, dtype=DT)).mean.shape == (3, 2)
