@@ -341,10 +341,8 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         x = self.check_input(x)
         if not self.has_variance_correction:
             return super().variance_correction(x)
-        _, correction = self._correction(self.tree, x, need_diagonal=False)
-        if correction is None:
-            return super().variance_correction(x)
-        return correction
+        # Some part has a correction, so every node above it returns one (not None).
+        return self._correction(self.tree, x, need_diagonal=False)[1]
 
     def _correction(
         self, node: Kernel, x: Tensor, need_diagonal: bool
