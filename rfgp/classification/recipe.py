@@ -94,6 +94,13 @@ class ClassifierFitReport(FitReport):
     :class:`~rfgp.inference.recipe.FitReport`, where ``initial`` holds the starting
     ``lengthscale`` and ``outputscale`` (the Dirichlet transform fixes the noise), ``losses`` are
     per datum and class, and ``exact_stages`` is empty (the search always uses the features).
+
+    Example:
+        >>> x = torch.randn(120, 2, dtype=torch.float64)
+        >>> report = ClassifierFitReport()
+        >>> clf = fit_classifier_auto(x, (x[:, 0] > 0).long(), num_features=64, report=report)
+        >>> report.num_features, sorted(report.iterations)
+        (64, ['subsample'])
     """
 
 

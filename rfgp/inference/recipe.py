@@ -91,6 +91,13 @@ class FitReport:
         initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
         losses: per stage, the negative log evidence per datum at each evaluation.
         exact_stages: the stages that maximised the exact kernel's evidence.
+
+    Example:
+        >>> x = torch.rand(200, 2, dtype=torch.float64)
+        >>> report = FitReport()
+        >>> gp = fit_auto(x, torch.sin(5 * x[:, 0]) - 0.2, num_features=64, report=report)
+        >>> report.num_features, report.subsample, report.exact_stages
+        (64, 200, ['subsample'])
     """
 
     num_features: int = 0
