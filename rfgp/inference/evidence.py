@@ -235,6 +235,11 @@ class _KernelEvidence(torch.autograd.Function):
         chol, info = torch.linalg.cholesky_ex(
             k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
         )
+        if not bool(torch.isfinite(chol.diagonal()).all()):
+            raise NotPSDError(
+                "the kernel matrix plus noise holds NaN or infinite entries; check the inputs "
+                "and noise"
+            )
         if int(info) != 0:
             raise NotPSDError("the kernel matrix plus noise is not positive definite")
         value, alpha = _gaussian_terms(chol, y)
@@ -274,7 +279,9 @@ def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         A 0-d tensor, differentiable in ``k``, ``y`` and ``noise``.
 
     Raises:
-        NotPSDError: if :math:`K + \sigma^2 I` cannot be factorised.
+        ValueError: for shapes other than ``(N, N)``, ``(N, T)`` (``N >= 1``) and 0-d.
+        NotPSDError: if :math:`K + \sigma^2 I` cannot be factorised or holds NaN or
+            infinite entries.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -285,4 +292,12 @@ def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         ...                    negative_log_evidence(z, y, noise)))
         True
     """
+    # Shape checks only: this runs at every evaluation of an optimiser's loss.
+    if k.dim() != 2 or y.dim() != 2 or k.shape != (y.shape[0], y.shape[0]) or y.shape[0] == 0:
+        raise ValueError(
+            "kernel_negative_log_evidence: k must have shape (N, N) and y shape (N, T) with "
+            f"N >= 1, got k {tuple(k.shape)} and y {tuple(y.shape)}"
+        )
+    if noise.dim() != 0:
+        raise ValueError(f"noise must be a 0-d tensor, got shape {tuple(noise.shape)}")
     return _KernelEvidence.apply(k, y, noise)

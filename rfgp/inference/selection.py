@@ -214,6 +214,8 @@ def minimize_lbfgs(
         >>> converged, torch.allclose(w.detach(), torch.ones(2, dtype=torch.float64))
         (True, True)
     """
+    max_iterations = check_int("max_iterations", max_iterations)
+    tolerance = check_positive("tolerance", tolerance)
     objective = Objective(params, loss, lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)

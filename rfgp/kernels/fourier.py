@@ -21,7 +21,7 @@ from gpytorch.kernels import Kernel, MaternKernel, RBFKernel
 from torch import Tensor
 
 from rfgp._deprecation import moved_names
-from rfgp._validation import check_choice, check_int
+from rfgp._validation import check_choice, check_int, check_tensor
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.ops import fwht, gaussian, next_power_of_two, rademacher
 
@@ -133,20 +133,33 @@ def stationary_kernel(
     Returns:
         ``(N, M)`` kernel matrix.
 
+    Raises:
+        ValueError: for non-finite inputs, non-positive lengthscales, inputs that are not
+            ``(N, d)`` and ``(M, d)``, or a lengthscale that is neither one value nor ``d``.
+        TypeError: for non-floating inputs.
+
     Example:
         >>> x = torch.randn(5, 2, dtype=torch.float64)
         >>> k = stationary_kernel(x, x, torch.tensor([0.5, 2.0], dtype=torch.float64), 2.5)
         >>> bool(torch.allclose(k.diagonal(), torch.ones(5, dtype=torch.float64)))
         True
     """
-    ls = lengthscale.reshape(-1).to(x1.dtype)
-    z1, z2 = x1 / ls, x2 / ls
-    # |a - b|^2 = |a|^2 + |b|^2 - 2 a.b, clamped: rounding can make it slightly negative.
-    sq = (z1.square().sum(-1, keepdim=True) + z2.square().sum(-1) - 2.0 * z1 @ z2.T).clamp_min(0)
+    x1 = check_tensor("x1", x1, min_dim=2, max_dim=2)
+    x2 = check_tensor("x2", x2, min_dim=2, max_dim=2)
+    ls = check_tensor("lengthscale", lengthscale).reshape(-1).to(x1.dtype)
+    if x1.shape[1] != x2.shape[1] or ls.numel() not in (1, x1.shape[1]):
+        raise ValueError(
+            f"x1, x2 must have the same d columns and lengthscale 1 or d values, got x1 "
+            f"{tuple(x1.shape)}, x2 {tuple(x2.shape)}, lengthscale {tuple(lengthscale.shape)}"
+        )
+    if not bool((ls > 0).all()):
+        raise ValueError(f"lengthscale must be positive, got minimum {float(ls.min()):.3g}")
+    # Distances from the differences, not |a|^2 + |b|^2 - 2 a.b: that form overflows to
+    # inf - inf at extreme lengthscales and loses accuracy on near-equal points.
+    r = torch.cdist(x1 / ls, x2 / ls, compute_mode="donot_use_mm_for_euclid_dist")
+    sq = r.square()
     if nu is None:
         return torch.exp(-0.5 * sq)
-    # r is differentiated where sq > 0 only: the gradient of sqrt at 0 is infinite.
-    r = torch.where(sq > 0, sq.clamp_min(1e-300).sqrt(), torch.zeros_like(sq))
     if nu == 0.5:
         return torch.exp(-r)
     if nu == 1.5:

@@ -405,3 +405,49 @@ def test_exact_search_maximises_the_exact_evidence():
         other = RandomFeatureGP(ScaleKernel(PolynomialSketchKernel(2, 16, seed=0)).double(),
                                 noise=0.1)
         maximize_evidence(other, x, y, exact=True)
+
+
+def test_exact_search_pieces_reject_bad_input():
+    from linear_operator.utils.errors import NotPSDError
+
+    from rfgp.inference.evidence import kernel_negative_log_evidence
+    from rfgp.inference.selection import minimize_lbfgs
+    from rfgp.kernels.fourier import stationary_kernel
+
+    x = torch.randn(4, 2, dtype=DT)
+    ls = torch.tensor([0.5, 1.0], dtype=DT)
+    bad_x = x.clone()
+    bad_x[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="x1 must be finite"):
+        stationary_kernel(bad_x, x, ls)
+    with pytest.raises(TypeError, match="x2 must have a floating dtype"):
+        stationary_kernel(x, torch.zeros(3, 2, dtype=torch.long), ls)
+    with pytest.raises(ValueError, match="x1 must have at least 2"):
+        stationary_kernel(torch.tensor(1.0, dtype=DT), x, ls)
+    with pytest.raises(ValueError, match="lengthscale must be positive"):
+        stationary_kernel(x, x, torch.tensor([0.5, 0.0], dtype=DT))
+    with pytest.raises(ValueError, match="same d columns"):
+        stationary_kernel(x, torch.randn(3, 3, dtype=DT), ls)
+    # Extreme scales: tiny and huge lengthscales give the identity and the all-ones matrix.
+    torch.testing.assert_close(stationary_kernel(x, x, ls * 1e-200), torch.eye(4, dtype=DT))
+    torch.testing.assert_close(stationary_kernel(x, x, ls * 1e200, 2.5), torch.ones(4, 4, dtype=DT))
+
+    y = torch.randn(4, 1, dtype=DT)
+    k = stationary_kernel(x, x, ls)
+    noise = torch.tensor(0.1, dtype=DT)
+    with pytest.raises(ValueError, match=r"k must have shape \(N, N\)"):
+        kernel_negative_log_evidence(k[:3], y, noise)
+    with pytest.raises(ValueError, match=r"N >= 1"):
+        kernel_negative_log_evidence(k[:0, :0], y[:0], noise)
+    with pytest.raises(ValueError, match="noise must be a 0-d tensor"):
+        kernel_negative_log_evidence(k, y, noise.reshape(1))
+    with pytest.raises(NotPSDError, match="NaN or infinite"):
+        kernel_negative_log_evidence(k * float("nan"), y, noise)
+
+    w = torch.zeros(1, dtype=DT, requires_grad=True)
+    with pytest.raises(ValueError, match="max_iterations"):
+        minimize_lbfgs([w], lambda: (w**2).sum(), 0, 1e-6)
+    with pytest.raises(ValueError, match="tolerance"):
+        minimize_lbfgs([w], lambda: (w**2).sum(), 10, float("nan"))
+    with pytest.raises(ValueError, match="exact_rows"):
+        fit_auto(x, y[:, 0], exact_rows=-1)
