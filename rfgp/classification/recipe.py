@@ -96,7 +96,7 @@ class ClassifierFitReport(FitReport):
     per datum and class, and ``exact_stages`` is empty (the search always uses the features).
 
     Example:
-        >>> x = torch.randn(120, 2, dtype=torch.float64)
+        >>> x = torch.randn(120, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> report = ClassifierFitReport()
         >>> clf = fit_classifier_auto(x, (x[:, 0] > 0).long(), num_features=64, report=report)
         >>> report.num_features, sorted(report.iterations)

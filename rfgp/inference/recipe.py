@@ -93,7 +93,7 @@ class FitReport:
         exact_stages: the stages that maximised the exact kernel's evidence.
 
     Example:
-        >>> x = torch.rand(200, 2, dtype=torch.float64)
+        >>> x = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> report = FitReport()
         >>> gp = fit_auto(x, torch.sin(5 * x[:, 0]) - 0.2, num_features=64, report=report)
         >>> report.num_features, report.subsample, report.exact_stages
@@ -312,7 +312,10 @@ def maximize_evidence(
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
         return -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
 
-    result = minimize_lbfgs(params, lambda: loss() * scale, max_iterations, tolerance)
+    # A lengthscale that underflowed to 0 is outside the exact kernel's domain: the line
+    # search backs off from it as from a non-finite loss.
+    feasible = (lambda: bool((base.lengthscale > 0).all())) if exact else (lambda: True)
+    result = minimize_lbfgs(params, lambda: loss() * scale, max_iterations, tolerance, feasible)
     gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(gp.noise.shape)
     return result
 

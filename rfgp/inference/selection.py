@@ -187,7 +187,11 @@ def minimize_safeguarded(
 
 
 def minimize_lbfgs(
-    params: List[Tensor], loss: Callable[[], Tensor], max_iterations: int, tolerance: float
+    params: List[Tensor],
+    loss: Callable[[], Tensor],
+    max_iterations: int,
+    tolerance: float,
+    feasible: Callable[[], bool] = lambda: True,
 ) -> Tuple[List[float], int, bool]:
     """L-BFGS (strong-Wolfe line search) on ``loss`` over ``params``, run to its tolerances.
 
@@ -202,6 +206,8 @@ def minimize_lbfgs(
         loss: computes the loss at the current values of ``params``.
         max_iterations: L-BFGS iterations (each one line search, a few evaluations).
         tolerance: gradient tolerance.
+        feasible: whether the current values are allowed; other trial points get the barrier
+            loss, as non-finite ones do.
 
     Returns:
         ``(losses, iterations, converged)``: the loss at every finite evaluation, the number
@@ -216,7 +222,7 @@ def minimize_lbfgs(
     """
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
-    objective = Objective(params, loss, lambda: True)
+    objective = Objective(params, loss, feasible)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
         first = objective.closure()

@@ -153,7 +153,8 @@ def stationary_kernel(
             f"{tuple(x1.shape)}, x2 {tuple(x2.shape)}, lengthscale {tuple(lengthscale.shape)}"
         )
     if not bool((ls > 0).all()):
-        raise ValueError(f"lengthscale must be positive, got minimum {float(ls.min()):.3g}")
+        smallest = float(ls.detach().min())
+        raise ValueError(f"lengthscale must be positive, got minimum {smallest:.3g}")
     # Distances from the differences, not |a|^2 + |b|^2 - 2 a.b: that form overflows to
     # inf - inf at extreme lengthscales and loses accuracy on near-equal points.
     r = torch.cdist(x1 / ls, x2 / ls, compute_mode="donot_use_mm_for_euclid_dist")

@@ -451,3 +451,20 @@ def test_exact_search_pieces_reject_bad_input():
         minimize_lbfgs([w], lambda: (w**2).sum(), 10, float("nan"))
     with pytest.raises(ValueError, match="exact_rows"):
         fit_auto(x, y[:, 0], exact_rows=-1)
+
+
+def test_minimize_lbfgs_backs_off_from_infeasible_points():
+    # The minimum at w = -1 lies outside the allowed w > 0: the line search never lands there
+    # and the best feasible point evaluated is restored.
+    from rfgp.inference.selection import minimize_lbfgs
+
+    w = torch.tensor([2.0], dtype=DT, requires_grad=True)
+    seen = []
+
+    def loss():
+        seen.append(float(w.detach()))
+        return ((w + 1.0) ** 2).sum()
+
+    losses, _, _ = minimize_lbfgs([w], loss, 20, 1e-8, feasible=lambda: bool((w > 0).all()))
+    assert float(w.detach()) > 0 and all(v > 0 for v in seen)
+    assert min(losses) == pytest.approx(float(((w.detach() + 1.0) ** 2).sum()))
