@@ -66,9 +66,10 @@ __all__ = [
     "stage_sizes",
 ]
 
-#: Operation budget of the final fit, :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds: about
-#: ten seconds of one CPU core's double-precision matrix products.
-DEFAULT_COST_BUDGET = 2.0e11
+#: Operation budget of the final fit, :math:`\min(N D^2 + D^3/3, N^2 D + N^3/3)` multiply-adds:
+#: about forty seconds of one CPU core's double-precision matrix products, a small share of the
+#: time the evidence search and a sparse GP's training take on the sets where it binds.
+DEFAULT_COST_BUDGET = 8.0e11
 _MAX_FEATURES = 8192
 _MIN_FEATURES = 512
 # The noise is exp(log_noise) + this share of the targets' mean square: a floor that keeps the
@@ -194,15 +195,16 @@ def choose_num_features(
 ) -> int:
     r"""The largest power of two ``D`` in ``[minimum, maximum]`` whose fit fits the budget.
 
-    The fit's cost is :math:`\min(N D^2, N^2 D) + D^3/3` multiply-adds (the cheaper of the
-    weight-space Gram matrix and the function-space kernel matrix, plus a Cholesky factor);
-    ``minimum`` is returned when even that is over budget. The rule depends on ``N`` alone, so
+    The fit's cost is :math:`\min(N D^2 + D^3/3,\; N^2 D + N^3/3)` multiply-adds: the cheaper
+    of the weight space (the ``D x D`` Gram matrix and its Cholesky factor) and the function
+    space (the ``N x N`` kernel matrix and its factor); ``minimum`` is returned when even that
+    is over budget. The rule depends on ``N`` alone, so
     a fit is reproducible; scale ``cost_budget`` with the machine's speed (about
     :math:`2 \cdot 10^{10}` multiply-adds per second per CPU core in double precision).
 
     Example:
-        >>> choose_num_features(500), choose_num_features(9000), choose_num_features(10**6)
-        (8192, 4096, 512)
+        >>> choose_num_features(500), choose_num_features(9000), choose_num_features(10**5)
+        (8192, 8192, 2048)
     """
     num_data = check_int("num_data", num_data)
     cost_budget = check_positive("cost_budget", cost_budget)
@@ -211,7 +213,7 @@ def choose_num_features(
     best = minimum
     d = minimum
     while d <= maximum:
-        cost = min(num_data * d * d, num_data * num_data * d) + d**3 / 3
+        cost = min(num_data * d * d + d**3 / 3, num_data * num_data * d + num_data**3 / 3)
         if cost <= cost_budget:
             best = d
         d *= 2

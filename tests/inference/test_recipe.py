@@ -96,8 +96,8 @@ def test_initial_hyperparameters_edge_cases_and_checks():
 # ----------------------------------------------------------------------------- number of features
 @pytest.mark.parametrize("n", [1, 100, 5000, 9000, 10**5, 10**7])
 def test_choose_num_features_is_the_largest_power_of_two_within_budget(n):
-    def cost(d):
-        return min(n * d * d, n * n * d) + d**3 / 3
+    def cost(d):  # weight space: Gram + its Cholesky; function space: kernel matrix + its
+        return min(n * d * d + d**3 / 3, n * n * d + n**3 / 3)
 
     d = choose_num_features(n)
     assert d & (d - 1) == 0 and 512 <= d <= 8192
