@@ -60,6 +60,7 @@ from _pages import write_page  # noqa: E402
 
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference.feature_gp import RandomFeatureGP  # noqa: E402
+from rfgp.inference.linalg import try_cholesky  # noqa: E402
 from rfgp.inference.recipe import (  # noqa: E402
     initial_hyperparameters,
     make_ard_kernel,
@@ -87,8 +88,8 @@ def _covariance(theta: torch.Tensor, x: torch.Tensor, x2: torch.Tensor) -> torch
 
 def _cholesky(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     k = _covariance(theta, x, x) + theta[-1].exp() * torch.eye(x.shape[0], dtype=x.dtype)
-    chol, info = torch.linalg.cholesky_ex(k)
-    if int(info) != 0:
+    chol = try_cholesky(k)
+    if chol is None:
         raise NotPSDError("kernel matrix plus noise is not positive definite")
     return chol
 

@@ -100,7 +100,7 @@ def rfgp_default(xtr, ytr, xte):
 
 
 def rfgp_recipe(xtr, ytr, xte, **options):
-    report = FitReport(0, 0, 0)
+    report = FitReport()
     gp = fit_auto(xtr, ytr, report=report, seed=0, **options)
     with torch.no_grad():
         mean, std = gp.predict(xte, return_std=True)

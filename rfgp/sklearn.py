@@ -419,7 +419,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         num_features = self.num_features
         if num_features is not None:
             num_features = _check_positive_int("num_features", num_features)
-        report = FitReport(0, 0, 0)
+        report = FitReport()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             warnings.simplefilter("ignore", NumericalWarning)

@@ -71,7 +71,6 @@ from rfgp.inference.recipe import (
     make_ard_kernel,
     run_search_stages,
     search_stages,
-    stage_sizes,
 )
 from rfgp.inference.selection import minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU
@@ -293,13 +292,12 @@ def fit_classifier_auto(
     kernel.outputscale = outputscale.to(x.device)
     stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
                            generator, x.device)
-    info.subsample, info.refine_rows = stage_sizes(stages, n)
 
     def search(name: str, rows: Optional[Tensor], iterations: int):
         xs, ys, ss = (x, targets, noise) if rows is None else (x[rows], targets[rows], noise[rows])
         return dirichlet_evidence_search(kernel, xs, ys, ss, iterations, tolerance)
 
-    run_search_stages(stages, search, info, "fit_classifier_auto")
+    run_search_stages(stages, search, info, "fit_classifier_auto", n)
 
     started = time.perf_counter()
     final = kernel

@@ -29,7 +29,7 @@ import torch
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from rfgp.inference.linalg import robust_cholesky
+from rfgp.inference.linalg import robust_cholesky, try_cholesky
 from rfgp.inference.noise import equal_noise_columns
 
 __all__ = [
@@ -232,15 +232,15 @@ class _KernelEvidence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         n = y.shape[0]
-        chol, info = torch.linalg.cholesky_ex(
-            k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
-        )
-        if not bool(torch.isfinite(chol.diagonal()).all()):
-            raise NotPSDError(
-                "the kernel matrix plus noise holds NaN or infinite entries; check the inputs "
-                "and noise"
-            )
-        if int(info) != 0:
+        matrix = k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
+        # No jitter: an optimiser's line search backs off from a point that fails.
+        chol = try_cholesky(matrix)
+        if chol is None:
+            if not bool(torch.isfinite(matrix).all()):
+                raise NotPSDError(
+                    "the kernel matrix plus noise holds NaN or infinite entries; check the "
+                    "inputs and noise"
+                )
             raise NotPSDError("the kernel matrix plus noise is not positive definite")
         value, alpha = _gaussian_terms(chol, y)
         ctx.save_for_backward(chol, alpha)

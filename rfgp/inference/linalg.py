@@ -25,13 +25,20 @@ __all__ = [
     "check_memory",
     "hermitian_square_norms",
     "robust_cholesky",
+    "try_cholesky",
 ]
 
 MAX_JITTER_TRIES = 8
 
 
-def _factorised(matrix: Tensor) -> Optional[Tensor]:
-    """The lower Cholesky factor, or ``None`` if the factorisation failed or is not finite."""
+def try_cholesky(matrix: Tensor) -> Optional[Tensor]:
+    """The lower Cholesky factor of ``matrix`` as it is (no jitter), or ``None`` if the
+    factorisation failed or is not finite.
+
+    Example:
+        >>> try_cholesky(-torch.eye(2, dtype=torch.float64)) is None
+        True
+    """
     chol, info = torch.linalg.cholesky_ex(matrix)
     # NaN anywhere in the input reaches the diagonal of the factor, so checking it suffices.
     if int(info) == 0 and bool(torch.isfinite(chol.diagonal()).all()):
@@ -77,7 +84,7 @@ def robust_cholesky(
     if jitter:
         base = matrix.clone()
         base.diagonal().add_(jitter)
-    chol = _factorised(base)
+    chol = try_cholesky(base)
     if chol is not None:
         return chol
     if not bool(torch.isfinite(matrix).all()):
@@ -87,7 +94,7 @@ def robust_cholesky(
     rel = 1e-10 if matrix.real.dtype == torch.float64 else 1e-6
     for attempt in range(MAX_JITTER_TRIES):
         added = scale * rel * 10.0**attempt
-        chol = _factorised(base + added * eye)
+        chol = try_cholesky(base + added * eye)
         if chol is not None:
             warnings.warn(
                 f"Cholesky of the {what} failed; succeeded after adding {added:.3g} to the "

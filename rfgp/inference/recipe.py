@@ -63,7 +63,6 @@ __all__ = [
     "maximize_evidence",
     "run_search_stages",
     "search_stages",
-    "stage_sizes",
 ]
 
 #: Operation budget of the final fit, :math:`\min(N D^2 + D^3/3, N^2 D + N^3/3)` multiply-adds:
@@ -356,17 +355,14 @@ def search_stages(
     return stages
 
 
-def stage_sizes(stages: List[Tuple[str, Optional[Tensor], int]], num_rows: int) -> Tuple[int, int]:
-    """``(rows of the first stage, rows of the refinement or 0)`` of :func:`search_stages`."""
+def run_search_stages(stages, search, info: FitReport, caller: str, num_rows: int) -> None:
+    """Run ``search(name, rows, iterations) -> (losses, iterations, converged)`` per stage of
+    :func:`search_stages` over ``num_rows`` rows, recording the stages' rows
+    (``info.subsample``, ``info.refine_rows``), iterations, convergence, losses and times in
+    ``info``; warn with a :class:`~rfgp.inference.selection.ConvergenceWarning` when the first
+    stage did not converge."""
     sizes = [num_rows if rows is None else rows.numel() for _, rows, _ in stages]
-    return sizes[0], (sizes[1] if len(sizes) > 1 else 0)
-
-
-def run_search_stages(stages, search, info: FitReport, caller: str) -> None:
-    """Run ``search(name, rows, iterations) -> (losses, iterations, converged)`` per stage,
-    recording sizes, iterations, convergence, losses and times in ``info``; warn with a
-    :class:`~rfgp.inference.selection.ConvergenceWarning` when the first stage did not
-    converge."""
+    info.subsample, info.refine_rows = sizes[0], (sizes[1] if len(sizes) > 1 else 0)
     for name, rows, iterations in stages:
         started = time.perf_counter()
         losses, done, converged = search(name, rows, iterations)
@@ -442,7 +438,7 @@ def fit_auto(
     num_features = check_int("num_features", num_features, minimum=2)
     search_features = min(search_features, num_features)
     generator = torch.Generator().manual_seed(seed)
-    info = report if report is not None else FitReport(0, 0, 0)
+    info = report if report is not None else FitReport()
     info.num_features, info.search_features = num_features, search_features
     init = initial_hyperparameters(x, y, generator=generator)
     info.initial = init
@@ -452,7 +448,6 @@ def fit_auto(
     gp = RandomFeatureGP(kernel, noise=init["noise"])
     stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
                            generator, x.device)
-    info.subsample, info.refine_rows = stage_sizes(stages, n)
     info.exact_stages = []
 
     def search(name: str, rows: Optional[Tensor], iterations: int):
@@ -462,7 +457,7 @@ def fit_auto(
             info.exact_stages.append(name)
         return maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
 
-    run_search_stages(stages, search, info, "fit_auto")
+    run_search_stages(stages, search, info, "fit_auto", n)
     started = time.perf_counter()
     if num_features != search_features:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)

@@ -104,6 +104,13 @@ class Objective:
             p.grad = torch.zeros_like(p)
         return torch.tensor(self.barrier, dtype=self.params[0].dtype, device=self.params[0].device)
 
+    def start(self) -> Tensor:
+        """Evaluate the starting point and set :attr:`barrier` from it: a finite loss far
+        above any the optimiser will reach, so a line search rejects a failed trial point."""
+        first = self.closure()
+        self.barrier = abs(float(first)) * 10.0 + 1e3
+        return first
+
     def restore_best(self) -> None:
         with torch.no_grad():
             for p, value in zip(self.params, self.best_state):
@@ -169,9 +176,7 @@ def minimize_safeguarded(
     Returns:
         The loss after each iteration.
     """
-    first = objective.closure()
-    # A finite loss far above any reached: the line search rejects the trial point.
-    objective.barrier = abs(float(first)) * 10.0 + 1e3
+    objective.start()
     steps = range(num_iterations)
     if progress:
         from tqdm.auto import tqdm
@@ -225,9 +230,7 @@ def minimize_lbfgs(
     objective = Objective(params, loss, feasible)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
-        first = objective.closure()
-        # A finite loss far above any reached: the line search rejects the trial point.
-        objective.barrier = abs(float(first)) * 10.0 + 1e3
+        objective.start()
         opt = torch.optim.LBFGS(
             params, lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
             tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,

@@ -200,7 +200,7 @@ def test_evidence_search_converges_to_a_stationary_point():
 
 def test_fit_auto_reports_convergence_and_stages():
     x, y, _ = rff_gp_data(600, noise=0.05, seed=5)
-    report = FitReport(0, 0, 0)
+    report = FitReport()
     gp = fit_auto(x, y, num_features=1024, search_features=128, subsample=300,
                   refine_iterations=3, report=report)
     assert report.converged["subsample"] and report.iterations["subsample"] > 3
@@ -211,11 +211,11 @@ def test_fit_auto_reports_convergence_and_stages():
 
 def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
     x, y, _ = rff_gp_data(600, noise=0.05, seed=23)
-    capped = FitReport(0, 0, 0)
+    capped = FitReport()
     fit_auto(x, y, num_features=64, search_features=64, subsample=200, refine_rows=400,
              refine_iterations=2, report=capped)
     assert capped.subsample == 200 and capped.refine_rows == 400
-    searched, refined = FitReport(0, 0, 0), FitReport(0, 0, 0)
+    searched, refined = FitReport(), FitReport()
     options = dict(num_features=64, search_features=64, subsample=200, seed=1)
     a = fit_auto(x, y, refine_iterations=0, report=searched, **options)
     b = fit_auto(x, y, refine_iterations=5, report=refined, **options)
@@ -225,7 +225,7 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
     # of all rows can only rise.
     assert float(b.log_marginal_likelihood()) >= float(a.log_marginal_likelihood()) - 1e-9
     # Without more rows than the subsample there is nothing to refine.
-    small = FitReport(0, 0, 0)
+    small = FitReport()
     fit_auto(x, y, num_features=64, subsample=600, report=small)
     assert small.refine_rows == 0 and set(small.iterations) == {"subsample"}
 
@@ -235,7 +235,7 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
 def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
     x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
-    report = FitReport(0, 0, 0)
+    report = FitReport()
     auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3,
                     tolerance=1e-5, exact_rows=exact_rows, report=report)
     assert report.exact_stages == (["subsample"] if exact_rows else [])
