@@ -658,6 +658,21 @@ def test_robust_cholesky_retries_with_jitter_and_warns():
         robust_cholesky(torch.eye(3, dtype=DT))  # no warning when it works
 
 
+def test_try_cholesky_never_adds_jitter():
+    from rfgp.inference.linalg import try_cholesky
+
+    v = torch.randn(6, 3, dtype=DT, generator=torch.Generator().manual_seed(0))
+    a = v @ v.T + 0.5 * torch.eye(6, dtype=DT)
+    chol = try_cholesky(a)
+    torch.testing.assert_close(chol @ chol.T, a)  # the factor of the matrix as given
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no jitter, so no NumericalWarning either
+        assert try_cholesky(v @ v.T - 1e-3 * torch.eye(6, dtype=DT)) is None  # indefinite
+        for bad in (float("nan"), float("inf")):
+            assert try_cholesky(torch.full((2, 2), bad, dtype=DT)) is None
+        assert try_cholesky(torch.zeros(0, 0, dtype=DT)).shape == (0, 0)
+
+
 def test_tiny_noise_function_space_still_factorises():
     x, y, xt, _ = make_data(n=30)
     gp = RandomFeatureGP(fourier(10), noise=1e-30, solve="function")
