@@ -40,21 +40,27 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
+from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_int, check_positive, check_tensor
-from rfgp.inference.evidence import kernel_negative_log_evidence, negative_log_evidence
+from rfgp._validation import all_finite, check_choice, check_int, check_positive, check_tensor
+from rfgp.inference.cross_validation import cross_validate
+from rfgp.inference.evidence import negative_log_evidence, stationary_negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
-from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel, stationary_kernel
+from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
 __all__ = [
     "DEFAULT_COST_BUDGET",
+    "DEFAULT_MAX_LENGTHSCALE",
+    "bounded_lengthscale",
+    "column_scale",
     "FitReport",
     "choose_num_features",
     "fit_auto",
@@ -69,6 +75,13 @@ __all__ = [
 #: about forty seconds of one CPU core's double-precision matrix products, a small share of the
 #: time the evidence search and a sparse GP's training take on the sets where it binds.
 DEFAULT_COST_BUDGET = 8.0e11
+#: The candidate bound of :func:`fit_auto` on each lengthscale, in units of its input column's
+#: standard deviation: far enough out that an input with a bounded lengthscale still varies
+#: slowly over its range, short of the evidence maximum's "switched off" inputs.
+DEFAULT_MAX_LENGTHSCALE = 4.0
+# The folds' searches stop at a ten times looser gradient tolerance than the search itself:
+# the choice needs held-out densities to about 1e-2 nats, not hyperparameters to the last digit.
+_CV_TOLERANCE_FACTOR = 10.0
 _MAX_FEATURES = 8192
 _MIN_FEATURES = 512
 # The noise is exp(log_noise) + this share of the targets' mean square: a floor that keeps the
@@ -91,6 +104,9 @@ class FitReport:
         initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
         losses: per stage, the negative log evidence per datum at each evaluation.
         exact_stages: the stages that maximised the exact kernel's evidence.
+        lengthscale_bound: the ``(d,)`` bounds the search kept to (``None``: unbounded).
+        cv_scores: the cross-validated held-out log density per target of the
+            ``"unbounded"`` and ``"bounded"`` searches (empty when no choice was needed).
 
     Example:
         >>> x = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -110,6 +126,8 @@ class FitReport:
     initial: Dict[str, Tensor] = field(default_factory=dict)
     losses: Dict[str, List[float]] = field(default_factory=dict)
     exact_stages: List[str] = field(default_factory=list)
+    lengthscale_bound: Optional[Tensor] = None
+    cv_scores: Dict[str, float] = field(default_factory=dict)
 
 
 def _check_data(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
@@ -169,8 +187,7 @@ def initial_hyperparameters(
     if signal_fraction >= 1.0:
         raise ValueError(f"signal_fraction must be in (0, 1), got {signal_fraction!r}")
     n = x.shape[0]
-    scale = x.std(0) if n > 1 else torch.ones_like(x[0])
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = column_scale(x)
     rows = x if n <= max_rows else x[torch.randperm(n, generator=generator)[:max_rows]]
     dist = torch.pdist(rows / scale)
     positive = dist[dist > 0]
@@ -250,6 +267,47 @@ def _set_hyperparameters(kernel: ScaleKernel, lengthscale: Tensor, outputscale: 
     kernel.outputscale = outputscale.detach()
 
 
+@contextmanager
+def bounded_lengthscale(kernel: ScaleKernel, upper: Optional[Tensor]) -> Iterator[None]:
+    r"""Within the block, the base kernel's lengthscales are :math:`u \cdot \mathrm{sigmoid}(r)`
+    in its raw parameter :math:`r`: an optimiser of the kernel's parameters keeps every
+    lengthscale in :math:`(0, u)`. The kernel's own constraint and the lengthscale reached
+    are restored afterwards. A lengthscale at or above its bound starts at 0.9 times it.
+
+    Args:
+        kernel: a ``ScaleKernel`` around a kernel with ARD lengthscales.
+        upper: ``(d,)`` positive bounds, or ``None`` for no change.
+
+    Example:
+        >>> k = make_ard_kernel(16, 2, seed=0)
+        >>> k.base_kernel.lengthscale = torch.tensor([[1.0, 9.0]], dtype=torch.float64)
+        >>> with bounded_lengthscale(k, torch.tensor([4.0, 4.0], dtype=torch.float64)):
+        ...     _ = k.base_kernel.raw_lengthscale.data.fill_(50.0)  # any raw value
+        ...     inside = bool((k.base_kernel.lengthscale <= 4.0).all())
+        >>> inside, type(k.base_kernel.raw_lengthscale_constraint).__name__
+        (True, 'Positive')
+    """
+    if upper is None:
+        yield
+        return
+    base = kernel.base_kernel
+    upper = upper.detach().to(base.raw_lengthscale).reshape(base.raw_lengthscale.shape[-1])
+    if not bool((upper > 0).all()) or not all_finite(upper):
+        raise ValueError(f"lengthscale bounds must be finite and positive, got {upper}")
+    original = base.raw_lengthscale_constraint
+    start = base.lengthscale.detach()
+    start = torch.where(start < upper, start, 0.9 * upper)
+    interval = Interval(torch.zeros_like(upper), upper).to(upper)
+    base.register_constraint("raw_lengthscale", interval)
+    try:
+        base.lengthscale = start
+        yield
+    finally:
+        reached = base.lengthscale.detach().clone()
+        base.register_constraint("raw_lengthscale", original)
+        base.lengthscale = reached
+
+
 def maximize_evidence(
     gp: RandomFeatureGP,
     x: Tensor,
@@ -257,6 +315,7 @@ def maximize_evidence(
     max_iterations: int = 100,
     tolerance: float = 1e-6,
     exact: bool = False,
+    max_lengthscale: Optional[Tensor] = None,
 ) -> Tuple[List[float], int, bool]:
     r"""Maximise :math:`\log p(y)` over the kernel's hyperparameters and the model noise.
 
@@ -266,7 +325,8 @@ def maximize_evidence(
     matrix factorisable. L-BFGS runs until the largest gradient entry is below ``tolerance``,
     the loss changes by less than ``tolerance**2``, or ``max_iterations`` iterations; a trial
     point that cannot be factorised gets a loss above all others, so the line search backs off.
-    The model noise is set to the optimum; the GP is not refitted.
+    The model noise is set to the optimum; the GP is not refitted. With ``max_lengthscale``
+    the lengthscales stay below those bounds (:func:`bounded_lengthscale`).
 
     Args:
         gp: the model (its kernel's parameters and :attr:`~RandomFeatureGP.noise` are changed).
@@ -277,11 +337,21 @@ def maximize_evidence(
             (:func:`~rfgp.kernels.fourier.stationary_kernel`, :math:`O(N^3)` per evaluation)
             instead of the random-feature evidence; needs a ``ScaleKernel`` around a
             :class:`~rfgp.kernels.FourierFeatureKernel`.
+        max_lengthscale: ``(d,)`` upper bounds on the lengthscales (``None``: unbounded);
+            needs a ``ScaleKernel`` around a kernel with ARD lengthscales.
 
     Returns:
         ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
         iterations, and whether L-BFGS stopped on its tolerances before ``max_iterations``.
     """
+    if max_lengthscale is not None:
+        if not isinstance(gp.kernel, ScaleKernel):
+            raise TypeError(
+                "maximize_evidence(max_lengthscale=...) needs a ScaleKernel around a kernel "
+                f"with lengthscales, got {type(gp.kernel).__name__}"
+            )
+        with bounded_lengthscale(gp.kernel, max_lengthscale):
+            return maximize_evidence(gp, x, y, max_iterations, tolerance, exact)
     x, y = _check_data(x, y)
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
@@ -306,8 +376,9 @@ def maximize_evidence(
 
     def loss() -> Tensor:
         if exact:
-            k = stationary_kernel(x, x, base.lengthscale, base.nu) * gp.kernel.outputscale
-            return kernel_negative_log_evidence(k, y_cols, log_noise.exp() + floor)
+            return stationary_negative_log_evidence(
+                x, y_cols, base.lengthscale.reshape(-1), gp.kernel.outputscale,
+                log_noise.exp() + floor, base.nu)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
@@ -376,6 +447,38 @@ def run_search_stages(stages, search, info: FitReport, caller: str, num_rows: in
         )
 
 
+def _prefer_unbounded(scores: Tensor) -> Tuple[bool, Dict[str, float]]:
+    r"""The one-standard-error rule between the unbounded (``scores[0]``) and the bounded
+    (``scores[1]``) search, from their ``(2, N)`` held-out log densities: the bounded, more
+    regularised search is kept unless the unbounded one's mean is higher by more than the
+    standard error of the paired difference, :math:`\bar\Delta > s_\Delta / \sqrt N`."""
+    diff = scores[0] - scores[1]
+    if not bool(torch.isfinite(diff).all()):
+        better = bool(scores[0].mean() > scores[1].mean())  # a failed fold decides
+        margin = math.nan
+    else:
+        margin = float(diff.std() / math.sqrt(diff.numel())) if diff.numel() > 1 else 0.0
+        better = float(diff.mean()) > margin
+    return better, {"unbounded": float(scores[0].mean()), "bounded": float(scores[1].mean()),
+                    "standard_error": margin}
+
+
+def _exceeds(gp: RandomFeatureGP, bound: Tensor) -> bool:
+    return bool((gp.kernel.base_kernel.lengthscale.detach().reshape(-1) > bound).any())
+
+
+def column_scale(x: Tensor) -> Tensor:
+    """Each input column's standard deviation (1 for a constant column or a single row): the
+    unit of :func:`initial_hyperparameters`' lengthscales and of ``fit_auto``'s bound.
+
+    Example:
+        >>> column_scale(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64))
+        tensor([1.4142, 1.0000], dtype=torch.float64)
+    """
+    scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 def fit_auto(
     x: Tensor,
     y: Tensor,
@@ -391,12 +494,14 @@ def fit_auto(
     seed: int = 0,
     report: Optional[FitReport] = None,
     exact_rows: int = 1000,
+    max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
+    cv_folds: int = 5,
 ) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
     The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
     predictions. Standardised inputs are not needed (the lengthscales start from each column's
-    spread).
+    spread, and their bound is in units of it).
 
     Args:
         x: ``(N, d)`` inputs.
@@ -415,11 +520,20 @@ def fit_auto(
         tolerance: L-BFGS gradient tolerance (per datum); ``1e-4`` stops the search where
             the test MNLL of the bundled UCI sets no longer changes in the third decimal.
         cost_budget: operation budget of the final fit (see :func:`choose_num_features`).
-        seed: seed of the random frequencies and of the subsample.
-        report: a :class:`FitReport` to fill in (iterations, convergence, times).
+        seed: seed of the random frequencies, the subsample and the folds.
+        report: a :class:`FitReport` to fill in (iterations, convergence, times, the choice
+            of the bound and its cross-validation scores).
         exact_rows: a search stage on at most this many rows maximises the exact kernel's
             evidence (``O(n^3)``, no more than the ``search_features`` evidence's
             :math:`O(n D_s^2)` at these sizes) instead of the random-feature one (0: never).
+        max_lengthscale: the candidate bound on every lengthscale, in units of its input
+            column's standard deviation (:func:`column_scale`); ``None``: the evidence
+            maximum, unbounded, always.
+        cv_folds: folds of the cross-validation that chooses between the unbounded and the
+            bounded search when the unbounded maximum exceeds the bound (each fold repeats the
+            subsample stage's search from its own start); ``0``: the bounded search whenever
+            the bound binds, without cross-validation. With fewer than
+            ``5 * cv_folds`` rows in the subsample the unbounded maximum is kept.
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
@@ -432,6 +546,11 @@ def fit_auto(
     refine_rows = check_int("refine_rows", refine_rows, minimum=2)
     seed = check_int("seed", seed, minimum=0)
     exact_rows = check_int("exact_rows", exact_rows, minimum=0)
+    if max_lengthscale is not None:
+        max_lengthscale = check_positive("max_lengthscale", max_lengthscale)
+    cv_folds = check_int("cv_folds", cv_folds, minimum=0)
+    if cv_folds == 1:
+        raise ValueError("cv_folds must be 0 (no cross-validation) or at least 2, got 1")
     n, d = x.shape
     if num_features is None:
         num_features = choose_num_features(n, cost_budget)
@@ -442,26 +561,64 @@ def fit_auto(
     info.num_features, info.search_features = num_features, search_features
     init = initial_hyperparameters(x, y, generator=generator)
     info.initial = init
+    bound = None if max_lengthscale is None else max_lengthscale * column_scale(x)
+    info.lengthscale_bound, info.cv_scores, info.exact_stages = None, {}, []
 
-    kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
-    _set_hyperparameters(kernel, init["lengthscale"], init["outputscale"])
-    gp = RandomFeatureGP(kernel, noise=init["noise"])
+    def fresh_gp(start: Dict[str, Tensor]) -> RandomFeatureGP:
+        kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype)
+        kernel = kernel.to(x.device)
+        _set_hyperparameters(kernel, start["lengthscale"], start["outputscale"])
+        return RandomFeatureGP(kernel, noise=start["noise"])
+
+    gp = fresh_gp(init)
     stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
                            generator, x.device)
-    info.exact_stages = []
 
     def search(name: str, rows: Optional[Tensor], iterations: int):
+        nonlocal gp
         xs, ys = (x, y) if rows is None else (x[rows], y[rows])
         exact = xs.shape[0] <= exact_rows
         if exact:
             info.exact_stages.append(name)
-        return maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
+        if name != "subsample" or bound is None:
+            return maximize_evidence(gp, xs, ys, iterations, tolerance, exact,
+                                     info.lengthscale_bound)
+        result = maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
+        if not _exceeds(gp, bound) or (cv_folds and xs.shape[0] < 5 * cv_folds):
+            return result  # the unbounded maximum lies inside the bound, or too few rows
+        started = time.perf_counter()
+        keep_unbounded = False
+        if cv_folds:
+
+            def unbounded_then_bounded(xf: Tensor, yf: Tensor):
+                # The same two procedures as on all rows: the unbounded search from the
+                # data-driven start of these rows, then the bounded one from where it ended.
+                model = fresh_gp(initial_hyperparameters(
+                    xf, yf, generator=torch.Generator().manual_seed(seed)))
+                loose = tolerance * _CV_TOLERANCE_FACTOR
+                maximize_evidence(model, xf, yf, iterations, loose, exact)
+                yield model.kernel, model.noise
+                if _exceeds(model, bound):
+                    maximize_evidence(model, xf, yf, iterations, loose, exact, bound)
+                yield model.kernel, model.noise
+
+            scores = cross_validate(
+                unbounded_then_bounded, xs, ys, cv_folds, torch.Generator().manual_seed(seed),
+                exact) / (ys.numel() // ys.shape[0])
+            keep_unbounded, info.cv_scores = _prefer_unbounded(scores)
+        info.seconds["select"] = time.perf_counter() - started
+        if keep_unbounded:
+            return result
+        info.lengthscale_bound = bound
+        bounded = maximize_evidence(gp, xs, ys, iterations, tolerance, exact, bound)
+        # One record of the stage: the unbounded search's evaluations, then the bounded ones.
+        return result[0] + bounded[0], result[1] + bounded[1], bounded[2]
 
     run_search_stages(stages, search, info, "fit_auto", n)
     started = time.perf_counter()
     if num_features != search_features:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
-        _set_hyperparameters(final, kernel.base_kernel.lengthscale, kernel.outputscale)
+        _set_hyperparameters(final, gp.kernel.base_kernel.lengthscale, gp.kernel.outputscale)
         gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())
     with torch.no_grad():
         gp.fit(x, y)
