@@ -70,8 +70,8 @@ def held_out_log_density(
     y_test: Tensor,
     exact: bool = False,
 ) -> Tensor:
-    r"""Per test row, the log predictive density :math:`\sum_{i,t} \log \mathcal N(y_{it}; \mu_t(x_i),
-    \sigma^2(x_i) + \sigma_n^2)` of test targets under the GP conditioned on the training rows.
+    r"""Per test row :math:`i`, the log predictive density :math:`\sum_t \log \mathcal N(y_{it};
+    \mu_t(x_i), \sigma^2(x_i) + \sigma_n^2)` under the GP conditioned on the training rows.
 
     With ``exact=True`` the GP is the exact one of the kernel the features approximate
     (:func:`~rfgp.kernels.fourier.stationary_kernel`, :math:`O(n^3)`): with
