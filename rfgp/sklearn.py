@@ -57,7 +57,12 @@ from rfgp.classification import (
     softmax_expectation,
 )
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
-from rfgp.inference.recipe import FitReport, choose_num_features, fit_auto
+from rfgp.inference.recipe import (
+    DEFAULT_MAX_LENGTHSCALE,
+    FitReport,
+    choose_num_features,
+    fit_auto,
+)
 from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
 
 __all__ = [
@@ -292,7 +297,10 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
     rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
     noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
-    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations), refine it
+    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations; where a
+    lengthscale ends beyond ``max_lengthscale`` standard deviations of its input, the search
+    bounded there is kept unless ``cv_folds``-fold cross-validation prefers the unbounded
+    maximum by more than a standard error), refine it
     with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
     ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
@@ -323,6 +331,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             otherwise only the zero prior mean is used.
         random_state: seed (int, ``RandomState`` or ``None``) of the random features. A given
             kernel keeps its own weights when ``None``.
+        max_lengthscale: ``"auto"`` only: the recipe's candidate bound on the lengthscales, in
+            standard deviations of each input (``None``: the unbounded evidence maximum,
+            fastest).
+        cv_folds: ``"auto"`` only: folds of the cross-validation that chooses between the
+            bounded and unbounded search (``0``: the bound whenever it binds).
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -363,6 +376,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         max_iter: int = 200,
         normalize_y: bool = True,
         random_state: Any = None,
+        max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
+        cv_folds: int = 5,
     ) -> None:
         _store_params(self, locals())
 
@@ -391,6 +406,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 f"optimizer must be 'auto', 'lbfgs', 'adam' or None, got {self.optimizer!r}"
             )
         _check_positive_int("max_iter", self.max_iter)
+        if self.max_lengthscale is not None:
+            _check_positive("max_lengthscale", self.max_lengthscale)
+        if (isinstance(self.cv_folds, bool) or not isinstance(self.cv_folds, numbers.Integral)
+                or self.cv_folds < 0 or self.cv_folds == 1):
+            raise InvalidParameterError(
+                f"cv_folds must be 0 or an integer >= 2, got {self.cv_folds!r} "
+                f"({type(self.cv_folds).__name__})"
+            )
         self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
         seed = _seed(self.random_state)
         x_t = _as_tensor(X)
@@ -424,7 +447,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)
             warnings.simplefilter("ignore", NumericalWarning)
             gp = fit_auto(x, y, spectral=self.kernel, num_features=num_features,
-                          max_iterations=int(self.max_iter), seed=seed, report=report)
+                          max_iterations=int(self.max_iter), seed=seed, report=report,
+                          max_lengthscale=self.max_lengthscale, cv_folds=int(self.cv_folds))
         self.fit_report_ = report
         self.n_iter_ = sum(report.iterations.values())
         return gp

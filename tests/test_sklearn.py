@@ -14,6 +14,7 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
+from rfgp.inference.recipe import fit_auto  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.sklearn import (  # noqa: E402
     KERNELS,
@@ -172,6 +173,28 @@ def test_bad_arguments():
         RandomFeatureGPClassifier().fit(X, np.zeros(20))
     with pytest.raises(ValueError, match="proba_method"):
         RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
+    for bad in (0.0, -2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="max_lengthscale must be a positive float"):
+            RandomFeatureGPRegressor(max_lengthscale=bad).fit(X, y)
+    with pytest.raises(TypeError, match=r"max_lengthscale must be a positive float.*\(str\)"):
+        RandomFeatureGPRegressor(max_lengthscale="4").fit(X, y)
+    for bad in (1, -1, 2.5, True):
+        with pytest.raises(ValueError, match="cv_folds must be 0 or an integer >= 2"):
+            RandomFeatureGPRegressor(cv_folds=bad).fit(X, y)
+
+
+def test_recipe_options_reach_the_recipe():
+    # The estimator's bound options are fit_auto's: the same fit on the same targets.
+    X, y = _regression_data(60)
+    y_std = (y - y.mean()) / y.std()
+    for options in ({"max_lengthscale": None}, {"max_lengthscale": 2.0, "cv_folds": 0}):
+        reg = RandomFeatureGPRegressor(num_features=64, random_state=0, normalize_y=False,
+                                       **options).fit(X, y_std)
+        seed = int(np.random.RandomState(0).randint(np.iinfo(np.int32).max))
+        gp = fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), num_features=64,
+                      seed=seed, **options)
+        torch.testing.assert_close(reg.gp_.kernel.base_kernel.lengthscale,
+                                   gp.kernel.base_kernel.lengthscale)
 
 
 # ------------------------------------------------------------------------------ hostile input
