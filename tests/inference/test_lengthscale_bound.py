@@ -301,6 +301,13 @@ def test_fit_auto_skips_the_choice_when_the_bound_does_not_bind_or_rows_are_few(
     report = FitReport()
     fit_auto(small, ys, num_features=64, seed=0, report=report)  # 20 < 5 folds x 5 rows
     assert report.cv_scores == {} and report.lengthscale_bound is None
+    # A search on a subsample (N > subsample) keeps the evidence maximum, in both stages.
+    x, y = _irrelevant_input_data(200)
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=64, seed=0, report=report, subsample=100, cv_folds=0)
+    assert report.cv_scores == {} and report.lengthscale_bound is None
+    assert "select" not in report.seconds and report.refine_rows == 200
+    assert float(gp.kernel.base_kernel.lengthscale.detach()[0, 1]) > DEFAULT_MAX_LENGTHSCALE
 
 
 def test_fit_auto_checks_the_bound_arguments():
