@@ -482,7 +482,11 @@ class RandomFeatureGP(torch.nn.Module):
 
         The weights are drawn once: :math:`w = \mu_w + L^{-H} z` with :math:`B = L L^H`, so
         :math:`f(x) = \mathrm{Re}\{\Phi(x)^\top w\}` has mean :math:`\mu(x)` and covariance
-        :math:`\mathrm{Re}\,k_N(x, x')` (complex features: :math:`z = a + i b`).
+        :math:`\mathrm{Re}\,k_N(x, x')` (complex features: :math:`z = a + i b`). A real
+        function-space fit draws the same distribution by pathwise conditioning,
+        :math:`w = w_0 + \Phi^\top (K + S)^{-1}(y - \Phi w_0 - \epsilon)` with
+        :math:`w_0 \sim N(0, I)`, :math:`\epsilon \sim N(0, S)`: no ``D x D`` matrix, so
+        many features on few rows stay cheap to sample.
 
         Args:
             num_samples: number of functions ``S``.

@@ -390,6 +390,43 @@ class FunctionSpaceSolver(Solver):
             self.statistics(dtype), self.complex_solve, self.jitter, self.target_scale
         )
 
+    def draw_weights(
+        self,
+        num_samples: int,
+        generator: Optional[torch.Generator],
+        column_noise: Optional[Tensor],
+    ) -> List[Tuple[List[int], Tensor]]:
+        r"""Posterior weight draws by pathwise conditioning, without a ``D x D`` matrix.
+
+        With a prior draw :math:`w_0 \sim N(0, I)` and noise :math:`\epsilon \sim N(0, S)`,
+        :math:`w = w_0 + \Phi^\top (K + S)^{-1}(y - \Phi w_0 - \epsilon)` has mean
+        :math:`\Phi^\top (K + S)^{-1} y = \mu_w` and covariance
+        :math:`I - \Phi^\top (K + S)^{-1}\Phi = (I + \Phi^\top S^{-1}\Phi)^{-1}` (Woodbury):
+        exactly the weight posterior, at :math:`O(N D)` memory and :math:`O(N D + N^2)` work
+        per draw, where the weight-space factor needs :math:`O(D^2)` memory and
+        :math:`O(N D^2 + D^3)` work. Complex solves use the weight-space factor.
+        """
+        if self.complex_solve:
+            return super().draw_weights(num_samples, generator, column_noise)
+        train = _to(self.solver_form(self.rows), self.rows.device, self.dtype)  # (R, W)
+        device = generator.device if generator is not None else train.device
+        noise_of = {tuple(cols): noise for cols, noise in self.noise_groups(column_noise)}
+        draws = []
+        for factor in self.factors:
+            tcols = len(factor.columns)
+            shape = (train.shape[1], num_samples * tcols)
+            w0 = torch.randn(shape, generator=generator, dtype=self.dtype, device=device)
+            eps = torch.randn((self.num_rows, num_samples * tcols), generator=generator,
+                              dtype=self.dtype, device=device)
+            w0, eps = w0.to(train.device), eps.to(train.device)
+            noise = noise_of[tuple(factor.columns)].to(self.dtype)
+            residual = train @ w0 + eps * noise.sqrt().unsqueeze(-1)
+            correction = train.transpose(0, 1) @ torch.cholesky_solve(residual, factor.chol)
+            mean = (train.transpose(0, 1) @ factor.alpha) * self.target_scale  # (W, Tg)
+            sample = (w0 - correction).reshape(train.shape[1], num_samples, tcols)
+            draws.append((factor.columns, mean.unsqueeze(1) + sample))
+        return draws
+
     def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
         if self._weight_cache is None:
             solver = self.to_weight_space()

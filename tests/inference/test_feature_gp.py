@@ -586,6 +586,45 @@ def test_sample_functions_have_the_posterior_moments(make_kernel):
     torch.testing.assert_close(again, draws)
 
 
+def test_function_space_draws_have_the_posterior_moments_with_grouped_noise():
+    # Pathwise draws of a function-space fit: per-row noise, two groups of outputs with
+    # different noise, the draws' moments against the posterior of each output.
+    x, y, xt, g = make_data(n=30, outputs=3)
+    per_point = 0.02 + 0.2 * torch.rand(30, generator=g, dtype=DT)
+    other = 0.05 + 0.1 * torch.rand(30, generator=g, dtype=DT)
+    noise = torch.stack([per_point, other, per_point], -1)
+    gp = RandomFeatureGP(fourier(40), solve="function").fit(x, y, noise)
+    assert gp.solve_used == "function" and gp.factorization_groups == [[0, 2], [1]]
+    num = 4000
+    draws = gp.sample_functions(num, generator=torch.Generator().manual_seed(5))(xt)
+    assert draws.shape == (num, 20, 3)
+    for t in range(3):
+        m, c = dense_posterior(fourier(40).features(x), y[:, t], noise[:, t],
+                               fourier(40).features(xt))
+        std = c.diagonal().sqrt()
+        assert ((draws[:, :, t].mean(0) - m).abs() / std).max() < 5 / math.sqrt(num)
+        emp = torch.cov(draws[:, :, t].T)
+        assert ((emp - c).abs() / (std[:, None] * std[None, :])).max() < 6 / math.sqrt(num)
+    # the outputs of one group are independent draws, not copies of one
+    a, b = draws[:, :, 0], draws[:, :, 2]
+    corr = ((a - a.mean(0)) * (b - b.mean(0))).mean(0) / (a.std(0) * b.std(0))
+    assert corr.abs().max() < 5 / math.sqrt(num)
+
+
+def test_function_space_draws_need_no_weight_space_matrix():
+    # 25 000 frequencies, 50 000 real features: a D x D factor would take 20 GB; the pathwise
+    # draw needs the N x D feature rows.
+    x, y, xt, _ = make_data(n=25)
+    gp = RandomFeatureGP(fourier(25_000), noise=0.05).fit(x, y)
+    assert gp.solve_used == "function"
+    draws = gp.sample_functions(2000, generator=torch.Generator().manual_seed(0))(xt)
+    post = gp.posterior(xt)
+    std = post.variance.sqrt()
+    assert ((draws.mean(0) - post.mean).abs() / std).max() < 5 / math.sqrt(2000)
+    rel = (draws.var(0) / post.variance - 1).abs().max()
+    assert rel < 6 * math.sqrt(2 / 2000)
+
+
 def test_sample_functions_multi_output_shapes():
     x, y, xt, _ = make_data(n=40, outputs=3)
     gp = RandomFeatureGP(fourier(20), noise=0.1).fit(x, y)
