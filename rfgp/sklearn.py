@@ -139,6 +139,9 @@ KERNELS: Dict[str, Callable[[Dict[str, Any], int], RandomFeatureKernel]] = {
 }
 
 
+# The most features choose_num_features gives a fit outside the recipe.
+_FIT_MAX_FEATURES = 8192
+
 #: kernel names the default recipe (``optimizer="auto"``) fits: the Fourier kernels.
 _RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 
@@ -219,7 +222,9 @@ def _seed(random_state: Any) -> int:
 def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
     """The estimator's kernel: built from its name, or a deep copy of the given object.
 
-    A named kernel with ``num_features=None`` gets ``choose_num_features(num_rows)`` features.
+    A named kernel with ``num_features=None`` gets ``choose_num_features(num_rows)`` features,
+    at most 8192: these fits optimise or evaluate at that size, which the recipe's refit (the
+    only fit that goes beyond it) does not.
 
     A given kernel keeps its own random weights when ``random_state`` is ``None``; otherwise
     its (copy's) weights are redrawn from ``seed`` so that ``random_state`` controls them.
@@ -227,7 +232,7 @@ def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
     if isinstance(estimator.kernel, str):
         num_features = estimator.num_features
         if num_features is None:
-            num_features = choose_num_features(num_rows)
+            num_features = choose_num_features(num_rows, function_maximum=_FIT_MAX_FEATURES)
         return make_kernel(
             estimator.kernel, num_features, estimator.lengthscale, estimator.sampling,
             estimator.degree, estimator.bias, estimator.projection, seed,
@@ -303,7 +308,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     maximum by more than a standard error), refine it
     with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
-    ``N`` rows, up to 8192); ``lengthscale``, ``sampling`` and ``noise`` are
+    ``N`` rows: up to 8192, up to 32768 on about 2000 rows or fewer); ``lengthscale``,
+    ``sampling`` and ``noise`` are
     then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
     lengthscale, the outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the
     kernel built from the arguments maximise the log marginal likelihood (the random weights

@@ -94,15 +94,31 @@ def test_initial_hyperparameters_edge_cases_and_checks():
 
 
 # ----------------------------------------------------------------------------- number of features
-@pytest.mark.parametrize("n", [1, 100, 5000, 9000, 10**5, 10**7])
+@pytest.mark.parametrize("n", [1, 100, 927, 2047, 2048, 3000, 5000, 9000, 10**5, 10**7])
 def test_choose_num_features_is_the_largest_power_of_two_within_budget(n):
-    def cost(d):  # weight space: Gram + its Cholesky; function space: kernel matrix + its
-        return min(n * d * d + d**3 / 3, n * n * d + n**3 / 3)
+    def weight(d):  # the Gram matrix and its Cholesky factor
+        return n * d * d + d**3 / 3
+
+    def function(d):  # the kernel matrix and its Cholesky factor
+        return n * n * d + n**3 / 3
+
+    def allowed(d):  # beyond 8192 only in function space, N x D rows within 8192^2 numbers
+        extra = function(d) < weight(d) and n * d <= 8192**2
+        return min(weight(d), function(d)) <= DEFAULT_COST_BUDGET and (d <= 8192 or extra)
 
     d = choose_num_features(n)
-    assert d & (d - 1) == 0 and 512 <= d <= 8192
-    assert cost(d) <= DEFAULT_COST_BUDGET or d == 512
-    assert d == 8192 or cost(2 * d) > DEFAULT_COST_BUDGET
+    assert d & (d - 1) == 0 and 512 <= d <= 32768
+    assert allowed(d) or d == 512
+    assert not any(allowed(2**k) for k in range(d.bit_length(), 16))
+    assert choose_num_features(n, function_maximum=8192) == min(d, 8192)
+
+
+def test_choose_num_features_goes_past_the_weight_space_limit_only_on_few_rows():
+    assert choose_num_features(927) == 32768  # N x D = 30e6 numbers, K costs 3e10
+    assert choose_num_features(3000) == 16384
+    assert choose_num_features(9000) == 8192  # weight space
+    with pytest.raises(ValueError, match="function_maximum"):
+        choose_num_features(100, maximum=8192, function_maximum=4096)
 
 
 def test_choose_num_features_grows_with_the_budget_and_checks():
