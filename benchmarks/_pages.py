@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+import tempfile
+import warnings
 from pathlib import Path
+from typing import Sequence, Tuple
+
+import torch
 
 #: The heading of the hand-written section a regenerated page keeps.
 WRITTEN_HEADING = "## What this run shows"
@@ -21,3 +28,33 @@ def write_page(path: Path, text: str) -> None:
         if at >= 0 and WRITTEN_HEADING not in text:
             text = text.rstrip("\n") + "\n\n" + old[at:]
     path.write_text(text)
+
+
+def study_options(description: str, out: Path) -> Tuple[argparse.Namespace, Path]:
+    """Parse a study's ``--quick``, ``--threads`` and ``--out``; set torch's thread count.
+
+    Returns the arguments and the folder to write to: ``--out``, else ``out`` (the temporary
+    folder for ``--quick`` runs, so that a quick run never overwrites a page), created.
+    """
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    folder = args.out or (Path(tempfile.gettempdir()) if args.quick else out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return args, folder
+
+
+def paired_difference(values: Sequence[float], base: Sequence[float]) -> str:
+    """``mean ± standard error`` of the paired differences ``values - base`` (``0`` if equal)."""
+    diff = [a - b for a, b in zip(values, base)]
+    if all(d == 0 for d in diff):
+        return "0"
+    mean = sum(diff) / len(diff)
+    if len(diff) < 2:
+        return f"{mean:+.3f}"
+    se = math.sqrt(sum((d - mean) ** 2 for d in diff) / (len(diff) - 1) / len(diff))
+    return f"{mean:+.3f} ± {se:.3f}"

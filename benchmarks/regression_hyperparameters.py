@@ -39,14 +39,11 @@ Writes docs/benchmarks/regression_hyperparameters.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +53,7 @@ from linear_operator.utils.errors import NotPSDError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _pages import write_page  # noqa: E402
+from _pages import paired_difference, study_options, write_page  # noqa: E402
 
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference.feature_gp import RandomFeatureGP  # noqa: E402
@@ -241,16 +238,8 @@ def run_split(name, split):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
+    args, out = study_options(__doc__, OUT)
     sets = [("yacht", 2), ("boston", 2)] if args.quick else SETS
-    out = args.out or (Path(tempfile.gettempdir()) if args.quick else OUT)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = {}
     for name, splits in sets:
@@ -287,9 +276,7 @@ def write_markdown(results, total, path):
         for est in ESTIMATORS:
             m = np.array([s[est]["mnll"] for s in splits])
             e = np.array([s[est]["nle"] for s in splits])
-            diff = m - base
-            se = diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-            shown = "0" if est == "GPyTorch Adam" else f"{diff.mean():+.3f} ± {se:.3f}"
+            shown = "0" if est == "GPyTorch Adam" else paired_difference(m, base)
             lines.append(f"| {name} | {len(splits)} | {est} | {m.mean():.3f} | {e.mean():.3f} "
                          f"| {shown} |")
     write_page(path, "\n".join(lines) + "\n")

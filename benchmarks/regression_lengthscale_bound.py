@@ -31,14 +31,10 @@ Writes docs/benchmarks/regression_lengthscale_bound.md and .json.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import platform
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _pages import write_page  # noqa: E402
+from _pages import paired_difference, study_options, write_page  # noqa: E402
 
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference.cross_validation import held_out_log_density  # noqa: E402
@@ -106,15 +102,7 @@ def plan(quick: bool):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    out = args.out or (Path(tempfile.gettempdir()) if args.quick else OUT)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = study_options(__doc__, OUT)
     started = time.perf_counter()
     results = {}
     for label, source, splits in plan(args.quick):
@@ -157,9 +145,7 @@ def write_markdown(results, total, path, quick):
         base = np.array([s["evidence maximum"]["mnll"] for s in splits])
         for est in ESTIMATORS:
             m = np.array([s[est]["mnll"] for s in splits])
-            diff = m - base
-            se = diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-            shown = "0" if est == "evidence maximum" else f"{diff.mean():+.3f} ± {se:.3f}"
+            shown = "0" if est == "evidence maximum" else paired_difference(m, base)
             kept = sum(s[est]["bounded"] for s in splits)
             seconds = np.mean([s[est]["time"] for s in splits])
             lines.append(f"| {name} | {len(splits)} | {est} | {m.mean():.3f} | {shown} | "
