@@ -104,6 +104,19 @@ def test_every_named_kernel_fits(name):
     assert np.isfinite(reg.fit(X, y).predict(X)).all()
 
 
+def test_default_feature_counts_inside_and_outside_the_recipe():
+    # The recipe's refit goes past 8192 features on few rows (function space); a fit outside
+    # the recipe (here a fixed-hyperparameter RBF fit) keeps at most 8192.
+    from rfgp.inference.recipe import choose_num_features
+
+    X, y = _regression_data(60)
+    recipe = RandomFeatureGPRegressor(random_state=0, cv_folds=0).fit(X, y)
+    assert recipe.fit_report_.num_features == choose_num_features(60) == 32768
+    assert recipe.gp_.solve_used == "function"
+    plain = RandomFeatureGPRegressor(optimizer=None, random_state=0).fit(X, y)
+    assert plain.gp_.kernel.base_kernel.num_features == 8192
+
+
 def test_classifier_string_labels_and_probabilities():
     from sklearn.datasets import load_iris
 
