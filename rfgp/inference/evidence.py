@@ -149,7 +149,12 @@ def _gaussian_terms(chol: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
 def _covariance_gradient(chol: Tensor, alpha: Tensor) -> Tensor:
     """``T C^{-1} - a a^T``: twice the gradient of :func:`_gaussian_terms` in the covariance
     ``C = L L^T`` (symmetric)."""
-    return alpha.shape[1] * torch.cholesky_inverse(chol) - alpha @ alpha.T
+    # In place on the inverse: each further N x N temporary costs about as much as the
+    # arithmetic on it at the sizes of an exact search (a few hundred rows).
+    out = torch.cholesky_inverse(chol)
+    if alpha.shape[1] != 1:
+        out.mul_(alpha.shape[1])
+    return out.addmm_(alpha, alpha.T, alpha=-1.0)
 
 
 class _FunctionSpaceEvidence(torch.autograd.Function):
@@ -308,7 +313,7 @@ def _profile_and_slope(r: Tensor, nu: Optional[float]) -> Tuple[Tensor, Tensor]:
     """``g(r)`` of the stationary kernel and ``-g'(r) / r`` (0 where ``r = 0`` for
     Matérn-1/2, whose slope there is singular but multiplies a zero distance)."""
     if nu is None:
-        g = torch.exp(-0.5 * r.square())
+        g = r.square_().mul_(-0.5).exp_()  # r is not needed again: reuse its memory
         return g, g
     if nu == 0.5:
         g = torch.exp(-r)
@@ -356,15 +361,15 @@ class _StationaryEvidence(torch.autograd.Function):
         # u = (x_a - x_b) / l: d/dl_j = sum_ab M_ab u_abj^2 / l_j, and
         # sum_ab M_ab (z_aj - z_bj)^2 = 2 sum_a z_aj^2 (M 1)_a - 2 z_j^T M z_j, one M Z product
         # instead of an (N, N, d) tensor of differences.
-        gmat = 0.5 * _covariance_gradient(chol, alpha)
-        weights = gmat * slope * outputscale
+        # gmat is twice G; the factors 1/2 and s are applied to the d + 2 sums, not the matrix.
+        gmat = _covariance_gradient(chol, alpha)
+        grad_noise = 0.5 * gmat.diagonal().sum()
+        grad_outputscale = 0.5 * torch.dot(gmat.reshape(-1), g.reshape(-1))
+        weights = gmat.mul_(slope)  # in place: gmat is not needed again
         zc = z - z.mean(0)  # shift invariance: centred columns keep the identity well-conditioned
         row_sums = weights.sum(1)
-        spread = 2.0 * (zc.square() * row_sums.unsqueeze(-1)).sum(0) \
-            - 2.0 * (zc * (weights @ zc)).sum(0)
-        grad_lengthscale = spread / lengthscale
-        grad_outputscale = (gmat * g).sum()
-        grad_noise = gmat.diagonal().sum()
+        spread = (zc.square() * row_sums.unsqueeze(-1)).sum(0) - (zc * (weights @ zc)).sum(0)
+        grad_lengthscale = spread * outputscale / lengthscale
         return (None, grad * alpha, grad * grad_lengthscale, grad * grad_outputscale,
                 grad * grad_noise, None)
 

@@ -37,13 +37,14 @@ def gen(seed: int) -> torch.Generator:
 
 
 # ----------------------------------------------------------------------------- exact evidence
+@pytest.mark.parametrize("columns", [1, 2])
 @pytest.mark.parametrize("nu", NUS)
-def test_stationary_evidence_is_the_kernel_evidence_with_its_gradient(nu):
+def test_stationary_evidence_is_the_kernel_evidence_with_its_gradient(nu, columns):
     # Inputs far from the origin and on different scales: the centred identity behind the
     # lengthscale gradient must not lose digits to the columns' offsets.
     g = gen(0)
     x = torch.randn(20, 3, generator=g, dtype=DT) * torch.tensor([1.0, 5.0, 0.1]) + 40.0
-    y = torch.randn(20, 2, generator=g, dtype=DT)
+    y = torch.randn(20, columns, generator=g, dtype=DT)
     ls = torch.tensor([0.8, 4.0, 0.2], dtype=DT, requires_grad=True)
     s = torch.tensor(1.7, dtype=DT, requires_grad=True)
     noise = torch.tensor(0.05, dtype=DT, requires_grad=True)
