@@ -1,13 +1,14 @@
-"""Writing benchmark pages that carry a hand-written reading of their numbers."""
+"""Helpers of the benchmark scripts: pages with a hand-written reading, options, timing."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import tempfile
+import time
 import warnings
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import torch
 
@@ -58,3 +59,16 @@ def paired_difference(values: Sequence[float], base: Sequence[float]) -> str:
         return f"{mean:+.3f}"
     se = math.sqrt(sum((d - mean) ** 2 for d in diff) / (len(diff) - 1) / len(diff))
     return f"{mean:+.3f} ± {se:.3f}"
+
+
+def best_of(fn: Callable[[], object], repeats: int, warmup: bool = False) -> float:
+    """The shortest wall time of ``repeats`` calls of ``fn`` (after one untimed call if
+    ``warmup``): the least disturbed measurement on a shared machine."""
+    if warmup:
+        fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import gpytorch
@@ -41,23 +40,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _pages import study_options, write_page  # noqa: E402
+from _pages import best_of, study_options, write_page  # noqa: E402
 
 from rfgp.inference.evidence import stationary_negative_log_evidence  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 DT = torch.float64
 D_IN = 8
-
-
-def best_of(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def data(n: int):
@@ -146,7 +135,7 @@ def run_size(n: int, repeats: int) -> dict:
         value = entries[name]()
         if abs(value - reference) > 1e-6 * abs(reference):
             raise RuntimeError(f"N = {n}: {name} gives {value}, rfgp {reference}")
-    seconds = {name: best_of(fn, repeats) for name, fn in entries.items()}
+    seconds = {name: best_of(fn, repeats, warmup=True) for name, fn in entries.items()}
     return {"n": n, "seconds": seconds, "value": reference}
 
 

@@ -59,7 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _pages import write_page  # noqa: E402
+from _pages import best_of, write_page  # noqa: E402
 
 from rfgp import metrics  # noqa: E402
 from rfgp.datasets import UCI_DATASETS, load_uci, standardize, train_test_split  # noqa: E402
@@ -269,12 +269,7 @@ def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats
     log_noise = torch.tensor(math.log(0.1), dtype=torch.float64, requires_grad=True)
 
     def best(fn):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
+        return best_of(fn, repeats)
 
     out = {}
     with torch.no_grad():
