@@ -625,6 +625,19 @@ def test_function_space_draws_need_no_weight_space_matrix():
     assert rel < 6 * math.sqrt(2 / 2000)
 
 
+def test_function_space_draws_after_update_follow_the_updated_posterior():
+    x, y, xt, _ = make_data(n=30)
+    gp = RandomFeatureGP(fourier(30), noise=0.05).fit(x[:20], y[:20])
+    assert gp.solve_used == "function"
+    gp.update(x[20:], y[20:])
+    post = RandomFeatureGP(fourier(30), noise=0.05).fit(x, y).posterior(xt)
+    num = 4000
+    draws = gp.sample_functions(num, generator=torch.Generator().manual_seed(1))(xt)
+    std = post.variance.sqrt()
+    assert ((draws.mean(0) - post.mean).abs() / std).max() < 5 / math.sqrt(num)
+    assert (draws.var(0) / post.variance - 1).abs().max() < 6 * math.sqrt(2 / num)
+
+
 def test_sample_functions_multi_output_shapes():
     x, y, xt, _ = make_data(n=40, outputs=3)
     gp = RandomFeatureGP(fourier(20), noise=0.1).fit(x, y)
