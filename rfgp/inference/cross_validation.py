@@ -30,13 +30,13 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp._validation import check_int
+from rfgp.inference.evidence import LOG_2PI
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.linalg import try_cholesky
 from rfgp.kernels.fourier import FourierFeatureKernel, stationary_kernel
 
 __all__ = ["cross_validate", "held_out_log_density", "kfold_indices"]
 
-LOG_2PI = math.log(2.0 * math.pi)
 #: A search: training rows ``(x, y)`` to fitted kernels and noise variances, yielded in turn.
 Search = Callable[[Tensor, Tensor], Iterator[Tuple[ScaleKernel, Tensor]]]
 

@@ -232,6 +232,22 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     return _WeightSpaceEvidence.apply(z, y, noise)
 
 
+def _kernel_factor(matrix: Tensor) -> Tensor:
+    """The Cholesky factor of a kernel matrix plus noise, or ``NotPSDError`` naming the cause.
+
+    No jitter: an optimiser's line search backs off from a point that fails.
+    """
+    chol = try_cholesky(matrix)
+    if chol is not None:
+        return chol
+    if not bool(torch.isfinite(matrix).all()):
+        raise NotPSDError(
+            "the kernel matrix plus noise holds NaN or infinite entries; check the inputs, "
+            "the kernel's hyperparameters and the noise"
+        )
+    raise NotPSDError("the kernel matrix plus noise is not positive definite")
+
+
 class _KernelEvidence(torch.autograd.Function):
     """``-log p(y)`` for ``y ~ N(0, K + noise I)`` with the gradient in closed form."""
 
@@ -239,15 +255,7 @@ class _KernelEvidence(torch.autograd.Function):
     def forward(ctx, k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         n = y.shape[0]
         matrix = k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
-        # No jitter: an optimiser's line search backs off from a point that fails.
-        chol = try_cholesky(matrix)
-        if chol is None:
-            if not bool(torch.isfinite(matrix).all()):
-                raise NotPSDError(
-                    "the kernel matrix plus noise holds NaN or infinite entries; check the "
-                    "inputs and noise"
-                )
-            raise NotPSDError("the kernel matrix plus noise is not positive definite")
+        chol = _kernel_factor(matrix)
         value, alpha = _gaussian_terms(chol, y)
         ctx.save_for_backward(chol, alpha)
         return value
@@ -341,14 +349,7 @@ class _StationaryEvidence(torch.autograd.Function):
         g, slope = _profile_and_slope(r, nu)
         matrix = outputscale * g
         matrix.diagonal().add_(noise)
-        chol = try_cholesky(matrix)
-        if chol is None:
-            if not bool(torch.isfinite(matrix).all()):
-                raise NotPSDError(
-                    "the kernel matrix plus noise holds NaN or infinite entries; check the "
-                    "inputs, lengthscales and noise"
-                )
-            raise NotPSDError("the kernel matrix plus noise is not positive definite")
+        chol = _kernel_factor(matrix)
         value, alpha = _gaussian_terms(chol, y)
         ctx.nu = nu
         ctx.save_for_backward(z, g, slope, chol, alpha, lengthscale, outputscale)

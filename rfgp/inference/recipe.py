@@ -614,25 +614,25 @@ def fit_auto(
         exact = xs.shape[0] <= exact_rows
         if exact:
             info.exact_stages.append(name)
-        if name != "subsample" or bound is None or rows is not None:
-            # The bound is weighed only where the search sees every row: on a subsample the
-            # maximum's lengthscales run long (the refinement corrects that), and a bound kept
-            # from there left 30 refinement iterations short of the unbounded optimum
-            # (power-plant: test MNLL -0.105 against -0.127).
-            return maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
         result = maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
-        if not _exceeds(gp, bound) or (cv_folds and xs.shape[0] < 5 * cv_folds):
-            return result  # the unbounded maximum lies inside the bound, or too few rows
+        # The bound is weighed only where the search sees every row: on a subsample the
+        # maximum's lengthscales run long (the refinement corrects that), and a bound kept
+        # from there left 30 refinement iterations short of the unbounded optimum
+        # (power-plant: test MNLL -0.105 against -0.127). It is not weighed either where the
+        # unbounded maximum lies inside it, or with too few rows for the folds.
+        if (name != "subsample" or rows is not None or bound is None
+                or not _exceeds(gp, bound) or (cv_folds and xs.shape[0] < 5 * cv_folds)):
+            return result
         started = time.perf_counter()
         keep_unbounded = False
         if cv_folds:
+            loose = tolerance * _CV_TOLERANCE_FACTOR
 
             def unbounded_then_bounded(xf: Tensor, yf: Tensor):
                 # The same two procedures as on all rows: the unbounded search from the
                 # data-driven start of these rows, then the bounded one from where it ended.
                 model = fresh_gp(initial_hyperparameters(
                     xf, yf, generator=torch.Generator().manual_seed(seed)))
-                loose = tolerance * _CV_TOLERANCE_FACTOR
                 maximize_evidence(model, xf, yf, iterations, loose, exact)
                 yield model.kernel, model.noise
                 if _exceeds(model, bound):
