@@ -41,6 +41,7 @@ __all__ = [
     "check_kernel_input",
     "check_positive",
     "check_real",
+    "check_rows",
     "check_tensor",
     "describe",
 ]
@@ -288,6 +289,36 @@ def check_tensor(
     if finite:
         check_finite(name, value)
     return value
+
+
+def check_rows(x: Any, y: Any, x_name: str = "x", y_name: str = "y",
+               num_inputs: Optional[int] = None) -> tuple:
+    """Return regression rows ``x (N, d)`` and ``y (N,)`` or ``(N, T)``, or raise a clear error.
+
+    Both must be finite floating tensors of one dtype, ``x`` with at least one row and one
+    column (``num_inputs`` of them when given) and ``y`` with as many rows as ``x``.
+
+    Example:
+        >>> x, y = check_rows(torch.zeros(3, 2), torch.zeros(3))
+        >>> check_rows(torch.zeros(3, 2), torch.zeros(4))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: y must have shape (N,) or (N, T) with N = 3 rows of x, got (4,)
+    """
+    x = check_tensor(x_name, x, min_dim=2, max_dim=2, non_empty=True)
+    y = check_tensor(y_name, y, min_dim=1, max_dim=2)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"{y_name} must have shape (N,) or (N, T) with N = {x.shape[0]} rows of {x_name}, "
+            f"got {tuple(y.shape)}"
+        )
+    if num_inputs is not None and x.shape[1] != num_inputs:
+        raise ValueError(
+            f"{x_name} must have {num_inputs} columns, got shape {tuple(x.shape)}"
+        )
+    if y.dtype != x.dtype:
+        raise TypeError(f"{y_name} must have the dtype of {x_name} ({x.dtype}), got {y.dtype}")
+    return x, y
 
 
 #: the input dtypes every kernel computes in.

@@ -29,7 +29,7 @@ from gpytorch.kernels import ScaleKernel
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from rfgp._validation import check_int
+from rfgp._validation import check_int, check_rows, check_tensor
 from rfgp.inference.evidence import LOG_2PI
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.linalg import try_cholesky
@@ -89,7 +89,12 @@ def held_out_log_density(
 
     Returns:
         ``(m,)`` log densities, each summed over the target columns (``-inf`` everywhere when
-        the training kernel matrix cannot be factorised).
+        the training kernel matrix plus noise cannot be factorised, a noise <= 0 included: a
+        search's failed candidate scores the worst, it does not stop the cross-validation).
+
+    Raises:
+        TypeError, ValueError: for rows that are not finite floating tensors of one dtype with
+            matching shapes, or a noise that is not a finite 0-d tensor.
 
     Example:
         >>> from rfgp.inference.recipe import make_ard_kernel
@@ -103,6 +108,14 @@ def held_out_log_density(
         >>> exact.shape, bool((exact - approx).abs().sum() < 2.0)
         (torch.Size([10]), True)
     """
+    x_train, y_train = check_rows(x_train, y_train, "x_train", "y_train")
+    x_test, y_test = check_rows(x_test, y_test, "x_test", "y_test", num_inputs=x_train.shape[1])
+    if y_test.dim() != y_train.dim() or y_test.shape[1:] != y_train.shape[1:]:
+        raise ValueError(
+            f"y_test must have the columns of y_train {tuple(y_train.shape)}, got "
+            f"{tuple(y_test.shape)}"
+        )
+    noise = check_tensor("noise", noise, max_dim=0)
     y_train = y_train.unsqueeze(-1) if y_train.dim() == 1 else y_train
     y_test = y_test.unsqueeze(-1) if y_test.dim() == 1 else y_test
     noise = noise.detach().to(x_train)
@@ -124,6 +137,8 @@ def held_out_log_density(
             mean = cross.T @ torch.cholesky_solve(y_train, chol)
             root = torch.linalg.solve_triangular(chol, cross, upper=False)
             var = (scale - root.square().sum(0)).clamp_min(0.0) + noise
+        elif not bool(noise > 0):
+            return torch.full((x_test.shape[0],), -math.inf, dtype=x_test.dtype)
         else:
             try:
                 gp = RandomFeatureGP(kernel, noise=noise).fit(x_train, y_train)
@@ -181,6 +196,7 @@ def cross_validate(
         >>> scores.shape, bool(scores[0].mean() > scores[1].mean())
         (torch.Size([2, 60]), True)
     """
+    x, y = check_rows(x, y)
     parts = kfold_indices(x.shape[0], folds, generator)
     rows: List[List[Tensor]] = []
     for k, held in enumerate(parts):

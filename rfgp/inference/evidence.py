@@ -410,6 +410,7 @@ def stationary_negative_log_evidence(
 
     Raises:
         ValueError: for shapes other than ``(N, d)``, ``(N, T)``, ``(d,)`` and 0-d.
+        TypeError: unless all five tensors share one floating dtype.
         NotPSDError: if :math:`C` cannot be factorised or holds NaN or infinite entries.
 
     Example:
@@ -436,5 +437,12 @@ def stationary_negative_log_evidence(
         raise ValueError(
             "outputscale and noise must be 0-d tensors, got shapes "
             f"{tuple(outputscale.shape)} and {tuple(noise.shape)}"
+        )
+    dtypes = {t.dtype for t in (x, y, lengthscale, outputscale, noise)}
+    if len(dtypes) != 1 or not x.is_floating_point():
+        raise TypeError(
+            "stationary_negative_log_evidence: x, y, lengthscale, outputscale and noise must "
+            f"share one floating dtype, got {x.dtype}, {y.dtype}, {lengthscale.dtype}, "
+            f"{outputscale.dtype} and {noise.dtype}"
         )
     return _StationaryEvidence.apply(x, y, lengthscale, outputscale, noise, nu)

@@ -71,7 +71,14 @@ from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_choice, check_int, check_positive, check_tensor
+from rfgp._validation import (
+    all_finite,
+    check_choice,
+    check_int,
+    check_positive,
+    check_rows,
+    check_tensor,
+)
 from rfgp.inference.cross_validation import cross_validate
 from rfgp.inference.evidence import negative_log_evidence, stationary_negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
@@ -154,17 +161,6 @@ class FitReport:
     cv_scores: Dict[str, float] = field(default_factory=dict)
 
 
-def _check_data(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
-    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    y = check_tensor("y", y, min_dim=1, max_dim=2)
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"y must have shape (N,) or (N, T) with N = {x.shape[0]} rows of x, got "
-            f"{tuple(y.shape)}"
-        )
-    return x, y
-
-
 def initial_hyperparameters(
     x: Tensor,
     y: Tensor,
@@ -205,7 +201,7 @@ def initial_hyperparameters(
         >>> bool(9 < ratio < 11)
         True
     """
-    x, y = _check_data(x, y)
+    x, y = check_rows(x, y)
     max_rows = check_int("max_rows", max_rows, minimum=2)
     signal_fraction = check_positive("signal_fraction", signal_fraction)
     if signal_fraction >= 1.0:
@@ -325,7 +321,13 @@ def bounded_lengthscale(kernel: ScaleKernel, upper: Optional[Tensor]) -> Iterato
         yield
         return
     base = kernel.base_kernel
-    upper = upper.detach().to(base.raw_lengthscale).reshape(base.raw_lengthscale.shape[-1])
+    num_inputs = base.raw_lengthscale.shape[-1]
+    if upper.numel() != num_inputs:
+        raise ValueError(
+            f"lengthscale bounds must have one entry per lengthscale ({num_inputs}), got shape "
+            f"{tuple(upper.shape)}"
+        )
+    upper = upper.detach().to(base.raw_lengthscale).reshape(num_inputs)
     if not bool((upper > 0).all()) or not all_finite(upper):
         raise ValueError(f"lengthscale bounds must be finite and positive, got {upper}")
     original = base.raw_lengthscale_constraint
@@ -386,7 +388,7 @@ def maximize_evidence(
             )
         with bounded_lengthscale(gp.kernel, max_lengthscale):
             return maximize_evidence(gp, x, y, max_iterations, tolerance, exact)
-    x, y = _check_data(x, y)
+    x, y = check_rows(x, y)
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
     floor = _NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -509,6 +511,7 @@ def column_scale(x: Tensor) -> Tensor:
         >>> column_scale(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64))
         tensor([1.4142, 1.0000], dtype=torch.float64)
     """
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
     scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
@@ -572,7 +575,7 @@ def fit_auto(
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
     """
-    x, y = _check_data(x, y)
+    x, y = check_rows(x, y)
     check_choice("spectral", spectral, tuple(MATERN_NU))
     search_features = check_int("search_features", search_features, minimum=2)
     subsample = check_int("subsample", subsample, minimum=2)

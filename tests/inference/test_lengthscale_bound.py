@@ -87,6 +87,30 @@ def test_stationary_evidence_rejects_bad_input():
         stationary_negative_log_evidence(x, y, ls, one * float("nan"), one)
     with pytest.raises(NotPSDError, match="not positive definite"):
         stationary_negative_log_evidence(x, y, ls, one, -one * 5.0)
+    with pytest.raises(TypeError, match="one floating dtype"):
+        stationary_negative_log_evidence(x, y.float(), ls, one, one)
+    with pytest.raises(TypeError, match="one floating dtype"):
+        stationary_negative_log_evidence(x.long(), y.long(), ls.long(), one.long(), one.long())
+    with pytest.raises(ValueError, match="N >= 1"):
+        stationary_negative_log_evidence(x[:0], y[:0], ls, one, one)
+
+
+def test_stationary_evidence_is_invariant_to_the_input_scale():
+    # Scaling inputs and lengthscales together leaves the kernel unchanged, at extreme scales
+    # too; the lengthscale gradient scales inversely.
+    g = gen(3)
+    x = torch.randn(25, 2, generator=g, dtype=DT)
+    y = torch.randn(25, 1, generator=g, dtype=DT)
+    s, noise = torch.tensor(1.3, dtype=DT), torch.tensor(0.2, dtype=DT)
+    ls = torch.tensor([0.7, 2.0], dtype=DT, requires_grad=True)
+    value = stationary_negative_log_evidence(x, y, ls, s, noise)
+    (grad,) = torch.autograd.grad(value, ls)
+    for c in (1e-150, 1e150):
+        lsc = (ls.detach() * c).requires_grad_(True)
+        scaled = stationary_negative_log_evidence(x * c, y, lsc, s, noise)
+        torch.testing.assert_close(scaled, value, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.autograd.grad(scaled, lsc)[0] * c, grad, rtol=1e-9,
+                                   atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- the bound
@@ -109,6 +133,14 @@ def test_bounded_lengthscale_keeps_any_raw_value_inside_and_restores_the_constra
     with pytest.raises(ValueError, match="finite and positive"):
         with bounded_lengthscale(kernel, torch.tensor([1.0, 0.0, 1.0], dtype=DT)):
             pass
+    with pytest.raises(ValueError, match="finite and positive"):
+        with bounded_lengthscale(kernel, torch.tensor([1.0, float("nan"), 1.0], dtype=DT)):
+            pass
+    with pytest.raises(ValueError, match=r"one entry per lengthscale \(3\)"):
+        with bounded_lengthscale(kernel, torch.ones(2, dtype=DT)):
+            pass
+    # a failed bound leaves the kernel as it was
+    assert type(kernel.base_kernel.raw_lengthscale_constraint) is original
 
 
 def _irrelevant_input_data(n: int = 200, seed: int = 0):
@@ -159,6 +191,61 @@ def test_column_scale_is_the_standard_deviation_with_constant_columns_at_one():
 
 
 # ----------------------------------------------------------------------------- folds and scores
+def test_column_scale_rejects_bad_input():
+    with pytest.raises(ValueError, match="NaN"):
+        column_scale(torch.tensor([[0.0, float("nan")], [1.0, 2.0]], dtype=DT))
+    with pytest.raises(ValueError, match="at least 2"):
+        column_scale(torch.ones(3, dtype=DT))
+    with pytest.raises(ValueError, match="empty"):
+        column_scale(torch.ones(0, 2, dtype=DT))
+    with pytest.raises(TypeError, match="floating"):
+        column_scale(torch.ones(3, 2, dtype=torch.long))
+
+
+def test_held_out_density_and_cross_validate_reject_bad_input():
+    x, y = _irrelevant_input_data(30)
+    k = make_ard_kernel(16, 2, seed=0)
+    noise = torch.tensor(0.1, dtype=DT)
+    bad_x = x.clone()
+    bad_x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="x_train.*NaN"):
+        held_out_log_density(k, noise, bad_x[:20], y[:20], x[20:], y[20:], exact=True)
+    with pytest.raises(ValueError, match="y_test.*inf"):
+        held_out_log_density(k, noise, x[:20], y[:20], x[20:], y[20:] / 0.0, exact=True)
+    with pytest.raises(ValueError, match="x_test must have 2 columns"):
+        held_out_log_density(k, noise, x[:20], y[:20], x[20:, :1], y[20:])
+    with pytest.raises(ValueError, match="y_test must have the columns"):
+        held_out_log_density(k, noise, x[:20], y[:20], x[20:], y[20:, None].expand(10, 2))
+    with pytest.raises(ValueError, match="x_train must not be empty"):
+        held_out_log_density(k, noise, x[:0], y[:0], x[20:], y[20:])
+    with pytest.raises(TypeError, match="y_train must have the dtype"):
+        held_out_log_density(k, noise, x[:20], y[:20].float(), x[20:], y[20:])
+    with pytest.raises(ValueError, match="noise must have at most 0"):
+        held_out_log_density(k, noise.reshape(1), x[:20], y[:20], x[20:], y[20:])
+    with pytest.raises(ValueError, match="noise.*NaN"):
+        held_out_log_density(k, noise * float("nan"), x[:20], y[:20], x[20:], y[20:])
+    # a non-positive noise cannot be factorised, in either path: the worst score
+    for exact in (True, False):
+        dens = held_out_log_density(k, -noise, x[:20], y[:20], x[20:], y[20:], exact=exact)
+        assert bool((dens == -math.inf).all())
+
+    def search(xf, yf):
+        yield k, noise
+
+    with pytest.raises(ValueError, match="y.*NaN"):
+        cross_validate(search, x, y * float("nan"), 3, gen(0))
+    with pytest.raises(TypeError, match="floating"):
+        cross_validate(search, x.long(), y, 3, gen(0))
+    with pytest.raises(ValueError, match="num_rows"):
+        cross_validate(search, x[:2], y[:2], 3, gen(0))
+
+
+def test_fit_auto_rejects_rows_of_two_dtypes():
+    x, y = _irrelevant_input_data(30)
+    with pytest.raises(TypeError, match="y must have the dtype of x"):
+        fit_auto(x, y.float())
+
+
 def test_kfold_indices_partition_the_rows():
     parts = kfold_indices(23, 5, gen(0))
     sizes = sorted(p.numel() for p in parts)
