@@ -43,8 +43,16 @@ Search = Callable[[Tensor, Tensor], Iterator[Tuple[ScaleKernel, Tensor]]]
 
 def kfold_indices(num_rows: int, folds: int, generator: Optional[torch.Generator] = None
                   ) -> List[Tensor]:
-    """A random partition of ``range(num_rows)`` into ``folds`` folds of sizes differing by at
-    most one.
+    r"""A random partition of ``range(num_rows)`` into ``folds`` folds of sizes differing by at
+    most one: :math:`\lceil N/K \rceil` or :math:`\lfloor N/K \rfloor` rows each.
+
+    Args:
+        num_rows: ``N >= folds``.
+        folds: ``K >= 2``.
+        generator: the random permutation's generator.
+
+    Returns:
+        ``K`` one-dimensional index tensors (int64), together every row once.
 
     Example:
         >>> parts = kfold_indices(10, 3, torch.Generator().manual_seed(0))

@@ -504,8 +504,15 @@ def _exceeds(gp: RandomFeatureGP, bound: Tensor) -> bool:
 
 
 def column_scale(x: Tensor) -> Tensor:
-    """Each input column's standard deviation (1 for a constant column or a single row): the
-    unit of :func:`initial_hyperparameters`' lengthscales and of ``fit_auto``'s bound.
+    r"""Each input column's standard deviation (1 for a constant column or a single row): the
+    unit of :func:`initial_hyperparameters`' lengthscales and of ``fit_auto``'s bound,
+    :math:`s_j = \big(\frac{1}{N-1} \sum_i (x_{ij} - \bar x_j)^2\big)^{1/2}`.
+
+    Args:
+        x: ``(N, d)`` finite floating inputs.
+
+    Returns:
+        ``(d,)`` positive scales in ``x``'s dtype.
 
     Example:
         >>> column_scale(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64))
