@@ -17,7 +17,9 @@ scale and the model's jitter, and is differentiated by autograd. :func:`negative
 (used by the default recipe :func:`rfgp.fit_auto`) covers the common case of one scalar noise
 and carries its gradient in closed form, which saves the Cholesky backward pass and several
 ``N x D`` temporaries per evaluation; a per-row noise has no such cheap closed form, so the
-general form stays.
+general form stays. :func:`fourier_negative_log_evidence` goes one step further for random
+Fourier features in weight space: it builds the features from their projections itself and
+carries the gradient through the cosine and sine in closed form too.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rfgp.inference.noise import equal_noise_columns
 __all__ = [
     "check_representable",
     "evidence_total",
+    "fourier_negative_log_evidence",
     "kernel_negative_log_evidence",
     "log_evidence_from_features",
     "negative_log_evidence",
@@ -107,34 +110,81 @@ def log_evidence_from_features(
     return total
 
 
+def _weight_space_terms(z: Tensor, y: Tensor, s: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(-log p(y), chol of B, alpha, resid)`` of ``y ~ N(0, Z Z^T + s I)`` in weight space."""
+    n, width = z.shape
+    bmat = torch.addmm(torch.eye(width, dtype=z.dtype, device=z.device), z.T, z, alpha=1 / s)
+    chol = robust_cholesky(bmat, None, "weight-space matrix B")
+    h = (z.T @ y) / s
+    alpha = torch.cholesky_solve(h, chol)
+    resid = y - z @ alpha
+    quad = (y * resid).sum(0) / s  # y^T (Z Z^T + s I)^{-1} y, per output
+    logdet = 2.0 * chol.diagonal().log().sum() + n * torch.log(s)
+    return 0.5 * (quad + logdet + n * LOG_2PI).sum(), chol, alpha, resid
+
+
+def _weight_space_gradients(
+    z: Tensor, chol: Tensor, alpha: Tensor, resid: Tensor, s: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(d/dZ, d/ds, B^{-1})`` of :func:`_weight_space_terms`' value."""
+    n, width = z.shape
+    outputs = resid.shape[1]
+    binv = torch.cholesky_inverse(chol)
+    # (T Z B^-1 - r alpha^T) / s: the rank-T term and the scaling in the one pass of addmm_.
+    grad_z = torch.mm(z, binv).addmm_(resid, alpha.T, beta=outputs / s, alpha=-1 / s)
+    grad_s = 0.5 * (
+        -resid.square().sum() / s**2 + outputs * (n - width + binv.diagonal().sum()) / s
+    )
+    return grad_z, grad_s, binv
+
+
 class _WeightSpaceEvidence(torch.autograd.Function):
     """``-log p(y)`` of ``y ~ N(0, Z Z^T + s I)`` with its gradient in closed form."""
 
     @staticmethod
     def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-        n, width = z.shape
-        s = noise
-        bmat = torch.addmm(torch.eye(width, dtype=z.dtype, device=z.device), z.T, z, alpha=1 / s)
-        chol = robust_cholesky(bmat, None, "weight-space matrix B")
-        h = (z.T @ y) / s
-        alpha = torch.cholesky_solve(h, chol)
-        resid = y - z @ alpha
-        quad = (y * resid).sum(0) / s  # y^T (Z Z^T + s I)^{-1} y, per output
-        logdet = 2.0 * chol.diagonal().log().sum() + n * torch.log(s)
+        value, chol, alpha, resid = _weight_space_terms(z, y, noise)
         ctx.save_for_backward(z, chol, alpha, resid, noise)
-        return 0.5 * (quad + logdet + n * LOG_2PI).sum()
+        return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         z, chol, alpha, resid, s = ctx.saved_tensors
-        n, width = z.shape
+        grad_z, grad_s, _ = _weight_space_gradients(z, chol, alpha, resid, s)
+        return grad_z * grad, None, grad * grad_s
+
+
+class _FourierEvidence(torch.autograd.Function):
+    """``-log p(y)`` of ``y ~ N(0, Z Z^T + s I)``, ``Z = sqrt(a / M) [cos P, sin P]``, with the
+    gradient in closed form in the projections ``P``, the outputscale ``a`` and ``s``."""
+
+    @staticmethod
+    def forward(ctx, proj: Tensor, y: Tensor, outputscale: Tensor, noise: Tensor) -> Tensor:
+        n, m = proj.shape
+        # cos and sin written into the halves of one buffer and scaled in place: the feature
+        # matrix costs one allocation and no temporaries kept for autograd.
+        z = proj.new_empty(n, 2 * m)
+        torch.cos(proj, out=z[:, :m])
+        torch.sin(proj, out=z[:, m:])
+        z.mul_((outputscale / m).sqrt())
+        value, chol, alpha, resid = _weight_space_terms(z, y, noise)
+        ctx.save_for_backward(z, chol, alpha, resid, noise, outputscale)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        z, chol, alpha, resid, s, a = ctx.saved_tensors
+        m = z.shape[1] // 2
+        grad_z, grad_s, binv = _weight_space_gradients(z, chol, alpha, resid, s)
+        # d cos P = -sin P dP and d sin P = cos P dP, with Z's halves holding the scaled cos
+        # and sin: dL/dP = Z_cos * G_sin - Z_sin * G_cos.
+        grad_proj = z[:, :m] * grad_z[:, m:]
+        grad_proj.addcmul_(z[:, m:], grad_z[:, :m], value=-1.0)
+        # sum(G * Z) / (2a) without a pass over Z: Z^T r / s = alpha and Z^T Z / s = B - I give
+        # tr(Z^T G) = T (D - tr B^-1) - ||alpha||^2.
         outputs = resid.shape[1]
-        binv = torch.cholesky_inverse(chol)
-        grad_z = (outputs * (z @ binv) - resid @ alpha.T) * (grad / s)
-        grad_s = 0.5 * (
-            -resid.square().sum() / s**2 + outputs * (n - width + binv.diagonal().sum()) / s
-        )
-        return grad_z, None, grad * grad_s
+        grad_a = 0.5 * (outputs * (2 * m - binv.diagonal().sum()) - alpha.square().sum()) / a
+        return grad * grad_proj, None, grad * grad_a, grad * grad_s
 
 
 def _gaussian_terms(chol: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
@@ -230,6 +280,65 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     if z.shape[0] < z.shape[1]:
         return _FunctionSpaceEvidence.apply(z, y, noise)
     return _WeightSpaceEvidence.apply(z, y, noise)
+
+
+def fourier_negative_log_evidence(
+    proj: Tensor, y: Tensor, outputscale: Tensor, noise: Tensor
+) -> Tensor:
+    r""":func:`negative_log_evidence` of the random Fourier features of projections ``P``,
+    :math:`Z = \sqrt{a / M}\,[\cos P, \sin P]`, built inside and differentiated in closed form.
+
+    With :math:`G = \partial/\partial Z` of :func:`negative_log_evidence` (weight space,
+    :math:`N \ge 2M`),
+
+    .. math::
+        \frac{\partial}{\partial P} = Z_{\cos} \circ G_{\sin} - Z_{\sin} \circ G_{\cos},\quad
+        \frac{\partial}{\partial a} = \frac{T (2M - \mathrm{tr} B^{-1}) - \|\alpha\|^2}{2a}.
+
+    The second form needs no pass over the ``N x 2M`` features (:math:`Z^\top r / \sigma^2 =
+    \alpha`). Against building the features with autograd and scaling them by
+    :math:`\sqrt a`, this saves the backward passes of the cosine, the sine, their
+    concatenation and both scalings: the evaluation that :func:`rfgp.fit_auto`'s search
+    repeats, at the cost floor of its two :math:`N (2M)^2` products plus one pass for the
+    features and two for their gradient.
+
+    Args:
+        proj: ``(N, M)`` projections :math:`\omega_j^\top x_i / \ell` (a
+            :class:`~rfgp.kernels.FourierFeatureKernel`'s ``projections`` of the scaled
+            inputs), with ``N >= 2M``.
+        y: ``(N, T)`` targets.
+        outputscale: 0-d positive tensor :math:`a`.
+        noise: 0-d positive tensor :math:`\sigma^2`.
+
+    Returns:
+        A 0-d tensor, differentiable in ``proj``, ``outputscale`` and ``noise``.
+
+    Raises:
+        ValueError: for shapes other than ``(N, M)`` with ``N >= 2M``, ``(N, T)`` and 0-d.
+
+    Example:
+        >>> from rfgp.kernels.fourier import cos_sin_features
+        >>> g = torch.Generator().manual_seed(0)
+        >>> proj = torch.randn(40, 5, dtype=torch.float64, generator=g)
+        >>> y = torch.randn(40, 1, dtype=torch.float64, generator=g)
+        >>> a, s = torch.tensor(2.0, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)
+        >>> z = cos_sin_features(proj, (a / 5).sqrt().item())
+        >>> bool(torch.isclose(fourier_negative_log_evidence(proj, y, a, s),
+        ...                    negative_log_evidence(z, y, s)))
+        True
+    """
+    n = proj.shape[0] if proj.dim() == 2 else 0
+    if proj.dim() != 2 or y.dim() != 2 or y.shape[0] != n or n < 2 * proj.shape[1]:
+        raise ValueError(
+            "fourier_negative_log_evidence: proj must have shape (N, M) with N >= 2M and y "
+            f"shape (N, T), got proj {tuple(proj.shape)} and y {tuple(y.shape)}"
+        )
+    if outputscale.dim() != 0 or noise.dim() != 0:
+        raise ValueError(
+            "outputscale and noise must be 0-d tensors, got shapes "
+            f"{tuple(outputscale.shape)} and {tuple(noise.shape)}"
+        )
+    return _FourierEvidence.apply(proj, y, outputscale, noise)
 
 
 def _kernel_factor(matrix: Tensor) -> Tensor:

