@@ -193,6 +193,37 @@ def test_fourier_evidence_rejects_shapes_outside_weight_space():
         fourier_negative_log_evidence(p, y, one.reshape(1), one)
 
 
+@pytest.mark.parametrize("sampling,spectral", [("iid", "rbf"), ("orthogonal", "matern32"),
+                                               ("structured", "rbf"), ("structured", "matern52")])
+def test_fourier_evidence_of_a_kernels_projections_equals_its_features_evidence(
+    sampling, spectral
+):
+    # The recipe's fused form from the kernel's projections against negative_log_evidence of
+    # the kernel's own features times sqrt(outputscale): value and every parameter's gradient.
+    from gpytorch.kernels import ScaleKernel
+
+    from rfgp.kernels import FourierFeatureKernel
+
+    g = gen(23)
+    x = torch.randn(120, 3, generator=g, dtype=DT)
+    y = torch.randn(120, 1, generator=g, dtype=DT)
+    kernel = ScaleKernel(FourierFeatureKernel(32, spectral=spectral, sampling=sampling,
+                                              input_dim=3, ard_num_dims=3, seed=5)).to(DT)
+    kernel.base_kernel.lengthscale = torch.tensor([[0.7, 1.3, 2.0]], dtype=DT)
+    kernel.outputscale = torch.tensor(1.9, dtype=DT)
+    noise = torch.tensor(0.2, dtype=DT, requires_grad=True)
+    params = list(kernel.parameters()) + [noise]
+    base = kernel.base_kernel
+    proj = base.projections(base.prepare_input(x) / base.lengthscale)
+    fused = fourier_negative_log_evidence(proj, y, kernel.outputscale, noise)
+    grads_fused = torch.autograd.grad(fused, params)
+    reference = negative_log_evidence(base.features(x) * kernel.outputscale.sqrt(), y, noise)
+    grads_reference = torch.autograd.grad(reference, params)
+    torch.testing.assert_close(fused, reference, rtol=1e-12, atol=0)
+    for a, b in zip(grads_fused, grads_reference):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
 def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_path(
     monkeypatch,
 ):
