@@ -227,6 +227,24 @@ class _FunctionSpaceEvidence(torch.autograd.Function):
         return gram_grad @ z * grad, None, grad * grad_s
 
 
+def _check_evidence_arguments(caller: str, features: Tensor, y: Tensor, **scalars: Tensor) -> None:
+    """Per-evaluation checks of the closed-form evidences, cheap against their ``N D^2`` work:
+    finite targets of the features' dtype, and positive finite scalars. A non-positive or
+    non-finite scalar raises ``NotPSDError`` (the covariance is then not a positive definite
+    one), so that an optimiser's line search backs off from such a trial point as from any
+    other it cannot factorise."""
+    if y.dtype != features.dtype:
+        raise TypeError(f"{caller}: y must have the dtype of the features ({features.dtype}), "
+                        f"got {y.dtype}")
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{caller}: y holds NaN or infinite values")
+    for name, value in scalars.items():
+        if value.dim() != 0:
+            raise ValueError(f"{name} must be a 0-d tensor, got shape {tuple(value.shape)}")
+        if not bool(value > 0) or not bool(torch.isfinite(value)):
+            raise NotPSDError(f"{caller}: {name} must be positive and finite, got {float(value)}")
+
+
 def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     r"""``-log p(y)`` for :math:`y_t \sim N(0, Z Z^\top + \sigma^2 I)` (independent columns),
     computed in weight space, with the gradient in closed form.
@@ -258,6 +276,13 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
     Returns:
         A 0-d tensor, differentiable in ``z`` and ``noise``.
 
+    Raises:
+        ValueError: for shapes other than ``(N, D)``, ``(N, T)`` (``N >= 1``) and 0-d, or NaN
+            or infinite targets.
+        TypeError: for targets of another dtype than ``z``.
+        NotPSDError: for a non-positive or non-finite ``noise``, or features that make the
+            covariance unfactorisable (NaN or infinite).
+
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> z = torch.randn(50, 4, dtype=torch.float64, generator=g)
@@ -275,8 +300,7 @@ def negative_log_evidence(z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
             "negative_log_evidence: z must have shape (N, D) and y shape (N, T) with N >= 1, "
             f"got z {tuple(z.shape)} and y {tuple(y.shape)}"
         )
-    if noise.dim() != 0:
-        raise ValueError(f"noise must be a 0-d tensor, got shape {tuple(noise.shape)}")
+    _check_evidence_arguments("negative_log_evidence", z, y, noise=noise)
     if z.shape[0] < z.shape[1]:
         return _FunctionSpaceEvidence.apply(z, y, noise)
     return _WeightSpaceEvidence.apply(z, y, noise)
@@ -314,7 +338,11 @@ def fourier_negative_log_evidence(
         A 0-d tensor, differentiable in ``proj``, ``outputscale`` and ``noise``.
 
     Raises:
-        ValueError: for shapes other than ``(N, M)`` with ``N >= 2M``, ``(N, T)`` and 0-d.
+        ValueError: for shapes other than ``(N, M)`` with ``N >= 2M``, ``(N, T)`` and 0-d, or
+            NaN or infinite targets.
+        TypeError: for targets of another dtype than ``proj``.
+        NotPSDError: for a non-positive or non-finite ``outputscale`` or ``noise``, or
+            projections that make the weight-space matrix unfactorisable (NaN or infinite).
 
     Example:
         >>> from rfgp.kernels.fourier import cos_sin_features
@@ -333,11 +361,8 @@ def fourier_negative_log_evidence(
             "fourier_negative_log_evidence: proj must have shape (N, M) with N >= 2M and y "
             f"shape (N, T), got proj {tuple(proj.shape)} and y {tuple(y.shape)}"
         )
-    if outputscale.dim() != 0 or noise.dim() != 0:
-        raise ValueError(
-            "outputscale and noise must be 0-d tensors, got shapes "
-            f"{tuple(outputscale.shape)} and {tuple(noise.shape)}"
-        )
+    _check_evidence_arguments("fourier_negative_log_evidence", proj, y,
+                              outputscale=outputscale, noise=noise)
     return _FourierEvidence.apply(proj, y, outputscale, noise)
 
 

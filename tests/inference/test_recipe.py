@@ -224,6 +224,35 @@ def test_fourier_evidence_of_a_kernels_projections_equals_its_features_evidence(
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("form", ["features", "fourier"])
+def test_closed_form_evidences_reject_bad_targets_and_scales(form):
+    from linear_operator.utils.errors import NotPSDError
+
+    g = gen(24)
+    p = torch.randn(20, 3, generator=g, dtype=DT)
+    y = torch.randn(20, 1, generator=g, dtype=DT)
+    one = torch.tensor(1.0, dtype=DT)
+
+    def call(y_=y, noise=one, outputscale=one):
+        if form == "fourier":
+            return fourier_negative_log_evidence(p, y_, outputscale, noise)
+        return negative_log_evidence(p * outputscale.sqrt(), y_, noise)
+
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        call(y_=y * float("nan"))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        call(y_=y.clone().index_fill_(0, torch.tensor([3]), float("inf")))
+    with pytest.raises(TypeError, match="dtype"):
+        call(y_=y.float())
+    for bad in (0.0, -0.1, float("inf"), float("nan")):
+        with pytest.raises(NotPSDError, match="noise must be positive and finite"):
+            call(noise=torch.tensor(bad, dtype=DT))
+    if form == "fourier":
+        with pytest.raises(NotPSDError, match="outputscale must be positive and finite"):
+            call(outputscale=torch.tensor(-1.0, dtype=DT))
+    assert torch.isfinite(call())
+
+
 def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_path(
     monkeypatch,
 ):
