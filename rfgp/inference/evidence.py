@@ -33,6 +33,7 @@ from torch import Tensor
 
 from rfgp.inference.linalg import robust_cholesky, try_cholesky
 from rfgp.inference.noise import equal_noise_columns
+from rfgp.kernels.fourier import cos_sin_features
 
 __all__ = [
     "check_representable",
@@ -160,13 +161,8 @@ class _FourierEvidence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, proj: Tensor, y: Tensor, outputscale: Tensor, noise: Tensor) -> Tensor:
-        n, m = proj.shape
-        # cos and sin written into the halves of one buffer and scaled in place: the feature
-        # matrix costs one allocation and no temporaries kept for autograd.
-        z = proj.new_empty(n, 2 * m)
-        torch.cos(proj, out=z[:, :m])
-        torch.sin(proj, out=z[:, m:])
-        z.mul_((outputscale / m).sqrt())
+        # Autograd is off inside forward: cos_sin_features writes one buffer, nothing kept.
+        z = cos_sin_features(proj, (outputscale / proj.shape[1]).sqrt())
         value, chol, alpha, resid = _weight_space_terms(z, y, noise)
         ctx.save_for_backward(z, chol, alpha, resid, noise, outputscale)
         return value

@@ -417,6 +417,8 @@ def maximize_evidence(
     fused = (closed_form and isinstance(base, FourierFeatureKernel)
              and type(base)._features is FourierFeatureKernel._features
              and x.shape[0] >= base.num_features)
+    # The inputs do not change during the search: checked and prepared once.
+    prepared = base.prepare_input(x) if fused else None
     if exact and not isinstance(base, FourierFeatureKernel):
         raise TypeError(
             "maximize_evidence(exact=True) needs a ScaleKernel around a FourierFeatureKernel, "
@@ -429,9 +431,9 @@ def maximize_evidence(
                 x, y_cols, base.lengthscale.reshape(-1), gp.kernel.outputscale,
                 log_noise.exp() + floor, base.nu)
         if fused:
-            proj = base.projections(base.prepare_input(x) / base.lengthscale.to(x.dtype))
             return fourier_negative_log_evidence(
-                proj, y_cols, gp.kernel.outputscale, log_noise.exp() + floor)
+                base.scaled_projections(prepared), y_cols, gp.kernel.outputscale,
+                log_noise.exp() + floor)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)

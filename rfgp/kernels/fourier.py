@@ -366,9 +366,27 @@ class FourierFeatureKernel(RandomFeatureKernel):
             y = y * self.radial_scale.to(x.dtype).unsqueeze(-2)
         return y
 
+    def scaled_projections(self, x: Tensor) -> Tensor:
+        r"""The projections :math:`\omega_j^\top x_i / \ell` of prepared inputs: the arguments
+        of the cosines and sines, :math:`\Phi(x) = M^{-1/2} [\cos P, \sin P]`.
+
+        Args:
+            x: ``(..., N, d)`` inputs as :meth:`prepare_input` returns them.
+
+        Returns:
+            ``(..., N, M)`` with ``M = num_features / 2``, differentiable in the lengthscale.
+
+        Example:
+            >>> k = FourierFeatureKernel(8, input_dim=2, seed=0)
+            >>> x = k.prepare_input(torch.randn(5, 2))
+            >>> p = k.scaled_projections(x)
+            >>> bool(torch.allclose(k.features(x), cos_sin_features(p, 0.5)))
+            True
+        """
+        return self.projections(x / self.lengthscale.to(x.dtype))
+
     def _features(self, x: Tensor) -> Tensor:
-        z = x / self.lengthscale.to(x.dtype)
-        return cos_sin_features(self.projections(z), 1.0 / math.sqrt(self.num_frequencies))
+        return cos_sin_features(self.scaled_projections(x), 1.0 / math.sqrt(self.num_frequencies))
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""
