@@ -310,7 +310,7 @@ def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats
 
     def fused():
         fourier_negative_log_evidence(
-            base.scaled_projections(base.prepare_input(x)), y.unsqueeze(-1),
+            base.scaled_projections(x), y.unsqueeze(-1),
             kernel.outputscale, log_noise.exp()).backward()
 
     out["evidence + gradient (fused Fourier form, the recipe)"] = best(fused)
@@ -341,6 +341,15 @@ def make_plan(args):
     return plan
 
 
+def standardised_split(x, y, split: int):
+    """The random 90/10 split number ``split``, inputs and targets standardised with the
+    training rows' statistics: ``(x_train, y_train, x_test, y_test)``."""
+    xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(split))
+    xtr, xte, _, _ = standardize(xtr, xte)
+    ytr, yte, _, _ = standardize(ytr, yte)
+    return xtr, ytr, xte, yte
+
+
 def run_set(task):
     """All splits and methods of one data set, in one process; rows and the equivalence check."""
     (label, name, repeats, splits, methods), args = task
@@ -349,9 +358,7 @@ def run_set(task):
     rows, equivalent = [], None
     x, y = load_set(name, repeats)
     for split in range(splits):
-        xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(split))
-        xtr, xte, _, _ = standardize(xtr, xte)
-        ytr, yte, _, _ = standardize(ytr, yte)
+        xtr, ytr, xte, yte = standardised_split(x, y, split)
         repeated = repeated_inputs(xtr, xte)
         for method in methods:
             if method == "exact GP" and xtr.shape[0] > args.exact_max:
@@ -454,9 +461,7 @@ def recheck_equivalence(args, partial: Path) -> None:
             continue
         _, name, repeats, _, _ = labels[part["label"]]
         x, y = load_set(name, repeats)
-        xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(0))
-        xtr, xte, _, _ = standardize(xtr, xte)
-        ytr, yte, _, _ = standardize(ytr, yte)
+        xtr, ytr, xte, _ = standardised_split(x, y, 0)
         reg = rfgp_default(xtr, ytr, xte)[3]
         part["equivalence"] = equivalence(reg, xtr, ytr, xte)
         print(f"{part['label']}: {part['equivalence']}", flush=True)

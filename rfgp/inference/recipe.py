@@ -417,8 +417,6 @@ def maximize_evidence(
     fused = (closed_form and isinstance(base, FourierFeatureKernel)
              and type(base)._features is FourierFeatureKernel._features
              and x.shape[0] >= base.num_features)
-    # The inputs do not change during the search: checked and prepared once.
-    prepared = base.prepare_input(x) if fused else None
     if exact and not isinstance(base, FourierFeatureKernel):
         raise TypeError(
             "maximize_evidence(exact=True) needs a ScaleKernel around a FourierFeatureKernel, "
@@ -432,7 +430,7 @@ def maximize_evidence(
                 log_noise.exp() + floor, base.nu)
         if fused:
             return fourier_negative_log_evidence(
-                base.scaled_projections(prepared), y_cols, gp.kernel.outputscale,
+                base.scaled_projections(x), y_cols, gp.kernel.outputscale,
                 log_noise.exp() + floor)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()

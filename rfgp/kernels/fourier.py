@@ -361,32 +361,40 @@ class FourierFeatureKernel(RandomFeatureKernel):
         y = fwht(y * (signs[..., 2, :] / padded))
         y = fwht(y.mul_(signs[..., 1, :]))
         y = fwht(y.mul_(signs[..., 0, :]))
-        y = y.reshape(*y.shape[:-2], -1)[..., : self.num_frequencies]
+        # The flattened width spelled out: -1 is ambiguous for inputs without rows.
+        y = y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])[..., : self.num_frequencies]
         if self.nu is not None:
             y = y * self.radial_scale.to(x.dtype).unsqueeze(-2)
         return y
 
     def scaled_projections(self, x: Tensor) -> Tensor:
-        r"""The projections :math:`\omega_j^\top x_i / \ell` of prepared inputs: the arguments
-        of the cosines and sines, :math:`\Phi(x) = M^{-1/2} [\cos P, \sin P]`.
+        r"""The projections :math:`P_{ij} = \omega_j^\top x_i / \ell`: the arguments of the
+        cosines and sines, :math:`\Phi(x) = M^{-1/2} [\cos P, \sin P]`.
 
         Args:
-            x: ``(..., N, d)`` inputs as :meth:`prepare_input` returns them.
+            x: ``(..., N, d)`` float32 or float64 inputs (checked and prepared as by
+                :meth:`features`: ``active_dims``, finite values).
 
         Returns:
             ``(..., N, M)`` with ``M = num_features / 2``, differentiable in the lengthscale.
 
+        Raises:
+            TypeError, ValueError: for the inputs :meth:`features` rejects (NaN or infinite
+                values, a 0-d tensor, no columns, a dtype other than float32 / float64).
+
         Example:
             >>> k = FourierFeatureKernel(8, input_dim=2, seed=0)
-            >>> x = k.prepare_input(torch.randn(5, 2))
-            >>> p = k.scaled_projections(x)
-            >>> bool(torch.allclose(k.features(x), cos_sin_features(p, 0.5)))
+            >>> x = torch.randn(5, 2)
+            >>> bool(torch.allclose(k.features(x), cos_sin_features(k.scaled_projections(x), 0.5)))
             True
         """
+        return self._scaled_projections(self.prepare_input(x))
+
+    def _scaled_projections(self, x: Tensor) -> Tensor:
         return self.projections(x / self.lengthscale.to(x.dtype))
 
     def _features(self, x: Tensor) -> Tensor:
-        return cos_sin_features(self.scaled_projections(x), 1.0 / math.sqrt(self.num_frequencies))
+        return cos_sin_features(self._scaled_projections(x), 1.0 / math.sqrt(self.num_frequencies))
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""

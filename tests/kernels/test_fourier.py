@@ -486,3 +486,35 @@ def test_pad_to_errors():
         FourierFeatureKernel(8, sampling="structured", pad_to=0)
     with pytest.raises(ValueError, match="pad_to applies to sampling='structured' only"):
         FourierFeatureKernel(8, sampling="iid", pad_to=32)
+
+
+@pytest.mark.parametrize("sampling,spectral", [("iid", "rbf"), ("orthogonal", "matern32"),
+                                               ("structured", "matern52")])
+def test_scaled_projections_are_the_arguments_of_the_features(sampling, spectral):
+    # Phi(x) = M^{-1/2} [cos P, sin P] with P = W (x / l): the features from the projections,
+    # and P itself from the frequencies' projections of the scaled inputs; a lengthscale set
+    # after a first call is used by the next one.
+    from rfgp.kernels.fourier import cos_sin_features
+
+    k = FourierFeatureKernel(16, spectral=spectral, sampling=sampling, input_dim=3,
+                             ard_num_dims=3, seed=4).double()
+    x = torch.randn(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for lengthscale in ([[0.5, 1.0, 2.0]], [[3.0, 0.2, 1.0]]):
+        k.lengthscale = torch.tensor(lengthscale, dtype=torch.float64)
+        p = k.scaled_projections(x)
+        torch.testing.assert_close(p, k.projections(x / k.lengthscale), rtol=1e-12, atol=0)
+        torch.testing.assert_close(cos_sin_features(p, 1 / math.sqrt(8)), k.features(x),
+                                   rtol=1e-12, atol=1e-15)
+    assert k.scaled_projections(x[:0]).shape == (0, 8)
+
+
+def test_scaled_projections_reject_bad_input():
+    k = FourierFeatureKernel(8, input_dim=2, seed=0)
+    with pytest.raises(ValueError, match="NaN|finite"):
+        k.scaled_projections(torch.tensor([[0.0, float("nan")]]))
+    with pytest.raises(ValueError, match="NaN|finite"):
+        k.scaled_projections(torch.tensor([[0.0, float("inf")]]))
+    with pytest.raises(ValueError):
+        k.scaled_projections(torch.tensor(1.0))
+    with pytest.raises(TypeError):
+        k.scaled_projections(torch.zeros(3, 2, dtype=torch.int64))
