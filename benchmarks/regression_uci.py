@@ -118,7 +118,7 @@ def rfgp_default(xtr, ytr, xte, **params):
     reg = RandomFeatureGPRegressor(random_state=0, **params).fit(xtr.numpy(), ytr.numpy())
     mean, std = reg.predict(xte.numpy(), return_std=True)
     report = reg.fit_report_
-    info = {"D": reg.gp_.kernel.base_kernel.num_features, "n_iter": reg.n_iter_,
+    info = {"D": report.num_features, "n_iter": reg.n_iter_,
             "bounded": report.lengthscale_bound is not None, "cv": report.cv_scores,
             "stages": {k: round(v, 2) for k, v in report.seconds.items()}}
     return mean, std**2 + reg.noise_, info, reg

@@ -114,7 +114,7 @@ def main(output_dir: str = "demo_output") -> List[dict]:
     mean, std = gp.predict(x_test, return_std=True)
     var = std.square() + gp.noise.detach()  # the predictive variance of y: noise included
     rmse, mnll = metrics.rmse(y_test, mean).item(), metrics.mnll(y_test, mean, var).item()
-    method = f"rfgp.fit_auto (D={gp.kernel.base_kernel.num_features})"
+    method = f"rfgp.fit_auto (D={gp.feature_map.num_features})"
     predictions[method] = (mean.detach(), var)
     rows.append({"method": method, "data": data,
                  "metrics": {"RMSE": rmse, "MNLL": mnll}, "time_s": fit_time})

@@ -58,6 +58,7 @@ from rfgp.classification import (
 )
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.inference.recipe import (
+    DEFAULT_LENGTHSCALE_DRAWS,
     DEFAULT_MAX_LENGTHSCALE,
     FitReport,
     choose_num_features,
@@ -308,7 +309,9 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     maximum by more than a standard error), refine it
     with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
-    ``N`` rows: up to 8192, up to 32768 on about 2000 rows or fewer); ``lengthscale``,
+    ``N`` rows: up to 8192, up to 32768 on about 2000 rows or fewer), its kernel the average
+    over ``lengthscale_draws`` lengthscales drawn from the evidence's Laplace approximation;
+    ``lengthscale``,
     ``sampling`` and ``noise`` are
     then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
     lengthscale, the outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the
@@ -342,6 +345,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             fastest).
         cv_folds: ``"auto"`` only: folds of the cross-validation that chooses between the
             bounded and unbounded search (``0``: the bound whenever it binds).
+        lengthscale_draws: ``"auto"`` only: lengthscale draws of the final kernel's Laplace
+            average (``0``: the kernel at the evidence maximum).
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -384,6 +389,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         random_state: Any = None,
         max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
         cv_folds: int = 5,
+        lengthscale_draws: int = DEFAULT_LENGTHSCALE_DRAWS,
     ) -> None:
         _store_params(self, locals())
 
@@ -420,6 +426,12 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 f"cv_folds must be 0 or an integer >= 2, got {self.cv_folds!r} "
                 f"({type(self.cv_folds).__name__})"
             )
+        draws = self.lengthscale_draws
+        if isinstance(draws, bool) or not isinstance(draws, numbers.Integral) or draws < 0:
+            raise ValueError(
+                f"lengthscale_draws must be an integer >= 0, got {draws!r} "
+                f"({type(draws).__name__})"
+            )
         self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
         seed = _seed(self.random_state)
         x_t = _as_tensor(X)
@@ -454,7 +466,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             warnings.simplefilter("ignore", NumericalWarning)
             gp = fit_auto(x, y, spectral=self.kernel, num_features=num_features,
                           max_iterations=int(self.max_iter), seed=seed, report=report,
-                          max_lengthscale=self.max_lengthscale, cv_folds=int(self.cv_folds))
+                          max_lengthscale=self.max_lengthscale, cv_folds=int(self.cv_folds),
+                          lengthscale_draws=int(self.lengthscale_draws))
         self.fit_report_ = report
         self.n_iter_ = sum(report.iterations.values())
         return gp

@@ -14,7 +14,7 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
-from rfgp.inference.recipe import fit_auto  # noqa: E402
+from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.sklearn import (  # noqa: E402
     KERNELS,
@@ -194,20 +194,30 @@ def test_bad_arguments():
     for bad in (1, -1, 2.5, True):
         with pytest.raises(ValueError, match="cv_folds must be 0 or an integer >= 2"):
             RandomFeatureGPRegressor(cv_folds=bad).fit(X, y)
+    for bad in (-1, 2.5, True, "32"):
+        with pytest.raises(ValueError, match="lengthscale_draws must be an integer >= 0"):
+            RandomFeatureGPRegressor(lengthscale_draws=bad).fit(X, y)
 
 
 def test_recipe_options_reach_the_recipe():
     # The estimator's bound options are fit_auto's: the same fit on the same targets.
     X, y = _regression_data(60)
     y_std = (y - y.mean()) / y.std()
-    for options in ({"max_lengthscale": None}, {"max_lengthscale": 2.0, "cv_folds": 0}):
+    for options in ({"max_lengthscale": None}, {"max_lengthscale": 2.0, "cv_folds": 0},
+                    {"lengthscale_draws": 0}, {"lengthscale_draws": 5}):
         reg = RandomFeatureGPRegressor(num_features=64, random_state=0, normalize_y=False,
                                        **options).fit(X, y_std)
         seed = int(np.random.RandomState(0).randint(np.iinfo(np.int32).max))
-        gp = fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), num_features=64,
-                      seed=seed, **options)
-        torch.testing.assert_close(reg.gp_.kernel.base_kernel.lengthscale,
-                                   gp.kernel.base_kernel.lengthscale)
+        report = FitReport()
+        fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), num_features=64, seed=seed,
+                 report=report, **options)
+        torch.testing.assert_close(reg.fit_report_.lengthscale, report.lengthscale)
+        if report.lengthscale_draws is None:
+            assert reg.fit_report_.lengthscale_draws is None
+        else:
+            assert report.lengthscale_draws.shape[0] == options.get("lengthscale_draws", 32)
+            torch.testing.assert_close(reg.fit_report_.lengthscale_draws,
+                                       report.lengthscale_draws)
 
 
 # ------------------------------------------------------------------------------ hostile input

@@ -1,6 +1,6 @@
 r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accurate out of the box.
 
-:func:`fit_auto` fits a GP with an ARD random Fourier feature kernel in up to five steps:
+:func:`fit_auto` fits a GP with an ARD random Fourier feature kernel in up to six steps:
 
 1. **Data-driven start.** :func:`initial_hyperparameters`: per-input lengthscales from the
    inputs' spread (median heuristic), outputscale and noise from the targets' mean square.
@@ -38,15 +38,27 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    lengthscales, large noise), at :math:`O(n D_s^2)` per evaluation. On power-plant
    (N = 8611, two splits) 30 iterations on all rows gave a test MNLL of -0.092 and -0.044
    where 10 gave -0.051 and -0.009.
-5. **High-fidelity refit.** The hyperparameters are copied to a kernel with ``num_features``
-   features (default :func:`choose_num_features`: as many as an operation budget allows for
-   ``N`` rows, up to 8192, and up to 32768 on rows few enough for the function-space solve)
-   and the posterior is computed once, in closed form. On a few hundred rows the features'
-   own error is then small: on the bundled yacht set the test MNLL of 8192 features was
-   0.07 nats above the exact kernel's at the same hyperparameters, that of 32768 0.008.
+5. **A Laplace average over the lengthscales.** The maximum is one point of a posterior that,
+   on a few hundred or thousand rows, is broad. The Hessian of the last stage's evidence at
+   the maximum (:func:`~rfgp.inference.laplace.evidence_hessian`, :math:`d + 3` gradient
+   evaluations, scaled to all rows) gives the Laplace approximation, from which
+   ``lengthscale_draws`` (default 32) lengthscale vectors are drawn
+   (:func:`~rfgp.inference.laplace.lengthscale_draws`; lengthscales on the bound stay there).
+   The final kernel is their average, :math:`\bar k = \frac{s}{S} \sum_i k_{\ell^{(i)}}`
+   (:func:`lengthscale_mixture_kernel`): with random Fourier features it costs nothing
+   extra, since each draw gets ``D / S`` of the ``D`` features. In an exact-kernel study on
+   five splits each, it lowered the test MNLL of concrete by 0.009, of boston (bounded) by
+   0.006, and left yacht and energy within 0.003.
+6. **High-fidelity refit.** The (averaged) kernel gets ``num_features`` features (default
+   :func:`choose_num_features`: as many as an operation budget allows for ``N`` rows, up to
+   8192, and up to 32768 on rows few enough for the function-space solve) and the posterior
+   is computed once, in closed form. On a few hundred rows the features' own error is then
+   small: on the bundled yacht set the test MNLL of 8192 features was 0.07 nats above the
+   exact kernel's at the same hyperparameters, that of 32768 0.008.
 
-The random frequencies are fixed by ``seed``; with ``num_features == search_features`` and
-``subsample >= N`` the refit is the direct fit at the optimised hyperparameters.
+The random frequencies are fixed by ``seed``; with ``lengthscale_draws=0``,
+``num_features == search_features`` and ``subsample >= N`` the refit is the direct fit at the
+optimised hyperparameters.
 
 Example:
     >>> from rfgp.inference.recipe import fit_auto
@@ -70,7 +82,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from gpytorch.constraints import Interval
-from gpytorch.kernels import ScaleKernel
+from gpytorch.kernels import AdditiveKernel, ScaleKernel
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp._validation import (
@@ -88,6 +101,7 @@ from rfgp.inference.evidence import (
     stationary_negative_log_evidence,
 )
 from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.laplace import evidence_hessian, lengthscale_draws
 from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
 
@@ -99,7 +113,9 @@ __all__ = [
     "FitReport",
     "choose_num_features",
     "fit_auto",
+    "DEFAULT_LENGTHSCALE_DRAWS",
     "initial_hyperparameters",
+    "lengthscale_mixture_kernel",
     "make_ard_kernel",
     "maximize_evidence",
     "run_search_stages",
@@ -114,6 +130,12 @@ DEFAULT_COST_BUDGET = 8.0e11
 #: standard deviation: far enough out that an input with a bounded lengthscale still varies
 #: slowly over its range, short of the evidence maximum's "switched off" inputs.
 DEFAULT_MAX_LENGTHSCALE = 4.0
+#: Lengthscale draws of the final kernel's Laplace average (:func:`lengthscale_mixture_kernel`):
+#: 32 and 256 draws gave the same test MNLL (within 0.006) in the exact-kernel study.
+DEFAULT_LENGTHSCALE_DRAWS = 32
+# A bounded lengthscale this close to its bound is held there by the Laplace draws: the
+# maximum lies on the bound, where the evidence's curvature says nothing about the spread.
+_AT_BOUND = 0.99
 # The folds' searches stop at a ten times looser gradient tolerance than the search itself:
 # the choice needs held-out densities to about 1e-2 nats, not hyperparameters to the last digit.
 _CV_TOLERANCE_FACTOR = 10.0
@@ -137,13 +159,18 @@ class FitReport:
         refine_rows: rows of the refinement stage (0 when there is none).
         iterations: L-BFGS iterations per stage (``"subsample"``, ``"refine"``).
         converged: per stage, whether L-BFGS met its tolerances before its iteration limit.
-        seconds: wall time per stage (``"subsample"``, ``"refine"``, ``"refit"``).
+        seconds: wall time per stage (``"subsample"``, ``"select"``, ``"refine"``, ``"laplace"``,
+            ``"refit"``).
         initial: the starting hyperparameters (``lengthscale``, ``outputscale``, ``noise``).
         losses: per stage, the negative log evidence per datum at each evaluation.
         exact_stages: the stages that maximised the exact kernel's evidence.
         lengthscale_bound: the ``(d,)`` bounds the search kept to (``None``: unbounded).
         cv_scores: the cross-validated held-out log density per target of the
             ``"unbounded"`` and ``"bounded"`` searches (empty when no choice was needed).
+        lengthscale: ``(d,)`` the lengthscales the search reached (the evidence maximum, or
+            the bounded one).
+        lengthscale_draws: ``(S, d)`` the lengthscales of the final kernel's Laplace average
+            (``None`` without it).
 
     Example:
         >>> x = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -165,6 +192,8 @@ class FitReport:
     exact_stages: List[str] = field(default_factory=list)
     lengthscale_bound: Optional[Tensor] = None
     cv_scores: Dict[str, float] = field(default_factory=dict)
+    lengthscale: Optional[Tensor] = None
+    lengthscale_draws: Optional[Tensor] = None
 
 
 def initial_hyperparameters(
@@ -301,6 +330,68 @@ def make_ard_kernel(
 def _set_hyperparameters(kernel: ScaleKernel, lengthscale: Tensor, outputscale: Tensor) -> None:
     kernel.base_kernel.lengthscale = lengthscale.detach().reshape(1, -1)
     kernel.outputscale = outputscale.detach()
+
+
+def lengthscale_mixture_kernel(
+    num_features: int,
+    lengthscales: Tensor,
+    outputscale: Tensor,
+    spectral: str = "rbf",
+    seed: int = 0,
+) -> AdditiveKernel:
+    r"""The average of ``S`` ARD kernels at the lengthscales ``lengthscales[i]``, as random
+    Fourier features: ``num_features`` columns in all, about ``num_features / S`` per kernel.
+
+    .. math::
+        \bar k(x, x') = \frac{s}{S} \sum_{i=1}^{S} k_{\ell^{(i)}}(x, x'),
+
+    an ``AdditiveKernel`` of ``S`` parts ``ScaleKernel(FourierFeatureKernel(D_i))`` (orthogonal
+    frequencies, independent per part) with outputscale :math:`s / S` each. Its features are
+    the parts' side by side, so the fit costs what one kernel of ``num_features`` features
+    costs, and their kernel estimate is unbiased for :math:`\bar k`. With more draws than
+    frequencies (``S > num_features / 2``) the first ``num_features / 2`` draws are used.
+
+    Args:
+        num_features: ``D`` in all (even).
+        lengthscales: ``(S, d)`` positive lengthscales, one row per part (see
+            :func:`~rfgp.inference.laplace.lengthscale_draws`).
+        outputscale: 0-d positive :math:`s`.
+        spectral: ``"rbf"`` or a Matérn kernel.
+        seed: seed of the parts' frequencies.
+
+    Returns:
+        The kernel, in ``lengthscales``' dtype and device.
+
+    Example:
+        >>> ells = torch.tensor([[1.0, 2.0], [1.5, 2.5]], dtype=torch.float64)
+        >>> k = lengthscale_mixture_kernel(64, ells, torch.tensor(2.0, dtype=torch.float64))
+        >>> [part.base_kernel.num_features for part in k.kernels]
+        [32, 32]
+        >>> float(k.kernels[0].outputscale.detach())
+        1.0
+    """
+    num_features = check_int("num_features", num_features, minimum=2)
+    if num_features % 2:
+        raise ValueError(f"num_features must be even (cos and sin columns), got {num_features}")
+    lengthscales = check_tensor("lengthscales", lengthscales, min_dim=2, max_dim=2,
+                                non_empty=True).detach()
+    if not bool((lengthscales > 0).all()):
+        raise ValueError("lengthscales must be positive")
+    outputscale = check_tensor("outputscale", outputscale).detach().to(lengthscales).reshape(())
+    if not float(outputscale) > 0:
+        raise ValueError(f"outputscale must be positive, got {float(outputscale)}")
+    seed = check_int("seed", seed, minimum=0)
+    frequencies = num_features // 2
+    parts = min(lengthscales.shape[0], frequencies)
+    sizes = [frequencies // parts + (i < frequencies % parts) for i in range(parts)]
+    seeds = torch.randint(2**62, (parts,), generator=torch.Generator().manual_seed(seed))
+    kernels = []
+    for i, size in enumerate(sizes):
+        part = make_ard_kernel(2 * size, lengthscales.shape[1], spectral, seed=int(seeds[i]),
+                               dtype=lengthscales.dtype).to(lengthscales.device)
+        _set_hyperparameters(part, lengthscales[i], outputscale / parts)
+        kernels.append(part)
+    return AdditiveKernel(*kernels)
 
 
 @contextmanager
@@ -540,6 +631,38 @@ def column_scale(x: Tensor) -> Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+def _laplace_lengthscales(gp: RandomFeatureGP, x: Tensor, y: Tensor, rows: Optional[Tensor],
+                          exact: bool, bound: Optional[Tensor], num_draws: int,
+                          generator: torch.Generator) -> Optional[Tensor]:
+    """Draws of step 5: the Hessian of the last search stage's evidence (its rows, exact or
+    random-feature), scaled to all ``N`` rows; lengthscales at the bound are held there.
+
+    ``None`` (the kernel at the maximum is kept) where the outputscale reached zero (the
+    kernel is then zero at any lengthscale) or, with a warning, where the evidence cannot be
+    factorised next to the maximum."""
+    base = gp.kernel.base_kernel
+    lengthscale = base.lengthscale.detach().reshape(-1)
+    outputscale = gp.kernel.outputscale.detach()
+    if not float(outputscale) > 0:
+        return None
+    xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+    try:
+        hessian = evidence_hessian(base, xs, ys, lengthscale, outputscale,
+                                   gp.noise.detach().to(x), exact=exact)
+    except NotPSDError:
+        hessian = None
+    if hessian is None or not all_finite(hessian):
+        warnings.warn(
+            "fit_auto: the evidence could not be evaluated next to its maximum, so the "
+            "lengthscales are not averaged (the kernel at the maximum is used)",
+            RuntimeWarning,
+        )
+        return None
+    fixed = None if bound is None else lengthscale >= _AT_BOUND * bound
+    return lengthscale_draws(lengthscale, hessian * y.numel(), num_draws, generator, fixed,
+                             bound)
+
+
 def fit_auto(
     x: Tensor,
     y: Tensor,
@@ -557,6 +680,7 @@ def fit_auto(
     exact_rows: int = 1000,
     max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
     cv_folds: int = 5,
+    lengthscale_draws: int = DEFAULT_LENGTHSCALE_DRAWS,
 ) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
@@ -595,6 +719,8 @@ def fit_auto(
             search from its own start); ``0``: the bounded search whenever the bound binds,
             without cross-validation. The choice is made only when ``N <= subsample`` and,
             with ``cv_folds``, ``N >= 5 * cv_folds``; otherwise the unbounded maximum is kept.
+        lengthscale_draws: ``S``, the lengthscale draws of the final kernel's Laplace average
+            (step 5, :func:`lengthscale_mixture_kernel`); ``0``: the kernel at the maximum.
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
@@ -610,6 +736,7 @@ def fit_auto(
     if max_lengthscale is not None:
         max_lengthscale = check_positive("max_lengthscale", max_lengthscale)
     cv_folds = check_int("cv_folds", cv_folds, minimum=0)
+    lengthscale_draws = check_int("lengthscale_draws", lengthscale_draws, minimum=0)
     if cv_folds == 1:
         raise ValueError("cv_folds must be 0 (no cross-validation) or at least 2, got 1")
     n, d = x.shape
@@ -679,8 +806,21 @@ def fit_auto(
         return result[0] + bounded[0], result[1] + bounded[1], bounded[2]
 
     run_search_stages(stages, search, info, "fit_auto", n)
+    info.lengthscale = gp.kernel.base_kernel.lengthscale.detach().reshape(-1).clone()
+    info.lengthscale_draws = None
     started = time.perf_counter()
-    if num_features != search_features:
+    if lengthscale_draws:
+        name, rows, _ = stages[-1]
+        draws = _laplace_lengthscales(gp, x, y, rows, name in info.exact_stages,
+                                      info.lengthscale_bound, lengthscale_draws, generator)
+        info.lengthscale_draws = draws
+        info.seconds["laplace"] = time.perf_counter() - started
+        started = time.perf_counter()
+    if info.lengthscale_draws is not None:
+        final = lengthscale_mixture_kernel(num_features, draws, gp.kernel.outputscale, spectral,
+                                           seed)
+        gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())
+    elif num_features != search_features:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
         _set_hyperparameters(final, gp.kernel.base_kernel.lengthscale, gp.kernel.outputscale)
         gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())

@@ -356,25 +356,26 @@ def test_fit_auto_keeps_the_evidence_maximum_when_an_input_is_irrelevant():
     # cross-validation sees it and keeps the unbounded maximum (the bound binds: it runs).
     x, y = _irrelevant_input_data(200)
     report = FitReport()
-    gp = fit_auto(x, y, num_features=256, seed=0, report=report)
+    fit_auto(x, y, num_features=256, seed=0, report=report)
     assert set(report.cv_scores) == {"unbounded", "bounded", "standard_error"}
     assert report.lengthscale_bound is None
     assert report.cv_scores["unbounded"] > report.cv_scores["bounded"]
-    assert float(gp.kernel.base_kernel.lengthscale[0, 1]) > DEFAULT_MAX_LENGTHSCALE * 2
+    assert float(report.lengthscale[1]) > DEFAULT_MAX_LENGTHSCALE * 2
 
 
 def test_fit_auto_applies_the_bound_without_cross_validation_when_asked():
     x, y = _irrelevant_input_data(200)
     x = x * torch.tensor([1.0, 10.0], dtype=DT)  # the bound is in units of each column's spread
     report = FitReport()
-    gp = fit_auto(x, y, num_features=256, seed=0, report=report, cv_folds=0)
+    fit_auto(x, y, num_features=256, seed=0, report=report, cv_folds=0)
     bound = DEFAULT_MAX_LENGTHSCALE * column_scale(x)
     torch.testing.assert_close(report.lengthscale_bound, bound)
     assert report.cv_scores == {} and "select" in report.seconds
-    ls = gp.kernel.base_kernel.lengthscale.detach().reshape(-1)
+    ls = report.lengthscale
     assert bool((ls <= bound).all()) and float(ls[1]) == pytest.approx(float(bound[1]), rel=1e-2)
-    unbounded = fit_auto(x, y, num_features=256, seed=0, max_lengthscale=None)
-    assert float(unbounded.kernel.base_kernel.lengthscale[0, 1]) > float(bound[1])
+    unbounded = FitReport()
+    fit_auto(x, y, num_features=256, seed=0, max_lengthscale=None, report=unbounded)
+    assert float(unbounded.lengthscale[1]) > float(bound[1])
 
 
 def test_fit_auto_skips_the_choice_when_the_bound_does_not_bind_or_rows_are_few():
@@ -392,10 +393,10 @@ def test_fit_auto_skips_the_choice_when_the_bound_does_not_bind_or_rows_are_few(
     # A search on a subsample (N > subsample) keeps the evidence maximum, in both stages.
     x, y = _irrelevant_input_data(200)
     report = FitReport()
-    gp = fit_auto(x, y, num_features=64, seed=0, report=report, subsample=100, cv_folds=0)
+    fit_auto(x, y, num_features=64, seed=0, report=report, subsample=100, cv_folds=0)
     assert report.cv_scores == {} and report.lengthscale_bound is None
     assert "select" not in report.seconds and report.refine_rows == 200
-    assert float(gp.kernel.base_kernel.lengthscale.detach()[0, 1]) > DEFAULT_MAX_LENGTHSCALE
+    assert float(report.lengthscale[1]) > DEFAULT_MAX_LENGTHSCALE
 
 
 def test_fit_auto_checks_the_bound_arguments():

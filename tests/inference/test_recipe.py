@@ -344,8 +344,8 @@ def test_fit_auto_reports_convergence_and_stages():
                   refine_iterations=3, report=report)
     assert report.converged["subsample"] and report.iterations["subsample"] > 3
     assert report.iterations["refine"] <= 3
-    assert set(report.seconds) == {"subsample", "refine", "refit"}
-    assert gp.kernel.base_kernel.num_features == 1024 and gp.num_data == 600
+    assert set(report.seconds) == {"subsample", "refine", "laplace", "refit"}
+    assert gp.feature_map.num_features == 1024 and gp.num_data == 600
 
 
 def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
@@ -355,7 +355,9 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
              refine_iterations=2, report=capped)
     assert capped.subsample == 200 and capped.refine_rows == 400
     searched, refined = FitReport(), FitReport()
-    options = dict(num_features=64, search_features=64, subsample=200, seed=1)
+    # The kernel at the maximum (no Laplace average), whose evidence the search raised.
+    options = dict(num_features=64, search_features=64, subsample=200, seed=1,
+                   lengthscale_draws=0)
     a = fit_auto(x, y, refine_iterations=0, report=searched, **options)
     b = fit_auto(x, y, refine_iterations=5, report=refined, **options)
     assert searched.refine_rows == 0 and refined.refine_rows == 600
@@ -376,7 +378,7 @@ def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
     report = FitReport()
     auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3,
-                    tolerance=1e-5, exact_rows=exact_rows, report=report)
+                    tolerance=1e-5, exact_rows=exact_rows, report=report, lengthscale_draws=0)
     assert report.exact_stages == (["subsample"] if exact_rows else [])
     # The same steps by hand: start, converged search on all rows, fit.
     init = initial_hyperparameters(x, y, generator=gen(3))
@@ -396,7 +398,7 @@ def test_refit_with_more_features_is_the_direct_fit_at_the_searched_hyperparamet
     x, y, _ = rff_gp_data(500, noise=0.05, seed=8)
     xq = torch.randn(20, 2, generator=gen(9), dtype=DT)
     auto = fit_auto(x, y, num_features=1024, search_features=128, subsample=250,
-                    refine_iterations=2, seed=5)
+                    refine_iterations=2, seed=5, lengthscale_draws=0)
     kernel = make_ard_kernel(1024, 2, seed=5)
     kernel.base_kernel.lengthscale = auto.kernel.base_kernel.lengthscale.detach()
     kernel.outputscale = auto.kernel.outputscale.detach()
@@ -412,8 +414,10 @@ def test_fit_auto_recovers_the_generating_hyperparameters():
     # Data from an RFF GP with lengthscales (0.5, 2), outputscale 1 and noise 0.01: the recipe's
     # estimates (search on a subsample, all rows at the end) land near them.
     x, y, _ = rff_gp_data(3000, noise=0.01, seed=10)
-    gp = fit_auto(x, y, num_features=1024, subsample=1500, refine_iterations=0, seed=0)
-    ell = gp.kernel.base_kernel.lengthscale.detach().flatten()
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=1024, subsample=1500, refine_iterations=0, seed=0,
+                  report=report)
+    ell = report.lengthscale
     assert 0.35 < float(ell[0]) < 0.7 and 1.3 < float(ell[1]) < 3.0
     assert float(gp.noise) == pytest.approx(0.01, rel=0.3)
 
@@ -462,7 +466,7 @@ def test_sklearn_default_is_the_recipe():
     m, s = gp.predict(xq, return_std=True)
     np.testing.assert_allclose(mean, m.numpy() * y.std() + y.mean(), rtol=0, atol=1e-9)
     np.testing.assert_allclose(std, s.numpy() * y.std(), rtol=0, atol=1e-9)
-    assert reg.fit_report_.num_features == gp.kernel.base_kernel.num_features
+    assert reg.fit_report_.num_features == gp.feature_map.num_features
     assert reg.n_iter_ > 3
 
 
@@ -528,7 +532,8 @@ def test_exact_search_maximises_the_exact_evidence():
         k = stationary_kernel(x, x, base.lengthscale, base.nu) * gp.kernel.outputscale
         return kernel_negative_log_evidence(k, y.unsqueeze(-1), gp.noise)
 
-    options = dict(num_features=128, search_features=128, seed=0, tolerance=1e-6)
+    options = dict(num_features=128, search_features=128, seed=0, tolerance=1e-6,
+                   lengthscale_draws=0)
     exact = fit_auto(x, y, exact_rows=1000, **options)
     approx = fit_auto(x, y, exact_rows=0, **options)
     with torch.no_grad():
