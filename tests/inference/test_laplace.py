@@ -355,3 +355,15 @@ def test_fit_auto_on_a_single_row_needs_no_draws():
                   num_features=16, report=report)
     mean, std = gp.predict(torch.zeros(2, 2, dtype=DT), return_std=True)
     assert bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())
+
+
+def test_fit_auto_averages_with_several_target_columns():
+    # (N, T) targets share the kernel: one Hessian of the evidence summed over the columns.
+    x, y = data(n=120, d=2, seed=5)
+    ys = torch.stack([y - y.mean(), torch.cos(x[:, 1]) - torch.cos(x[:, 1]).mean()], -1)
+    report = FitReport()
+    gp = fit_auto(x, ys, num_features=64, report=report, max_lengthscale=None,
+                  lengthscale_draws=8)
+    assert report.lengthscale_draws.shape == (8, 2)
+    mean, std = gp.predict(x[:4], return_std=True)
+    assert mean.shape == (4, 2) and bool(torch.isfinite(std).all())
