@@ -19,12 +19,7 @@ from rfgp.inference.recipe import (
 )
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels.fourier import cos_sin_features, stationary_kernel
-
-DT = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+from tests.helpers import DT, gen
 
 
 def data(n: int = 80, d: int = 2, seed: int = 0):

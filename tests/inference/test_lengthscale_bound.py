@@ -27,13 +27,9 @@ from rfgp.inference.recipe import (
     maximize_evidence,
 )
 from rfgp.kernels.fourier import stationary_kernel
+from tests.helpers import DT, gen
 
-DT = torch.float64
 NUS = [None, 0.5, 1.5, 2.5]
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------- exact evidence

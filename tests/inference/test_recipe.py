@@ -20,12 +20,7 @@ from rfgp.inference.recipe import (
     make_ard_kernel,
     maximize_evidence,
 )
-
-DT = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+from tests.helpers import DT, gen
 
 
 def rff_gp_data(n: int, noise: float, seed: int = 0, lengthscale=(0.5, 2.0)):
