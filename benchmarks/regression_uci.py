@@ -12,7 +12,8 @@ Methods, each run as a new user would run it, with fixed step counts:
 * ``rfgp default``: ``rfgp.sklearn.RandomFeatureGPRegressor(random_state=0)``, all defaults
   (the recipe :func:`rfgp.inference.recipe.fit_auto`).
 * ``rfgp evidence maximum``: ``RandomFeatureGPRegressor(random_state=0, max_lengthscale=None)``,
-  the recipe without its bounded alternative: the unbounded evidence maximum on every set.
+  the recipe without its bounded alternative: the unbounded evidence maximum on every set
+  (with the recipe's lengthscale average around it).
 * ``rfgp tuned``: ``fit_auto`` with the best settings found (see ``TUNED``).
 * ``SGPR M``: GPyTorch ``InducingPointKernel`` around ``ScaleKernel(RBFKernel(ARD))``, M
   inducing points drawn from the training inputs (all of them when there are fewer), Adam
@@ -660,7 +661,9 @@ def write_markdown(results, args, path):
         "unless 5-fold cross-validation (hyperparameters refitted on each fold) shows the "
         "unbounded maximum better by more than one standard error; "
         "when N > 2000, 30 more L-BFGS iterations on all rows (at most 20000, a random "
-        "superset of the subsample); then one refit on "
+        "superset of the subsample); the kernel averaged over 32 lengthscale vectors drawn "
+        "from the Laplace approximation of the evidence at the search's end (lengthscales on "
+        "the bound held there), each with D / 32 of the features; then one refit on "
         "all rows with D features, D the largest power of two up to 8192 whose fit costs at "
         "most 8e11 multiply-adds for N rows, and up to 32768 where the fit is in function "
         "space and its N x D feature rows hold at most 8192^2 numbers (32768 on the sets of "
