@@ -179,6 +179,8 @@ def test_draws_are_reproducible_from_the_generator():
     (dict(upper=torch.tensor([1.0, math.inf], dtype=DT)), ValueError, "upper"),
     (dict(precision_floor=0.0), ValueError, "precision_floor"),
     (dict(hessian=torch.full((4, 4), math.nan, dtype=DT)), ValueError, "hessian"),
+    (dict(lengthscale=torch.tensor([1.0, math.inf], dtype=DT)), ValueError, "lengthscale"),
+    (dict(lengthscale=torch.ones(0, dtype=DT)), ValueError, "lengthscale"),
 ])
 def test_draws_reject_bad_arguments(kwargs, error, match):
     args = dict(lengthscale=torch.ones(2, dtype=DT), hessian=torch.eye(4, dtype=DT),
@@ -229,6 +231,11 @@ def test_mixture_kernel_parts_sizes_and_seeds():
     (dict(num_features=0), ValueError),
     (dict(lengthscales=torch.ones(3, dtype=DT)), ValueError),
     (dict(lengthscales=-torch.ones(2, 2, dtype=DT)), ValueError),
+    (dict(lengthscales=torch.full((2, 2), math.nan, dtype=DT)), ValueError),
+    (dict(lengthscales=torch.full((2, 2), math.inf, dtype=DT)), ValueError),
+    (dict(lengthscales=torch.ones(0, 2, dtype=DT)), ValueError),
+    (dict(lengthscales=torch.ones(2, 2, dtype=torch.int64)), TypeError),
+    (dict(outputscale=torch.tensor(math.nan, dtype=DT)), ValueError),
     (dict(outputscale=torch.tensor(-1.0, dtype=DT)), ValueError),
     (dict(spectral="cosine"), ValueError),
     (dict(seed=-1), ValueError),
