@@ -753,7 +753,9 @@ def fit_auto(
     init = initial_hyperparameters(x, y, generator=generator)
     info.initial = init
     bound = None if max_lengthscale is None else max_lengthscale * column_scale(x)
+    # A report passed again describes this fit only: nothing of an earlier fit stays in it.
     info.lengthscale_bound, info.cv_scores, info.exact_stages = None, {}, []
+    info.seconds, info.iterations, info.converged, info.losses = {}, {}, {}, {}
 
     def fresh_gp(start: Dict[str, Tensor]) -> RandomFeatureGP:
         kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype)

@@ -369,3 +369,14 @@ def test_fit_auto_averages_with_several_target_columns():
     assert report.lengthscale_draws.shape == (8, 2)
     mean, std = gp.predict(x[:4], return_std=True)
     assert mean.shape == (4, 2) and bool(torch.isfinite(std).all())
+
+
+def test_a_report_passed_again_describes_the_new_fit_only():
+    x, y = data(n=60)
+    report = FitReport()
+    fit_auto(x, y - y.mean(), num_features=32, report=report, max_lengthscale=None)
+    assert "laplace" in report.seconds and report.lengthscale_draws is not None
+    fit_auto(x, y - y.mean(), num_features=32, report=report, max_lengthscale=None,
+             lengthscale_draws=0)
+    assert "laplace" not in report.seconds and report.lengthscale_draws is None
+    assert set(report.seconds) == {"subsample", "refit"}
