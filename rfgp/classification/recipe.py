@@ -98,7 +98,9 @@ class ClassifierFitReport(FitReport):
     """What :func:`fit_classifier_auto` did: the fields of
     :class:`~rfgp.inference.recipe.FitReport`, where ``initial`` holds the starting
     ``lengthscale`` and ``outputscale`` (the Dirichlet transform fixes the noise), ``losses`` are
-    per datum and class, and ``exact_stages`` is empty (the search always uses the features).
+    per datum and class, ``exact_stages`` is empty (the search always uses the features),
+    ``lengthscale`` is the search's end and ``lengthscale_draws`` is ``None`` (the classifier's
+    kernel is the one at that end, without a lengthscale average).
 
     Example:
         >>> x = torch.randn(120, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -276,6 +278,10 @@ def fit_classifier_auto(
     search_features = min(search_features, num_features)
     info = report if report is not None else ClassifierFitReport()
     info.num_features, info.search_features = num_features, search_features
+    # A report passed again describes this fit only: nothing of an earlier fit stays in it.
+    info.seconds, info.iterations, info.converged, info.losses = {}, {}, {}, {}
+    info.lengthscale_bound, info.cv_scores, info.exact_stages = None, {}, []
+    info.lengthscale_draws = None
 
     # The targets and offsets of the final fit (centred over all rows), as (N, C).
     likelihood = DirichletLikelihood(c, alpha_epsilon, centre=True)
@@ -298,6 +304,7 @@ def fit_classifier_auto(
         return dirichlet_evidence_search(kernel, xs, ys, ss, iterations, tolerance)
 
     run_search_stages(stages, search, info, "fit_classifier_auto", n)
+    info.lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1).clone()
 
     started = time.perf_counter()
     final = kernel

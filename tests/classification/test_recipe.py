@@ -250,3 +250,16 @@ def test_recipe_finds_the_irrelevant_inputs():
     clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
     lengthscale = clf.kernel.base_kernel.lengthscale.detach().reshape(-1)
     assert float(lengthscale[2:].min()) > 5 * float(lengthscale[:2].max())
+
+
+def test_a_classifier_report_passed_again_describes_the_new_fit_only():
+    x, labels = blobs(300, THREE_CENTRES, 0.6, seed=5)
+    report = ClassifierFitReport()
+    clf = fit_classifier_auto(x, labels, num_features=64, subsample=200, refine_iterations=2,
+                              seed=0, report=report)
+    assert "refine" in report.seconds and report.lengthscale_draws is None
+    torch.testing.assert_close(report.lengthscale,
+                               clf.kernel.base_kernel.lengthscale.detach().reshape(-1))
+    fit_classifier_auto(x, labels, num_features=64, seed=0, report=report)  # no refinement
+    assert set(report.seconds) == {"subsample", "refit"}
+    assert set(report.iterations) == {"subsample"}
