@@ -33,11 +33,12 @@ from torch import Tensor
 
 from rfgp.inference.linalg import robust_cholesky, try_cholesky
 from rfgp.inference.noise import equal_noise_columns
-from rfgp.kernels.fourier import cos_sin_features
+from rfgp.kernels.fourier import FourierFeatureKernel, cos_sin_features
 
 __all__ = [
     "check_representable",
     "evidence_total",
+    "fourier_kernel_negative_log_evidence",
     "fourier_negative_log_evidence",
     "kernel_negative_log_evidence",
     "log_evidence_from_features",
@@ -341,7 +342,7 @@ def fourier_negative_log_evidence(
             projections that make the weight-space matrix unfactorisable (NaN or infinite).
 
     Example:
-        >>> from rfgp.kernels.fourier import cos_sin_features
+        >>> from rfgp.kernels.fourier import FourierFeatureKernel, cos_sin_features
         >>> g = torch.Generator().manual_seed(0)
         >>> proj = torch.randn(40, 5, dtype=torch.float64, generator=g)
         >>> y = torch.randn(40, 1, dtype=torch.float64, generator=g)
@@ -576,3 +577,71 @@ def stationary_negative_log_evidence(
             f"{outputscale.dtype} and {noise.dtype}"
         )
     return _StationaryEvidence.apply(x, y, lengthscale, outputscale, noise, nu)
+
+
+def fourier_kernel_negative_log_evidence(
+    kernel: FourierFeatureKernel,
+    x: Tensor,
+    y: Tensor,
+    lengthscale: Tensor,
+    outputscale: Tensor,
+    noise: Tensor,
+    exact: bool = False,
+) -> Tensor:
+    r"""``-log p(y)`` for :math:`y_t \sim N(0, s\,K + \sigma^2 I)`, ``K`` the kernel of a
+    :class:`~rfgp.kernels.FourierFeatureKernel` at the lengthscales ``lengthscale``: its exact
+    kernel (``exact=True``, :func:`stationary_negative_log_evidence`) or its random features
+    :math:`\Phi = M^{-1/2} [\cos P, \sin P]`, :math:`P = \omega^\top x / \ell` with the kernel's
+    own frequencies (:func:`fourier_negative_log_evidence` in weight space, ``N >= D``;
+    :func:`negative_log_evidence` of :math:`\sqrt s\,\Phi` in function space). The gradient is
+    in closed form in every case, and the hyperparameters are explicit tensors, so a caller
+    can differentiate in whatever parametrisation it needs.
+
+    Args:
+        kernel: the kernel: its spectral density and, without ``exact``, its frequencies. A
+            subclass that redefines the features is rejected: its evidence is not that of
+            these projections.
+        x: ``(N, d)`` inputs as the kernel sees them (:meth:`prepare_input`'s result: its
+            ``active_dims`` applied, weights drawn).
+        y: ``(N, T)`` targets.
+        lengthscale: ``(d,)`` positive lengthscales.
+        outputscale: 0-d :math:`s > 0`.
+        noise: 0-d :math:`\sigma^2 > 0`.
+        exact: the exact kernel's evidence instead of the features'.
+
+    Returns:
+        A 0-d tensor, differentiable in ``lengthscale``, ``outputscale`` and ``noise``.
+
+    Raises:
+        TypeError: for a subclass with features of its own (without ``exact``), and as the
+            evidences it calls.
+        ValueError, NotPSDError: as the evidences it calls.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> k = FourierFeatureKernel(16, input_dim=2, seed=0)
+        >>> x = k.prepare_input(torch.randn(30, 2, dtype=torch.float64, generator=g))
+        >>> y = torch.randn(30, 1, dtype=torch.float64, generator=g)
+        >>> ell = k.lengthscale.detach().reshape(-1).double()   # the kernel's own lengthscale
+        >>> one = torch.ones((), dtype=torch.float64)
+        >>> z = k.features(x)
+        >>> bool(torch.isclose(fourier_kernel_negative_log_evidence(k, x, y, ell, one, 0.1 * one),
+        ...                    negative_log_evidence(z, y, 0.1 * one)))
+        True
+    """
+    if exact:
+        return stationary_negative_log_evidence(x, y, lengthscale, outputscale, noise, kernel.nu)
+    if type(kernel)._features is not FourierFeatureKernel._features:
+        raise TypeError(
+            f"fourier_kernel_negative_log_evidence: {type(kernel).__name__} redefines the "
+            "features, so its evidence is not that of the Fourier projections; use "
+            "negative_log_evidence of its features"
+        )
+    proj = kernel.projections(x / lengthscale.to(x.dtype))
+    if x.shape[0] >= kernel.num_features:
+        # The features built inside, their closed-form gradient skipping their autograd
+        # graph (21% of an evaluation at N = 8611, D = 512; 33% at N = 20000).
+        return fourier_negative_log_evidence(proj, y, outputscale, noise)
+    z = cos_sin_features(proj, 1.0 / math.sqrt(kernel.num_frequencies)) * outputscale.sqrt()
+    return negative_log_evidence(z, y, noise)

@@ -40,12 +40,8 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive, check_rows, check_tensor
-from rfgp.inference.evidence import (
-    fourier_negative_log_evidence,
-    negative_log_evidence,
-    stationary_negative_log_evidence,
-)
-from rfgp.kernels.fourier import FourierFeatureKernel, cos_sin_features
+from rfgp.inference.evidence import fourier_kernel_negative_log_evidence
+from rfgp.kernels.fourier import FourierFeatureKernel
 
 __all__ = ["evidence_hessian", "lengthscale_draws"]
 
@@ -58,16 +54,8 @@ def _gradient(theta: Tensor, x: Tensor, y: Tensor, exact: bool,
               kernel: FourierFeatureKernel) -> Tensor:
     d = x.shape[1]
     t = theta.detach().clone().requires_grad_(True)
-    lengthscale, outputscale, noise = t[:d].exp(), t[d].exp(), t[d + 1].exp()
-    if exact:
-        value = stationary_negative_log_evidence(x, y, lengthscale, outputscale, noise, kernel.nu)
-    else:
-        proj = kernel.projections(x / lengthscale)
-        if x.shape[0] >= 2 * proj.shape[1]:
-            value = fourier_negative_log_evidence(proj, y, outputscale, noise)
-        else:
-            z = cos_sin_features(proj, 1.0) * (outputscale / proj.shape[1]).sqrt()
-            value = negative_log_evidence(z, y, noise)
+    value = fourier_kernel_negative_log_evidence(kernel, x, y, t[:d].exp(), t[d].exp(),
+                                                 t[d + 1].exp(), exact)
     (grad,) = torch.autograd.grad(value, t)
     return grad / y.numel()
 
@@ -84,7 +72,9 @@ def evidence_hessian(
 ) -> Tensor:
     r"""The Hessian of :math:`-\log p(y \mid \theta) / (N T)` in
     :math:`\theta = (\log \ell, \log s, \log \sigma^2)`, by forward differences of the
-    closed-form gradient (:math:`d + 3` gradient evaluations).
+    closed-form gradient of
+    :func:`~rfgp.inference.evidence.fourier_kernel_negative_log_evidence`
+    (:math:`d + 3` gradient evaluations).
 
     .. math::
         H_{:k} = \frac{g(\theta + h e_k) - g(\theta)}{h},
@@ -96,7 +86,7 @@ def evidence_hessian(
     Args:
         kernel: the :class:`~rfgp.kernels.FourierFeatureKernel` whose evidence is meant: its
             spectral density (RBF or Matérn) and, with ``exact=False``, its frequencies.
-        x: ``(N, d)`` inputs.
+        x: ``(N, d)`` inputs (the kernel's ``active_dims`` are applied).
         y: ``(N,)`` or ``(N, T)`` targets.
         lengthscale: ``(d,)`` positive lengthscales.
         outputscale: 0-d positive outputscale :math:`s`.
@@ -111,7 +101,9 @@ def evidence_hessian(
     Raises:
         ValueError: for inputs :func:`~rfgp._validation.check_rows` rejects, a lengthscale
             that is not ``(d,)`` positive and finite, or a non-positive outputscale or noise.
-        TypeError: for a kernel that is not a ``FourierFeatureKernel``.
+        TypeError: for a kernel that is not a ``FourierFeatureKernel``, or (without
+            ``exact``) a subclass that redefines its features
+            (:func:`~rfgp.inference.evidence.fourier_kernel_negative_log_evidence`).
 
     Example:
         >>> from rfgp.kernels import FourierFeatureKernel
@@ -127,6 +119,7 @@ def evidence_hessian(
     if not isinstance(kernel, FourierFeatureKernel):
         raise TypeError(f"kernel must be a FourierFeatureKernel, got {type(kernel).__name__}")
     x, y = check_rows(x, y)
+    x = kernel.prepare_input(x)  # active_dims, the weights: as the kernel sees its inputs
     d = x.shape[1]
     lengthscale = check_tensor("lengthscale", lengthscale).detach().to(x).reshape(-1)
     if lengthscale.numel() != d or not bool((lengthscale > 0).all()):
@@ -139,8 +132,6 @@ def evidence_hessian(
         values.append(value)
     step = check_positive("step", step)
     y = y.unsqueeze(-1) if y.dim() == 1 else y
-    if not exact:
-        kernel.ensure_weights(x)
     theta = torch.cat([lengthscale.log(), values[0].log(), values[1].log()])
     hessian = torch.empty(d + 2, d + 2, dtype=x.dtype, device=x.device)
     centre = _gradient(theta, x, y, exact, kernel)

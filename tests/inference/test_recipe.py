@@ -255,7 +255,7 @@ def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_
     # With the fused evidence replaced by the features' own autograd graph (the kernel's
     # features times sqrt(outputscale) into negative_log_evidence), the search must end at the
     # same optimum: the recipe hands the fused form the right projections and scales.
-    import rfgp.inference.recipe as recipe
+    import rfgp.inference.evidence as evidence
 
     x, y, _ = rff_gp_data(400, 0.05, seed=14)
     results = []
@@ -268,7 +268,7 @@ def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_
                 assert proj.shape == (400, 32)
                 return negative_log_evidence(k.base_kernel.features(x) * a.sqrt(), y_, s)
 
-            monkeypatch.setattr(recipe, "fourier_negative_log_evidence", autograd_form)
+            monkeypatch.setattr(evidence, "fourier_negative_log_evidence", autograd_form)
         maximize_evidence(gp, x, y, 200, 1e-7)
         results.append(torch.cat([k.base_kernel.lengthscale.detach().reshape(-1),
                                   k.outputscale.detach().reshape(1),
@@ -607,3 +607,57 @@ def test_minimize_lbfgs_backs_off_from_infeasible_points():
     losses, _, _ = minimize_lbfgs([w], loss, 20, 1e-8, feasible=lambda: bool((w > 0).all()))
     assert float(w.detach()) > 0 and all(v > 0 for v in seen)
     assert min(losses) == pytest.approx(float(((w.detach() + 1.0) ** 2).sum()))
+
+
+@pytest.mark.parametrize("rows", [80, 20], ids=["weight-space", "function-space"])
+@pytest.mark.parametrize("spectral", ["rbf", "matern32"])
+def test_fourier_kernel_evidence_is_the_features_or_the_exact_kernels(rows, spectral):
+    # At explicit hyperparameters: the features' evidence equals negative_log_evidence of the
+    # kernel's own features scaled by sqrt(s) (set as its parameters), in both spaces, value
+    # and gradient; the exact form equals the dense Gaussian of the exact kernel.
+    from rfgp.inference.evidence import (
+        fourier_kernel_negative_log_evidence,
+        kernel_negative_log_evidence,
+    )
+    from rfgp.kernels.fourier import stationary_kernel
+
+    g = gen(31)
+    x = torch.randn(rows, 2, generator=g, dtype=DT)
+    y = torch.randn(rows, 2, generator=g, dtype=DT)
+    k = make_ard_kernel(32, 2, spectral, seed=2)
+    base = k.base_kernel
+    ell = torch.tensor([0.7, 1.6], dtype=DT, requires_grad=True)
+    s = torch.tensor(1.3, dtype=DT, requires_grad=True)
+    noise = torch.tensor(0.2, dtype=DT)
+    value = fourier_kernel_negative_log_evidence(base, base.prepare_input(x), y, ell, s, noise)
+    grads = torch.autograd.grad(value, [ell, s])
+    base.lengthscale = ell.detach().reshape(1, -1)
+    ell_p = base.raw_lengthscale
+    reference = negative_log_evidence(base.features(x) * s.sqrt(), y, noise)
+    ref_grads = torch.autograd.grad(reference, [ell_p, s])
+    torch.testing.assert_close(value, reference, rtol=1e-12, atol=0)
+    # The raw parameter's gradient is the lengthscale's times d l / d raw = sigmoid(raw).
+    torch.testing.assert_close(grads[0] * torch.sigmoid(ell_p.detach()).reshape(-1),
+                               ref_grads[0].reshape(-1), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grads[1], ref_grads[1], rtol=1e-9, atol=1e-12)
+    exact = fourier_kernel_negative_log_evidence(base, x, y, ell.detach(), s.detach(), noise,
+                                                 exact=True)
+    dense = stationary_kernel(x, x, ell.detach(), base.nu) * s.detach()
+    torch.testing.assert_close(exact, kernel_negative_log_evidence(dense, y, noise),
+                               rtol=1e-10, atol=0)
+
+
+def test_fourier_kernel_evidence_rejects_a_subclass_with_its_own_features():
+    from rfgp.inference.evidence import fourier_kernel_negative_log_evidence
+    from rfgp.kernels import FourierFeatureKernel
+
+    class Doubled(FourierFeatureKernel):
+        def _features(self, x):
+            return 2.0 * super()._features(x)
+
+    k = Doubled(16, input_dim=2, seed=0)
+    x = k.prepare_input(torch.randn(40, 2, dtype=DT))
+    one = torch.ones((), dtype=DT)
+    with pytest.raises(TypeError, match="redefines the features"):
+        fourier_kernel_negative_log_evidence(k, x, torch.zeros(40, 1, dtype=DT),
+                                             torch.ones(2, dtype=DT), one, one)
