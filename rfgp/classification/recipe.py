@@ -277,11 +277,8 @@ def fit_classifier_auto(
     num_features = check_int("num_features", num_features, minimum=2)
     search_features = min(search_features, num_features)
     info = report if report is not None else ClassifierFitReport()
+    info.clear()  # a report passed again describes this fit only
     info.num_features, info.search_features = num_features, search_features
-    # A report passed again describes this fit only: nothing of an earlier fit stays in it.
-    info.seconds, info.iterations, info.converged, info.losses = {}, {}, {}, {}
-    info.lengthscale_bound, info.cv_scores, info.exact_stages = None, {}, []
-    info.lengthscale_draws = None
 
     # The targets and offsets of the final fit (centred over all rows), as (N, C).
     likelihood = DirichletLikelihood(c, alpha_epsilon, centre=True)

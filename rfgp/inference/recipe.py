@@ -79,7 +79,7 @@ import math
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -193,6 +193,21 @@ class FitReport:
     cv_scores: Dict[str, float] = field(default_factory=dict)
     lengthscale: Optional[Tensor] = None
     lengthscale_draws: Optional[Tensor] = None
+
+    def clear(self) -> None:
+        """Every field back to its default: a report passed to a new fit keeps nothing of an
+        earlier one.
+
+        Example:
+            >>> report = FitReport(num_features=64, seconds={"refit": 0.1})
+            >>> report.clear()
+            >>> report.num_features, report.seconds
+            (0, {})
+        """
+        for item in fields(self):
+            default = (item.default_factory() if item.default_factory is not MISSING
+                       else item.default)
+            setattr(self, item.name, default)
 
 
 def initial_hyperparameters(
@@ -741,13 +756,11 @@ def fit_auto(
     search_features = min(search_features, num_features)
     generator = torch.Generator().manual_seed(seed)
     info = report if report is not None else FitReport()
+    info.clear()  # a report passed again describes this fit only
     info.num_features, info.search_features = num_features, search_features
     init = initial_hyperparameters(x, y, generator=generator)
     info.initial = init
     bound = None if max_lengthscale is None else max_lengthscale * column_scale(x)
-    # A report passed again describes this fit only: nothing of an earlier fit stays in it.
-    info.lengthscale_bound, info.cv_scores, info.exact_stages = None, {}, []
-    info.seconds, info.iterations, info.converged, info.losses = {}, {}, {}, {}
 
     def fresh_gp(start: Dict[str, Tensor]) -> RandomFeatureGP:
         kernel = make_ard_kernel(search_features, d, spectral, seed=seed, dtype=x.dtype)
@@ -804,7 +817,6 @@ def fit_auto(
 
     run_search_stages(stages, search, info, "fit_auto", n)
     info.lengthscale = gp.kernel.base_kernel.lengthscale.detach().reshape(-1).clone()
-    info.lengthscale_draws = None
     started = time.perf_counter()
     draws = None
     if lengthscale_draws:
