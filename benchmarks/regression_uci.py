@@ -151,7 +151,10 @@ def _rbf_ard(d):
     return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
 
 
-def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0):
+def sgpr_model(xtr, ytr, num_inducing, seed=0):
+    """GPyTorch SGPR (``InducingPointKernel`` around :func:`_rbf_ard`, constant mean) in
+    float64, its ``num_inducing`` inducing points drawn from the training inputs without
+    replacement: ``(model, likelihood)``."""
     import gpytorch
 
     g = torch.Generator().manual_seed(seed)
@@ -171,12 +174,19 @@ def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0):
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     model = SGPR(xtr, ytr, likelihood).double()
     likelihood.double()
-    _train_exact(model, likelihood, xtr, ytr, steps)
+    return model, likelihood
+
+
+def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0):
+    model, likelihood = sgpr_model(xtr, ytr, num_inducing, seed)
+    exact_trainer(model, likelihood, xtr, ytr)(steps)
     mean, var = _gpytorch_predict(model, likelihood, xte)
-    return mean, var, {"M": z.shape[0]}
+    return mean, var, {"M": model.covar_module.inducing_points.shape[0]}
 
 
-def exact_gp(xtr, ytr, xte, steps):
+def exact_model(xtr, ytr):
+    """GPyTorch ``ExactGP`` with :func:`_rbf_ard` and a constant mean, float64:
+    ``(model, likelihood)``."""
     import gpytorch
 
     class Exact(gpytorch.models.ExactGP):
@@ -191,26 +201,40 @@ def exact_gp(xtr, ytr, xte, steps):
 
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     model = Exact(xtr, ytr, likelihood).double()
-    _train_exact(model, likelihood, xtr, ytr, steps)
+    return model, likelihood
+
+
+def exact_gp(xtr, ytr, xte, steps):
+    model, likelihood = exact_model(xtr, ytr)
+    exact_trainer(model, likelihood, xtr, ytr)(steps)
     mean, var = _gpytorch_predict(model, likelihood, xte)
     return mean, var, {}
 
 
-def _train_exact(model, likelihood, xtr, ytr, steps):
+def exact_trainer(model, likelihood, xtr, ytr, lr=0.1):
+    """``run(steps)``: ``steps`` more Adam steps (learning rate ``lr``, one optimiser kept
+    across calls) on the exact marginal likelihood of an ``ExactGP`` (SGPR included)."""
     import gpytorch
 
-    model.train()
-    likelihood.train()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = -mll(model(xtr), ytr)
-        loss.backward()
-        opt.step()
+
+    def run(steps):
+        model.train()
+        likelihood.train()
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = -mll(model(xtr), ytr)
+            loss.backward()
+            opt.step()
+
+    return run
 
 
-def svgp(xtr, ytr, xte, steps, num_inducing=500, batch=1024, seed=0):
+def svgp_model(xtr, num_inducing=500, seed=0):
+    """GPyTorch SVGP (``VariationalStrategy``, Cholesky variational distribution, learned
+    inducing points drawn from the training inputs, :func:`_rbf_ard`, constant mean) in float64:
+    ``(model, likelihood, generator)``, the generator to draw the minibatches with."""
     import gpytorch
 
     g = torch.Generator().manual_seed(seed)
@@ -231,24 +255,41 @@ def svgp(xtr, ytr, xte, steps, num_inducing=500, batch=1024, seed=0):
 
     model = SVGP().double()
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    model.train()
-    likelihood.train()
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
+    return model, likelihood, g
+
+
+def svgp_trainer(model, likelihood, xtr, ytr, generator, batch=1024, lr=0.01):
+    """``run(steps)``: ``steps`` more Adam steps (one optimiser kept across calls) on the
+    variational ELBO, each on the next ``batch`` rows of a random order of the training rows
+    (a new order when too few rows are left)."""
+    import gpytorch
+
+    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
     n = xtr.shape[0]
-    perm = torch.randperm(n, generator=g)
-    pos = 0
-    for _ in range(steps):
-        if pos + batch > n:
-            perm, pos = torch.randperm(n, generator=g), 0
-        idx = perm[pos:pos + batch]
-        pos += batch
-        opt.zero_grad()
-        loss = -mll(model(xtr[idx]), ytr[idx])
-        loss.backward()
-        opt.step()
+    order = {"perm": torch.randperm(n, generator=generator), "pos": 0}
+
+    def run(steps):
+        model.train()
+        likelihood.train()
+        for _ in range(steps):
+            if order["pos"] + batch > n:
+                order["perm"], order["pos"] = torch.randperm(n, generator=generator), 0
+            idx = order["perm"][order["pos"]:order["pos"] + batch]
+            order["pos"] += batch
+            opt.zero_grad()
+            loss = -mll(model(xtr[idx]), ytr[idx])
+            loss.backward()
+            opt.step()
+
+    return run
+
+
+def svgp(xtr, ytr, xte, steps, num_inducing=500, batch=1024, seed=0):
+    model, likelihood, g = svgp_model(xtr, num_inducing, seed)
+    svgp_trainer(model, likelihood, xtr, ytr, g, batch)(steps)
     mean, var = _gpytorch_predict(model, likelihood, xte)
-    return mean, var, {"M": z.shape[0]}
+    return mean, var, {"M": model.variational_strategy.inducing_points.shape[0]}
 
 
 def rff_ridge(xtr, ytr, xte):
