@@ -339,7 +339,7 @@ def test_fit_auto_reports_convergence_and_stages():
                   refine_iterations=3, report=report)
     assert report.converged["subsample"] and report.iterations["subsample"] > 3
     assert report.iterations["refine"] <= 3
-    assert set(report.seconds) == {"subsample", "refine", "laplace", "refit"}
+    assert set(report.seconds) == {"subsample", "refine", "local", "laplace", "refit"}
     assert gp.feature_map.num_features == 1024 and gp.num_data == 600
 
 
@@ -352,7 +352,7 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
     searched, refined = FitReport(), FitReport()
     # The kernel at the maximum (no Laplace average), whose evidence the search raised.
     options = dict(num_features=64, search_features=64, subsample=200, seed=1,
-                   lengthscale_draws=0)
+                   lengthscale_draws=0, local=False)
     a = fit_auto(x, y, refine_iterations=0, report=searched, **options)
     b = fit_auto(x, y, refine_iterations=5, report=refined, **options)
     assert searched.refine_rows == 0 and refined.refine_rows == 600

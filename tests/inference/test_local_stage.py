@@ -1,0 +1,242 @@
+"""The recipe's local stage: k-d blocks, the block evidence and the multi-start search on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.recipe import (
+    LOCAL_SHORT_START,
+    FitReport,
+    _laplace_lengthscales,
+    fit_auto,
+    kd_blocks,
+    make_ard_kernel,
+    maximize_evidence,
+)
+from rfgp.kernels.fourier import stationary_kernel
+from tests.helpers import DT, gen
+
+
+def _data(n, d=2, seed=0, noise=0.05):
+    g = gen(seed)
+    x = torch.randn(n, d, generator=g, dtype=DT)
+    y = torch.sin(2 * x[:, 0]) + 0.3 * x[:, -1] + math.sqrt(noise) * torch.randn(
+        n, generator=g, dtype=DT)
+    return x, y - y.mean()
+
+
+def _gp(d, lengthscale, outputscale=1.0, noise=0.1):
+    kernel = make_ard_kernel(64, d, seed=0)
+    kernel.base_kernel.lengthscale = torch.as_tensor(lengthscale, dtype=DT).reshape(1, -1)
+    kernel.outputscale = torch.tensor(outputscale, dtype=DT)
+    return RandomFeatureGP(kernel, noise=torch.tensor(noise, dtype=DT))
+
+
+def _block_loss(x, y, blocks, lengthscale, outputscale, noise):
+    """sum_b -log N(y_b; 0, s K_b + noise I) / N from dense Gaussians."""
+    total = 0.0
+    for rows in blocks:
+        k = stationary_kernel(x[rows], x[rows], lengthscale.reshape(1, -1), None) * outputscale
+        cov = k + noise * torch.eye(rows.numel(), dtype=DT)
+        dist = torch.distributions.MultivariateNormal(torch.zeros(rows.numel(), dtype=DT), cov)
+        total -= float(dist.log_prob(y[rows]))
+    return total / y.numel()
+
+
+# ----------------------------------------------------------------------------- kd_blocks
+@pytest.mark.parametrize("n,max_rows", [(1, 1), (10, 3), (257, 64), (1000, 1000), (1001, 1000)])
+def test_kd_blocks_partition_the_rows_into_balanced_blocks(n, max_rows):
+    x = torch.randn(n, 3, generator=gen(n), dtype=DT)
+    blocks = kd_blocks(x, max_rows)
+    rows = torch.cat(blocks).sort().values
+    assert torch.equal(rows, torch.arange(n))
+    # Halving until every block fits: the fewest levels k with ceil(n / 2^k) <= max_rows.
+    levels = next(k for k in range(64) if math.ceil(n / 2**k) <= max_rows)
+    assert len(blocks) == 2**levels
+    sizes = {b.numel() for b in blocks}
+    assert sizes <= {n // 2**levels, math.ceil(n / 2**levels)}
+    assert all(b.dtype == torch.int64 for b in blocks)
+
+
+def test_kd_blocks_are_cells_of_input_space():
+    # One input: the blocks are contiguous ranges of its sorted values.
+    x = torch.randn(500, 1, generator=gen(1), dtype=DT)
+    blocks = sorted(kd_blocks(x, 60), key=lambda b: float(x[b].min()))
+    for a, b in zip(blocks, blocks[1:]):
+        assert float(x[a].max()) <= float(x[b].min())
+    # Two inputs, one with 100 times the spread: the first cut is along the wide one.
+    x2 = torch.randn(400, 2, generator=gen(2), dtype=DT) * torch.tensor([1.0, 100.0], dtype=DT)
+    left, right = sorted(kd_blocks(x2, 200), key=lambda b: float(x2[b, 1].min()))
+    assert float(x2[left, 1].max()) <= float(x2[right, 1].min())
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (torch.zeros(0, 2, dtype=DT), ValueError, "x"),
+    (torch.zeros(4, dtype=DT), ValueError, "x"),
+    (torch.tensor([[0.0], [math.nan]], dtype=DT), ValueError, "finite"),
+    (torch.tensor([[0.0], [math.inf]], dtype=DT), ValueError, "finite"),
+    (torch.zeros(4, 2, dtype=torch.int64), TypeError, "x"),
+])
+def test_kd_blocks_rejects_bad_inputs(bad, error, match):
+    with pytest.raises(error, match=match):
+        kd_blocks(bad, 2)
+
+
+@pytest.mark.parametrize("max_rows", [0, -1, 2.5, True])
+def test_kd_blocks_rejects_bad_block_sizes(max_rows):
+    with pytest.raises((TypeError, ValueError), match="max_rows"):
+        kd_blocks(torch.zeros(4, 1, dtype=DT), max_rows)
+
+
+# ----------------------------------------------------------------------------- block evidence
+def test_block_evidence_is_the_sum_of_the_blocks_gaussian_densities():
+    x, y = _data(120, seed=3)
+    blocks = kd_blocks(x, 40)
+    ell = torch.tensor([0.7, 1.3], dtype=DT)
+    gp = _gp(2, ell, outputscale=0.8, noise=0.2)
+    losses, _, _ = maximize_evidence(gp, x, y, max_iterations=1, tolerance=1e-12, exact=True,
+                                     blocks=blocks)
+    # The first evaluation is at the start: the block-diagonal Gaussian's density.
+    expected = _block_loss(x, y, blocks, ell, 0.8, 0.2)
+    assert losses[0] == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+def test_one_block_is_the_exact_search():
+    x, y = _data(150, seed=4)
+    a, b = _gp(2, [1.0, 1.0]), _gp(2, [1.0, 1.0])
+    la = maximize_evidence(a, x, y, 50, 1e-6, exact=True)[0]
+    lb = maximize_evidence(b, x, y, 50, 1e-6, exact=True, blocks=[torch.arange(150)])[0]
+    assert la == pytest.approx(lb, rel=1e-12)
+    torch.testing.assert_close(a.kernel.base_kernel.lengthscale,
+                               b.kernel.base_kernel.lengthscale, rtol=1e-10, atol=0)
+
+
+def test_block_search_reaches_a_stationary_point_of_the_block_evidence():
+    x, y = _data(200, seed=5)
+    blocks = kd_blocks(x, 50)
+    gp = _gp(2, [1.0, 1.0])
+    maximize_evidence(gp, x, y, 200, 1e-7, exact=True, blocks=blocks)
+    theta = torch.cat([gp.kernel.base_kernel.lengthscale.detach().reshape(-1).log(),
+                       gp.kernel.outputscale.detach().log().reshape(1),
+                       gp.noise.detach().log().reshape(1)]).requires_grad_(True)
+    total = 0
+    for rows in blocks:
+        k = stationary_kernel(x[rows], x[rows], theta[:2].exp().reshape(1, -1), None)
+        cov = theta[2].exp() * k + theta[3].exp() * torch.eye(rows.numel(), dtype=DT)
+        total = total - torch.distributions.MultivariateNormal(
+            torch.zeros(rows.numel(), dtype=DT), cov).log_prob(y[rows])
+    (grad,) = torch.autograd.grad(total / y.numel(), theta)
+    # The noise floor (1e-6 of the mean square) shifts the noise's gradient by at most that.
+    assert float(grad.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("blocks,error,match", [
+    ([torch.arange(50), torch.arange(50, 99)], ValueError, "partition"),
+    ([torch.arange(60), torch.arange(50, 100)], ValueError, "partition"),
+    ([torch.arange(100.0)], TypeError, "int64"),
+    ([torch.arange(100, dtype=torch.int32)], TypeError, "int64"),
+    ([], ValueError, "non-empty"),
+    (torch.arange(100), ValueError, "list"),
+    ([torch.arange(100), torch.zeros(0, dtype=torch.int64)], ValueError, "blocks"),
+])
+def test_block_search_rejects_bad_blocks(blocks, error, match):
+    x, y = _data(100, seed=6)
+    with pytest.raises(error, match=match):
+        maximize_evidence(_gp(2, [1.0, 1.0]), x, y, 5, 1e-6, exact=True, blocks=blocks)
+
+
+def test_block_search_needs_the_exact_evidence():
+    x, y = _data(100, seed=6)
+    with pytest.raises(ValueError, match="exact=True"):
+        maximize_evidence(_gp(2, [1.0, 1.0]), x, y, 5, 1e-6, blocks=[torch.arange(100)])
+
+
+# ----------------------------------------------------------------------------- the stage
+def test_local_stage_keeps_the_best_of_its_starts():
+    x, y = _data(700, d=3, seed=7)
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=256, search_features=64, subsample=300,
+                  refine_iterations=5, exact_rows=200, lengthscale_draws=0, report=report)
+    blocks = kd_blocks(x, 200)
+    assert report.local_blocks == len(blocks) == 4
+    assert len(report.local_losses) == 3 + 1 and "local" in report.seconds
+    assert "local" in report.exact_stages and report.iterations["local"] >= 4
+    # The model kept has the lowest of the starts' block losses, at its hyperparameters.
+    base = gp.kernel.base_kernel
+    loss = _block_loss(x, y, blocks, base.lengthscale.detach().reshape(-1),
+                       float(gp.kernel.outputscale), float(gp.noise))
+    assert loss == pytest.approx(min(report.local_losses), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(report.lengthscale, base.lengthscale.detach().reshape(-1),
+                               rtol=1e-12, atol=0)
+    # and no worse than the refinement's end, the first start.
+    assert min(report.local_losses) <= report.local_losses[0]
+
+
+def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
+    import rfgp.inference.recipe as recipe
+
+    seen = []
+    original = recipe.maximize_evidence
+
+    def spy(gp, x, y, *args, **kwargs):
+        if kwargs.get("blocks") is not None:
+            seen.append(gp.kernel.base_kernel.lengthscale.detach().reshape(-1).clone())
+        return original(gp, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(recipe, "maximize_evidence", spy)
+    x, y = _data(500, d=2, seed=8)
+    report = FitReport()
+    fit_auto(x, y, num_features=128, search_features=64, subsample=200, refine_iterations=2,
+             exact_rows=250, lengthscale_draws=0, report=report)
+    assert len(seen) == 3
+    first = seen[0]
+    for j, start in enumerate(seen[1:]):
+        expected = first.clone()
+        expected[j] = expected[j] * LOCAL_SHORT_START
+        torch.testing.assert_close(start, expected, rtol=1e-12, atol=0)
+    # The first start is where the recipe without the stage ends: the stage comes after the
+    # refinement and changes nothing before it.
+    off = FitReport()
+    fit_auto(x, y, num_features=128, search_features=64, subsample=200, refine_iterations=2,
+             exact_rows=250, lengthscale_draws=0, report=off, local=False)
+    torch.testing.assert_close(off.lengthscale, first, rtol=1e-12, atol=0)
+
+
+def test_local_stage_runs_only_after_a_refinement():
+    x, y = _data(400, seed=9)
+    options = dict(num_features=128, search_features=64, lengthscale_draws=0)
+    cases = {
+        "all rows in the subsample": dict(subsample=400),
+        "no refinement": dict(subsample=200, refine_iterations=0),
+        "switched off": dict(subsample=200, local=False),
+        "no exact evidence": dict(subsample=200, exact_rows=0),
+    }
+    for name, extra in cases.items():
+        report = FitReport()
+        fit_auto(x, y, report=report, **options, **extra)
+        assert report.local_blocks == 0 and not report.local_losses, name
+        assert "local" not in report.seconds, name
+
+
+def test_local_stage_checks_its_switch():
+    x, y = _data(100, seed=10)
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match="local"):
+            fit_auto(x, y, num_features=64, local=bad)
+
+
+def test_laplace_hessian_over_blocks_adds_the_blocks_hessians():
+    # One block of all rows gives the exact evidence's Laplace draws.
+    x, y = _data(150, seed=12)
+    gp = _gp(2, [0.9, 1.4], outputscale=0.7, noise=0.1)
+    maximize_evidence(gp, x, y, 100, 1e-7, exact=True)
+    one = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0), [torch.arange(150)])
+    whole = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0))
+    torch.testing.assert_close(one, whole, rtol=1e-9, atol=0)
+    # Two blocks: the draws' spread follows the summed Hessian; finite, positive draws.
+    two = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0), kd_blocks(x, 75))
+    assert two.shape == (16, 2) and bool((two > 0).all()) and bool(torch.isfinite(two).all())
