@@ -347,6 +347,9 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             bounded and unbounded search (``0``: the bound whenever it binds).
         lengthscale_draws: ``"auto"`` only: lengthscale draws of the final kernel's Laplace
             average (``0``: the kernel at the evidence maximum).
+        local_search: ``"auto"`` only: after the refinement on more rows than the subsample,
+            the search on the exact kernel's evidence over blocks of neighbouring rows, from
+            several starts (``False``: the refinement's end).
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -390,6 +393,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
         cv_folds: int = 5,
         lengthscale_draws: int = DEFAULT_LENGTHSCALE_DRAWS,
+        local_search: bool = True,
     ) -> None:
         _store_params(self, locals())
 
@@ -432,6 +436,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 f"lengthscale_draws must be an integer >= 0, got {draws!r} "
                 f"({type(draws).__name__})"
             )
+        if not isinstance(self.local_search, (bool, np.bool_)):
+            raise InvalidParameterError(
+                f"local_search must be a bool, got {self.local_search!r} "
+                f"({type(self.local_search).__name__})"
+            )
         self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
         seed = _seed(self.random_state)
         x_t = _as_tensor(X)
@@ -467,7 +476,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             gp = fit_auto(x, y, spectral=self.kernel, num_features=num_features,
                           max_iterations=int(self.max_iter), seed=seed, report=report,
                           max_lengthscale=self.max_lengthscale, cv_folds=int(self.cv_folds),
-                          lengthscale_draws=int(self.lengthscale_draws))
+                          lengthscale_draws=int(self.lengthscale_draws),
+                          local_search=bool(self.local_search))
         self.fit_report_ = report
         self.n_iter_ = sum(report.iterations.values())
         return gp

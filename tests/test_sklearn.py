@@ -197,6 +197,9 @@ def test_bad_arguments():
     for bad in (-1, 2.5, True, "32"):
         with pytest.raises(ValueError, match="lengthscale_draws must be an integer >= 0"):
             RandomFeatureGPRegressor(lengthscale_draws=bad).fit(X, y)
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(TypeError, match="local_search must be a bool"):
+            RandomFeatureGPRegressor(local_search=bad).fit(X, y)
 
 
 def test_recipe_options_reach_the_recipe():
@@ -218,6 +221,22 @@ def test_recipe_options_reach_the_recipe():
             assert report.lengthscale_draws.shape[0] == options.get("lengthscale_draws", 32)
             torch.testing.assert_close(reg.fit_report_.lengthscale_draws,
                                        report.lengthscale_draws)
+
+
+@pytest.mark.parametrize("local_search", [True, False])
+def test_local_search_option_reaches_the_recipe(local_search):
+    # More rows than the recipe's 2000-row subsample: a refinement, then the local stage.
+    X, y = _regression_data(2100)
+    y_std = (y - y.mean()) / y.std()
+    options = dict(num_features=64, lengthscale_draws=0, local_search=local_search)
+    reg = RandomFeatureGPRegressor(random_state=0, normalize_y=False, max_iter=20,
+                                   **options).fit(X, y_std)
+    seed = int(np.random.RandomState(0).randint(np.iinfo(np.int32).max))
+    report = FitReport()
+    fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), seed=seed, report=report,
+             max_iterations=20, **options)
+    assert reg.fit_report_.local_blocks == report.local_blocks == (4 if local_search else 0)
+    torch.testing.assert_close(reg.fit_report_.lengthscale, report.lengthscale)
 
 
 # ------------------------------------------------------------------------------ hostile input

@@ -814,7 +814,7 @@ def fit_auto(
     max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
     cv_folds: int = 5,
     lengthscale_draws: int = DEFAULT_LENGTHSCALE_DRAWS,
-    local: bool = True,
+    local_search: bool = True,
 ) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
@@ -855,10 +855,10 @@ def fit_auto(
             with ``cv_folds``, ``N >= 5 * cv_folds``; otherwise the unbounded maximum is kept.
         lengthscale_draws: ``S``, the lengthscale draws of the final kernel's Laplace average
             (step 5, :func:`lengthscale_mixture_kernel`); ``0``: the kernel at the maximum.
-        local: after a refinement (``N > subsample``), the local stage (step 4b): the exact
-            kernel's evidence on blocks of at most ``exact_rows`` neighbouring rows
-            (:func:`kd_blocks`) of the refinement's rows, from ``d + 1`` starts, the highest
-            kept (needs ``exact_rows >= 2``).
+        local_search: after a refinement (``N > subsample``), step 4b: the exact kernel's
+            evidence on blocks of at most ``exact_rows`` neighbouring rows (:func:`kd_blocks`)
+            of the refinement's rows, maximised from ``d + 1`` starts, the highest kept
+            (needs ``exact_rows >= 2``).
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.
@@ -875,8 +875,8 @@ def fit_auto(
         max_lengthscale = check_positive("max_lengthscale", max_lengthscale)
     cv_folds = check_int("cv_folds", cv_folds, minimum=0)
     lengthscale_draws = check_int("lengthscale_draws", lengthscale_draws, minimum=0)
-    if not isinstance(local, bool):
-        raise TypeError(f"local must be a bool, got {type(local).__name__}")
+    if not isinstance(local_search, bool):
+        raise TypeError(f"local_search must be a bool, got {type(local_search).__name__}")
     if cv_folds == 1:
         raise ValueError("cv_folds must be 0 (no cross-validation) or at least 2, got 1")
     n, d = x.shape
@@ -947,7 +947,7 @@ def fit_auto(
 
     run_search_stages(stages, search, info, "fit_auto", n)
     blocks = None
-    if local and stages[-1][0] == "refine" and exact_rows >= 2:
+    if local_search and stages[-1][0] == "refine" and exact_rows >= 2:
         started = time.perf_counter()
         rows = stages[-1][1]
         xs, ys = (x, y) if rows is None else (x[rows], y[rows])

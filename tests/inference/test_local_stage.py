@@ -202,7 +202,7 @@ def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
     # refinement and changes nothing before it.
     off = FitReport()
     fit_auto(x, y, num_features=128, search_features=64, subsample=200, refine_iterations=2,
-             exact_rows=250, lengthscale_draws=0, report=off, local=False)
+             exact_rows=250, lengthscale_draws=0, report=off, local_search=False)
     torch.testing.assert_close(off.lengthscale, first, rtol=1e-12, atol=0)
 
 
@@ -212,7 +212,7 @@ def test_local_stage_runs_only_after_a_refinement():
     cases = {
         "all rows in the subsample": dict(subsample=400),
         "no refinement": dict(subsample=200, refine_iterations=0),
-        "switched off": dict(subsample=200, local=False),
+        "switched off": dict(subsample=200, local_search=False),
         "no exact evidence": dict(subsample=200, exact_rows=0),
     }
     for name, extra in cases.items():
@@ -225,8 +225,8 @@ def test_local_stage_runs_only_after_a_refinement():
 def test_local_stage_checks_its_switch():
     x, y = _data(100, seed=10)
     for bad in (1, None, "yes"):
-        with pytest.raises(TypeError, match="local"):
-            fit_auto(x, y, num_features=64, local=bad)
+        with pytest.raises(TypeError, match="local_search"):
+            fit_auto(x, y, num_features=64, local_search=bad)
 
 
 def test_laplace_hessian_over_blocks_adds_the_blocks_hessians():

@@ -352,7 +352,7 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
     searched, refined = FitReport(), FitReport()
     # The kernel at the maximum (no Laplace average), whose evidence the search raised.
     options = dict(num_features=64, search_features=64, subsample=200, seed=1,
-                   lengthscale_draws=0, local=False)
+                   lengthscale_draws=0, local_search=False)
     a = fit_auto(x, y, refine_iterations=0, report=searched, **options)
     b = fit_auto(x, y, refine_iterations=5, report=refined, **options)
     assert searched.refine_rows == 0 and refined.refine_rows == 600
