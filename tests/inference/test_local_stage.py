@@ -240,3 +240,20 @@ def test_laplace_hessian_over_blocks_adds_the_blocks_hessians():
     # Two blocks: the draws' spread follows the summed Hessian; finite, positive draws.
     two = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0), kd_blocks(x, 75))
     assert two.shape == (16, 2) and bool((two > 0).all()) and bool(torch.isfinite(two).all())
+
+
+def test_local_stage_with_several_target_columns():
+    # Two columns share the hyperparameters: the block evidence adds both columns' densities.
+    x, y = _data(500, seed=13)
+    y2 = torch.stack([y, 0.5 * y + 0.1 * torch.randn(500, generator=gen(14), dtype=DT)], -1)
+    report = FitReport()
+    gp = fit_auto(x, y2, num_features=128, search_features=64, subsample=200,
+                  refine_iterations=2, exact_rows=250, lengthscale_draws=0, report=report)
+    assert report.local_blocks == 2 and len(report.local_losses) == 3
+    blocks = kd_blocks(x, 250)
+    ell = report.lengthscale
+    both = sum(_block_loss(x, y2[:, t], blocks, ell, float(gp.kernel.outputscale),
+                           float(gp.noise)) for t in range(2)) / 2
+    assert both == pytest.approx(min(report.local_losses), rel=1e-8)
+    mean = gp.predict(x[:5])
+    assert mean.shape == (5, 2) and bool(torch.isfinite(mean).all())
