@@ -778,7 +778,7 @@ def write_markdown(results, args, path):
             "bits), first split of each set: largest absolute difference of the predictive "
             "mean and standard deviation. Zero: the estimator runs the recipe and nothing "
             "else. (Targets that differ in the last bits can send the search to another local "
-            "maximum of the evidence: see power-plant below.)", "",
+            "maximum of the evidence.)", "",
             "| data set | mean | std |", "|---|---|---|"]
     for name, diff in results["equivalence"].items():
         out.append(f"| {name} | {diff['mean']:.2e} | {diff['std']:.2e} |")
