@@ -44,8 +44,9 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    lengthscale: with few features a fine variation along one input must be called noise, so
    it favours longer lengthscales and more noise than the exact kernel's evidence, and its
    landscape hides the maxima out there. The refinement's rows are therefore cut into
-   blocks of at most ``exact_rows`` neighbouring rows (:func:`kd_blocks`: halved at the median
-   of the widest input until small enough), and the sum of the blocks' exact evidences (the
+   blocks of at most ``exact_rows`` neighbouring rows
+   (:func:`~rfgp.inference.blocks.kd_blocks`: halved at the median of the widest input until
+   small enough), and the sum of the blocks' exact evidences (the
    kernel matrix with its cross-block entries dropped, :math:`O(\sum_b n_b^3)` per
    evaluation) is maximised from ``d + 1`` starts: the refinement's end, and that point with
    one lengthscale at a tenth (:data:`LOCAL_SHORT_START`), one start per input. The highest
@@ -115,6 +116,7 @@ from rfgp._validation import (
     check_rows,
     check_tensor,
 )
+from rfgp.inference.blocks import check_blocks, kd_blocks
 from rfgp.inference.cross_validation import cross_validate
 from rfgp.inference.evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
@@ -132,7 +134,6 @@ __all__ = [
     "fit_auto",
     "DEFAULT_LENGTHSCALE_DRAWS",
     "initial_hyperparameters",
-    "kd_blocks",
     "LOCAL_SHORT_START",
     "lengthscale_mixture_kernel",
     "make_ard_kernel",
@@ -483,67 +484,6 @@ def bounded_lengthscale(kernel: ScaleKernel, upper: Optional[Tensor]) -> Iterato
         base.lengthscale = reached
 
 
-def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
-    r"""A partition of the rows into blocks of at most ``max_rows`` neighbouring rows: halve
-    the rows at the median of their widest column (largest standard deviation), and each half
-    again, all blocks the same number of times, until every block is small enough (the
-    leaves of a balanced k-d tree).
-
-    The blocks of :func:`maximize_evidence`'s ``blocks``: each block keeps every row of its
-    region of input space, so its exact evidence sees the data at their full density, at
-    :math:`O(n_b^3)` per block.
-
-    Args:
-        x: ``(N, d)`` finite inputs.
-        max_rows: the largest block (at least 1).
-
-    Returns:
-        Row-index tensors (``int64``, on ``x``'s device) that partition ``range(N)``, each of
-        ``ceil`` or ``floor`` of :math:`N / 2^k` rows for the smallest :math:`k` that fits.
-
-    Example:
-        >>> x = torch.arange(10.0).reshape(10, 1)
-        >>> [b.tolist() for b in kd_blocks(x, 3)]
-        [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
-    """
-    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    max_rows = check_int("max_rows", max_rows, minimum=1)
-    if not all_finite(x):
-        raise ValueError("x must be finite")
-    n = x.shape[0]
-    levels = 0
-    while -(-n // 2**levels) > max_rows:  # ceil(n / 2^levels)
-        levels += 1
-    blocks = [torch.arange(n, device=x.device)]
-    for _ in range(levels):
-        halves = []
-        for rows in blocks:
-            part = x[rows]
-            column = int(part.std(0).argmax()) if rows.numel() > 1 else 0
-            order = rows[torch.argsort(part[:, column], stable=True)]
-            halves += [order[:rows.numel() // 2], order[rows.numel() // 2:]]
-        blocks = halves
-    # A stable, readable order: by each block's first row.
-    return sorted(blocks, key=lambda rows: int(rows.min()))
-
-
-def _check_blocks(blocks: List[Tensor], num_rows: int, device: torch.device) -> List[Tensor]:
-    if isinstance(blocks, Tensor) or not len(blocks):
-        raise ValueError("blocks must be a non-empty list of row-index tensors")
-    blocks = [check_tensor(f"blocks[{i}]", b, floating=False, finite=False, max_dim=1,
-                           non_empty=True) for i, b in enumerate(blocks)]
-    for i, b in enumerate(blocks):
-        if b.dtype != torch.int64:
-            raise TypeError(f"blocks[{i}] must hold int64 row indices, got {b.dtype}")
-    blocks = [b.to(device).reshape(-1) for b in blocks]
-    seen = torch.cat(blocks).sort().values
-    if seen.numel() != num_rows or not bool((seen == torch.arange(num_rows,
-                                                                     device=device)).all()):
-        raise ValueError(f"blocks must partition the {num_rows} rows: each row in exactly one "
-                         "block")
-    return blocks
-
-
 def maximize_evidence(
     gp: RandomFeatureGP,
     x: Tensor,
@@ -576,10 +516,10 @@ def maximize_evidence(
             :class:`~rfgp.kernels.FourierFeatureKernel`.
         max_lengthscale: ``(d,)`` upper bounds on the lengthscales (``None``: unbounded);
             needs a ``ScaleKernel`` around a kernel with ARD lengthscales.
-        blocks: with ``exact``, row-index tensors that partition the rows (:func:`kd_blocks`):
-            the evidence is then the sum of the blocks' exact evidences, that of the kernel
-            matrix with its cross-block entries set to zero, :math:`O(\sum_b n_b^3)` per
-            evaluation instead of :math:`O(N^3)`.
+        blocks: with ``exact``, row-index tensors that partition the rows
+            (:func:`~rfgp.inference.blocks.kd_blocks`): the evidence is then the sum of the
+            blocks' exact evidences, that of the kernel matrix with its cross-block entries
+            set to zero, :math:`O(\sum_b n_b^3)` per evaluation instead of :math:`O(N^3)`.
 
     Returns:
         ``(losses, iterations, converged)``: the loss at every evaluation, the number of L-BFGS
@@ -597,7 +537,7 @@ def maximize_evidence(
     if blocks is not None:
         if not exact:
             raise ValueError("maximize_evidence(blocks=...) needs exact=True")
-        blocks = _check_blocks(blocks, x.shape[0], x.device)
+        blocks = check_blocks(blocks, x.shape[0], x.device)
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
     floor = _NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -875,9 +815,9 @@ def fit_auto(
         lengthscale_draws: ``S``, the lengthscale draws of the final kernel's Laplace average
             (step 5, :func:`lengthscale_mixture_kernel`); ``0``: the kernel at the maximum.
         local_search: after a refinement (``N > subsample``), step 4b: the exact kernel's
-            evidence on blocks of at most ``exact_rows`` neighbouring rows (:func:`kd_blocks`)
-            of the refinement's rows, maximised from ``d + 1`` starts, the highest kept
-            (needs ``exact_rows >= 2``).
+            evidence on blocks of at most ``exact_rows`` neighbouring rows
+            (:func:`~rfgp.inference.blocks.kd_blocks`) of the refinement's rows, maximised
+            from ``d + 1`` starts, the highest kept (needs ``exact_rows >= 2``).
 
     Returns:
         The fitted model, ``num_features`` features, conditioned on all rows.

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
+from rfgp.inference.blocks import kd_blocks
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.recipe import (
     LOCAL_SHORT_START,
     FitReport,
     _laplace_lengthscales,
     fit_auto,
-    kd_blocks,
     make_ard_kernel,
     maximize_evidence,
 )
