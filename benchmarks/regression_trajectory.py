@@ -209,8 +209,14 @@ def plot(results, path):
         ax.set_ylabel("test MNLL")
     for ax in list(axes.flat)[len(results):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    # One legend for every method drawn in any panel (the exact GP runs on the small sets only).
+    labels = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(label, handle)
+    fig.legend(labels.values(), labels.keys(), loc="lower center", ncol=len(labels),
+               fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
