@@ -13,7 +13,7 @@ from typing import List
 import torch
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_tensor
+from rfgp._validation import check_int, check_tensor
 
 __all__ = ["check_blocks", "kd_blocks"]
 
@@ -43,8 +43,6 @@ def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
     """
     x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
     max_rows = check_int("max_rows", max_rows, minimum=1)
-    if not all_finite(x):
-        raise ValueError("x must be finite")
     n = x.shape[0]
     levels = 0
     while -(-n // 2**levels) > max_rows:  # ceil(n / 2^levels)

@@ -34,7 +34,7 @@ log-hyperparameter's deviation from the maximum would add.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -51,11 +51,11 @@ DIFFERENCE_STEP = 1e-4
 
 
 def _gradient(theta: Tensor, x: Tensor, y: Tensor, exact: bool,
-              kernel: FourierFeatureKernel) -> Tensor:
+              kernel: FourierFeatureKernel, blocks: Optional[List[Tensor]] = None) -> Tensor:
     d = x.shape[1]
     t = theta.detach().clone().requires_grad_(True)
     value = fourier_kernel_negative_log_evidence(kernel, x, y, t[:d].exp(), t[d].exp(),
-                                                 t[d + 1].exp(), exact)
+                                                 t[d + 1].exp(), exact, blocks)
     (grad,) = torch.autograd.grad(value, t)
     return grad / y.numel()
 
@@ -69,6 +69,7 @@ def evidence_hessian(
     noise: Tensor,
     exact: bool = True,
     step: float = DIFFERENCE_STEP,
+    blocks: Optional[List[Tensor]] = None,
 ) -> Tensor:
     r"""The Hessian of :math:`-\log p(y \mid \theta) / (N T)` in
     :math:`\theta = (\log \ell, \log s, \log \sigma^2)`, by forward differences of the
@@ -94,6 +95,9 @@ def evidence_hessian(
         exact: the exact kernel's evidence (:math:`O(N^3)`), or the random features' (weight
             space, :math:`O(N D^2)`).
         step: the forward-difference step :math:`h` in the log-hyperparameters.
+        blocks: with ``exact``, a partition of the rows: the Hessian of the blocks' summed
+            exact evidence (see
+            :func:`~rfgp.inference.evidence.fourier_kernel_negative_log_evidence`).
 
     Returns:
         ``(d + 2, d + 2)`` symmetric Hessian per datum, in ``x``'s dtype.
@@ -134,11 +138,11 @@ def evidence_hessian(
     y = y.unsqueeze(-1) if y.dim() == 1 else y
     theta = torch.cat([lengthscale.log(), values[0].log(), values[1].log()])
     hessian = torch.empty(d + 2, d + 2, dtype=x.dtype, device=x.device)
-    centre = _gradient(theta, x, y, exact, kernel)
+    centre = _gradient(theta, x, y, exact, kernel, blocks)
     for k in range(d + 2):
         shift = torch.zeros_like(theta)
         shift[k] = step
-        hessian[:, k] = (_gradient(theta + shift, x, y, exact, kernel) - centre) / step
+        hessian[:, k] = (_gradient(theta + shift, x, y, exact, kernel, blocks) - centre) / step
     return 0.5 * (hessian + hessian.T)
 
 

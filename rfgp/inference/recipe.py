@@ -116,7 +116,7 @@ from rfgp._validation import (
     check_rows,
     check_tensor,
 )
-from rfgp.inference.blocks import check_blocks, kd_blocks
+from rfgp.inference.blocks import kd_blocks
 from rfgp.inference.cross_validation import cross_validate
 from rfgp.inference.evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
@@ -534,10 +534,8 @@ def maximize_evidence(
         with bounded_lengthscale(gp.kernel, max_lengthscale):
             return maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
     x, y = check_rows(x, y)
-    if blocks is not None:
-        if not exact:
-            raise ValueError("maximize_evidence(blocks=...) needs exact=True")
-        blocks = check_blocks(blocks, x.shape[0], x.device)
+    if blocks is not None and not exact:
+        raise ValueError("maximize_evidence(blocks=...) needs exact=True")
     max_iterations = check_int("max_iterations", max_iterations)
     tolerance = check_positive("tolerance", tolerance)
     floor = _NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -567,15 +565,10 @@ def maximize_evidence(
     prepared = base.prepare_input(x) if fourier else x
 
     def loss() -> Tensor:
-        if blocks is not None:
-            lengthscale, noise = base.lengthscale.reshape(-1), log_noise.exp() + floor
-            return sum(fourier_kernel_negative_log_evidence(
-                base, prepared[rows], y_cols[rows], lengthscale, gp.kernel.outputscale, noise,
-                exact=True) for rows in blocks)
         if fourier:
             return fourier_kernel_negative_log_evidence(
                 base, prepared, y_cols, base.lengthscale.reshape(-1), gp.kernel.outputscale,
-                log_noise.exp() + floor, exact)
+                log_noise.exp() + floor, exact, blocks)
         if closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
             return negative_log_evidence(z, y_cols, log_noise.exp() + floor)
@@ -703,12 +696,8 @@ def _laplace_lengthscales(gp: RandomFeatureGP, x: Tensor, y: Tensor, rows: Optio
     xs, ys = (x, y) if rows is None else (x[rows], y[rows])
     noise = gp.noise.detach().to(x)
     try:
-        if blocks is None:
-            hessian = evidence_hessian(base, xs, ys, lengthscale, outputscale, noise,
-                                       exact=exact) * ys.numel()
-        else:
-            hessian = sum(evidence_hessian(base, xs[b], ys[b], lengthscale, outputscale, noise,
-                                           exact=True) * ys[b].numel() for b in blocks)
+        hessian = evidence_hessian(base, xs, ys, lengthscale, outputscale, noise,
+                                   exact=exact or blocks is not None, blocks=blocks) * ys.numel()
     except NotPSDError:
         hessian = None
     if hessian is None or not all_finite(hessian):

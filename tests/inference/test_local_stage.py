@@ -257,3 +257,19 @@ def test_local_stage_with_several_target_columns():
     assert both == pytest.approx(min(report.local_losses), rel=1e-8)
     mean = gp.predict(x[:5])
     assert mean.shape == (5, 2) and bool(torch.isfinite(mean).all())
+
+
+def test_fourier_kernel_evidence_over_blocks_checks_them():
+    from rfgp.inference.evidence import fourier_kernel_negative_log_evidence as evidence
+
+    x, y = _data(60, seed=15)
+    base = make_ard_kernel(16, 2, seed=0).base_kernel
+    one = torch.ones((), dtype=DT)
+    args = (base, x, y[:, None], torch.ones(2, dtype=DT), one, 0.1 * one)
+    halves = [torch.arange(30), torch.arange(30, 60)]
+    expected = _block_loss(x, y, halves, torch.ones(2, dtype=DT), 1.0, 0.1) * 60
+    assert float(evidence(*args, exact=True, blocks=halves)) == pytest.approx(expected, rel=1e-10)
+    with pytest.raises(ValueError, match="exact=True"):
+        evidence(*args, blocks=halves)
+    with pytest.raises(ValueError, match="partition"):
+        evidence(*args, exact=True, blocks=[torch.arange(30)])
