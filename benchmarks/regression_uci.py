@@ -701,7 +701,7 @@ def write_markdown(results, args, path):
         "deviations of its input, the same search with every lengthscale bounded there, kept "
         "unless 5-fold cross-validation (hyperparameters refitted on each fold) shows the "
         "unbounded maximum better by more than one standard error; "
-        "when N > 2000, 30 more L-BFGS iterations on all rows (at most 20000, a random "
+        "when N > 2000, 30 more L-BFGS iterations on all rows (at most 10000, a random "
         "superset of the subsample), then the exact kernel's evidence on blocks of at most "
         "1000 neighbouring rows of those (a balanced k-d partition) maximised from d + 1 "
         "starts (the refinement's end, and that point with one lengthscale at a tenth), the "

@@ -307,7 +307,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     lengthscale ends beyond ``max_lengthscale`` standard deviations of its input, the search
     bounded there is kept unless ``cv_folds``-fold cross-validation prefers the unbounded
     maximum by more than a standard error), refine it
-    with 30 iterations on up to 20000 rows when there are more, and the GP is refitted on all
+    with 30 iterations on up to 10000 rows when there are more, and the GP is refitted on all
     rows with ``num_features`` features (default: as many as the operation budget allows for
     ``N`` rows: up to 8192, up to 32768 on about 2000 rows or fewer), its kernel the average
     over ``lengthscale_draws`` lengthscales drawn from the evidence's Laplace approximation;

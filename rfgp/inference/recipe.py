@@ -33,7 +33,7 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    corrects. It costs about ``cv_folds`` more searches, and only where the bound binds;
    ``max_lengthscale=None`` skips it.
 4. **Refinement on more rows** (when ``N > subsample``). ``refine_iterations`` (default 30)
-   more L-BFGS iterations on ``min(N, refine_rows)`` rows (default 20000; a superset of the
+   more L-BFGS iterations on ``min(N, refine_rows)`` rows (default 10000; a superset of the
    subsample) at ``search_features`` features correct the subsample's bias (long
    lengthscales, large noise), at :math:`O(n D_s^2)` per evaluation. On power-plant
    (N = 8611, two splits) 30 iterations on all rows gave a test MNLL of -0.092 and -0.044
@@ -752,7 +752,7 @@ def fit_auto(
     search_features: int = 512,
     subsample: int = 2000,
     refine_iterations: int = 30,
-    refine_rows: int = 20000,
+    refine_rows: int = 10000,
     max_iterations: int = 200,
     tolerance: float = 1e-4,
     cost_budget: float = DEFAULT_COST_BUDGET,
@@ -781,8 +781,11 @@ def fit_auto(
         subsample: rows of the first search stage (all rows when ``N`` is not larger).
         refine_iterations: L-BFGS iterations (default 30) on ``min(N, refine_rows)`` rows after the
             subsample stage (0: none; skipped when the subsample holds all rows).
-        refine_rows: rows of the refinement (a random superset of the subsample; all rows when
-            ``N`` is not larger).
+        refine_rows: rows of the refinement and of the local stage (a random superset of the
+            subsample; all rows when ``N`` is not larger). The default, 10000, holds every row
+            of power-plant; on the 94723-row power-plant x 11 set (first split) it took the
+            fit 65 s to a test MNLL of -0.096 (95% coverage 0.94) where 20000 rows took 156 s
+            to -0.059 (0.87), the local stage most of both.
         max_iterations: L-BFGS iterations of the subsample stage.
         tolerance: L-BFGS gradient tolerance (per datum); ``1e-4`` stops the search where
             the test MNLL of the bundled UCI sets no longer changes in the third decimal.
