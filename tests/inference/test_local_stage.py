@@ -206,6 +206,17 @@ def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
     torch.testing.assert_close(off.lengthscale, first, rtol=1e-12, atol=0)
 
 
+def test_local_stage_uses_the_refinement_rows_only():
+    # 700 rows cut at 100 would give 8 blocks; the refinement's 400 rows give 4 of 100.
+    x, y = _data(700, d=2, seed=11)
+    assert len(kd_blocks(x, 100)) == 8
+    report = FitReport()
+    fit_auto(x, y, num_features=128, search_features=64, subsample=200, refine_rows=400,
+             refine_iterations=2, exact_rows=100, lengthscale_draws=0, report=report)
+    assert report.refine_rows == 400
+    assert report.local_blocks == 4 and len(report.local_losses) == 3
+
+
 def test_local_stage_runs_only_after_a_refinement():
     x, y = _data(400, seed=9)
     options = dict(num_features=128, search_features=64, lengthscale_draws=0)
