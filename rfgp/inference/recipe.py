@@ -110,6 +110,7 @@ from torch import Tensor
 
 from rfgp._validation import (
     all_finite,
+    check_bool,
     check_choice,
     check_int,
     check_positive,
@@ -677,13 +678,14 @@ def column_scale(x: Tensor) -> Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def _laplace_lengthscales(gp: RandomFeatureGP, x: Tensor, y: Tensor, rows: Optional[Tensor],
+def _laplace_lengthscales(gp: RandomFeatureGP, xs: Tensor, ys: Tensor, total: int,
                           exact: bool, bound: Optional[Tensor], num_draws: int,
                           generator: torch.Generator,
                           blocks: Optional[List[Tensor]] = None) -> Optional[Tensor]:
-    """Draws of step 5: the Hessian of the last search stage's evidence (its rows, exact or
-    random-feature, or the sum over the local stage's ``blocks`` of those rows), scaled to all
-    ``N`` rows; lengthscales at the bound are held there.
+    """Draws of step 5: the Hessian of the last search stage's evidence on its rows ``xs``,
+    ``ys`` (exact or random-feature, or the sum over the local stage's ``blocks`` of those
+    rows), scaled to the ``total`` targets of all rows; lengthscales at the bound are held
+    there.
 
     ``None`` (the kernel at the maximum is kept) where the outputscale reached zero (the
     kernel is then zero at any lengthscale) or, with a warning, where the evidence cannot be
@@ -693,11 +695,10 @@ def _laplace_lengthscales(gp: RandomFeatureGP, x: Tensor, y: Tensor, rows: Optio
     outputscale = gp.kernel.outputscale.detach()
     if not float(outputscale) > 0:
         return None
-    xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-    noise = gp.noise.detach().to(x)
     try:
-        hessian = evidence_hessian(base, xs, ys, lengthscale, outputscale, noise,
-                                   exact=exact or blocks is not None, blocks=blocks) * ys.numel()
+        hessian = evidence_hessian(base, xs, ys, lengthscale, outputscale,
+                                   gp.noise.detach().to(xs), exact=exact or blocks is not None,
+                                   blocks=blocks)
     except NotPSDError:
         hessian = None
     if hessian is None or not all_finite(hessian):
@@ -708,8 +709,7 @@ def _laplace_lengthscales(gp: RandomFeatureGP, x: Tensor, y: Tensor, rows: Optio
         )
         return None
     fixed = None if bound is None else lengthscale >= _AT_BOUND * bound
-    return lengthscale_draws(lengthscale, hessian * (y.numel() / ys.numel()), num_draws,
-                             generator, fixed, bound)
+    return lengthscale_draws(lengthscale, hessian * total, num_draws, generator, fixed, bound)
 
 
 def _local_stage(gp: RandomFeatureGP, fresh_gp, x: Tensor, y: Tensor, blocks: List[Tensor],
@@ -826,8 +826,7 @@ def fit_auto(
         max_lengthscale = check_positive("max_lengthscale", max_lengthscale)
     cv_folds = check_int("cv_folds", cv_folds, minimum=0)
     lengthscale_draws = check_int("lengthscale_draws", lengthscale_draws, minimum=0)
-    if not isinstance(local_search, bool):
-        raise TypeError(f"local_search must be a bool, got {type(local_search).__name__}")
+    local_search = check_bool("local_search", local_search)
     if cv_folds == 1:
         raise ValueError("cv_folds must be 0 (no cross-validation) or at least 2, got 1")
     n, d = x.shape
@@ -897,11 +896,12 @@ def fit_auto(
         return result[0] + bounded[0], result[1] + bounded[1], bounded[2]
 
     run_search_stages(stages, search, info, "fit_auto", n)
+    # The last stage's rows: the local stage's and the Laplace Hessian's.
+    last, rows, _ = stages[-1]
+    xs, ys = (x, y) if rows is None else (x[rows], y[rows])
     blocks = None
-    if local_search and stages[-1][0] == "refine" and exact_rows >= 2:
+    if local_search and last == "refine" and exact_rows >= 2:
         started = time.perf_counter()
-        rows = stages[-1][1]
-        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
         blocks = kd_blocks(xs, exact_rows)
         gp = _local_stage(gp, fresh_gp, xs, ys, blocks, max_iterations, tolerance, info)
         info.seconds["local"] = time.perf_counter() - started
@@ -909,8 +909,7 @@ def fit_auto(
     started = time.perf_counter()
     draws = None
     if lengthscale_draws:
-        name, rows, _ = stages[-1]
-        draws = _laplace_lengthscales(gp, x, y, rows, name in info.exact_stages,
+        draws = _laplace_lengthscales(gp, xs, ys, y.numel(), last in info.exact_stages,
                                       info.lengthscale_bound, lengthscale_draws, generator,
                                       blocks)
         info.lengthscale_draws = draws

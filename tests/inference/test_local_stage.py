@@ -245,11 +245,11 @@ def test_laplace_hessian_over_blocks_adds_the_blocks_hessians():
     x, y = _data(150, seed=12)
     gp = _gp(2, [0.9, 1.4], outputscale=0.7, noise=0.1)
     maximize_evidence(gp, x, y, 100, 1e-7, exact=True)
-    one = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0), [torch.arange(150)])
-    whole = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0))
+    one = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0), [torch.arange(150)])
+    whole = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0))
     torch.testing.assert_close(one, whole, rtol=1e-9, atol=0)
     # Two blocks: the draws' spread follows the summed Hessian; finite, positive draws.
-    two = _laplace_lengthscales(gp, x, y, None, True, None, 16, gen(0), kd_blocks(x, 75))
+    two = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0), kd_blocks(x, 75))
     assert two.shape == (16, 2) and bool((two > 0).all()) and bool(torch.isfinite(two).all())
 
 
