@@ -239,6 +239,15 @@ def test_local_search_option_reaches_the_recipe(local_search):
     torch.testing.assert_close(reg.fit_report_.lengthscale, report.lengthscale)
 
 
+def test_local_search_changed_after_a_fit_refits_without_it():
+    X, y = _regression_data(2100)
+    reg = RandomFeatureGPRegressor(random_state=0, num_features=64, lengthscale_draws=0,
+                                   max_iter=20).fit(X, y)
+    assert reg.fit_report_.local_blocks == 4
+    reg.set_params(local_search=False).fit(X, y)
+    assert reg.fit_report_.local_blocks == 0 and "local" not in reg.fit_report_.seconds
+
+
 # ------------------------------------------------------------------------------ hostile input
 @pytest.mark.parametrize("normalize_y", [True, False])
 @pytest.mark.parametrize("optimizer", [None, "lbfgs"])

@@ -61,8 +61,22 @@ def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
 
 
 def check_blocks(blocks: List[Tensor], num_rows: int, device: torch.device) -> List[Tensor]:
-    """``blocks`` as flat ``int64`` index tensors on ``device``, checked to partition
-    ``range(num_rows)``: a non-empty list of non-empty tensors, each row in exactly one.
+    r"""``blocks`` as flat ``int64`` index tensors on ``device``, checked to partition
+    ``range(num_rows)``: a non-empty list of non-empty tensors, each row in exactly one
+    (:math:`\bigcup_b B_b = \{0, \dots, N - 1\}`, :math:`B_a \cap B_b = \emptyset`).
+
+    Args:
+        blocks: a list of row-index tensors, each ``(n_b,)`` (or a 0-d single index).
+        num_rows: ``N``, the rows to partition.
+        device: where the returned tensors live.
+
+    Returns:
+        The blocks, each a flat ``int64`` tensor on ``device``, in the order given.
+
+    Raises:
+        ValueError: for a tensor or an empty list instead of a non-empty list, an empty
+            block, or blocks that miss or repeat a row.
+        TypeError: for indices that are not ``int64``.
 
     Example:
         >>> [b.tolist() for b in check_blocks([torch.tensor([2, 0]), torch.tensor([1])], 3,

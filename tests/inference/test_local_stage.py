@@ -74,6 +74,18 @@ def test_kd_blocks_are_cells_of_input_space():
     assert float(x2[left, 1].max()) <= float(x2[right, 1].min())
 
 
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_kd_blocks_at_extreme_scales(scale):
+    # Column 0 spans `scale`, column 1 unit scale: still a partition, first cut along the
+    # wider column (at 1e300 its standard deviation overflows to inf, still the largest).
+    x = torch.randn(100, 2, generator=gen(16), dtype=DT) * torch.tensor([scale, 1.0], dtype=DT)
+    blocks = kd_blocks(x, 50)
+    assert sorted(torch.cat(blocks).tolist()) == list(range(100))
+    wide = 0 if scale > 1 else 1
+    low, high = sorted(blocks, key=lambda b: float(x[b, wide].min()))
+    assert float(x[low, wide].max()) <= float(x[high, wide].min())
+
+
 @pytest.mark.parametrize("bad,error,match", [
     (torch.zeros(0, 2, dtype=DT), ValueError, "x"),
     (torch.zeros(4, dtype=DT), ValueError, "x"),
