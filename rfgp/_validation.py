@@ -296,7 +296,8 @@ def check_rows(x: Any, y: Any, x_name: str = "x", y_name: str = "y",
     """Return regression rows ``x (N, d)`` and ``y (N,)`` or ``(N, T)``, or raise a clear error.
 
     Both must be finite floating tensors of one dtype, ``x`` with at least one row and one
-    column (``num_inputs`` of them when given) and ``y`` with as many rows as ``x``.
+    column (``num_inputs`` of them when given) and ``y`` with as many rows as ``x`` and at
+    least one column.
 
     Example:
         >>> x, y = check_rows(torch.zeros(3, 2), torch.zeros(3))
@@ -311,6 +312,10 @@ def check_rows(x: Any, y: Any, x_name: str = "x", y_name: str = "y",
         raise ValueError(
             f"{y_name} must have shape (N,) or (N, T) with N = {x.shape[0]} rows of {x_name}, "
             f"got {tuple(y.shape)}"
+        )
+    if y.dim() == 2 and y.shape[1] == 0:
+        raise ValueError(
+            f"{y_name} must have at least one target column, got shape {tuple(y.shape)}"
         )
     if num_inputs is not None and x.shape[1] != num_inputs:
         raise ValueError(

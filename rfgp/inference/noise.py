@@ -91,6 +91,10 @@ def targets_as_rows(y: Any, n: int, p: int, name: str = "y") -> Tuple[Tensor, in
     if y.dim() == 1 and y.shape[0] == n:
         return y.unsqueeze(-1), 1
     if y.dim() == 2 and y.shape[0] == n:
+        if y.shape[1] == 0:
+            raise ValueError(
+                f"{name} must have at least one target column, got shape {tuple(y.shape)}"
+            )
         return y, 2
     raise ValueError(f"{name} must have shape ({n},) or ({n}, T) to match x, got {tuple(y.shape)}")
 

@@ -166,3 +166,33 @@ def test_huge_noise_gives_the_prior_and_a_finite_evidence(solve):
         RandomFeatureGP(_kernel().float(), noise=1e200).fit(x.float(), y.float())
     with pytest.raises(ValueError, match="not representable in torch.float32"):
         RandomFeatureGP(_kernel().float()).fit(x.float(), y.float(), noise=1e200)
+
+
+def test_targets_with_no_columns_are_rejected_by_every_fitting_entry_point():
+    # An (N, 0) target holds no data to fit: each entry point names the argument instead of
+    # fitting nothing, dividing by zero or indexing an empty column.
+    from gpytorch.kernels import ScaleKernel
+
+    from rfgp import fit_auto
+    from rfgp.inference.cross_validation import cross_validate, held_out_log_density
+    from rfgp.inference.recipe import initial_hyperparameters
+
+    x, y, _ = _data()
+    empty = y[:, None][:, :0]
+    message = r"y must have at least one target column, got shape \(60, 0\)"
+    gp = RandomFeatureGP(_kernel(), noise=0.1)
+    with pytest.raises(ValueError, match=message):
+        gp.fit(x, empty)
+    with pytest.raises(ValueError, match=message):
+        gp.fit_stream([(x, empty)])
+    with pytest.raises(ValueError, match=message):
+        fit_auto(x, empty)
+    with pytest.raises(ValueError, match=message):
+        initial_hyperparameters(x, empty)
+    kernel = ScaleKernel(_kernel()).double()
+    noise = torch.tensor(0.1, dtype=DT)
+    with pytest.raises(ValueError, match="y_train must have at least one target column"):
+        held_out_log_density(kernel, noise, x, empty, x, empty)
+    with pytest.raises(ValueError, match="at least one target column"):
+        cross_validate(lambda xs, ys: iter(()), x, empty, 5)
+    assert not gp.is_fitted
