@@ -78,9 +78,19 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    small: on the bundled yacht set the test MNLL of 8192 features was 0.07 nats above the
    exact kernel's at the same hyperparameters, that of 32768 0.008.
 
+**Units.** Steps 1 to 5 run on the inputs divided by :func:`column_unit` (per column, the
+power of two nearest its standard deviation) and the targets divided by the power of two
+nearest their root mean square; the hyperparameters are scaled back before step 6, which fits
+the data as given. L-BFGS is not scale-free (its steps and gradient tolerance act on raw
+parameters of the lengthscales' and variances' own scale): in the data's units, inputs in
+units a thousand times smaller ended at another point, and 1e10 times smaller stopped at the
+start. The divisions are exact, so standardised data is searched as given, and data scaled by
+powers of two gives the same fit bit for bit. Targets whose variance (or a millionth of it) is
+not a number of their dtype raise a ``ValueError``.
+
 The random frequencies are fixed by ``seed``; with ``lengthscale_draws=0``,
-``num_features == search_features`` and ``subsample >= N`` the refit is the direct fit at the
-optimised hyperparameters.
+``num_features == search_features``, ``subsample >= N`` and data in units of one (standardised)
+the refit is the direct fit at the optimised hyperparameters.
 
 Example:
     >>> from rfgp.inference.recipe import fit_auto
@@ -121,6 +131,7 @@ from rfgp.inference.blocks import kd_blocks
 from rfgp.inference.cross_validation import cross_validate
 from rfgp.inference.evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
 from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.fit_state import power_of_two_scale
 from rfgp.inference.laplace import evidence_hessian, lengthscale_draws
 from rfgp.inference.selection import ConvergenceWarning, minimize_lbfgs
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
@@ -130,6 +141,7 @@ __all__ = [
     "DEFAULT_MAX_LENGTHSCALE",
     "bounded_lengthscale",
     "column_scale",
+    "column_unit",
     "FitReport",
     "choose_num_features",
     "fit_auto",
@@ -474,7 +486,12 @@ def bounded_lengthscale(kernel: ScaleKernel, upper: Optional[Tensor]) -> Iterato
     original = base.raw_lengthscale_constraint
     start = base.lengthscale.detach()
     start = torch.where(start < upper, start, 0.9 * upper)
-    interval = Interval(torch.zeros_like(upper), upper).to(upper)
+    # Interval casts its bounds to torch's default dtype (float32): bounds beyond its range
+    # (inputs at scales below about 1e-38 or above 1e38) would become 0 or inf. Its buffers
+    # take the bounds in their own dtype instead.
+    interval = Interval(0.0, 1.0)
+    interval.lower_bound = torch.zeros_like(upper)
+    interval.upper_bound = upper.clone()
     base.register_constraint("raw_lengthscale", interval)
     try:
         base.lengthscale = start
@@ -674,8 +691,55 @@ def column_scale(x: Tensor) -> Tensor:
         tensor([1.4142, 1.0000], dtype=torch.float64)
     """
     x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
+    if x.shape[0] == 1:
+        return torch.ones_like(x[0])
+    # The standard deviation of x / m times m, m a power of two near the column's largest
+    # magnitude (exact scalings): the squares of inputs beyond about 1e154 (or below 1e-162)
+    # overflow (underflow) in float64 otherwise.
+    peak = _power_of_two(x.abs().amax(0))
+    scale = (x / peak).std(0) * peak
     return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def column_unit(x: Tensor) -> Tensor:
+    r"""The power of two nearest each input column's standard deviation (:func:`column_scale`),
+    :math:`u_j = 2^{\operatorname{round}(\log_2 s_j)}`: the unit in which the recipes search.
+
+    L-BFGS steps through raw parameters whose scale is the lengthscale's own, with a gradient
+    tolerance that is not scale-free: searched in the data's units, inputs measured in units a
+    thousand times smaller end elsewhere, and 1e10 times smaller stop at the start. Divided by
+    :math:`u` the inputs have spreads in :math:`[1/\sqrt 2, \sqrt 2]`; the division is exact, so
+    inputs already near unit scale (standardised ones: :math:`u = 1`) are searched as given and
+    data scaled by powers of two gives the same search, bit for bit.
+
+    Args:
+        x: ``(N, d)`` finite floating inputs.
+
+    Returns:
+        ``(d,)`` powers of two in ``x``'s dtype.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [3000.0, 0.002]], dtype=torch.float64)
+        >>> column_unit(x)
+        tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
+    """
+    return _power_of_two(column_scale(x))
+
+
+def _power_of_two(values: Tensor) -> Tensor:
+    """Elementwise the power of two nearest ``values`` in the log (1 where a value is 0 or not
+    finite): a unit that divides exactly."""
+    usable = (values > 0) & torch.isfinite(values)
+    exponent = torch.where(usable, values, torch.ones_like(values)).log2().round()
+    return torch.ldexp(torch.ones_like(values), exponent.to(torch.int32))
+
+
+def _target_unit(y: Tensor) -> float:
+    """The power of two nearest the root mean square of ``y`` (1 for zero targets), computed
+    without squaring ``y`` itself (which overflows beyond about 1e154)."""
+    peak = power_of_two_scale(y)
+    rms = peak * math.sqrt(float((y / peak).square().mean()))
+    return float(_power_of_two(torch.tensor(rms, dtype=torch.float64)))
 
 
 def _laplace_lengthscales(gp: RandomFeatureGP, xs: Tensor, ys: Tensor, total: int,
@@ -767,8 +831,9 @@ def fit_auto(
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (see the module docstring).
 
     The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
-    predictions. Standardised inputs are not needed (the lengthscales start from each column's
-    spread, and their bound is in units of it).
+    predictions. Standardised inputs are not needed: the search runs in units near each
+    column's spread and the targets' root mean square (module docstring, **Units**), and the
+    bound is in units of the spread.
 
     Args:
         x: ``(N, d)`` inputs.
@@ -829,6 +894,15 @@ def fit_auto(
     local_search = check_bool("local_search", local_search)
     if cv_folds == 1:
         raise ValueError("cv_folds must be 0 (no cross-validation) or at least 2, got 1")
+    # The search runs on inputs and targets divided by powers of two near their columns'
+    # spreads and the targets' root mean square, and the result is scaled back: L-BFGS works
+    # on raw parameters whose steps and gradient tolerance are not scale-free (inputs in units
+    # 1000 times larger stopped the search elsewhere, 1e10 times larger at its start).
+    # Division by a power of two is exact: data already near unit scale is searched as given.
+    x_data, y_data = x, y
+    x_unit, y_unit = column_unit(x), _target_unit(y)
+    _check_variances_representable(y_unit, x.dtype)
+    x, y = x / x_unit, y / y_unit
     n, d = x.shape
     if num_features is None:
         num_features = choose_num_features(n, cost_budget)
@@ -905,25 +979,65 @@ def fit_auto(
         blocks = kd_blocks(xs, exact_rows)
         gp = _local_stage(gp, fresh_gp, xs, ys, blocks, max_iterations, tolerance, info)
         info.seconds["local"] = time.perf_counter() - started
-    info.lengthscale = gp.kernel.base_kernel.lengthscale.detach().reshape(-1).clone()
+    lengthscale = gp.kernel.base_kernel.lengthscale.detach().reshape(-1)
     started = time.perf_counter()
     draws = None
     if lengthscale_draws:
         draws = _laplace_lengthscales(gp, xs, ys, y.numel(), last in info.exact_stages,
                                       info.lengthscale_bound, lengthscale_draws, generator,
                                       blocks)
-        info.lengthscale_draws = draws
         info.seconds["laplace"] = time.perf_counter() - started
         started = time.perf_counter()
+    # Back to the data's units: lengthscales times the input units, the outputscale and the
+    # noise times the squared target unit, log densities per datum less log(y_unit).
+    outputscale = gp.kernel.outputscale.detach() * y_unit**2
+    noise = gp.noise.detach() * y_unit**2
+    _report_in_data_units(info, x_unit, y_unit, lengthscale, draws)
     if draws is not None:
-        final = lengthscale_mixture_kernel(num_features, draws, gp.kernel.outputscale, spectral,
+        final = lengthscale_mixture_kernel(num_features, draws * x_unit, outputscale, spectral,
                                            seed)
-        gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())
-    elif num_features != search_features:
+    else:
         final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
-        _set_hyperparameters(final, gp.kernel.base_kernel.lengthscale, gp.kernel.outputscale)
-        gp = RandomFeatureGP(final, noise=gp.noise.detach().clone())
+        _set_hyperparameters(final, lengthscale * x_unit, outputscale)
+    gp = RandomFeatureGP(final, noise=noise)
     with torch.no_grad():
-        gp.fit(x, y)
+        gp.fit(x_data, y_data)
     info.seconds["refit"] = time.perf_counter() - started
     return gp
+
+
+def _check_variances_representable(y_unit: float, dtype: torch.dtype) -> None:
+    """The outputscale and the noise are variances in the targets' units, down to the noise
+    floor's share of their mean square: a clear error where those are not numbers of
+    ``dtype`` (targets beyond about 1e150 or below 1e-150 in float64, 1e19 and 1e-16 in
+    float32), instead of an overflow, or a zero noise, deep in the fit."""
+    info = torch.finfo(dtype)
+    exponent = 2 * math.log2(y_unit)
+    if exponent + 4 > math.log2(info.max) or exponent + math.log2(_NOISE_FLOOR) < math.log2(
+            info.tiny):
+        raise ValueError(
+            f"y: the targets' root mean square, about {y_unit:.3g}, makes their variance "
+            f"(about 2^{exponent:.0f}) or a millionth of it not representable in {dtype}, "
+            "the dtype of the outputscale and the noise; rescale the targets (e.g. standardise "
+            "them) and scale the predictions back"
+        )
+
+
+def _report_in_data_units(info: FitReport, x_unit: Tensor, y_unit: float, lengthscale: Tensor,
+                          draws: Optional[Tensor]) -> None:
+    """The report's hyperparameters and log densities, from the working units of
+    :func:`fit_auto`'s search (inputs over ``x_unit``, targets over ``y_unit``) to the data's."""
+    shift = math.log(y_unit)
+    info.lengthscale = lengthscale * x_unit
+    info.lengthscale_draws = None if draws is None else draws * x_unit
+    if info.lengthscale_bound is not None:
+        info.lengthscale_bound = info.lengthscale_bound * x_unit
+    info.initial = {"lengthscale": info.initial["lengthscale"] * x_unit,
+                    "outputscale": info.initial["outputscale"] * y_unit**2,
+                    "noise": info.initial["noise"] * y_unit**2}
+    info.losses = {stage: [loss + shift for loss in losses]
+                   for stage, losses in info.losses.items()}
+    info.local_losses = [loss + shift for loss in info.local_losses]
+    for key in ("unbounded", "bounded"):
+        if key in info.cv_scores:
+            info.cv_scores[key] -= shift
