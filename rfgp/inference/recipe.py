@@ -13,6 +13,15 @@ r"""The default fitting recipe of :class:`~rfgp.RandomFeatureGP`: fast and accur
    On at most ``exact_rows`` rows (default 1000) the search maximises the evidence of the
    exact kernel instead (:math:`O(n^3)`, no dearer there, and free of the features' error):
    on the bundled concrete, energy and boston sets this lowered the test MNLL on most splits.
+   Where the search holds every row (``N <= subsample``) and there are more than
+   ``exact_rows``, it maximises the sum of the exact evidences of blocks of at most
+   ``exact_rows`` neighbouring rows (:func:`~rfgp.inference.blocks.kd_blocks`; the kernel
+   matrix with its cross-block entries dropped, as in step 4b), and so do the folds of step 3
+   and the Hessian of step 5. On the bundled wine set (1439 rows, two blocks) an evaluation
+   cost 57 ms against 74 ms with 512 features, and the answer no longer hangs on the
+   features' draw: the mean test MNLL of five splits went from 1.143 to 1.128, and over three
+   seeds it ranged from 1.128 to 1.130, where four seeds of the 512-feature search ranged
+   from 1.122 to 1.147.
 3. **A bounded alternative, chosen by cross-validation.** The evidence maximum often switches
    an input off (its lengthscale runs to hundreds of the input's standard deviations). That is
    right for an input that carries nothing, but on inputs with a weak effect it can predict
@@ -860,7 +869,9 @@ def fit_auto(
             of the bound and its cross-validation scores).
         exact_rows: a search stage on at most this many rows maximises the exact kernel's
             evidence (``O(n^3)``, no more than the ``search_features`` evidence's
-            :math:`O(n D_s^2)` at these sizes) instead of the random-feature one (0: never).
+            :math:`O(n D_s^2)` at these sizes) instead of the random-feature one; a search
+            on every row, ``exact_rows < N <= subsample``, the exact evidences of blocks of
+            at most this many neighbouring rows (0: never).
         max_lengthscale: the candidate bound on every lengthscale, in units of its input
             column's standard deviation (:func:`column_scale`); ``None``: the evidence
             maximum, unbounded, always.
@@ -926,13 +937,28 @@ def fit_auto(
     stages = search_stages(n, subsample, refine_iterations, refine_rows, max_iterations,
                            generator, x.device)
 
+    def evidence_of(xs: Tensor, whole: bool) -> Tuple[bool, Optional[List[Tensor]]]:
+        # The exact evidence on at most exact_rows rows. Where the search holds every row and
+        # there are more, the exact evidence on blocks of neighbouring rows: on wine (1439
+        # rows) it cost 57 ms per evaluation against 74 ms for 512 features, and the answer no
+        # longer depends on the features' draw (see the module docstring, step 2).
+        if xs.shape[0] <= exact_rows:
+            return True, None
+        if whole and exact_rows >= 2:
+            return True, kd_blocks(xs, exact_rows)
+        return False, None
+
+    stage_blocks: Dict[str, Optional[List[Tensor]]] = {}
+
     def search(name: str, rows: Optional[Tensor], iterations: int):
         nonlocal gp
         xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-        exact = xs.shape[0] <= exact_rows
+        whole = name == "subsample" and rows is None
+        exact, blocks = evidence_of(xs, whole)
+        stage_blocks[name] = blocks
         if exact:
             info.exact_stages.append(name)
-        result = maximize_evidence(gp, xs, ys, iterations, tolerance, exact)
+        result = maximize_evidence(gp, xs, ys, iterations, tolerance, exact, None, blocks)
         # The bound is weighed only where the search sees every row: on a subsample the
         # maximum's lengthscales run long (the refinement corrects that), and a bound kept
         # from there left 30 refinement iterations short of the unbounded optimum
@@ -951,10 +977,12 @@ def fit_auto(
                 # data-driven start of these rows, then the bounded one from where it ended.
                 model = fresh_gp(initial_hyperparameters(
                     xf, yf, generator=torch.Generator().manual_seed(seed)))
-                maximize_evidence(model, xf, yf, iterations, loose, exact)
+                exact_f, blocks_f = evidence_of(xf, True)
+                maximize_evidence(model, xf, yf, iterations, loose, exact_f, None, blocks_f)
                 yield model.kernel, model.noise
                 if _exceeds(model, bound):
-                    maximize_evidence(model, xf, yf, iterations, loose, exact, bound)
+                    maximize_evidence(model, xf, yf, iterations, loose, exact_f, bound,
+                                      blocks_f)
                 yield model.kernel, model.noise
 
             scores = cross_validate(
@@ -965,7 +993,7 @@ def fit_auto(
         if keep_unbounded:
             return result
         info.lengthscale_bound = bound
-        bounded = maximize_evidence(gp, xs, ys, iterations, tolerance, exact, bound)
+        bounded = maximize_evidence(gp, xs, ys, iterations, tolerance, exact, bound, blocks)
         # One record of the stage: the unbounded search's evaluations, then the bounded ones.
         return result[0] + bounded[0], result[1] + bounded[1], bounded[2]
 
@@ -973,7 +1001,7 @@ def fit_auto(
     # The last stage's rows: the local stage's and the Laplace Hessian's.
     last, rows, _ = stages[-1]
     xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-    blocks = None
+    blocks = stage_blocks.get(last)
     if local_search and last == "refine" and exact_rows >= 2:
         started = time.perf_counter()
         blocks = kd_blocks(xs, exact_rows)

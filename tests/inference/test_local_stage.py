@@ -296,3 +296,70 @@ def test_fourier_kernel_evidence_over_blocks_checks_them():
         evidence(*args, blocks=halves)
     with pytest.raises(ValueError, match="partition"):
         evidence(*args, exact=True, blocks=[torch.arange(30)])
+
+
+# ----------------------------------------------------------------------------- whole-set blocks
+def test_search_of_every_row_beyond_exact_rows_maximises_the_block_evidence():
+    # 300 rows, all in the search (subsample 1000), more than exact_rows = 100: the search
+    # maximises the exact evidences of the k-d blocks of at most 100 rows. Standard normal
+    # inputs and centred targets of root mean square near one: the search's working units
+    # are one, so its blocks are those of x.
+    x, y = _data(300, seed=21)
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=64, search_features=64, subsample=1000, exact_rows=100,
+                  tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=report)
+    assert report.exact_stages == ["subsample"] and "refine" not in report.iterations
+    blocks = kd_blocks(x, 100)
+    theta = torch.cat([gp.kernel.base_kernel.lengthscale.detach().reshape(-1).log(),
+                       gp.kernel.outputscale.detach().log().reshape(1),
+                       gp.noise.detach().log().reshape(1)]).requires_grad_(True)
+    total = 0
+    for rows in blocks:
+        k = stationary_kernel(x[rows], x[rows], theta[:2].exp().reshape(1, -1), None)
+        cov = theta[2].exp() * k + theta[3].exp() * torch.eye(rows.numel(), dtype=DT)
+        total = total - torch.distributions.MultivariateNormal(
+            torch.zeros(rows.numel(), dtype=DT), cov).log_prob(y[rows])
+    (grad,) = torch.autograd.grad(total / y.numel(), theta)
+    assert float(grad.abs().max()) < 1e-5
+    # The block evidence is not the 64 features' evidence: their maximum is elsewhere.
+    features = FitReport()
+    fit_auto(x, y, num_features=64, search_features=64, subsample=1000, exact_rows=0,
+             tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=features)
+    assert features.exact_stages == []
+    assert not torch.allclose(features.lengthscale, report.lengthscale, rtol=1e-3)
+
+
+def test_folds_and_hessian_of_a_whole_set_search_use_blocks(monkeypatch):
+    # Every evidence search of the fit on more than exact_rows rows (the search, both searches
+    # of each fold, the bounded search) runs on k-d blocks of at most exact_rows rows that
+    # partition its rows; the Laplace Hessian gets the search's blocks.
+    import rfgp.inference.recipe as recipe
+
+    calls, hessian_blocks = [], []
+    original, original_laplace = recipe.maximize_evidence, recipe._laplace_lengthscales
+
+    def recording(gp, x, y, max_iterations=100, tolerance=1e-6, exact=False,
+                  max_lengthscale=None, blocks=None):
+        calls.append((x.shape[0], exact, blocks))
+        return original(gp, x, y, max_iterations, tolerance, exact, max_lengthscale, blocks)
+
+    def laplace(gp, xs, ys, total, exact, bound, num_draws, generator, blocks=None):
+        hessian_blocks.append(blocks)
+        return original_laplace(gp, xs, ys, total, exact, bound, num_draws, generator, blocks)
+
+    monkeypatch.setattr(recipe, "maximize_evidence", recording)
+    monkeypatch.setattr(recipe, "_laplace_lengthscales", laplace)
+    g = gen(22)
+    x = torch.randn(250, 2, generator=g, dtype=DT)
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(250, generator=g, dtype=DT)  # x1 idle
+    report = FitReport()
+    fit_auto(x, y - y.mean(), num_features=64, subsample=1000, exact_rows=60, report=report,
+             lengthscale_draws=4)
+    assert report.cv_scores, "the bound was not weighed"
+    assert len(calls) >= 1 + 5  # the search and at least one search per fold
+    for rows, exact, blocks in calls:
+        assert exact and blocks is not None
+        assert all(b.numel() <= 60 for b in blocks)
+        assert torch.equal(torch.cat(blocks).sort().values, torch.arange(rows))
+    assert hessian_blocks and hessian_blocks[0] is not None
+    assert sum(b.numel() for b in hessian_blocks[0]) == 250
