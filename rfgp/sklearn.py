@@ -303,7 +303,9 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
     rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
     noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
-    of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations; where a
+    of at most 2000 rows (the exact kernel's evidence on at most 1000 rows, and on blocks of
+    at most 1000 neighbouring rows up to 2000; in units near each column's spread, so ``X``
+    need not be standardised; L-BFGS until converged, at most ``max_iter`` iterations; where a
     lengthscale ends beyond ``max_lengthscale`` standard deviations of its input, the search
     bounded there is kept unless ``cv_folds``-fold cross-validation prefers the unbounded
     maximum by more than a standard error), refine it
