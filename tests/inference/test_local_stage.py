@@ -47,6 +47,23 @@ def _block_loss(x, y, blocks, lengthscale, outputscale, noise):
     return total / y.numel()
 
 
+def _block_evidence_gradient(gp, x, y, blocks):
+    """The gradient of sum_b -log N(y_b; 0, s K_b + noise I) / N in the log-hyperparameters
+    (lengthscales, outputscale, noise) at the GP's, by autograd through dense Gaussians."""
+    d = x.shape[1]
+    theta = torch.cat([gp.kernel.base_kernel.lengthscale.detach().reshape(-1).log(),
+                       gp.kernel.outputscale.detach().log().reshape(1),
+                       gp.noise.detach().log().reshape(1)]).requires_grad_(True)
+    total = 0
+    for rows in blocks:
+        k = stationary_kernel(x[rows], x[rows], theta[:d].exp().reshape(1, -1), None)
+        cov = theta[d].exp() * k + theta[d + 1].exp() * torch.eye(rows.numel(), dtype=DT)
+        total = total - torch.distributions.MultivariateNormal(
+            torch.zeros(rows.numel(), dtype=DT), cov).log_prob(y[rows])
+    (grad,) = torch.autograd.grad(total / y.numel(), theta)
+    return grad
+
+
 # ----------------------------------------------------------------------------- kd_blocks
 @pytest.mark.parametrize("n,max_rows", [(1, 1), (10, 3), (257, 64), (1000, 1000), (1001, 1000)])
 def test_kd_blocks_partition_the_rows_into_balanced_blocks(n, max_rows):
@@ -132,16 +149,7 @@ def test_block_search_reaches_a_stationary_point_of_the_block_evidence():
     blocks = kd_blocks(x, 50)
     gp = _gp(2, [1.0, 1.0])
     maximize_evidence(gp, x, y, 200, 1e-7, exact=True, blocks=blocks)
-    theta = torch.cat([gp.kernel.base_kernel.lengthscale.detach().reshape(-1).log(),
-                       gp.kernel.outputscale.detach().log().reshape(1),
-                       gp.noise.detach().log().reshape(1)]).requires_grad_(True)
-    total = 0
-    for rows in blocks:
-        k = stationary_kernel(x[rows], x[rows], theta[:2].exp().reshape(1, -1), None)
-        cov = theta[2].exp() * k + theta[3].exp() * torch.eye(rows.numel(), dtype=DT)
-        total = total - torch.distributions.MultivariateNormal(
-            torch.zeros(rows.numel(), dtype=DT), cov).log_prob(y[rows])
-    (grad,) = torch.autograd.grad(total / y.numel(), theta)
+    grad = _block_evidence_gradient(gp, x, y, blocks)
     # The noise floor (1e-6 of the mean square) shifts the noise's gradient by at most that.
     assert float(grad.abs().max()) < 1e-5
 
@@ -309,17 +317,7 @@ def test_search_of_every_row_beyond_exact_rows_maximises_the_block_evidence():
     gp = fit_auto(x, y, num_features=64, search_features=64, subsample=1000, exact_rows=100,
                   tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=report)
     assert report.exact_stages == ["subsample"] and "refine" not in report.iterations
-    blocks = kd_blocks(x, 100)
-    theta = torch.cat([gp.kernel.base_kernel.lengthscale.detach().reshape(-1).log(),
-                       gp.kernel.outputscale.detach().log().reshape(1),
-                       gp.noise.detach().log().reshape(1)]).requires_grad_(True)
-    total = 0
-    for rows in blocks:
-        k = stationary_kernel(x[rows], x[rows], theta[:2].exp().reshape(1, -1), None)
-        cov = theta[2].exp() * k + theta[3].exp() * torch.eye(rows.numel(), dtype=DT)
-        total = total - torch.distributions.MultivariateNormal(
-            torch.zeros(rows.numel(), dtype=DT), cov).log_prob(y[rows])
-    (grad,) = torch.autograd.grad(total / y.numel(), theta)
+    grad = _block_evidence_gradient(gp, x, y, kd_blocks(x, 100))
     assert float(grad.abs().max()) < 1e-5
     # The block evidence is not the 64 features' evidence: their maximum is elsewhere.
     features = FitReport()
