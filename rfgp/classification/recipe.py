@@ -293,9 +293,9 @@ def fit_classifier_auto(
     generator = torch.Generator().manual_seed(seed)
     # The search runs on inputs over powers of two near their spreads (exact divisions), the
     # lengthscales are scaled back: see column_unit.
-    x_data, x_unit = x, column_unit(x)
-    x = x / x_unit
-    init = initial_hyperparameters(x, targets, generator=generator)
+    x_unit = column_unit(x)
+    x_search = x / x_unit
+    init = initial_hyperparameters(x_search, targets, generator=generator)
     # The targets' mean square goes to the outputscale: the noise is the transform's.
     outputscale = targets.square().mean().clamp_min(1e-12) * torch.ones((), dtype=x.dtype)
     info.initial = {"lengthscale": init["lengthscale"] * x_unit, "outputscale": outputscale}
@@ -307,7 +307,8 @@ def fit_classifier_auto(
                            generator, x.device)
 
     def search(name: str, rows: Optional[Tensor], iterations: int):
-        xs, ys, ss = (x, targets, noise) if rows is None else (x[rows], targets[rows], noise[rows])
+        xs, ys, ss = ((x_search, targets, noise) if rows is None
+                      else (x_search[rows], targets[rows], noise[rows]))
         return dirichlet_evidence_search(kernel, xs, ys, ss, iterations, tolerance)
 
     run_search_stages(stages, search, info, "fit_classifier_auto", n)
@@ -318,7 +319,6 @@ def fit_classifier_auto(
     final = make_ard_kernel(num_features, d, spectral, seed=seed, dtype=x.dtype).to(x.device)
     final.base_kernel.lengthscale = info.lengthscale.reshape(1, -1)
     final.outputscale = kernel.outputscale.detach().clone()
-    x = x_data
     model = DirichletGPClassifier(
         final, alpha_epsilon=alpha_epsilon, num_classes=num_classes, centre=True,
         outputscale=1.0, num_samples=num_samples, seed=seed,

@@ -748,7 +748,7 @@ def _target_unit(y: Tensor) -> float:
     without squaring ``y`` itself (which overflows beyond about 1e154)."""
     peak = power_of_two_scale(y)
     rms = peak * math.sqrt(float((y / peak).square().mean()))
-    return float(_power_of_two(torch.tensor(rms, dtype=torch.float64)))
+    return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 
 def _laplace_lengthscales(gp: RandomFeatureGP, xs: Tensor, ys: Tensor, total: int,
@@ -948,14 +948,10 @@ def fit_auto(
             return True, kd_blocks(xs, exact_rows)
         return False, None
 
-    stage_blocks: Dict[str, Optional[List[Tensor]]] = {}
-
     def search(name: str, rows: Optional[Tensor], iterations: int):
         nonlocal gp
         xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-        whole = name == "subsample" and rows is None
-        exact, blocks = evidence_of(xs, whole)
-        stage_blocks[name] = blocks
+        exact, blocks = evidence_of(xs, name == "subsample" and rows is None)
         if exact:
             info.exact_stages.append(name)
         result = maximize_evidence(gp, xs, ys, iterations, tolerance, exact, None, blocks)
@@ -1001,7 +997,7 @@ def fit_auto(
     # The last stage's rows: the local stage's and the Laplace Hessian's.
     last, rows, _ = stages[-1]
     xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-    blocks = stage_blocks.get(last)
+    _, blocks = evidence_of(xs, last == "subsample" and rows is None)
     if local_search and last == "refine" and exact_rows >= 2:
         started = time.perf_counter()
         blocks = kd_blocks(xs, exact_rows)
