@@ -19,6 +19,7 @@ from rfgp.inference.recipe import (
     FitReport,
     bounded_lengthscale,
     column_scale,
+    column_unit,
     fit_auto,
     make_ard_kernel,
 )
@@ -187,3 +188,26 @@ def test_classifier_recipe_reaches_the_same_maximum_in_other_units(c):
     torch.testing.assert_close(report_s.lengthscale / c, report.lengthscale, rtol=0.01, atol=0)
     torch.testing.assert_close(model_s.predict_proba(xq * c), model.predict_proba(xq),
                                rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (torch.tensor([[1.0, float("nan")], [2.0, 3.0]], dtype=DT), ValueError, "finite"),
+    (torch.tensor([[float("inf")], [1.0]], dtype=DT), ValueError, "finite"),
+    (torch.zeros(0, 2, dtype=DT), ValueError, "empty"),
+    (torch.tensor(1.0, dtype=DT), ValueError, "at least 2 dimension"),
+    (torch.ones(3, dtype=DT), ValueError, "at least 2 dimension"),
+    (torch.ones(3, 2, dtype=torch.long), TypeError, "floating dtype"),
+])
+def test_column_unit_rejects_bad_inputs(bad, error, match):
+    with pytest.raises(error, match=match):
+        column_unit(bad)
+
+
+def test_column_unit_is_the_power_of_two_nearest_each_spread():
+    # Spreads 3 * 2^10 (log2 = 11.58: 2^12), 2^-7 exactly, and a constant column (unit 1).
+    g = gen(3)
+    z = torch.randn(500, 1, generator=g, dtype=DT)
+    z = (z - z.mean()) / z.std()
+    x = torch.cat([z * 3 * 2.0**10, z * 2.0**-7, torch.full_like(z, 5.0)], 1)
+    torch.testing.assert_close(column_unit(x), torch.tensor([2.0**12, 2.0**-7, 1.0], dtype=DT),
+                               rtol=0, atol=0)
