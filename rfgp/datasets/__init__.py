@@ -1,13 +1,16 @@
 """Loaders for the real data sets bundled with rfgp.
 
 * UCI regression sets (``boston``, ``concrete``, ``energy``, ``yacht``, ``power-plant``,
-  ``wine-quality-red``): see ``data/uci/LICENSE-source.txt``.
+  ``wine-quality-red``): see ``data/uci/LICENSE-source.txt``; the larger ``elevators``,
+  ``pol``, ``bike``, ``pumadyn32nm``, ``tamielectric`` and ``keggundirected`` (8192 to 63608
+  rows): see ``data/uci-large/LICENSE-source.txt``.
 * The 200 hPa global wind field with its Helmholtz decomposition: see
   ``data/wind/LICENSE-source.txt``.
 """
 
 from __future__ import annotations
 
+import gzip
 import numbers
 from dataclasses import dataclass
 from importlib import resources
@@ -28,7 +31,9 @@ from rfgp._validation import (
 
 __all__ = ["UCI_DATASETS", "load_uci", "load_wind", "train_test_split", "standardize"]
 
-#: name -> (file name, number of input columns); the target is the last column.
+#: name -> (file name, number of input columns); the target is the last column. The first six
+#: (277 to 9568 rows) are in ``data/uci``, the larger six (8192 to 63608 rows) in
+#: ``data/uci-large``, gzip-compressed.
 UCI_DATASETS: Dict[str, Tuple[str, int]] = {
     "boston": ("boston.txt", 13),
     "concrete": ("concrete.txt", 8),
@@ -36,6 +41,12 @@ UCI_DATASETS: Dict[str, Tuple[str, int]] = {
     "yacht": ("yacht.txt", 6),
     "power-plant": ("power-plant.txt", 4),
     "wine-quality-red": ("wine-quality-red.txt", 11),
+    "elevators": ("uci-large/elevators.txt.gz", 18),
+    "pol": ("uci-large/pol.txt.gz", 26),
+    "bike": ("uci-large/bike.txt.gz", 17),
+    "pumadyn32nm": ("uci-large/pumadyn32nm.txt.gz", 32),
+    "tamielectric": ("uci-large/tamielectric.txt.gz", 3),
+    "keggundirected": ("uci-large/keggundirected.txt.gz", 27),
 }
 
 
@@ -64,7 +75,11 @@ def load_uci(
     check_choice("name", name, sorted(UCI_DATASETS))
     dtype = check_dtype("dtype", dtype)
     file_name, num_inputs = UCI_DATASETS[name]
-    text = _data_path("uci", file_name).read_text()
+    if file_name.endswith(".gz"):
+        folder, file_name = file_name.split("/")
+        text = gzip.decompress(_data_path(folder, file_name).read_bytes()).decode()
+    else:
+        text = _data_path("uci", file_name).read_text()
     rows = [line.split() for line in text.splitlines() if line.strip()]
     array = np.asarray(rows, dtype=np.float64)
     if array.shape[1] != num_inputs + 1:
