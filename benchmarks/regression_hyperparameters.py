@@ -9,8 +9,8 @@ RBF-ARD kernel and the exact GP predictive, so only the hyperparameters differ.
 Estimators, per random 90/10 split (inputs and targets standardised with the training statistics):
 
 * ``ML-II (rfgp)``: rfgp's evidence search as ``fit_auto`` runs it on small sets: data-driven
-  start (:func:`rfgp.inference.recipe.initial_hyperparameters`), L-BFGS on the exact kernel's
-  evidence (:func:`rfgp.inference.recipe.maximize_evidence` with ``exact=True``) to convergence.
+  start (:func:`rfgp.recipes.initial_hyperparameters`), L-BFGS on the exact kernel's
+  evidence (:func:`rfgp.recipes.maximize_evidence` with ``exact=True``) to convergence.
 * ``GPyTorch Adam``: ``gpytorch.models.ExactGP`` with a constant mean and
   ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.1) for 100 steps from GPyTorch's initial values,
   as in ``regression_uci.py``.
@@ -65,7 +65,7 @@ from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference.feature_gp import RandomFeatureGP  # noqa: E402
 from rfgp.inference.laplace import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.inference.linalg import try_cholesky  # noqa: E402
-from rfgp.inference.recipe import (  # noqa: E402
+from rfgp.recipes import (  # noqa: E402
     initial_hyperparameters,
     make_ard_kernel,
     maximize_evidence,

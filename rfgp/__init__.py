@@ -8,10 +8,12 @@ from rfgp import (
     likelihoods,
     metrics,
     ops,
+    recipes,
     variance,
 )
-from rfgp.classification import DirichletGPClassifier, fit_classifier_auto
-from rfgp.inference import RandomFeatureGP, StaleFitError, fit_auto
+from rfgp.classification import DirichletGPClassifier
+from rfgp.inference import RandomFeatureGP, StaleFitError
+from rfgp.recipes import fit_auto, fit_classifier_auto
 from rfgp.inference.vector_field import helmholtz_components
 
 __version__ = "0.1.0"
@@ -30,6 +32,7 @@ __all__ = [
     "likelihoods",
     "metrics",
     "ops",
+    "recipes",
     "variance",
     "__version__",
 ]

@@ -48,23 +48,19 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from gpytorch.kernels import Kernel, ScaleKernel
 from linear_operator.utils.warnings import NumericalWarning
 
-from rfgp.classification import (
-    PROBA_METHODS,
-    ClassifierFitReport,
-    DirichletGPClassifier,
-    choose_classifier_features,
-    fit_classifier_auto,
-    softmax_expectation,
-)
+from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
-from rfgp.inference.recipe import (
-    DEFAULT_LENGTHSCALE_DRAWS,
-    DEFAULT_MAX_LENGTHSCALE,
-    FitReport,
-    choose_num_features,
-    fit_auto,
-)
 from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
+from rfgp.recipes import (
+    ClassifierFitReport,
+    ClassifierOptions,
+    FitReport,
+    RegressionOptions,
+    fit_auto,
+    fit_classifier_auto,
+)
+from rfgp.recipes.classification import plan_classifier
+from rfgp.recipes.schedule import plan_regression
 
 __all__ = [
     "InvalidParameterError",
@@ -140,8 +136,12 @@ KERNELS: Dict[str, Callable[[Dict[str, Any], int], RandomFeatureKernel]] = {
 }
 
 
-# The most features choose_num_features gives a fit outside the recipe.
+# The most features a fit outside the recipe gets by default: these fits optimise or evaluate
+# at that size, which the recipe's final fit (the only one that goes beyond it) does not.
 _FIT_MAX_FEATURES = 8192
+_REGRESSION_DEFAULTS = RegressionOptions()
+# Estimator parameters that are recipe options under another name.
+_OPTION_NAMES = {"kernel": "spectral", "max_iter": "max_iterations"}
 
 #: kernel names the default recipe (``optimizer="auto"``) fits: the Fourier kernels.
 _RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
@@ -217,15 +217,35 @@ def make_kernel(
 
 
 def _seed(random_state: Any) -> int:
+    """The seed of a fit: a non-negative integer ``random_state`` is the seed itself (so that
+    ``random_state=s`` fits as the recipe's ``seed=s``); ``None`` or a ``RandomState`` draws
+    one."""
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and (
+            0 <= random_state < 2**63):
+        return int(random_state)
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def _recipe_options(options_type, estimator: BaseEstimator, names, **fixed: Any):
+    """The recipe's checked options from the estimator's parameters ``names`` (renamed by
+    :data:`_OPTION_NAMES`) and ``fixed`` values; a bad value raises
+    :class:`InvalidParameterError` naming the estimator's parameter."""
+    values = {_OPTION_NAMES.get(name, name): getattr(estimator, name) for name in names}
+    values.update(fixed)
+    try:
+        return options_type().replace(**values).checked()
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for param, option in _OPTION_NAMES.items():
+            message = message.replace(option, param)
+        raise InvalidParameterError(message) from error
 
 
 def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
     """The estimator's kernel: built from its name, or a deep copy of the given object.
 
-    A named kernel with ``num_features=None`` gets ``choose_num_features(num_rows)`` features,
-    at most 8192: these fits optimise or evaluate at that size, which the recipe's refit (the
-    only fit that goes beyond it) does not.
+    A named kernel with ``num_features=None`` gets the default schedule's feature count for
+    ``num_rows`` rows, at most 8192.
 
     A given kernel keeps its own random weights when ``random_state`` is ``None``; otherwise
     its (copy's) weights are redrawn from ``seed`` so that ``random_state`` controls them.
@@ -233,7 +253,8 @@ def _kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
     if isinstance(estimator.kernel, str):
         num_features = estimator.num_features
         if num_features is None:
-            num_features = choose_num_features(num_rows, function_maximum=_FIT_MAX_FEATURES)
+            num_features = min(_FIT_MAX_FEATURES, plan_regression(
+                num_rows, estimator.n_features_in_, _REGRESSION_DEFAULTS).num_features)
         return make_kernel(
             estimator.kernel, num_features, estimator.lengthscale, estimator.sampling,
             estimator.degree, estimator.bias, estimator.projection, seed,
@@ -301,31 +322,24 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     (``normalize_y``). Fitting costs :math:`O(N D^2 + D^3)` (:class:`rfgp.RandomFeatureGP`).
 
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
-    rfgp's recipe :func:`rfgp.inference.recipe.fit_auto`: ARD lengthscales, outputscale and
-    noise start from the data, maximise the evidence at 512 orthogonal features on a subsample
-    of at most 2000 rows (the exact kernel's evidence on at most 1000 rows, and on blocks of
-    at most 1000 neighbouring rows up to 2000; in units near each column's spread, so ``X``
-    need not be standardised; L-BFGS until converged, at most ``max_iter`` iterations; where a
-    lengthscale ends beyond ``max_lengthscale`` standard deviations of its input, the search
-    bounded there is kept unless ``cv_folds``-fold cross-validation prefers the unbounded
-    maximum by more than a standard error), refine it
-    with 30 iterations on up to 10000 rows when there are more, and the GP is refitted on all
-    rows with ``num_features`` features (default: as many as the operation budget allows for
-    ``N`` rows: up to 8192, up to 32768 on about 2000 rows or fewer), its kernel the average
-    over ``lengthscale_draws`` lengthscales drawn from the evidence's Laplace approximation;
-    ``lengthscale``,
-    ``sampling`` and ``noise`` are
-    then not used. With ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the
-    lengthscale, the outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the
-    kernel built from the arguments maximise the log marginal likelihood (the random weights
-    stay fixed).
+    rfgp's regression recipe, :func:`rfgp.fit_auto`, on the standardised targets with the
+    same options (:class:`rfgp.recipes.RegressionOptions`: ``max_iter`` is its
+    ``max_iterations``, ``kernel`` its ``spectral``, ``random_state=s`` its ``seed=s``), so the
+    estimator and ``fit_auto(X, (y - y.mean()) / y.std(), seed=s)`` make the same model:
+    the evidence is maximised cheaply, and the final ``D``-feature model chooses its own
+    outputscale and noise by its evidence, all within ``time_budget`` seconds;
+    ``lengthscale``, ``sampling`` and ``noise`` are then not used. With
+    ``optimizer="lbfgs"`` (and ``"auto"`` with the other kernels) the lengthscale, the
+    outputscale :math:`\sigma_f^2` and the noise :math:`\sigma^2` of the kernel built from
+    the arguments maximise the log marginal likelihood (the random weights stay fixed).
 
     Args:
         kernel: a name in :data:`KERNELS` (wrapped in a ``ScaleKernel``) or an rfgp kernel
             (a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one),
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            (:func:`rfgp.inference.recipe.choose_num_features`).
+            and the time budget (:func:`rfgp.recipes.schedule.plan_regression`; at most 8192
+            outside the recipe).
         lengthscale: initial lengthscale of a named kernel (not used by ``"auto"``).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
             ``"structured"``; ``"auto"`` uses orthogonal frequencies).
@@ -340,8 +354,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             ``"lbfgs"``: outer iterations of up to 20 evaluations).
         normalize_y: standardise the targets (mean and standard deviation per column);
             otherwise only the zero prior mean is used.
-        random_state: seed (int, ``RandomState`` or ``None``) of the random features. A given
-            kernel keeps its own weights when ``None``.
+        random_state: seed (a non-negative int is the seed itself; a ``RandomState`` or
+            ``None`` draws one) of the random features. A given kernel keeps its own weights
+            when ``None``.
+        time_budget: ``"auto"`` only: the recipe's time budget in seconds (``None``: its
+            default, linear in the rows).
         max_lengthscale: ``"auto"`` only: the recipe's candidate bound on the lengthscales, in
             standard deviations of each input (``None``: the unbounded evidence maximum,
             fastest).
@@ -349,9 +366,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             bounded and unbounded search (``0``: the bound whenever it binds).
         lengthscale_draws: ``"auto"`` only: lengthscale draws of the final kernel's Laplace
             average (``0``: the kernel at the evidence maximum).
-        local_search: ``"auto"`` only: after the refinement on more rows than the subsample,
-            the search on the exact kernel's evidence over blocks of neighbouring rows, from
-            several starts (``False``: the refinement's end).
+        local_search: ``"auto"`` only: after the refinement, the exact kernel's evidence on
+            blocks of neighbouring rows from as many starts as the budget allows.
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -392,10 +408,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         max_iter: int = 200,
         normalize_y: bool = True,
         random_state: Any = None,
-        max_lengthscale: Optional[float] = DEFAULT_MAX_LENGTHSCALE,
-        cv_folds: int = 5,
-        lengthscale_draws: int = DEFAULT_LENGTHSCALE_DRAWS,
-        local_search: bool = True,
+        time_budget: Optional[float] = None,
+        max_lengthscale: Optional[float] = _REGRESSION_DEFAULTS.max_lengthscale,
+        cv_folds: int = _REGRESSION_DEFAULTS.cv_folds,
+        lengthscale_draws: int = _REGRESSION_DEFAULTS.lengthscale_draws,
+        local_search: bool = _REGRESSION_DEFAULTS.local_search,
     ) -> None:
         _store_params(self, locals())
 
@@ -424,33 +441,24 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 f"optimizer must be 'auto', 'lbfgs', 'adam' or None, got {self.optimizer!r}"
             )
         _check_positive_int("max_iter", self.max_iter)
-        if self.max_lengthscale is not None:
-            _check_positive("max_lengthscale", self.max_lengthscale)
-        if (isinstance(self.cv_folds, bool) or not isinstance(self.cv_folds, numbers.Integral)
-                or self.cv_folds < 0 or self.cv_folds == 1):
-            raise InvalidParameterError(
-                f"cv_folds must be 0 or an integer >= 2, got {self.cv_folds!r} "
-                f"({type(self.cv_folds).__name__})"
-            )
-        draws = self.lengthscale_draws
-        if isinstance(draws, bool) or not isinstance(draws, numbers.Integral) or draws < 0:
-            raise ValueError(
-                f"lengthscale_draws must be an integer >= 0, got {draws!r} "
-                f"({type(draws).__name__})"
-            )
-        if not isinstance(self.local_search, (bool, np.bool_)):
-            raise InvalidParameterError(
-                f"local_search must be a bool, got {self.local_search!r} "
-                f"({type(self.local_search).__name__})"
-            )
-        self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
+        if self.num_features is not None:
+            _check_positive_int("num_features", self.num_features)
         seed = _seed(self.random_state)
+        recipe = (self.optimizer == "auto" and isinstance(self.kernel, str)
+                  and self.kernel in _RECIPE_KERNELS)
+        # The recipe's options are checked whatever the path, as every parameter is.
+        options = _recipe_options(
+            RegressionOptions, self,
+            ("max_iter", "time_budget", "max_lengthscale", "cv_folds", "lengthscale_draws",
+             "local_search"),
+            spectral=self.kernel if recipe else "rbf", seed=seed,
+            num_features=self.num_features if recipe else None)
+        self._y_mean, self._y_std = _target_scaling(y, bool(self.normalize_y))
         x_t = _as_tensor(X)
         y_t = _as_tensor((y - self._y_mean) / self._y_std)
         self.fit_report_ = None
-        named = isinstance(self.kernel, str)
-        if self.optimizer == "auto" and named and self.kernel in _RECIPE_KERNELS:
-            gp = self._fit_recipe(x_t, y_t, seed)
+        if recipe:
+            gp = self._fit_recipe(x_t, y_t, options)
         else:
             kernel = _kernel_from(self, seed, X.shape[0])
             if isinstance(self.kernel, str):
@@ -466,20 +474,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         self.log_marginal_likelihood_value_ = float(gp.log_marginal_likelihood())
         return self
 
-    def _fit_recipe(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> RandomFeatureGP:
-        """The default recipe, :func:`rfgp.inference.recipe.fit_auto`."""
-        num_features = self.num_features
-        if num_features is not None:
-            num_features = _check_positive_int("num_features", num_features)
+    def _fit_recipe(self, x: torch.Tensor, y: torch.Tensor,
+                    options: RegressionOptions) -> RandomFeatureGP:
+        """The default recipe, :func:`rfgp.fit_auto`, with the estimator's options."""
         report = FitReport()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             warnings.simplefilter("ignore", NumericalWarning)
-            gp = fit_auto(x, y, spectral=self.kernel, num_features=num_features,
-                          max_iterations=int(self.max_iter), seed=seed, report=report,
-                          max_lengthscale=self.max_lengthscale, cv_folds=int(self.cv_folds),
-                          lengthscale_draws=int(self.lengthscale_draws),
-                          local_search=bool(self.local_search))
+            gp = fit_auto(x, y, report=report, **vars(options))
         self.fit_report_ = report
         self.n_iter_ = sum(report.iterations.values())
         return gp
@@ -572,14 +574,13 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     point do not depend on the other rows of ``X``.
 
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
-    rfgp's classification recipe :func:`rfgp.classification.fit_classifier_auto`: ARD
-    lengthscales (from the inputs' spread) and the outputscale, shared by the ``C`` classes,
-    maximise the summed evidence of the transformed labels at 512 orthogonal features on a
-    subsample of at most 2000 rows (L-BFGS until converged, at most ``max_iter`` iterations;
-    10 more on up to 20000 rows when there are more), and the classifier is refitted on all
-    rows with ``num_features`` features (default: as many as the operation budget allows for
-    ``N`` rows and ``C`` classes, up to 8192); ``lengthscale`` and ``sampling`` are then not
-    used and ``alpha_epsilon`` is kept. ``optimizer="validation"`` runs the same recipe, then
+    rfgp's classification recipe, :func:`rfgp.fit_classifier_auto`, with the same options
+    (:class:`rfgp.recipes.ClassifierOptions`; ``random_state=s`` is its ``seed=s``): ARD
+    lengthscales and the outputscale, shared by the ``C`` classes, maximise the summed
+    evidence of the transformed labels, and the classifier is refitted on all rows with
+    ``num_features`` features (default: the most the time budget allows for ``N`` rows and
+    ``C`` classes); ``lengthscale`` and ``sampling`` are then not used and
+    ``alpha_epsilon`` is kept. ``optimizer="validation"`` runs the same recipe, then
     chooses ``alpha_epsilon`` on a validation split. With ``optimizer=None`` (and with the
     other kernels) the kernel built from the arguments is used as it is.
 
@@ -587,7 +588,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         kernel: a name in :data:`KERNELS` or a :class:`~rfgp.kernels.RandomFeatureKernel`,
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            and classes (:func:`rfgp.classification.choose_classifier_features`).
+            and classes (:func:`rfgp.recipes.classification.plan_classifier`).
         lengthscale: lengthscale of a named kernel (not used by the recipe).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
             ``"structured"``; the recipe uses orthogonal frequencies).
@@ -690,27 +691,28 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         seed = _seed(self.random_state)
         x_t, labels = _as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
         num_classes = len(self.classes_)
+        recipe = isinstance(self.kernel, str) and self.kernel in _RECIPE_KERNELS
+        options = _recipe_options(
+            ClassifierOptions, self, ("max_iter", "alpha_epsilon"),
+            spectral=self.kernel if recipe else "rbf",
+            num_features=num_features if recipe else None, num_classes=num_classes,
+            select_alpha=self.optimizer == "validation", num_samples=int(self.mc_samples),
+            seed=seed)
         self.fit_report_ = None
         self.n_iter_ = 0
-        recipe = isinstance(self.kernel, str) and self.kernel in _RECIPE_KERNELS
         if self.optimizer is not None and recipe:
             report = ClassifierFitReport()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 warnings.simplefilter("ignore", NumericalWarning)
-                model = fit_classifier_auto(
-                    x_t, labels, spectral=self.kernel, num_features=num_features,
-                    num_classes=num_classes, alpha_epsilon=alpha,
-                    select_alpha=self.optimizer == "validation",
-                    max_iterations=int(self.max_iter), num_samples=int(self.mc_samples),
-                    seed=seed, report=report,
-                )
+                model = fit_classifier_auto(x_t, labels, report=report, **vars(options))
             self.fit_report_ = report
             self.n_iter_ = sum(report.iterations.values())
         else:
             if isinstance(self.kernel, str):
                 if num_features is None:
-                    num_features = choose_classifier_features(X.shape[0], num_classes)
+                    num_features = plan_classifier(X.shape[0], X.shape[1], num_classes,
+                                                   options).num_features
                 kernel = make_kernel(
                     self.kernel, num_features, self.lengthscale, self.sampling, self.degree,
                     self.bias, self.projection, seed,

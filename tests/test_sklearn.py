@@ -14,8 +14,8 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
-from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
+from rfgp.recipes import FitReport, fit_auto  # noqa: E402
 from rfgp.sklearn import (  # noqa: E402
     KERNELS,
     RandomFeatureGPClassifier,
@@ -107,11 +107,13 @@ def test_every_named_kernel_fits(name):
 def test_default_feature_counts_inside_and_outside_the_recipe():
     # The recipe's refit goes past 8192 features on few rows (function space); a fit outside
     # the recipe (here a fixed-hyperparameter RBF fit) keeps at most 8192.
-    from rfgp.inference.recipe import choose_num_features
+    from rfgp.recipes import RegressionOptions
+    from rfgp.recipes.schedule import plan_regression
 
     X, y = _regression_data(60)
     recipe = RandomFeatureGPRegressor(random_state=0, cv_folds=0).fit(X, y)
-    assert recipe.fit_report_.num_features == choose_num_features(60) == 32768
+    expected = plan_regression(60, X.shape[1], RegressionOptions()).num_features
+    assert recipe.fit_report_.num_features == expected == 32768
     assert recipe.gp_.solve_used == "function"
     plain = RandomFeatureGPRegressor(optimizer=None, random_state=0).fit(X, y)
     assert plain.gp_.kernel.base_kernel.num_features == 8192
@@ -186,17 +188,24 @@ def test_bad_arguments():
         RandomFeatureGPClassifier().fit(X, np.zeros(20))
     with pytest.raises(ValueError, match="proba_method"):
         RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
+    # The recipe's options are checked by the recipe's own table (rfgp.recipes.options), as
+    # InvalidParameterError (a ValueError and a TypeError) naming the estimator's parameter.
     for bad in (0.0, -2.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="max_lengthscale must be a positive float"):
+        with pytest.raises(ValueError, match="max_lengthscale must be a finite real number > 0"):
             RandomFeatureGPRegressor(max_lengthscale=bad).fit(X, y)
-    with pytest.raises(TypeError, match=r"max_lengthscale must be a positive float.*\(str\)"):
+    with pytest.raises(TypeError, match=r"max_lengthscale must be a real number, got str"):
         RandomFeatureGPRegressor(max_lengthscale="4").fit(X, y)
     for bad in (1, -1, 2.5, True):
-        with pytest.raises(ValueError, match="cv_folds must be 0 or an integer >= 2"):
+        with pytest.raises(ValueError, match="cv_folds must be"):
             RandomFeatureGPRegressor(cv_folds=bad).fit(X, y)
     for bad in (-1, 2.5, True, "32"):
-        with pytest.raises(ValueError, match="lengthscale_draws must be an integer >= 0"):
+        with pytest.raises(ValueError, match="lengthscale_draws must be an integer"):
             RandomFeatureGPRegressor(lengthscale_draws=bad).fit(X, y)
+    for bad in (-1.0, "60"):
+        with pytest.raises(ValueError, match="time_budget must be"):
+            RandomFeatureGPRegressor(time_budget=bad).fit(X, y)
+    with pytest.raises(ValueError, match="max_iter must be"):
+        RandomFeatureGPRegressor(max_iter=0).fit(X, y)
     for bad in (1, 0, "yes", None):
         with pytest.raises(TypeError, match="local_search must be a bool"):
             RandomFeatureGPRegressor(local_search=bad).fit(X, y)
@@ -210,7 +219,7 @@ def test_recipe_options_reach_the_recipe():
                     {"lengthscale_draws": 0}, {"lengthscale_draws": 5}):
         reg = RandomFeatureGPRegressor(num_features=64, random_state=0, normalize_y=False,
                                        **options).fit(X, y_std)
-        seed = int(np.random.RandomState(0).randint(np.iinfo(np.int32).max))
+        seed = 0  # random_state=0 is the recipe's seed 0
         report = FitReport()
         fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), num_features=64, seed=seed,
                  report=report, **options)
@@ -231,11 +240,11 @@ def test_local_search_option_reaches_the_recipe(local_search):
     options = dict(num_features=64, lengthscale_draws=0, local_search=local_search)
     reg = RandomFeatureGPRegressor(random_state=0, normalize_y=False, max_iter=20,
                                    **options).fit(X, y_std)
-    seed = int(np.random.RandomState(0).randint(np.iinfo(np.int32).max))
+    seed = 0  # random_state=0 is the recipe's seed 0
     report = FitReport()
     fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), seed=seed, report=report,
              max_iterations=20, **options)
-    assert reg.fit_report_.local_blocks == report.local_blocks == (4 if local_search else 0)
+    assert reg.fit_report_.local_blocks == report.local_blocks == (reg.fit_report_.schedule.local_starts and 4)
     torch.testing.assert_close(reg.fit_report_.lengthscale, report.lengthscale)
 
 
@@ -342,3 +351,38 @@ def test_classifier_predict_log_proba_is_the_log_space_path(proba_method):
     np.testing.assert_allclose(log_proba, expected.numpy(), rtol=1e-12)
     np.testing.assert_allclose(np.exp(log_proba), clf.predict_proba(X[:10]), rtol=1e-12)
     assert np.isfinite(log_proba).all()
+
+
+# ------------------------------------------------------------------------------ estimator = recipe
+def test_the_regressor_is_the_recipe_on_standardised_data():
+    # Same standardised data, random_state=s and seed=s: the same model, so the same
+    # predictions (the estimator's own standardisation of standardised targets is exact up
+    # to rounding).
+    from rfgp.datasets import load_uci, standardize
+
+    x, y = load_uci("concrete")
+    x, _, _ = standardize(x)
+    y, _, _ = standardize(y)
+    y = y - y.mean()
+    y = y / y.std(unbiased=False)
+    reg = RandomFeatureGPRegressor(random_state=3).fit(x.numpy(), y.numpy())
+    gp = fit_auto(x, y, seed=3)
+    mean, std = reg.predict(x[:50].numpy(), return_std=True)
+    mean2, std2 = gp.predict(x[:50], return_std=True)
+    np.testing.assert_allclose(mean, mean2.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(std, std2.numpy(), rtol=0, atol=1e-6)
+
+
+def test_the_classifier_is_the_recipe():
+    from rfgp.recipes import fit_classifier_auto
+
+    g = np.random.RandomState(0)
+    X = g.randn(200, 2)
+    labels = (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+    clf = RandomFeatureGPClassifier(random_state=5, num_features=256).fit(X, labels)
+    model = fit_classifier_auto(torch.from_numpy(X), torch.from_numpy(labels), seed=5,
+                                num_features=256, num_classes=2)
+    post = model.latent_posterior(torch.from_numpy(X[:20]))
+    post_est = clf.classifier_.latent_posterior(torch.from_numpy(X[:20]))
+    torch.testing.assert_close(post.mean, post_est.mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(post.variance, post_est.variance, rtol=0, atol=1e-6)

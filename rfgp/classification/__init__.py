@@ -7,10 +7,9 @@
 * :mod:`~rfgp.classification.classifier`: :class:`DirichletGPClassifier` on exact and
   random-feature kernels.
 * :mod:`~rfgp.classification.selection`: :func:`select_alpha` over :data:`ALPHA_GRID`.
-* :mod:`~rfgp.classification.recipe`: :func:`fit_classifier_auto`, the default fitting recipe
-  (ARD lengthscales and outputscale by the evidence of the transformed labels).
 
-The label transform and the GPyTorch likelihood are in :mod:`rfgp.likelihoods`.
+The label transform and the GPyTorch likelihood are in :mod:`rfgp.likelihoods`; the default
+fitting recipe, :func:`rfgp.fit_classifier_auto`, in :mod:`rfgp.recipes`.
 """
 
 from rfgp.classification.softmax import PROBA_METHODS, latent_moments, softmax_expectation  # noqa: I001
@@ -18,23 +17,13 @@ from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.inputs import encode_labels
 from rfgp.classification.selection import ALPHA_GRID, select_alpha
 from rfgp.classification.classifier import DirichletGPClassifier
-from rfgp.classification.recipe import (
-    ClassifierFitReport,
-    choose_classifier_features,
-    dirichlet_evidence_search,
-    fit_classifier_auto,
-)
 
 __all__ = [
     "ALPHA_GRID",
-    "ClassifierFitReport",
     "DirichletExactGP",
     "DirichletGPClassifier",
     "PROBA_METHODS",
-    "choose_classifier_features",
-    "dirichlet_evidence_search",
     "encode_labels",
-    "fit_classifier_auto",
     "latent_moments",
     "select_alpha",
     "softmax_expectation",

@@ -5,10 +5,9 @@ from typing import Any
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.fit_state import StaleFitError
 from rfgp.inference.paths import SamplePaths
-from rfgp.inference.recipe import fit_auto
 from rfgp.inference.selection import ConvergenceWarning
 
-__all__ = ["ConvergenceWarning", "RandomFeatureGP", "SamplePaths", "StaleFitError", "fit_auto"]
+__all__ = ["ConvergenceWarning", "RandomFeatureGP", "SamplePaths", "StaleFitError"]
 
 # The Dirichlet classifier moved to rfgp.classification (and its likelihood to
 # rfgp.likelihoods); the old names still resolve here, with a DeprecationWarning.

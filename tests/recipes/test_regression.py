@@ -11,10 +11,8 @@ import torch
 
 from rfgp import RandomFeatureGP
 from rfgp.inference.evidence import fourier_negative_log_evidence, negative_log_evidence
-from rfgp.inference.recipe import (
-    DEFAULT_COST_BUDGET,
+from rfgp.recipes import (
     FitReport,
-    choose_num_features,
     fit_auto,
     initial_hyperparameters,
     make_ard_kernel,
@@ -86,42 +84,6 @@ def test_initial_hyperparameters_edge_cases_and_checks():
         initial_hyperparameters(torch.zeros(3, 2, dtype=DT), torch.zeros(4, dtype=DT))
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         initial_hyperparameters(np.zeros((3, 2)), torch.zeros(3, dtype=DT))
-
-
-# ----------------------------------------------------------------------------- number of features
-@pytest.mark.parametrize("n", [1, 100, 927, 2047, 2048, 3000, 5000, 9000, 10**5, 10**7])
-def test_choose_num_features_is_the_largest_power_of_two_within_budget(n):
-    def weight(d):  # the Gram matrix and its Cholesky factor
-        return n * d * d + d**3 / 3
-
-    def function(d):  # the kernel matrix and its Cholesky factor
-        return n * n * d + n**3 / 3
-
-    def allowed(d):  # beyond 8192 only in function space, N x D rows within 8192^2 numbers
-        extra = function(d) < weight(d) and n * d <= 8192**2
-        return min(weight(d), function(d)) <= DEFAULT_COST_BUDGET and (d <= 8192 or extra)
-
-    d = choose_num_features(n)
-    assert d & (d - 1) == 0 and 512 <= d <= 32768
-    assert allowed(d) or d == 512
-    assert not any(allowed(2**k) for k in range(d.bit_length(), 16))
-    assert choose_num_features(n, function_maximum=8192) == min(d, 8192)
-
-
-def test_choose_num_features_goes_past_the_weight_space_limit_only_on_few_rows():
-    assert choose_num_features(927) == 32768  # N x D = 30e6 numbers, K costs 3e10
-    assert choose_num_features(3000) == 16384
-    assert choose_num_features(9000) == 8192  # weight space
-    with pytest.raises(ValueError, match="function_maximum"):
-        choose_num_features(100, maximum=8192, function_maximum=4096)
-
-
-def test_choose_num_features_grows_with_the_budget_and_checks():
-    assert choose_num_features(10**5, 1e12) > choose_num_features(10**5, 1e11)
-    with pytest.raises(ValueError, match="cost_budget"):
-        choose_num_features(10, -1.0)
-    with pytest.raises(TypeError, match="num_data"):
-        choose_num_features(10.0)
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -337,9 +299,9 @@ def test_fit_auto_reports_convergence_and_stages():
     report = FitReport()
     gp = fit_auto(x, y, num_features=1024, search_features=128, subsample=300,
                   refine_iterations=3, report=report)
-    assert report.converged["subsample"] and report.iterations["subsample"] > 3
+    assert report.converged["search"] and report.iterations["search"] > 3
     assert report.iterations["refine"] <= 3
-    assert set(report.seconds) == {"subsample", "refine", "local", "laplace", "refit"}
+    assert set(report.seconds) == {"search", "refine", "local", "laplace", "refit"}
     assert gp.feature_map.num_features == 1024 and gp.num_data == 600
 
 
@@ -363,7 +325,7 @@ def test_refinement_uses_a_superset_of_the_subsample_and_raises_the_evidence():
     # Without more rows than the subsample there is nothing to refine.
     small = FitReport()
     fit_auto(x, y, num_features=64, subsample=600, report=small)
-    assert small.refine_rows == 0 and set(small.iterations) == {"subsample"}
+    assert small.refine_rows == 0 and set(small.iterations) == {"search"}
 
 
 # ----------------------------------------------------------------------------- multi-fidelity
@@ -372,9 +334,9 @@ def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
     x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
     report = FitReport()
-    auto = fit_auto(x, y, num_features=256, search_features=256, subsample=1000, seed=3,
+    auto = fit_auto(x, y, calibrate=False, num_features=256, search_features=256, subsample=1000, seed=3,
                     tolerance=1e-5, exact_rows=exact_rows, report=report, lengthscale_draws=0)
-    assert report.exact_stages == (["subsample"] if exact_rows else [])
+    assert report.evidence == {"search": "exact" if exact_rows else "features"}
     # The same steps by hand: start, converged search on all rows, fit.
     init = initial_hyperparameters(x, y, generator=gen(3))
     kernel = make_ard_kernel(256, 2, seed=3)
@@ -392,7 +354,7 @@ def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
 def test_refit_with_more_features_is_the_direct_fit_at_the_searched_hyperparameters():
     x, y, _ = rff_gp_data(500, noise=0.05, seed=8)
     xq = torch.randn(20, 2, generator=gen(9), dtype=DT)
-    auto = fit_auto(x, y, num_features=1024, search_features=128, subsample=250,
+    auto = fit_auto(x, y, calibrate=False, num_features=1024, search_features=128, subsample=250,
                     refine_iterations=2, seed=5, lengthscale_draws=0)
     kernel = make_ard_kernel(1024, 2, seed=5)
     kernel.base_kernel.lengthscale = auto.kernel.base_kernel.lengthscale.detach()
@@ -447,15 +409,12 @@ def test_maximize_evidence_and_negative_log_evidence_check_shapes():
 
 # ----------------------------------------------------------------------------- scikit-learn
 def test_sklearn_default_is_the_recipe():
-    from sklearn.utils import check_random_state
-
     from rfgp.sklearn import RandomFeatureGPRegressor
 
     x, y, _ = rff_gp_data(300, noise=0.05, seed=11)
     y = 3.0 * y.numpy() + 2.0
     reg = RandomFeatureGPRegressor(random_state=0).fit(x.numpy(), y)
-    seed = int(check_random_state(0).randint(np.iinfo(np.int32).max))
-    gp = fit_auto(x, torch.from_numpy((y - y.mean()) / y.std()), seed=seed)
+    gp = fit_auto(x, torch.from_numpy((y - y.mean()) / y.std()), seed=0)  # random_state=0
     xq = torch.randn(10, 2, generator=gen(12), dtype=DT)
     mean, std = reg.predict(xq.numpy(), return_std=True)
     m, s = gp.predict(xq, return_std=True)
@@ -528,7 +487,7 @@ def test_exact_search_maximises_the_exact_evidence():
         return kernel_negative_log_evidence(k, y.unsqueeze(-1), gp.noise)
 
     options = dict(num_features=128, search_features=128, seed=0, tolerance=1e-6,
-                   lengthscale_draws=0)
+                   lengthscale_draws=0, calibrate=False)
     exact = fit_auto(x, y, exact_rows=1000, **options)
     approx = fit_auto(x, y, exact_rows=0, **options)
     with torch.no_grad():

@@ -15,14 +15,14 @@ import math
 import pytest
 import torch
 
-from rfgp.inference.recipe import (
+from rfgp.recipes import (
     FitReport,
-    bounded_lengthscale,
     column_scale,
     column_unit,
     fit_auto,
     make_ard_kernel,
 )
+from rfgp.recipes.search import bounded_lengthscale
 from tests.helpers import DT, gen
 
 
@@ -65,8 +65,8 @@ def test_powers_of_two_scale_every_result_exactly():
     for key in ("unbounded", "bounded"):
         assert report_s.cv_scores[key] == pytest.approx(
             report.cv_scores[key] - math.log(v), abs=1e-9)
-    assert report_s.losses["subsample"][-1] == pytest.approx(
-        report.losses["subsample"][-1] + math.log(v), abs=1e-9)
+    assert report_s.losses["search"][-1] == pytest.approx(
+        report.losses["search"][-1] + math.log(v), abs=1e-9)
     if report.lengthscale_bound is not None:
         torch.testing.assert_close(report_s.lengthscale_bound, report.lengthscale_bound * c,
                                    rtol=1e-12, atol=0)
@@ -82,7 +82,7 @@ def test_other_units_reach_the_same_evidence_maximum(c, v):
     c = torch.tensor(c, dtype=DT)
     gp, report = _fit(x, y, lengthscale_draws=0)
     gp_s, report_s = _fit(x * c, y * v, lengthscale_draws=0)
-    assert report_s.converged["subsample"]
+    assert report_s.converged["search"]
     torch.testing.assert_close(report_s.lengthscale / c, report.lengthscale, rtol=0.01, atol=0)
     assert float(gp_s.noise) / v**2 == pytest.approx(float(gp.noise), rel=0.02)
     mean, std = gp.predict(xq, return_std=True)
@@ -159,7 +159,7 @@ def _labels(n=200, seed=0):
 
 
 def _classifier(x, labels):
-    from rfgp.classification.recipe import ClassifierFitReport, fit_classifier_auto
+    from rfgp.recipes import ClassifierFitReport, fit_classifier_auto
 
     report = ClassifierFitReport()
     model = fit_classifier_auto(x, labels, num_features=256, seed=0, report=report)
@@ -184,7 +184,7 @@ def test_classifier_recipe_reaches_the_same_maximum_in_other_units(c):
     c = torch.tensor(c, dtype=DT)
     model, report = _classifier(x, labels)
     model_s, report_s = _classifier(x * c, labels)
-    assert report_s.converged["subsample"]
+    assert report_s.converged["search"]
     torch.testing.assert_close(report_s.lengthscale / c, report.lengthscale, rtol=0.01, atol=0)
     torch.testing.assert_close(model_s.predict_proba(xq * c), model.predict_proba(xq),
                                rtol=0, atol=2e-3)

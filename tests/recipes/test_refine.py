@@ -9,15 +9,15 @@ import torch
 
 from rfgp.inference.blocks import kd_blocks
 from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.recipe import (
-    LOCAL_SHORT_START,
+from rfgp.inference.laplace import evidence_hessian
+from rfgp.kernels.fourier import stationary_kernel
+from rfgp.recipes import (
     FitReport,
-    _laplace_lengthscales,
     fit_auto,
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.kernels.fourier import stationary_kernel
+from rfgp.recipes.refine import LOCAL_SHORT_START
 from tests.helpers import DT, gen
 
 
@@ -179,12 +179,12 @@ def test_block_search_needs_the_exact_evidence():
 def test_local_stage_keeps_the_best_of_its_starts():
     x, y = _data(700, d=3, seed=7)
     report = FitReport()
-    gp = fit_auto(x, y, num_features=256, search_features=64, subsample=300,
+    gp = fit_auto(x, y, calibrate=False, num_features=256, search_features=64, subsample=300,
                   refine_iterations=5, exact_rows=200, lengthscale_draws=0, report=report)
     blocks = kd_blocks(x, 200)
     assert report.local_blocks == len(blocks) == 4
     assert len(report.local_losses) == 3 + 1 and "local" in report.seconds
-    assert "local" in report.exact_stages and report.iterations["local"] >= 4
+    assert report.evidence["local"] == "blocks" and report.iterations["local"] >= 4
     # The model kept has the lowest of the starts' block losses, at its hyperparameters.
     base = gp.kernel.base_kernel
     loss = _block_loss(x, y, blocks, base.lengthscale.detach().reshape(-1),
@@ -197,7 +197,7 @@ def test_local_stage_keeps_the_best_of_its_starts():
 
 
 def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
-    import rfgp.inference.recipe as recipe
+    import rfgp.recipes.refine as recipe
 
     seen = []
     original = recipe.maximize_evidence
@@ -212,9 +212,11 @@ def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
     report = FitReport()
     fit_auto(x, y, num_features=128, search_features=64, subsample=200, refine_iterations=2,
              exact_rows=250, lengthscale_draws=0, report=report)
-    assert len(seen) == 3
+    assert len(seen) == 3 == report.schedule.local_starts
     first = seen[0]
-    for j, start in enumerate(seen[1:]):
+    # The most relevant input (shortest lengthscale per unit of its spread) is shortened first.
+    order = (first / x.std(0)).argsort().tolist()
+    for j, start in zip(order, seen[1:]):
         expected = first.clone()
         expected[j] = expected[j] * LOCAL_SHORT_START
         torch.testing.assert_close(start, expected, rtol=1e-12, atol=0)
@@ -261,16 +263,22 @@ def test_local_stage_checks_its_switch():
 
 
 def test_laplace_hessian_over_blocks_adds_the_blocks_hessians():
-    # One block of all rows gives the exact evidence's Laplace draws.
+    # One block of all rows is the exact evidence's Hessian; two blocks, the sum of the
+    # blocks' Hessians weighted by their rows.
     x, y = _data(150, seed=12)
     gp = _gp(2, [0.9, 1.4], outputscale=0.7, noise=0.1)
     maximize_evidence(gp, x, y, 100, 1e-7, exact=True)
-    one = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0), [torch.arange(150)])
-    whole = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0))
+    base = gp.kernel.base_kernel
+    args = (base.lengthscale.detach().reshape(-1), gp.kernel.outputscale.detach(),
+            gp.noise.detach())
+    one = evidence_hessian(base, x, y, *args, exact=True, blocks=[torch.arange(150)])
+    whole = evidence_hessian(base, x, y, *args, exact=True)
     torch.testing.assert_close(one, whole, rtol=1e-9, atol=0)
-    # Two blocks: the draws' spread follows the summed Hessian; finite, positive draws.
-    two = _laplace_lengthscales(gp, x, y, y.numel(), True, None, 16, gen(0), kd_blocks(x, 75))
-    assert two.shape == (16, 2) and bool((two > 0).all()) and bool(torch.isfinite(two).all())
+    blocks = kd_blocks(x, 75)
+    two = evidence_hessian(base, x, y, *args, exact=True, blocks=blocks)
+    parts = sum(evidence_hessian(base, x[b], y[b], *args, exact=True) * b.numel()
+                for b in blocks) / 150
+    torch.testing.assert_close(two, parts, rtol=1e-6, atol=1e-9)
 
 
 def test_local_stage_with_several_target_columns():
@@ -278,7 +286,7 @@ def test_local_stage_with_several_target_columns():
     x, y = _data(500, seed=13)
     y2 = torch.stack([y, 0.5 * y + 0.1 * torch.randn(500, generator=gen(14), dtype=DT)], -1)
     report = FitReport()
-    gp = fit_auto(x, y2, num_features=128, search_features=64, subsample=200,
+    gp = fit_auto(x, y2, calibrate=False, num_features=128, search_features=64, subsample=200,
                   refine_iterations=2, exact_rows=250, lengthscale_draws=0, report=report)
     assert report.local_blocks == 2 and len(report.local_losses) == 3
     blocks = kd_blocks(x, 250)
@@ -314,16 +322,16 @@ def test_search_of_every_row_beyond_exact_rows_maximises_the_block_evidence():
     # are one, so its blocks are those of x.
     x, y = _data(300, seed=21)
     report = FitReport()
-    gp = fit_auto(x, y, num_features=64, search_features=64, subsample=1000, exact_rows=100,
+    gp = fit_auto(x, y, calibrate=False, num_features=64, search_features=64, subsample=1000, exact_rows=100,
                   tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=report)
-    assert report.exact_stages == ["subsample"] and "refine" not in report.iterations
+    assert report.evidence == {"search": "blocks"} and "refine" not in report.iterations
     grad = _block_evidence_gradient(gp, x, y, kd_blocks(x, 100))
     assert float(grad.abs().max()) < 1e-5
     # The block evidence is not the 64 features' evidence: their maximum is elsewhere.
     features = FitReport()
     fit_auto(x, y, num_features=64, search_features=64, subsample=1000, exact_rows=0,
              tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=features)
-    assert features.exact_stages == []
+    assert features.evidence == {"search": "features"}
     assert not torch.allclose(features.lengthscale, report.lengthscale, rtol=1e-3)
 
 
@@ -331,22 +339,25 @@ def test_folds_and_hessian_of_a_whole_set_search_use_blocks(monkeypatch):
     # Every evidence search of the fit on more than exact_rows rows (the search, both searches
     # of each fold, the bounded search) runs on k-d blocks of at most exact_rows rows that
     # partition its rows; the Laplace Hessian gets the search's blocks.
-    import rfgp.inference.recipe as recipe
+    import rfgp.recipes.averaging as averaging
+    import rfgp.recipes.choice as choice
+    import rfgp.recipes.regression as regression
 
     calls, hessian_blocks = [], []
-    original, original_laplace = recipe.maximize_evidence, recipe._laplace_lengthscales
+    original, original_hessian = regression.maximize_evidence, averaging.evidence_hessian
 
     def recording(gp, x, y, max_iterations=100, tolerance=1e-6, exact=False,
                   max_lengthscale=None, blocks=None):
         calls.append((x.shape[0], exact, blocks))
         return original(gp, x, y, max_iterations, tolerance, exact, max_lengthscale, blocks)
 
-    def laplace(gp, xs, ys, total, exact, bound, num_draws, generator, blocks=None):
+    def hessian(*args, blocks=None, **kwargs):
         hessian_blocks.append(blocks)
-        return original_laplace(gp, xs, ys, total, exact, bound, num_draws, generator, blocks)
+        return original_hessian(*args, blocks=blocks, **kwargs)
 
-    monkeypatch.setattr(recipe, "maximize_evidence", recording)
-    monkeypatch.setattr(recipe, "_laplace_lengthscales", laplace)
+    monkeypatch.setattr(regression, "maximize_evidence", recording)
+    monkeypatch.setattr(choice, "maximize_evidence", recording)
+    monkeypatch.setattr(averaging, "evidence_hessian", hessian)
     g = gen(22)
     x = torch.randn(250, 2, generator=g, dtype=DT)
     y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(250, generator=g, dtype=DT)  # x1 idle

@@ -16,17 +16,17 @@ from rfgp.inference.evidence import (
     kernel_negative_log_evidence,
     stationary_negative_log_evidence,
 )
-from rfgp.inference.recipe import (
-    DEFAULT_MAX_LENGTHSCALE,
+from rfgp.kernels.fourier import stationary_kernel
+from rfgp.recipes import (
     FitReport,
-    _prefer_unbounded,
-    bounded_lengthscale,
+    RegressionOptions,
     column_scale,
     fit_auto,
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.kernels.fourier import stationary_kernel
+from rfgp.recipes.choice import prefer_unbounded
+from rfgp.recipes.search import bounded_lengthscale
 from tests.helpers import DT, gen
 
 NUS = [None, 0.5, 1.5, 2.5]
@@ -327,7 +327,7 @@ def test_a_candidate_that_cannot_factorise_scores_minus_infinity():
 
     scores = cross_validate(search, x, y, 3, gen(0), exact=True)
     assert bool(torch.isfinite(scores[0]).all()) and bool((scores[1] == -math.inf).all())
-    assert _prefer_unbounded(scores)[0]
+    assert prefer_unbounded(scores)[0]
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -340,9 +340,9 @@ def test_one_standard_error_rule():
     se = 1.0 / math.sqrt(400)
     close = torch.stack([base + 0.5 * se + noise - noise.mean(), base])
     clear = torch.stack([base + 3.0 * se + noise - noise.mean(), base])
-    assert not _prefer_unbounded(close)[0]
-    assert _prefer_unbounded(clear)[0]
-    better, report = _prefer_unbounded(clear)
+    assert not prefer_unbounded(close)[0]
+    assert prefer_unbounded(clear)[0]
+    better, report = prefer_unbounded(clear)
     assert report["standard_error"] == pytest.approx(float(noise.std()) * se)
     assert report["unbounded"] - report["bounded"] == pytest.approx(3.0 * se)
 
@@ -356,7 +356,7 @@ def test_fit_auto_keeps_the_evidence_maximum_when_an_input_is_irrelevant():
     assert set(report.cv_scores) == {"unbounded", "bounded", "standard_error"}
     assert report.lengthscale_bound is None
     assert report.cv_scores["unbounded"] > report.cv_scores["bounded"]
-    assert float(report.lengthscale[1]) > DEFAULT_MAX_LENGTHSCALE * 2
+    assert float(report.lengthscale[1]) > RegressionOptions().max_lengthscale * 2
 
 
 def test_fit_auto_applies_the_bound_without_cross_validation_when_asked():
@@ -364,7 +364,7 @@ def test_fit_auto_applies_the_bound_without_cross_validation_when_asked():
     x = x * torch.tensor([1.0, 10.0], dtype=DT)  # the bound is in units of each column's spread
     report = FitReport()
     fit_auto(x, y, num_features=256, seed=0, report=report, cv_folds=0)
-    bound = DEFAULT_MAX_LENGTHSCALE * column_scale(x)
+    bound = RegressionOptions().max_lengthscale * column_scale(x)
     torch.testing.assert_close(report.lengthscale_bound, bound)
     assert report.cv_scores == {} and "select" in report.seconds
     ls = report.lengthscale
@@ -392,7 +392,7 @@ def test_fit_auto_skips_the_choice_when_the_bound_does_not_bind_or_rows_are_few(
     fit_auto(x, y, num_features=64, seed=0, report=report, subsample=100, cv_folds=0)
     assert report.cv_scores == {} and report.lengthscale_bound is None
     assert "select" not in report.seconds and report.refine_rows == 200
-    assert float(report.lengthscale[1]) > DEFAULT_MAX_LENGTHSCALE
+    assert float(report.lengthscale[1]) > RegressionOptions().max_lengthscale
 
 
 def test_fit_auto_checks_the_bound_arguments():

@@ -1,0 +1,183 @@
+r"""The recipes' options: one table, checked in one place.
+
+:class:`RegressionOptions` and :class:`ClassifierOptions` hold every option of
+:func:`~rfgp.recipes.fit_auto` and :func:`~rfgp.recipes.fit_classifier_auto` with its default;
+:meth:`~RecipeOptions.checked` validates them all (a ``ValueError`` or ``TypeError`` that names
+the option, what was expected and what was received). The scikit-learn estimators build the
+same objects from their parameters, so a recipe run through an estimator is the recipe.
+
+Example:
+    >>> RegressionOptions(num_features=256, seed=3).checked().num_features
+    256
+    >>> RegressionOptions(cv_folds=1).checked()
+    Traceback (most recent call last):
+    ...
+    ValueError: cv_folds must be 0 (no cross-validation) or an integer >= 2, got 1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from rfgp._validation import check_bool, check_choice, check_int, check_positive
+from rfgp.kernels.fourier import MATERN_NU
+
+__all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
+
+#: Multiply-adds per second of the reference machine (two CPU cores, double-precision matrix
+#: products): the rate at which the default schedule converts seconds of budget into work.
+#: A fixed number, so that a schedule depends on the data's size and the budget alone and a
+#: fit is reproducible; pass ``machine_rate`` for another machine.
+REFERENCE_RATE = 4.0e10
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def _folds(name: str, value: Any) -> int:
+    value = check_int(name, value, minimum=0)
+    if value == 1:
+        raise ValueError(f"{name} must be 0 (no cross-validation) or an integer >= 2, got 1")
+    return value
+
+
+def _features(name: str, value: Any) -> int:
+    value = check_int(name, value, minimum=2)
+    if value % 2:
+        raise ValueError(f"{name} must be even (a cosine and a sine per frequency), got {value}")
+    return value
+
+
+_CHECKS: Dict[str, Callable[[str, Any], Any]] = {
+    "spectral": lambda name, value: check_choice(name, value, tuple(MATERN_NU)),
+    "num_features": _optional(_features),
+    "search_features": _features,
+    "subsample": lambda name, value: check_int(name, value, minimum=2),
+    "refine_rows": lambda name, value: check_int(name, value, minimum=2),
+    "refine_iterations": lambda name, value: check_int(name, value, minimum=0),
+    "max_iterations": check_int,
+    "tolerance": check_positive,
+    "time_budget": _optional(check_positive),
+    "machine_rate": check_positive,
+    "exact_rows": lambda name, value: check_int(name, value, minimum=0),
+    "max_lengthscale": _optional(check_positive),
+    "cv_folds": _folds,
+    "lengthscale_draws": lambda name, value: check_int(name, value, minimum=0),
+    "local_search": check_bool,
+    "calibrate": check_bool,
+    "progress": check_bool,
+    "seed": lambda name, value: check_int(name, value, minimum=0),
+    "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
+    "alpha_epsilon": check_positive,
+    "select_alpha": check_bool,
+    "num_samples": check_int,
+}
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """What both recipes share.
+
+    Attributes:
+        spectral: ``"rbf"`` or a Matérn kernel (``"matern12"``, ``"matern32"``, ``"matern52"``).
+        num_features: ``D`` of the final fit (even); ``None``: the schedule's choice from the
+            time budget.
+        search_features: ``D`` of the evidence search (even; at most the final ``D``).
+        subsample: rows of the first search stage (all rows when there are no more).
+        refine_rows: rows of the refinement (a random superset of the subsample); the
+            schedule may take fewer to stay within the budget.
+        refine_iterations: L-BFGS iterations of the refinement (0: none).
+        max_iterations: L-BFGS iterations of the first search stage.
+        tolerance: L-BFGS gradient tolerance on the loss per datum.
+        time_budget: seconds the whole fit may take at ``machine_rate``; ``None``: the default,
+            which grows linearly with the rows (:func:`~rfgp.recipes.schedule.default_budget`).
+        machine_rate: multiply-adds per second the schedule's cost model assumes
+            (:data:`REFERENCE_RATE`; :func:`~rfgp.recipes.schedule.measure_machine_rate`
+            measures this machine's).
+        progress: show the stages as they run (tqdm).
+        seed: seed of the random frequencies, the subsample and every other draw.
+    """
+
+    spectral: str = "rbf"
+    num_features: Optional[int] = None
+    search_features: int = 512
+    subsample: int = 2000
+    refine_rows: int = 10000
+    refine_iterations: int = 30
+    max_iterations: int = 200
+    tolerance: float = 1e-4
+    time_budget: Optional[float] = None
+    machine_rate: float = REFERENCE_RATE
+    progress: bool = False
+    seed: int = 0
+
+    def checked(self) -> RecipeOptions:
+        """The options with every value validated and normalised (``int``, ``float``,
+        ``bool``); raises on the first bad one."""
+        values = {item.name: _CHECKS[item.name](item.name, getattr(self, item.name))
+                  for item in dataclasses.fields(self)}
+        return dataclasses.replace(self, **values)
+
+    def replace(self, **changes: Any) -> RecipeOptions:
+        """A copy with ``changes``; unknown names raise a ``TypeError`` that lists the
+        options."""
+        names = {item.name for item in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {unknown} of {type(self).__name__}; the options are "
+                f"{sorted(names)}"
+            )
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RegressionOptions(RecipeOptions):
+    """The options of :func:`~rfgp.recipes.fit_auto` (those of :class:`RecipeOptions` and):
+
+    Attributes:
+        exact_rows: a search on at most this many rows maximises the exact kernel's evidence
+            (:math:`O(n^3)`, free of the features' error); a search that holds every row of
+            more rows, the exact evidences of blocks of at most this many neighbouring rows;
+            also the block size of the local stage (0: never).
+        max_lengthscale: the candidate bound on every lengthscale, in units of its input
+            column's standard deviation (``None``: never bounded).
+        cv_folds: folds of the cross-validation that chooses between the unbounded and the
+            bounded search (0: the bounded one whenever the bound binds).
+        lengthscale_draws: lengthscale draws of the final kernel's Laplace average (0: the
+            kernel at the maximum).
+        local_search: after a refinement, maximise the exact block evidence from further
+            starts, as many as the budget allows.
+        calibrate: choose the final model's outputscale and noise by its own evidence (and
+            its lengthscales among the stages' candidates); ``False`` keeps the search's.
+    """
+
+    exact_rows: int = 1000
+    max_lengthscale: Optional[float] = 4.0
+    cv_folds: int = 5
+    lengthscale_draws: int = 32
+    local_search: bool = True
+    calibrate: bool = True
+
+
+@dataclass(frozen=True)
+class ClassifierOptions(RecipeOptions):
+    """The options of :func:`~rfgp.recipes.fit_classifier_auto` (those of
+    :class:`RecipeOptions`, with 10 refinement iterations on up to 20000 rows, and):
+
+    Attributes:
+        num_classes: ``C``; ``None`` takes the distinct labels.
+        alpha_epsilon: Dirichlet concentration (positive; fixes the transform's noise).
+        select_alpha: choose ``alpha_epsilon`` on a validation split after the search.
+        num_samples: Monte Carlo samples of the classifier's ``predict_proba``.
+    """
+
+    refine_rows: int = 20000
+    refine_iterations: int = 10
+    num_classes: Optional[int] = None
+    alpha_epsilon: float = 0.01
+    select_alpha: bool = False
+    num_samples: int = 1000

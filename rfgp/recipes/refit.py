@@ -1,0 +1,131 @@
+r"""The final fit: the hyperparameters belong to the model that predicts.
+
+The final kernel has the schedule's ``D`` features (the Laplace average of the lengthscales
+where there are draws, :func:`~rfgp.recipes.averaging.lengthscale_mixture_kernel`), on the
+data as given. **Rule:** its outputscale and noise maximise the evidence of that
+``D``-feature model itself (:mod:`~rfgp.recipes.calibration`: one eigendecomposition of its
+Gram matrix, then :math:`O(D)` per evaluation), and where the search stages left more than one
+candidate lengthscale vector (the refinement's end, the local stage's best) that model's
+evidence chooses among them. The search's hyperparameters belong to cheaper models (a
+subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
+features cannot follow is noise to the final model, and only its own evidence says how much.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import torch
+from gpytorch.kernels import AdditiveKernel, Kernel
+from torch import Tensor
+
+from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference.feature_map import FeatureMap
+from rfgp.inference.statistics import accumulate_gram, symmetrize_upper
+from rfgp.kernels.composition import as_feature_kernel
+from rfgp.recipes.averaging import lengthscale_mixture_kernel
+from rfgp.recipes.calibration import (
+    ScaleEvidence,
+    kernel_spectral_statistics,
+    maximize_scale_evidence,
+    spectral_statistics,
+)
+from rfgp.recipes.context import RecipeContext
+from rfgp.recipes.start import make_ard_kernel, set_hyperparameters
+from rfgp.recipes.units import NOISE_FLOOR
+
+__all__ = ["feature_model_evidence", "refit_stage"]
+
+# Rows of features formed at once for the Gram matrix: a few hundred MB at D = 8192.
+_CHUNK_ROWS = 4096
+
+
+def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidence:
+    """The spectral statistics of ``kernel``'s feature model on ``(x, y)``: its Gram matrix
+    accumulated over row chunks in float64 and factorised (the kernel matrix on fewer rows
+    than features).
+
+    Example:
+        >>> k = make_ard_kernel(64, 2, seed=0)
+        >>> x = torch.randn(100, 2, dtype=torch.float64)
+        >>> ev = feature_model_evidence(k, x, torch.randn(100, dtype=torch.float64))
+        >>> tuple(ev.eigenvalues.shape), ev.weight_space
+        ((64,), True)
+    """
+    if isinstance(kernel, AdditiveKernel):
+        kernel = as_feature_kernel(kernel)
+    feature_map = FeatureMap(kernel)
+    width = feature_map.num_real_features
+    n = x.shape[0]
+    columns = y.reshape(n, -1).to(torch.float64)
+    with torch.no_grad():
+        if n < width:
+            phi = feature_map.real_rows(x).to(torch.float64)
+            return kernel_spectral_statistics(phi @ phi.transpose(0, 1), columns)
+        gram = torch.zeros(width, width, dtype=torch.float64, device=x.device)
+        rhs = torch.zeros(width, columns.shape[1], dtype=torch.float64, device=x.device)
+        for start in range(0, n, _CHUNK_ROWS):
+            z = feature_map.real_rows(x[start:start + _CHUNK_ROWS]).to(torch.float64)
+            accumulate_gram(gram, z)
+            rhs += z.transpose(0, 1) @ columns[start:start + _CHUNK_ROWS]
+    return spectral_statistics(symmetrize_upper(gram), rhs, float(columns.square().sum()), n)
+
+
+def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
+                  data_units: bool) -> Kernel:
+    """The final kernel at the search-unit lengthscales ``centre`` and outputscale, in the
+    search's units or (``data_units``) the data's."""
+    opts, features = ctx.options, ctx.schedule.num_features
+    if data_units:
+        centre, outputscale = centre * ctx.x_unit, outputscale * ctx.y_unit**2
+    lengthscale = centre
+    if ctx.draws is not None:
+        return lengthscale_mixture_kernel(features, ctx.draws * lengthscale, outputscale,
+                                          opts.spectral, opts.seed)
+    kernel = make_ard_kernel(features, ctx.input_dim, opts.spectral, seed=opts.seed,
+                             dtype=ctx.x.dtype).to(ctx.x.device)
+    set_hyperparameters(kernel, lengthscale, outputscale)
+    return kernel
+
+
+def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
+    """Build, calibrate and fit the final model (module docstring)."""
+    report = ctx.report
+    with ctx.stage("refit"):
+        # The evidence is computed in the search's units: power-of-two units scale every
+        # result exactly, and the final kernel is then built in the data's.
+        outputscale = ctx.model.kernel.outputscale.detach()
+        noise = float(ctx.model.noise.detach())
+        candidates: Dict[str, Tensor] = dict(ctx.candidates) or {"search": ctx.lengthscale()}
+        if not ctx.options.calibrate:
+            candidates = {"search": ctx.lengthscale()}
+        best: Optional[tuple] = None
+        losses = {}
+        shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
+        for name, centre in candidates.items():
+            if not ctx.options.calibrate:
+                best = (name, centre, 1.0, noise)
+                break
+            floor = NOISE_FLOOR * float(ctx.y.square().mean())
+            factor, calibrated, loss = maximize_scale_evidence(
+                feature_model_evidence(_final_kernel(ctx, centre, outputscale, False), ctx.x,
+                                       ctx.y), noise, floor)
+            losses[name] = loss / ctx.y.numel() + shift
+            if best is None or losses[name] < losses[best[0]]:
+                best = (name, centre, factor, calibrated)
+        name, centre, factor, calibrated = best
+        kernel = _final_kernel(ctx, centre, outputscale * factor, True)
+        noise_data = torch.as_tensor(calibrated, dtype=ctx.x.dtype) * ctx.y_unit**2
+        if ctx.options.calibrate:
+            report.calibration = {
+                "candidates": list(losses), "evidence": losses, "chosen": name,
+                "outputscale_factor": factor, "noise_before": noise * ctx.y_unit**2,
+                "noise_after": float(noise_data),
+            }
+        gp = RandomFeatureGP(kernel, noise=noise_data)
+        with torch.no_grad():
+            gp.fit(ctx.x_data, ctx.y_data)
+    report.lengthscale = centre * ctx.x_unit
+    report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
+    return gp

@@ -1,0 +1,244 @@
+r"""The schedule: which stages run, on how many rows and features, within a time budget.
+
+Each stage's cost is predicted in multiply-adds from the rows ``N``, the inputs ``d`` and the
+feature counts (the leading terms of its matrix products and factorisations) and converted to
+seconds at ``machine_rate``. The final fit takes at most :data:`FINAL_SHARE` of the budget: its
+feature count ``D`` is the largest power of two whose fit (the Gram matrix, its
+eigendecomposition for the calibration, the refit) fits there, because the features' error
+shrinks only as :math:`D^{-1/2}` while the fit grows as :math:`N D^2`. The evidence search on
+the subsample always runs; the refinement's rows, the local stage's starts and the
+cross-validated choice of the bound take what the budget leaves, in that order. The default
+budget, :func:`default_budget`, grows linearly with ``N``.
+
+The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
+fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+
+from rfgp._validation import check_int
+
+__all__ = [
+    "FINAL_SHARE",
+    "MAX_WEIGHT_FEATURES",
+    "MIN_FEATURES",
+    "Schedule",
+    "default_budget",
+    "exact_evidence_cost",
+    "feature_evidence_cost",
+    "final_fit_cost",
+    "measure_machine_rate",
+    "plan_regression",
+]
+
+#: Share of the time budget the final fit may take.
+FINAL_SHARE = 0.4
+#: Share of the budget the refinement may take (its rows are reduced to fit).
+REFINE_SHARE = 0.2
+#: Fewest features of a final fit chosen by the schedule.
+MIN_FEATURES = 512
+#: Most features of a weight-space (``D x D``) final fit.
+MAX_WEIGHT_FEATURES = 8192
+#: Most features of a function-space (``N x N``) final fit, on few rows.
+MAX_FUNCTION_FEATURES = 32768
+#: L-BFGS evaluations the cost model expects of a search run to convergence, and per
+#: iteration of a capped one (a line search mostly accepts its first step).
+SEARCH_EVALUATIONS = 60
+EVALUATIONS_PER_ITERATION = 1.25
+#: L-BFGS iterations of each start of the local stage.
+LOCAL_ITERATIONS = 40
+
+
+def default_budget(num_rows: int) -> float:
+    r"""The default time budget in seconds, :math:`20 + N / 400`: linear in the rows (about
+    two minutes at :math:`4 \cdot 10^4` rows), so that the search's rows and the final
+    feature count grow with the data.
+
+    Example:
+        >>> default_budget(1000), default_budget(40000)
+        (22.5, 120.0)
+    """
+    num_rows = check_int("num_rows", num_rows)
+    return 20.0 + num_rows / 400.0
+
+
+def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> float:
+    r"""Multiply-adds of one evaluation of the random-feature evidence and its gradient:
+    :math:`2 n D^2 + 2 n D d + D^3` (the Gram matrix and its derivative products, the
+    projections, the factor)."""
+    n, m = float(num_rows), float(num_features)
+    return 2 * n * m * m + 2 * n * m * input_dim + m**3
+
+
+def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
+    r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
+    rows, :math:`n^3 + 3 n^2 d` (a Cholesky factor, the inverse for the gradient's trace, the
+    distances), or summed over blocks of at most ``block_rows`` rows."""
+    if block_rows and num_rows > block_rows:
+        blocks = math.ceil(num_rows / block_rows)
+        size = num_rows / blocks
+        return blocks * exact_evidence_cost(math.ceil(size), input_dim)
+    n = float(num_rows)
+    return n**3 + 3 * n * n * input_dim
+
+
+def final_fit_cost(num_rows: int, num_features: int, input_dim: int) -> float:
+    r"""Multiply-adds of the final fit with its calibration: in weight space, the Gram matrix
+    twice (calibration and refit, :math:`\frac58 N D^2` each as a blocked product of its upper
+    triangle), its eigendecomposition (about :math:`4 D^3`) and the Cholesky factor; in
+    function space (``N < D``), the kernel matrix :math:`N^2 D`, its eigendecomposition and
+    factor. The features themselves cost :math:`N D d`."""
+    n, m = float(num_rows), float(num_features)
+    features = 2 * n * m * input_dim
+    if n < m:
+        return features + 2 * n * n * m + 4 * n**3 + n**3 / 3
+    return features + 1.25 * n * m * m + 4 * m**3 + m**3 / 3
+
+
+@dataclass
+class Schedule:
+    """What the recipe will run (see the module docstring).
+
+    Attributes:
+        budget: seconds available.
+        machine_rate: multiply-adds per second of the cost model.
+        subsample: rows of the first search stage.
+        search_features: ``D`` of the search stages.
+        search_evidence: ``"exact"``, ``"blocks"`` or ``"features"``: the evidence the first
+            stage maximises.
+        refine_rows: rows of the refinement (0: none).
+        local_starts: starts of the local stage (0: none).
+        choose_bound: whether the cross-validated choice of the bound may run.
+        num_features: ``D`` of the final fit.
+        predicted: predicted seconds per stage.
+    """
+
+    budget: float
+    machine_rate: float
+    subsample: int
+    search_features: int
+    search_evidence: str
+    refine_rows: int
+    local_starts: int
+    choose_bound: bool
+    num_features: int
+    predicted: Dict[str, float] = field(default_factory=dict)
+
+    def seconds(self, multiply_adds: float) -> float:
+        return multiply_adds / self.machine_rate
+
+
+def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int) -> int:
+    """The largest power of two ``D >= minimum`` whose final fit costs at most ``budget``
+    multiply-adds; beyond :data:`MAX_WEIGHT_FEATURES` only in function space, where the
+    ``N x D`` features hold no more numbers than a weight-space matrix of that size."""
+    best, size = minimum, minimum
+    while size <= MAX_FUNCTION_FEATURES:
+        fits = size <= MAX_WEIGHT_FEATURES or (
+            num_rows < size and num_rows * size <= MAX_WEIGHT_FEATURES**2)
+        if fits and final_fit_cost(num_rows, size, input_dim) <= budget:
+            best = size
+        size *= 2
+    return best
+
+
+def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
+    """The schedule of :func:`~rfgp.recipes.fit_auto` for ``num_rows`` rows of ``input_dim``
+    inputs under checked :class:`~rfgp.recipes.options.RegressionOptions`.
+
+    Example:
+        >>> from rfgp.recipes.options import RegressionOptions
+        >>> s = plan_regression(40000, 9, RegressionOptions().checked())
+        >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
+        (4096, 2000, 'features', True)
+        >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
+        'exact'
+    """
+    n, d, opts = num_rows, input_dim, options
+    budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
+    rate = opts.machine_rate
+    total = budget * rate
+    # The final fit first: its share decides D.
+    if opts.num_features is not None:
+        features = opts.num_features
+    else:
+        features = _final_features(n, d, FINAL_SHARE * total,
+                                   max(MIN_FEATURES, opts.search_features))
+    search_features = min(opts.search_features, features)
+    subsample = min(n, opts.subsample)
+    if subsample <= opts.exact_rows:
+        evidence, search = "exact", exact_evidence_cost(subsample, d)
+    elif subsample == n and opts.exact_rows >= 2:
+        evidence, search = "blocks", exact_evidence_cost(subsample, d, opts.exact_rows)
+    else:
+        evidence, search = "features", feature_evidence_cost(subsample, search_features, d)
+    predicted = {"search": SEARCH_EVALUATIONS * search / rate}
+    spent = SEARCH_EVALUATIONS * search + final_fit_cost(n, features, d)
+    # The refinement: as many rows as its share allows, never fewer than the subsample.
+    refine_rows = 0
+    if n > subsample and opts.refine_iterations:
+        evaluations = opts.refine_iterations * EVALUATIONS_PER_ITERATION
+        rows = min(n, opts.refine_rows)
+        while rows > subsample and evaluations * feature_evidence_cost(
+                rows, search_features, d) > REFINE_SHARE * total:
+            rows = max(subsample, rows // 2)
+        refine_rows = rows
+        refine = evaluations * feature_evidence_cost(rows, search_features, d)
+        predicted["refine"] = refine / rate
+        spent += refine
+    # The local stage: its starts (the refinement's end, then one per shortened
+    # lengthscale) as the remaining budget allows.
+    local_starts = 0
+    if refine_rows and opts.local_search and opts.exact_rows >= 2:
+        per_start = (LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION
+                     * exact_evidence_cost(refine_rows, d, opts.exact_rows))
+        local_starts = int(max(0.0, total - spent) // per_start)
+        local_starts = min(local_starts, d + 1)
+        if local_starts:
+            predicted["local"] = local_starts * per_start / rate
+            spent += local_starts * per_start
+    # The bound's cross-validated choice: where the search holds every row, two searches
+    # per fold on the other rows.
+    choose_bound = False
+    if subsample == n and opts.max_lengthscale is not None:
+        folds = max(opts.cv_folds, 1)
+        rows = n - n // folds if opts.cv_folds else n
+        if evidence == "features":
+            per_search = feature_evidence_cost(rows, search_features, d)
+        else:
+            per_search = exact_evidence_cost(rows, d, opts.exact_rows)
+        choice = SEARCH_EVALUATIONS * per_search * (2 * opts.cv_folds + 1)
+        choose_bound = spent + choice <= total
+        if choose_bound:
+            predicted["select"] = choice / rate
+            spent += choice
+    predicted["refit"] = final_fit_cost(n, features, d) / rate
+    return Schedule(budget, rate, subsample, search_features, evidence, refine_rows, local_starts,
+                    choose_bound, features, predicted)
+
+
+def measure_machine_rate(size: int = 1024, repeats: int = 3,
+                         dtype: torch.dtype = torch.float64) -> float:
+    """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
+    of ``repeats``): pass it as ``machine_rate`` to budget in this machine's seconds.
+
+    Example:
+        >>> measure_machine_rate(64, 1) > 0
+        True
+    """
+    size = check_int("size", size, minimum=2)
+    repeats = check_int("repeats", repeats)
+    a = torch.randn(size, size, dtype=dtype)
+    best = math.inf
+    for _ in range(repeats + 1):  # the first product warms the library up
+        started = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - started)
+    return size**3 / max(best, 1e-9)

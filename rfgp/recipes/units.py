@@ -1,0 +1,127 @@
+r"""Units: the recipes search on data divided by powers of two near its spreads.
+
+L-BFGS steps through raw parameters whose scale is the lengthscales' and variances' own, with
+a gradient tolerance that is not scale-free: searched in the data's units, inputs measured in
+units a thousand times smaller end elsewhere, and 1e10 times smaller stop at the start. So the
+inputs are divided per column by :func:`column_unit` and the targets by :func:`target_unit`,
+and the hyperparameters are scaled back before the final fit on the data as given. A division
+by a power of two is exact: standardised data is searched as given, and data scaled by powers
+of two gives the same fit bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp._validation import check_rows, check_tensor
+from rfgp.inference.fit_state import power_of_two_scale
+
+__all__ = ["check_recipe_data", "column_scale", "column_unit", "target_unit",
+           "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
+
+#: The dtypes the recipes compute in: the evidence's Cholesky factors and the Laplace Hessian
+#: need at least single precision's range and digits.
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+#: The noise is at least this share of the targets' mean square: a floor that keeps the
+#: weight-space matrix factorisable without a barrier in the search.
+NOISE_FLOOR = 1e-6
+
+
+def check_recipe_data(x: Any, y: Any, caller: str) -> Tuple[Tensor, Tensor]:
+    """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)``, finite, in float32 or float64,
+    detached from any autograd graph (the recipes differentiate their own parameters only)."""
+    for name, value in (("x", x), ("y", y)):
+        if isinstance(value, Tensor) and value.is_floating_point() and (
+                value.dtype not in SUPPORTED_DTYPES):
+            raise TypeError(
+                f"{caller}: {name} must be float32 or float64 (the evidence's factorisations "
+                f"need their range and digits), got {value.dtype}; convert with "
+                f"{name}.double()"
+            )
+    x, y = check_rows(x, y)
+    return x.detach(), y.detach()
+
+
+def column_scale(x: Tensor) -> Tensor:
+    r"""Each input column's standard deviation (1 for a constant column or a single row),
+    :math:`s_j = \big(\frac{1}{N-1} \sum_i (x_{ij} - \bar x_j)^2\big)^{1/2}`, computed without
+    overflow at any magnitude.
+
+    Args:
+        x: ``(N, d)`` finite floating inputs.
+
+    Returns:
+        ``(d,)`` positive scales in ``x``'s dtype.
+
+    Example:
+        >>> column_scale(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64))
+        tensor([1.4142, 1.0000], dtype=torch.float64)
+    """
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
+    if x.shape[0] == 1:
+        return torch.ones_like(x[0])
+    # The standard deviation of x / m times m, m a power of two near the column's largest
+    # magnitude (exact scalings): squares of inputs beyond about 1e154 overflow otherwise.
+    peak = _power_of_two(x.abs().amax(0))
+    scale = (x / peak).std(0) * peak
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def column_unit(x: Tensor) -> Tensor:
+    r"""The power of two nearest each input column's standard deviation (:func:`column_scale`),
+    :math:`u_j = 2^{\operatorname{round}(\log_2 s_j)}`: the unit in which the recipes search.
+
+    Args:
+        x: ``(N, d)`` finite floating inputs.
+
+    Returns:
+        ``(d,)`` powers of two in ``x``'s dtype.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [3000.0, 0.002]], dtype=torch.float64)
+        >>> column_unit(x)
+        tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
+    """
+    return _power_of_two(column_scale(x))
+
+
+def target_unit(y: Tensor) -> float:
+    """The power of two nearest the root mean square of ``y`` (1 for zero targets), computed
+    without squaring ``y`` itself (which overflows beyond about 1e154).
+
+    Example:
+        >>> target_unit(torch.tensor([3.0, -3.0], dtype=torch.float64))
+        4.0
+    """
+    peak = power_of_two_scale(y)
+    rms = peak * math.sqrt(float((y / peak).square().mean()))
+    return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
+
+
+def check_variances_representable(y_unit: float, dtype: torch.dtype) -> None:
+    """The outputscale and the noise are variances in the targets' units, down to the noise
+    floor's share of their mean square: a clear error where those are not numbers of
+    ``dtype`` (targets beyond about 1e150 or below 1e-150 in float64, 1e19 and 1e-16 in
+    float32), instead of an overflow, or a zero noise, deep in the fit."""
+    info = torch.finfo(dtype)
+    exponent = 2 * math.log2(y_unit)
+    if exponent + 4 > math.log2(info.max) or exponent + math.log2(NOISE_FLOOR) < math.log2(
+            info.tiny):
+        raise ValueError(
+            f"y: the targets' root mean square, about {y_unit:.3g}, makes their variance "
+            f"(about 2^{exponent:.0f}) or a millionth of it not representable in {dtype}, "
+            "the dtype of the outputscale and the noise; rescale the targets (e.g. standardise "
+            "them) and scale the predictions back"
+        )
+
+
+def _power_of_two(values: Tensor) -> Tensor:
+    """Elementwise the power of two nearest ``values`` in the log (1 where a value is 0 or not
+    finite): a unit that divides exactly."""
+    usable = (values > 0) & torch.isfinite(values)
+    exponent = torch.where(usable, values, torch.ones_like(values)).log2().round()
+    return torch.ldexp(torch.ones_like(values), exponent.to(torch.int32))

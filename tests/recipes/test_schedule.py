@@ -1,0 +1,93 @@
+"""The schedule: feature counts within the final fit's share of the budget, rows and starts
+that grow with the data and the budget, and the default budget linear in the rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
+from rfgp.recipes.schedule import (
+    FINAL_SHARE,
+    MAX_WEIGHT_FEATURES,
+    MIN_FEATURES,
+    final_fit_cost,
+    plan_regression,
+)
+
+ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
+
+
+def _plan(n, d=8, **options):
+    return plan_regression(n, d, RegressionOptions(**options).checked())
+
+
+@pytest.mark.parametrize("n", ROWS)
+def test_final_features_are_the_largest_power_of_two_within_the_final_share(n):
+    plan = _plan(n)
+    share = FINAL_SHARE * plan.budget * plan.machine_rate
+    size = plan.num_features
+    assert size & (size - 1) == 0 and size >= MIN_FEATURES
+    assert final_fit_cost(n, size, 8) <= share or size == MIN_FEATURES
+    bigger = 2 * size
+    if bigger <= MAX_WEIGHT_FEATURES:
+        assert final_fit_cost(n, bigger, 8) > share
+    # Beyond the weight-space limit only in function space, on few rows.
+    assert size <= MAX_WEIGHT_FEATURES or n < size
+
+
+def test_the_schedule_is_monotone_in_the_rows():
+    plans = [_plan(n) for n in ROWS]
+    budgets = [p.budget for p in plans]
+    assert budgets == sorted(budgets)
+    assert [p.subsample for p in plans] == sorted(p.subsample for p in plans)
+    assert [p.refine_rows for p in plans] == sorted(p.refine_rows for p in plans)
+    # At a fixed budget, more rows never buy more features.
+    fixed = [_plan(n, time_budget=60.0).num_features for n in ROWS]
+    assert fixed == sorted(fixed, reverse=True)
+
+
+def test_the_default_budget_is_linear_in_the_rows_and_covers_the_plan():
+    assert default_budget(2 * 40000) - default_budget(40000) == pytest.approx(40000 / 400)
+    for n in ROWS:
+        plan = _plan(n)
+        assert sum(plan.predicted.values()) <= plan.budget * (1 + 1e-12)
+
+
+def test_the_local_stage_gets_more_starts_from_more_budget_and_at_most_d_plus_one():
+    starts = [_plan(40000, d=9, time_budget=t).local_starts for t in (60, 120, 240, 960, 1e5)]
+    assert starts == sorted(starts) and starts[-1] == 10
+    assert _plan(40000, d=9, local_search=False, time_budget=1e5).local_starts == 0
+    # No refinement (all rows in the subsample): no local stage.
+    assert _plan(1500, time_budget=1e5).local_starts == 0
+
+
+def test_a_small_budget_shrinks_the_refinement_and_skips_the_choice():
+    tight, ample = _plan(40000, time_budget=10.0), _plan(40000, time_budget=1000.0)
+    assert tight.refine_rows < ample.refine_rows and tight.refine_rows >= tight.subsample
+    assert not _plan(1000, time_budget=1e-3).choose_bound
+    assert _plan(1000, time_budget=100.0).choose_bound
+
+
+def test_given_feature_counts_and_evidence_kinds():
+    assert _plan(40000, num_features=1024).num_features == 1024
+    assert _plan(800).search_evidence == "exact"
+    assert _plan(1500).search_evidence == "blocks"
+    assert _plan(1500, exact_rows=0).search_evidence == "features"
+    assert _plan(5000).search_evidence == "features"
+
+
+def test_the_options_are_checked_by_name():
+    with pytest.raises(ValueError, match="time_budget"):
+        RegressionOptions(time_budget=-1.0).checked()
+    with pytest.raises(TypeError, match="machine_rate"):
+        RegressionOptions(machine_rate="fast").checked()
+    with pytest.raises(ValueError, match="num_features must be even"):
+        RegressionOptions(num_features=63).checked()
+    with pytest.raises(TypeError, match="unknown option"):
+        RegressionOptions().replace(num_feature=64)
+
+
+def test_machine_rate_is_a_positive_rate():
+    assert measure_machine_rate(64, 1) > 0
+    with pytest.raises(TypeError, match="size"):
+        measure_machine_rate(64.0)
