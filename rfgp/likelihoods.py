@@ -36,7 +36,7 @@ from rfgp._validation import (
     check_bool,
     check_dtype,
     check_int,
-    check_integer_tensor,
+    check_long_tensor,
     check_positive,
 )
 
@@ -73,14 +73,13 @@ def validate_labels(
         >>> validate_labels(torch.tensor([0, 2, 1]))
         (tensor([0, 2, 1]), 3)
     """
-    labels = check_integer_tensor(name, labels, "integer class indices")
+    labels = check_long_tensor(name, labels, "integer class indices")
     if labels.dim() != 1:
         raise ValueError(
             f"{name} must be a 1-D tensor of shape (N,), got shape {tuple(labels.shape)}"
         )
     if labels.numel() == 0:
         raise ValueError(f"{name} must not be empty")
-    labels = labels.long()
     low = int(labels.min())
     if low < 0:
         raise ValueError(f"{name} must be non-negative class indices, got minimum {low}")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_finite, check_int, check_integer_tensor, check_real, describe
+from rfgp._validation import check_finite, check_int, check_long_tensor, check_real, describe
 
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
@@ -424,7 +424,7 @@ def _check_proba_labels(probs, labels) -> Tuple[Tensor, Tensor]:
 
 def _check_labels(labels, n: int, num_classes: Optional[int] = None) -> Tensor:
     """``labels`` as an ``(n,)`` integer tensor of class indices in ``[0, num_classes)``."""
-    labels = check_integer_tensor("labels", labels, "integer class indices")
+    labels = check_long_tensor("labels", labels, "integer class indices")
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
     if n == 0:
@@ -470,6 +470,8 @@ def accuracy(predictions, labels) -> Tensor:
             "predictions must be (N,) integer labels or (N, C) probabilities, got shape "
             f"{tuple(predictions.shape)} and dtype {predictions.dtype}"
         )
+    else:
+        predictions = check_long_tensor("predictions", predictions, "integer labels")
     labels = _check_labels(labels, predictions.shape[0], num_classes)
     return (predictions == labels).double().mean()
 
