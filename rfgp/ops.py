@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_finite, check_int
+from rfgp._validation import all_finite, check_finite, check_generator, check_int
 
 __all__ = [
     "next_power_of_two",
@@ -220,6 +220,7 @@ def generator_device(generator: Optional[torch.Generator]) -> torch.device:
         >>> generator_device(None), generator_device(torch.Generator())
         (device(type='cpu'), device(type='cpu'))
     """
+    check_generator("generator", generator)
     return generator.device if generator is not None else torch.device("cpu")
 
 
