@@ -51,7 +51,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 
-from rfgp._validation import check_tensor
+from rfgp._validation import check_tensor, describe
 from rfgp.inference.feature_gp import RandomFeatureGP
 
 __all__ = ["RandomFeatureModel"]
@@ -157,8 +157,9 @@ class RandomFeatureModel(Model):
         Args:
             X: ``(q, d)`` or ``(*b, q, d)`` points.
             output_indices: ``None`` (all outputs) or a list of output indices.
-            observation_noise: ``False`` (latent), ``True`` (add the model noise) or a tensor
-                of noise variances broadcastable to ``(*b, q, m)`` (``m`` chosen outputs).
+            observation_noise: ``False`` (latent), ``True`` (add the model noise of each
+                chosen output) or a tensor of finite, non-negative noise variances
+                broadcastable to ``(*b, q, m)`` (``m`` chosen outputs, in their order).
             posterior_transform: optional BoTorch ``PosteriorTransform``.
 
         Returns:
@@ -196,7 +197,7 @@ class RandomFeatureModel(Model):
         covariance = covariance.reshape(*batch, q * m, q * m)
         if observation_noise is not False:
             covariance = covariance + torch.diag_embed(
-                self._noise_diagonal(observation_noise, mean, interleaved)
+                self._noise_diagonal(observation_noise, mean, outputs, interleaved)
             )
         if m == 1:
             distribution = MultivariateNormal(mean[..., 0], covariance)
@@ -208,12 +209,28 @@ class RandomFeatureModel(Model):
         return posterior
 
     def _noise_diagonal(self, observation_noise: Union[bool, Tensor], mean: Tensor,
-                        interleaved: bool) -> Tensor:
+                        outputs: List[int], interleaved: bool) -> Tensor:
         """The noise variances of the rows of the covariance, shape ``(*b, q m)``."""
         if observation_noise is True:
-            noise = self.gp.noise.to(mean).expand(mean.shape)
+            # The model noise is a scalar or one value per output of the model: take the
+            # requested outputs, in the requested order.
+            model_noise = self.gp.noise.to(mean).reshape(-1)
+            if model_noise.numel() > 1:
+                model_noise = model_noise[outputs]
+            noise = model_noise.expand(mean.shape)
         else:
+            if isinstance(observation_noise, bool) or not isinstance(observation_noise, Tensor):
+                raise TypeError(
+                    "observation_noise must be a bool or a tensor of noise variances, got "
+                    f"{describe(observation_noise)}"
+                )
             check_tensor("observation_noise", observation_noise)
+            low = float(observation_noise.min()) if observation_noise.numel() else 0.0
+            if low < 0:
+                raise ValueError(
+                    "observation_noise must hold non-negative noise variances, got minimum "
+                    f"{low:.3g}"
+                )
             try:
                 noise = observation_noise.to(mean).expand(mean.shape)
             except RuntimeError as error:

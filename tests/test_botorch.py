@@ -331,3 +331,52 @@ def test_outputs_follow_a_refit_of_the_wrapped_gp():
     gp.fit(x, y)
     assert model.num_outputs == 2
     assert model.posterior(torch.rand(3, 2, dtype=DT)).mean.shape == (3, 2)
+
+
+@pytest.mark.parametrize("solve", ["weight", "function"])
+def test_observation_noise_follows_the_requested_outputs(solve):
+    x, y = two_output_data()
+    noise = torch.tensor([0.1, 0.5], dtype=DT)
+    gp = RandomFeatureGP(rff_kernel(), noise=noise, solve=solve).fit(x, y)
+    model = RandomFeatureModel(gp)
+    xs = torch.rand(3, 4, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    for outputs in ([1, 0], [1], [0], [0, 1]):
+        latent = model.posterior(xs, output_indices=outputs)
+        noisy = model.posterior(xs, output_indices=outputs, observation_noise=True)
+        # The noise of output t on the variances of output t, in the requested order ...
+        torch.testing.assert_close(noisy.variance - latent.variance,
+                                   noise[outputs].expand(3, 4, len(outputs)), rtol=0, atol=1e-12)
+        # ... and nothing off the diagonal.
+        added = noisy.mvn.covariance_matrix - latent.mvn.covariance_matrix
+        torch.testing.assert_close(added, torch.diag_embed(added.diagonal(dim1=-2, dim2=-1)),
+                                   rtol=0, atol=1e-12)
+
+
+def test_vector_field_observation_noise_per_output():
+    from rfgp.kernels import CurlFreeFeatureKernel
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(40, 2, generator=g, dtype=DT)
+    field = torch.stack([torch.cos(3 * x[:, 0]), torch.sin(3 * x[:, 1])], -1)
+    noise = torch.tensor([0.01, 0.2], dtype=DT)
+    gp = RandomFeatureGP(CurlFreeFeatureKernel(32, input_dim=2, seed=0).to(DT), noise=noise)
+    model = RandomFeatureModel(gp.fit(x, field))
+    xs = torch.rand(2, 3, 2, generator=g, dtype=DT)
+    for outputs in ([1, 0], [1]):
+        added = (model.posterior(xs, output_indices=outputs, observation_noise=True).variance
+                 - model.posterior(xs, output_indices=outputs).variance)
+        torch.testing.assert_close(added, noise[outputs].expand(2, 3, len(outputs)), rtol=0,
+                                   atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-300])
+def test_negative_observation_noise_is_refused_by_name(bad):
+    model = RandomFeatureModel(fitted()[0])
+    x = torch.rand(2, 2, dtype=DT)
+    with pytest.raises(ValueError, match="observation_noise must hold non-negative noise "
+                                         "variances, got minimum -1"):
+        model.posterior(x, observation_noise=torch.full((2, 1), bad, dtype=DT))
+    with pytest.raises(ValueError, match="observation_noise must be finite"):
+        model.posterior(x, observation_noise=torch.full((2, 1), float("inf"), dtype=DT))
+    with pytest.raises(TypeError, match="observation_noise must be a bool or a tensor"):
+        model.posterior(x, observation_noise=0.1)
