@@ -8,6 +8,9 @@ r"""Error metrics for kernel approximations and GP predictions.
 All functions take tensors (or NumPy arrays) and return 0-d tensors (differentiable where the
 inputs are). Inputs must be non-empty and finite, and paired inputs must have the same shape;
 anything else raises a ``ValueError`` or ``TypeError`` that names the argument, never a NaN.
+Values of any magnitude are divided by a power of two near their largest entry before they are
+squared (:func:`~rfgp.ops.power_of_two_scale`), so targets of ``1e200`` or ``1e-200`` neither
+overflow nor underflow: the scores scale exactly as the formulas say.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_finite, check_int, check_long_tensor, check_real, describe
+from rfgp.ops import power_of_two_scale
 
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
@@ -41,6 +45,11 @@ def _as_tensor(value, name: str, allow_complex: bool = False) -> Tensor:
         raise ValueError(f"{name} must not be empty, got {describe(value)}")
     check_finite(name, value)
     return value
+
+
+def _joint_scale(*values: Tensor) -> float:
+    """One power of two near the largest ``|entry|`` of all ``values`` (an exact divisor)."""
+    return max(power_of_two_scale(v) for v in values)
 
 
 def _same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
@@ -79,6 +88,9 @@ def relative_frobenius_error(approx: Tensor, exact: Tensor, real_part: bool = Tr
     _same_shape(approx, exact, "approx", "exact")
     if approx.is_complex() and real_part:
         approx = approx.real
+    # The ratio is scale-free: both norms of the values over one power of two.
+    scale = _joint_scale(approx, exact)
+    approx, exact = approx / scale, exact / scale
     norm = torch.linalg.vector_norm(exact)
     if norm == 0:
         raise ValueError("exact must not be all zeros (its Frobenius norm is the denominator)")
@@ -177,7 +189,11 @@ def mnll(y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     _same_shape(y, var, "y", "var")
     if (var <= 0).any():
         raise ValueError(f"var must be positive, got minimum {var.min().item():.3g}")
-    return (0.5 * torch.log(2 * math.pi * var) + (y - mean).square() / (2 * var)).mean()
+    # The standardised residual (y - mu) / sigma from the residual over a power of two and
+    # sigma over the same: neither (y - mu)^2 nor sigma^2 is formed, so no scale overflows.
+    scale = _joint_scale(y, mean)
+    residual = (y / scale - mean / scale) / (var.sqrt() / scale)
+    return (0.5 * (math.log(2 * math.pi) + torch.log(var)) + 0.5 * residual.square()).mean()
 
 
 def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -> Tensor:
@@ -205,9 +221,12 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
     _same_shape(y, mean, "y", "mean")
     if y.dim() not in (1, 2):
         raise ValueError(f"y must have shape (n,) or (n, T), got {describe(y)}")
-    mse = (y - mean).square().mean(0)
+    # Numerator and denominator over the square of one power of two: a ratio free of overflow
+    # and underflow at any scale of y.
+    scale = _joint_scale(y, mean)
+    mse = (y / scale - mean / scale).square().mean(0)
     if reference_variance is None:
-        ref = y.var(0, unbiased=False)
+        ref = (y / scale).var(0, unbiased=False)
         if (ref <= 0).any():
             raise ValueError("the variance of y must be positive (y is constant over points)")
     else:
@@ -226,7 +245,9 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
             raise ValueError(
                 f"reference_variance must be positive, got minimum {ref.min().item():.3g}"
             )
-    return (mse / ref).mean()
+        ref = ref / scale / scale
+    # A perfect prediction scores 0 even where a tiny reference variance underflowed above.
+    return torch.where(mse == 0, torch.zeros_like(mse), mse / ref).mean()
 
 
 def rmse(y: Tensor, mean: Tensor) -> Tensor:
@@ -245,7 +266,8 @@ def rmse(y: Tensor, mean: Tensor) -> Tensor:
     """
     y, mean = _as_tensor(y, "y"), _as_tensor(mean, "mean")
     _same_shape(y, mean, "y", "mean")
-    return (y - mean).square().mean().sqrt()
+    scale = _joint_scale(y, mean)
+    return (y / scale - mean / scale).square().mean().sqrt() * scale
 
 
 # ---------------------------------------------------------------------------------------------
