@@ -158,8 +158,9 @@ class RandomFeatureModel(Model):
             X: ``(q, d)`` or ``(*b, q, d)`` points.
             output_indices: ``None`` (all outputs) or a list of output indices.
             observation_noise: ``False`` (latent), ``True`` (add the model noise of each
-                chosen output) or a tensor of finite, non-negative noise variances
-                broadcastable to ``(*b, q, m)`` (``m`` chosen outputs, in their order).
+                chosen output; a GP fitted with fixed noise variances has none) or a tensor
+                of finite, non-negative noise variances broadcastable to ``(*b, q, m)`` (``m``
+                chosen outputs, in their order).
             posterior_transform: optional BoTorch ``PosteriorTransform``.
 
         Returns:
@@ -212,6 +213,13 @@ class RandomFeatureModel(Model):
                         outputs: List[int], interleaved: bool) -> Tensor:
         """The noise variances of the rows of the covariance, shape ``(*b, q m)``."""
         if observation_noise is True:
+            state = self.gp._state
+            if state is not None and state.layout.fixed:
+                raise ValueError(
+                    "observation_noise=True adds the model noise, but the GP was fitted with "
+                    "fixed noise variances (fit(x, y, noise)), which say nothing of new points; "
+                    "pass their noise variances as a tensor"
+                )
             # The model noise is a scalar or one value per output of the model: take the
             # requested outputs, in the requested order.
             model_noise = self.gp.noise.to(mean).reshape(-1)

@@ -380,3 +380,18 @@ def test_negative_observation_noise_is_refused_by_name(bad):
         model.posterior(x, observation_noise=torch.full((2, 1), float("inf"), dtype=DT))
     with pytest.raises(TypeError, match="observation_noise must be a bool or a tensor"):
         model.posterior(x, observation_noise=0.1)
+
+
+def test_observation_noise_true_needs_a_model_noise():
+    # A fit with fixed per-row noise has no noise for new points: the model noise (1.0 by
+    # default) is unrelated to it.
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 2, generator=g, dtype=DT)
+    gp = RandomFeatureGP(rff_kernel()).fit(x, bowl(x), torch.full((30,), 1e-3, dtype=DT))
+    model = RandomFeatureModel(gp)
+    with pytest.raises(ValueError, match="observation_noise=True adds the model noise, but the "
+                                         "GP was fitted with fixed noise variances"):
+        model.posterior(x[:2], observation_noise=True)
+    noisy = model.posterior(x[:2], observation_noise=torch.full((2, 1), 1e-3, dtype=DT))
+    torch.testing.assert_close(noisy.variance - model.posterior(x[:2]).variance,
+                               torch.full((2, 1), 1e-3, dtype=DT), rtol=0, atol=1e-12)
