@@ -214,3 +214,13 @@ def test_nmse_of_tiny_targets_is_not_constant():
                                    rtol=1e-14, atol=0)
     with pytest.raises(ValueError, match="y is constant"):
         metrics.nmse(torch.full((3,), 1e-200, dtype=DT), torch.zeros(3, dtype=DT))
+
+
+@pytest.mark.parametrize("c", [2.0**100, 2.0**-100])
+def test_float32_metrics_are_scale_equivariant(c):
+    # float32 squares overflow past 1.8e19 and underflow below 1e-19.
+    y, mean = _rand(30, seed=8).float(), _rand(30, seed=9).float()
+    assert metrics.rmse(c * y, c * mean) == c * metrics.rmse(y, mean)
+    assert metrics.nmse(c * y, c * mean) == metrics.nmse(y, mean)
+    assert metrics.relative_frobenius_error(c * y, c * mean) == (
+        metrics.relative_frobenius_error(y, mean))

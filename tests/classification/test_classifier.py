@@ -509,3 +509,16 @@ def test_old_import_paths_still_work_with_a_deprecation_warning():
         warnings.simplefilter("error")
         from rfgp import DirichletGPClassifier as top  # noqa: F401
         from rfgp.likelihoods import DirichletLikelihood as top_lik  # noqa: F401
+
+
+def test_unsigned_class_ids_survive_pickle():
+    import pickle
+
+    x, y = blobs(8, THREE_CENTRES[:2], 0.3, seed=32)
+    ids = np.array([3, 2**64 - 1], dtype=np.uint64)
+    clf = DirichletGPClassifier(FourierFeatureKernel(32, seed=0).double(), seed=0)
+    clf.fit(x, ids[y.numpy()])
+    copy = pickle.loads(pickle.dumps(clf))
+    assert copy.classes_.dtype == torch.uint64
+    assert [int(c) for c in copy.classes_.numpy()] == [3, 2**64 - 1]
+    assert torch.equal(copy.predict(x, method="mean_field"), clf.predict(x, method="mean_field"))
