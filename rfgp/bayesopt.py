@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import (
+    KERNEL_INPUT_DTYPES,
     all_finite,
     check_generator,
     check_int,
@@ -107,6 +108,10 @@ def posterior_num_features(
 
 def _check_bounds(bounds: Tensor) -> Tensor:
     check_tensor("bounds", bounds, min_dim=2, max_dim=2)
+    if bounds.dtype not in KERNEL_INPUT_DTYPES:
+        # Adam's steps underflow in half precision and the points turn NaN.
+        raise TypeError(f"bounds must have dtype torch.float32 or torch.float64, got "
+                        f"{bounds.dtype}")
     if bounds.shape[0] != 2 or bounds.shape[1] < 1:
         raise ValueError(f"bounds must have shape (2, d), got {tuple(bounds.shape)}")
     if not bool((bounds[0] < bounds[1]).all()):
@@ -233,7 +238,7 @@ def maximize_paths(
     best_unit = start[:, 0].clone()
     best_value = raw_values.gather(1, top[:, :1]).squeeze(1).clone()
     if steps == 0:
-        return _in_box(best_unit, bounds), best_value
+        return _in_box(best_unit, bounds).detach(), best_value.detach()
     u = start.clone().requires_grad_(True)
     optimiser = torch.optim.Adam([u], lr=lr)
     own = torch.arange(num_paths, device=u.device)

@@ -37,8 +37,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import numbers
 from typing import Any, List, Optional, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -135,14 +137,15 @@ class RandomFeatureModel(Model):
             return list(range(outputs))
         chosen = list(output_indices)
         if not chosen or any(
-            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < outputs
+            not isinstance(i, numbers.Integral) or isinstance(i, (bool, np.bool_))
+            or not 0 <= i < outputs
             for i in chosen
         ):
             raise ValueError(
                 f"output_indices must be None or a non-empty list of output indices in "
                 f"[0, {outputs}), got {output_indices!r}"
             )
-        return chosen
+        return [int(i) for i in chosen]
 
     def posterior(
         self,

@@ -309,3 +309,18 @@ def test_thompson_sample_refuses_a_classifier_by_name():
     with pytest.raises(TypeError, match="model must be a fitted rfgp.RandomFeatureGP .* got a "
                                         "DirichletGPClassifier"):
         thompson_sample(clf, BOUNDS, 2)
+
+
+def test_half_precision_bounds_are_refused():
+    # Adam's steps underflow in float16 and the maximisers came back NaN.
+    with pytest.raises(TypeError, match="bounds must have dtype torch.float32 or torch.float64, "
+                                        "got torch.float16"):
+        maximize_paths(lambda z: z.T, BOUNDS.half(), steps=2)
+
+
+def test_maximisers_are_detached_from_bounds_that_require_grad():
+    bounds = BOUNDS.clone().requires_grad_(True)
+    for steps in (0, 2):
+        best, value = maximize_paths(lambda z: bowl(z).unsqueeze(0), bounds, steps=steps,
+                                     raw_samples=16)
+        assert not best.requires_grad and not value.requires_grad

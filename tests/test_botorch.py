@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -395,3 +396,13 @@ def test_observation_noise_true_needs_a_model_noise():
     noisy = model.posterior(x[:2], observation_noise=torch.full((2, 1), 1e-3, dtype=DT))
     torch.testing.assert_close(noisy.variance - model.posterior(x[:2]).variance,
                                torch.full((2, 1), 1e-3, dtype=DT), rtol=0, atol=1e-12)
+
+
+def test_numpy_integer_output_indices_are_indices():
+    x, y = two_output_data()
+    model = RandomFeatureModel(RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x, y))
+    xs = torch.rand(3, 2, dtype=DT)
+    torch.testing.assert_close(model.posterior(xs, output_indices=[np.int64(1)]).mean,
+                               model.posterior(xs, output_indices=[1]).mean, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="output_indices must be None"):
+        model.posterior(xs, output_indices=[np.bool_(True)])
