@@ -224,3 +224,13 @@ def test_float32_metrics_are_scale_equivariant(c):
     assert metrics.nmse(c * y, c * mean) == metrics.nmse(y, mean)
     assert metrics.relative_frobenius_error(c * y, c * mean) == (
         metrics.relative_frobenius_error(y, mean))
+
+
+def test_nmse_refuses_constant_targets_whose_variance_rounds_above_zero():
+    y = torch.full((3,), 0.1, dtype=DT)
+    assert y.var(unbiased=False) > 0  # the rounding this test is about
+    with pytest.raises(ValueError, match="y is constant"):
+        metrics.nmse(y, torch.zeros(3, dtype=DT))
+    two = torch.stack([torch.tensor([0.0, 1.0, 2.0], dtype=DT), y], -1)
+    with pytest.raises(ValueError, match="y is constant"):
+        metrics.nmse(two, torch.zeros(3, 2, dtype=DT))
