@@ -158,7 +158,10 @@ def gaussian_kl(
     var_a = var_approx.clamp_min(min_variance)
     var_e = var_exact.clamp_min(min_variance)
     ratio = var_a / var_e
-    terms = ratio - torch.log(ratio) - 1 + (mean_exact - mean_approx).square() / var_e
+    # The mean term as a standardised difference, so that (mu_e - mu_a)^2 is never formed.
+    scale = _joint_scale(mean_exact, mean_approx)
+    gap = (mean_exact / scale - mean_approx / scale) / (var_e.sqrt() / scale)
+    terms = ratio - torch.log(ratio) - 1 + gap.square()
     total = 0.5 * terms.sum(0)
     return total.mean() if total.dim() else total
 

@@ -234,3 +234,13 @@ def test_nmse_refuses_constant_targets_whose_variance_rounds_above_zero():
     two = torch.stack([torch.tensor([0.0, 1.0, 2.0], dtype=DT), y], -1)
     with pytest.raises(ValueError, match="y is constant"):
         metrics.nmse(two, torch.zeros(3, 2, dtype=DT))
+
+
+@pytest.mark.parametrize("c", [1e200, 1e-200])
+def test_gaussian_kl_mean_term_neither_overflows_nor_underflows(c):
+    # Equal variances c v: the KL is sum (c d)^2 / (2 c v) = c sum d^2 / (2 v).
+    m_a, m_e, v = _rand(10, seed=10), _rand(10, seed=11), _rand(10, seed=12) + 0.5
+    expected = c * ((m_e - m_a).square() / (2 * v)).sum()
+    torch.testing.assert_close(metrics.gaussian_kl(c * m_a, c * v, c * m_e, c * v,
+                                                   min_variance=1e-300), expected,
+                               rtol=1e-13, atol=0)
