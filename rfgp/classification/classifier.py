@@ -88,8 +88,8 @@ class DirichletGPClassifier:
             takes ``jitter`` only.
 
     Attributes:
-        classes_ (Tensor): ``(C,)`` the class ids; column ``c`` of the probabilities is
-            ``classes_[c]``.
+        classes_ (Tensor): ``(C,)`` the class ids, in the dtype of the labels (unsigned 64-bit
+            ids included); column ``c`` of the probabilities is ``classes_[c]``.
         num_classes_ (int): ``C``.
         likelihood (DirichletLikelihood): the transform of the last fit.
         gp: the fitted :class:`rfgp.RandomFeatureGP` or :class:`DirichletExactGP`.
