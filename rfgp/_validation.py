@@ -36,9 +36,11 @@ __all__ = [
     "check_choice",
     "check_dtype",
     "check_finite",
+    "check_generator",
     "check_int",
     "check_integer_tensor",
     "check_kernel_input",
+    "check_long_tensor",
     "check_positive",
     "check_real",
     "check_rows",
@@ -436,3 +438,57 @@ def check_integer_tensor(name: str, value: Any, what: str = "integers", hint: st
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(f"{name} must hold {what}, got dtype {value.dtype}{hint}")
     return value
+
+
+def check_long_tensor(name: str, value: Any, what: str = "integers", hint: str = "") -> Tensor:
+    """Return integer ``value`` (tensor or NumPy array) as an int64 tensor with the same values.
+
+    :func:`check_integer_tensor` first; unsigned 64-bit values of ``2**63`` and more have no
+    int64 equal (a cast would wrap them to negative numbers), so they raise instead. The range
+    is read in NumPy, which compares unsigned integers that PyTorch cannot.
+
+    Raises:
+        TypeError: as :func:`check_integer_tensor`.
+        ValueError: an entry above ``2**63 - 1``.
+
+    Example:
+        >>> check_long_tensor("labels", np.array([3, 1], dtype=np.uint32))
+        tensor([3, 1])
+        >>> check_long_tensor("labels", np.array([2**64 - 1], np.uint64))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: labels must hold integers below 2**63 (int64), got 18446744073709551615 ...
+    """
+    value = check_integer_tensor(name, value, what, hint)
+    if value.dtype == torch.int64:
+        return value
+    if value.dtype == torch.uint64 and value.numel():
+        largest = int(value.detach().cpu().numpy().max())
+        if largest > torch.iinfo(torch.int64).max:
+            raise ValueError(
+                f"{name} must hold {what} below 2**63 (int64), got {largest} in dtype "
+                f"{value.dtype}{hint}"
+            )
+    # Every other integer dtype, and uint64 below 2**63, is exact in int64.
+    return value.long()
+
+
+def check_generator(name: str, value: Any) -> Optional[torch.Generator]:
+    """Return ``value`` if it is ``None`` or a ``torch.Generator``; raise ``TypeError`` otherwise.
+
+    An integer seed is refused too: a function that takes a generator draws from the caller's
+    stream, and a seed would silently start a new one.
+
+    Example:
+        >>> check_generator("generator", None) is None
+        True
+        >>> check_generator("generator", "x")
+        Traceback (most recent call last):
+        ...
+        TypeError: generator must be a torch.Generator or None, got str 'x'
+    """
+    if value is None or isinstance(value, torch.Generator):
+        return value
+    raise TypeError(
+        f"{name} must be a torch.Generator or None, got {type(value).__name__} {describe(value)}"
+    )

@@ -48,7 +48,15 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_real, check_tensor
+from rfgp._validation import (
+    KERNEL_INPUT_DTYPES,
+    all_finite,
+    check_generator,
+    check_int,
+    check_positive,
+    check_real,
+    check_tensor,
+)
 
 __all__ = ["maximize_paths", "posterior_num_features", "thompson_sample"]
 
@@ -100,11 +108,31 @@ def posterior_num_features(
 
 def _check_bounds(bounds: Tensor) -> Tensor:
     check_tensor("bounds", bounds, min_dim=2, max_dim=2)
+    if bounds.dtype not in KERNEL_INPUT_DTYPES:
+        # Adam's steps underflow in half precision and the points turn NaN.
+        raise TypeError(f"bounds must have dtype torch.float32 or torch.float64, got "
+                        f"{bounds.dtype}")
     if bounds.shape[0] != 2 or bounds.shape[1] < 1:
         raise ValueError(f"bounds must have shape (2, d), got {tuple(bounds.shape)}")
     if not bool((bounds[0] < bounds[1]).all()):
         raise ValueError("bounds must have lower < upper in every dimension (row 0 < row 1)")
+    # Points are lower + u * width: an infinite width (e.g. bounds of +-1e308) would make them
+    # infinite.
+    width = bounds[1] - bounds[0]
+    if not all_finite(width):
+        wide = (~torch.isfinite(width)).nonzero().flatten().tolist()
+        raise ValueError(
+            f"bounds must have a finite width (upper - lower) in every dimension, got an "
+            f"infinite width in dimension(s) {wide}; rescale the inputs to a smaller box"
+        )
     return bounds
+
+
+def _in_box(unit: Tensor, bounds: Tensor) -> Tensor:
+    """Points ``lower + u (upper - lower)`` of the unit cube's ``u``, clamped into the box
+    (rounding can carry ``u = 1`` one ulp past ``upper``)."""
+    point = bounds[0] + unit * (bounds[1] - bounds[0])
+    return torch.minimum(torch.maximum(point, bounds[0]), bounds[1])
 
 
 def _path_values(
@@ -145,8 +173,10 @@ def maximize_paths(
 
     Args:
         paths: a callable ``x (M, d) -> (S, M)`` (or anything ``objective`` maps to that),
-            differentiable in ``x``; e.g. :meth:`rfgp.RandomFeatureGP.sample_functions`.
-        bounds: ``(2, d)`` lower and upper corners of the box.
+            differentiable in ``x``; e.g. :meth:`rfgp.RandomFeatureGP.sample_functions`. Paths
+            without gradients need ``steps=0`` (the best start candidate, derivative-free).
+        bounds: ``(2, d)`` finite lower and upper corners of the box, lower < upper, with a
+            finite width ``upper - lower``.
         num_restarts: gradient-ascent starts per path.
         raw_samples: uniform random points scored to choose the starts.
         steps: Adam steps (0: return the best start).
@@ -157,8 +187,13 @@ def maximize_paths(
         generator: ``torch.Generator`` of the random points.
 
     Returns:
-        ``(maximisers, values)``: ``(S, d)`` the best point found per path and ``(S,)`` its
-        value under that path.
+        ``(maximisers, values)``: ``(S, d)`` the best point found per path (inside the box,
+        bounds included) and ``(S,)`` its value under that path.
+
+    Raises:
+        ValueError: bad bounds, paths that return NaN, or paths without gradients and
+            ``steps > 0``.
+        TypeError: a ``generator`` that is not a ``torch.Generator``.
 
     Example:
         >>> centres = torch.tensor([[0.2], [0.7]], dtype=torch.float64)
@@ -169,6 +204,7 @@ def maximize_paths(
         True
     """
     bounds = _check_bounds(bounds)
+    generator = check_generator("generator", generator)
     num_restarts = check_int("num_restarts", num_restarts)
     raw_samples = check_int("raw_samples", raw_samples)
     steps = check_int("steps", steps, minimum=0)
@@ -189,7 +225,12 @@ def maximize_paths(
             raise ValueError("candidates must lie inside bounds")
         unit = torch.cat([unit, inside.to(unit)])
     with torch.no_grad():
-        raw_values = _path_values(paths, lower + unit * width, objective)  # (S, R)
+        raw_values = _path_values(paths, _in_box(unit, bounds), objective)  # (S, R)
+    if bool(torch.isnan(raw_values).any()):
+        raise ValueError(
+            f"paths must return values that are not NaN, got {int(torch.isnan(raw_values).sum())}"
+            f" NaN values at the {unit.shape[0]} start candidates"
+        )
     num_paths = raw_values.shape[0]
     k = min(num_restarts, unit.shape[0])
     top = raw_values.topk(k, dim=1).indices  # (S, k)
@@ -197,27 +238,36 @@ def maximize_paths(
     best_unit = start[:, 0].clone()
     best_value = raw_values.gather(1, top[:, :1]).squeeze(1).clone()
     if steps == 0:
-        return lower + best_unit * width, best_value
+        return _in_box(best_unit, bounds).detach(), best_value.detach()
     u = start.clone().requires_grad_(True)
     optimiser = torch.optim.Adam([u], lr=lr)
     own = torch.arange(num_paths, device=u.device)
-    for step in range(steps + 1):
-        optimiser.zero_grad()
-        points = (lower + u * width).reshape(num_paths * k, dim)
-        # Every path at every point: (S, S k) -> each path's own points (S, k).
-        values = _path_values(paths, points, objective).reshape(num_paths, num_paths, k)[own, own]
-        with torch.no_grad():
-            step_best, where = values.max(dim=1)
-            better = step_best > best_value
-            best_value = torch.where(better, step_best, best_value)
-            best_unit[better] = u[own, where][better]
-        if step == steps:
-            break
-        (-values.sum()).backward()
-        optimiser.step()
-        with torch.no_grad():
-            u.clamp_(0.0, 1.0)
-    return (lower + best_unit * width).detach(), best_value.detach()
+    # The ascent needs gradients even when the caller runs under torch.no_grad().
+    with torch.enable_grad():
+        for step in range(steps + 1):
+            optimiser.zero_grad()
+            points = _in_box(u, bounds).reshape(num_paths * k, dim)
+            # Every path at every point: (S, S k) -> each path's own points (S, k).
+            values = _path_values(paths, points, objective)
+            values = values.reshape(num_paths, num_paths, k)[own, own]
+            if step == 0 and not values.requires_grad:
+                raise ValueError(
+                    "paths must be differentiable in x for the gradient ascent (their values "
+                    "carry no gradient with respect to the points); pass steps=0 to keep the "
+                    "best of the random start candidates instead"
+                )
+            with torch.no_grad():
+                step_best, where = values.max(dim=1)
+                better = step_best > best_value
+                best_value = torch.where(better, step_best, best_value)
+                best_unit[better] = u[own, where][better]
+            if step == steps:
+                break
+            (-values.sum()).backward()
+            optimiser.step()
+            with torch.no_grad():
+                u.clamp_(0.0, 1.0)
+    return _in_box(best_unit, bounds).detach(), best_value.detach()
 
 
 def thompson_sample(
@@ -251,6 +301,9 @@ def thompson_sample(
     Returns:
         ``(q, d)`` points in the box.
 
+    Raises:
+        TypeError: a model without ``sample_functions`` (e.g. a classifier).
+
     Example:
         >>> from rfgp import RandomFeatureGP
         >>> from rfgp.kernels import FourierFeatureKernel
@@ -263,6 +316,13 @@ def thompson_sample(
         (torch.Size([3, 1]), True)
     """
     q = check_int("q", q)
+    generator = check_generator("generator", generator)
+    if not callable(getattr(model, "sample_functions", None)):
+        raise TypeError(
+            "model must be a fitted rfgp.RandomFeatureGP (a model with sample_functions(q, "
+            f"generator) that draws posterior functions to maximise), got a "
+            f"{type(model).__name__}"
+        )
     paths = model.sample_functions(q, generator=generator)
     maximisers, _ = maximize_paths(
         paths,

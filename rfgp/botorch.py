@@ -37,8 +37,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import numbers
 from typing import Any, List, Optional, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -51,7 +53,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 
-from rfgp._validation import check_tensor
+from rfgp._validation import check_tensor, describe
 from rfgp.inference.feature_gp import RandomFeatureGP
 
 __all__ = ["RandomFeatureModel"]
@@ -135,14 +137,15 @@ class RandomFeatureModel(Model):
             return list(range(outputs))
         chosen = list(output_indices)
         if not chosen or any(
-            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < outputs
+            not isinstance(i, numbers.Integral) or isinstance(i, (bool, np.bool_))
+            or not 0 <= i < outputs
             for i in chosen
         ):
             raise ValueError(
                 f"output_indices must be None or a non-empty list of output indices in "
                 f"[0, {outputs}), got {output_indices!r}"
             )
-        return chosen
+        return [int(i) for i in chosen]
 
     def posterior(
         self,
@@ -157,8 +160,10 @@ class RandomFeatureModel(Model):
         Args:
             X: ``(q, d)`` or ``(*b, q, d)`` points.
             output_indices: ``None`` (all outputs) or a list of output indices.
-            observation_noise: ``False`` (latent), ``True`` (add the model noise) or a tensor
-                of noise variances broadcastable to ``(*b, q, m)`` (``m`` chosen outputs).
+            observation_noise: ``False`` (latent), ``True`` (add the model noise of each
+                chosen output; a GP fitted with fixed noise variances has none) or a tensor
+                of finite, non-negative noise variances broadcastable to ``(*b, q, m)`` (``m``
+                chosen outputs, in their order).
             posterior_transform: optional BoTorch ``PosteriorTransform``.
 
         Returns:
@@ -196,7 +201,7 @@ class RandomFeatureModel(Model):
         covariance = covariance.reshape(*batch, q * m, q * m)
         if observation_noise is not False:
             covariance = covariance + torch.diag_embed(
-                self._noise_diagonal(observation_noise, mean, interleaved)
+                self._noise_diagonal(observation_noise, mean, outputs, interleaved)
             )
         if m == 1:
             distribution = MultivariateNormal(mean[..., 0], covariance)
@@ -208,12 +213,35 @@ class RandomFeatureModel(Model):
         return posterior
 
     def _noise_diagonal(self, observation_noise: Union[bool, Tensor], mean: Tensor,
-                        interleaved: bool) -> Tensor:
+                        outputs: List[int], interleaved: bool) -> Tensor:
         """The noise variances of the rows of the covariance, shape ``(*b, q m)``."""
         if observation_noise is True:
-            noise = self.gp.noise.to(mean).expand(mean.shape)
+            state = self.gp._state
+            if state is not None and state.layout.fixed:
+                raise ValueError(
+                    "observation_noise=True adds the model noise, but the GP was fitted with "
+                    "fixed noise variances (fit(x, y, noise)), which say nothing of new points; "
+                    "pass their noise variances as a tensor"
+                )
+            # The model noise is a scalar or one value per output of the model: take the
+            # requested outputs, in the requested order.
+            model_noise = self.gp.noise.to(mean).reshape(-1)
+            if model_noise.numel() > 1:
+                model_noise = model_noise[outputs]
+            noise = model_noise.expand(mean.shape)
         else:
+            if isinstance(observation_noise, bool) or not isinstance(observation_noise, Tensor):
+                raise TypeError(
+                    "observation_noise must be a bool or a tensor of noise variances, got "
+                    f"{describe(observation_noise)}"
+                )
             check_tensor("observation_noise", observation_noise)
+            low = float(observation_noise.min()) if observation_noise.numel() else 0.0
+            if low < 0:
+                raise ValueError(
+                    "observation_noise must hold non-negative noise variances, got minimum "
+                    f"{low:.3g}"
+                )
             try:
                 noise = observation_noise.to(mean).expand(mean.shape)
             except RuntimeError as error:

@@ -36,11 +36,11 @@ from rfgp._validation import (
     check_bool,
     check_dtype,
     check_int,
-    check_integer_tensor,
+    check_long_tensor,
     check_positive,
 )
 
-__all__ = ["DirichletLikelihood", "dirichlet_transform", "validate_labels"]
+__all__ = ["DirichletLikelihood", "check_alpha_epsilon", "dirichlet_transform", "validate_labels"]
 
 
 def validate_labels(
@@ -73,14 +73,13 @@ def validate_labels(
         >>> validate_labels(torch.tensor([0, 2, 1]))
         (tensor([0, 2, 1]), 3)
     """
-    labels = check_integer_tensor(name, labels, "integer class indices")
+    labels = check_long_tensor(name, labels, "integer class indices")
     if labels.dim() != 1:
         raise ValueError(
             f"{name} must be a 1-D tensor of shape (N,), got shape {tuple(labels.shape)}"
         )
     if labels.numel() == 0:
         raise ValueError(f"{name} must not be empty")
-    labels = labels.long()
     low = int(labels.min())
     if low < 0:
         raise ValueError(f"{name} must be non-negative class indices, got minimum {low}")
@@ -114,6 +113,48 @@ def _transform(
     return targets, noise
 
 
+def _alpha_usable(alpha_epsilon: Tensor, dtype: torch.dtype) -> Tensor:
+    """Whether each ``alpha_epsilon`` gives finite targets and noise in ``dtype`` and a target
+    of the labelled class above that of the others (they are equal once ``1 + alpha`` rounds
+    to ``alpha``, and ``1 / alpha`` overflows for the smallest values)."""
+    alpha = alpha_epsilon.to(dtype)
+    noise_off, noise_on = torch.log1p(1 / alpha), torch.log1p(1 / (1 + alpha))
+    off = torch.log(alpha) - noise_off / 2
+    on = torch.log1p(alpha) - noise_on / 2
+    finite = torch.isfinite(off) & torch.isfinite(on) & torch.isfinite(noise_off)
+    return finite & (on > off) & (noise_on > 0)
+
+
+def check_alpha_epsilon(alpha_epsilon: Any, dtype: torch.dtype) -> float:
+    """Return ``alpha_epsilon`` as a float if the transform in ``dtype`` can use it.
+
+    It must be a positive real number for which the transformed targets and noise are finite
+    and the labelled class's target exceeds the others' in ``dtype``: about ``[1e-308, 3e14]``
+    in float64 and ``[6e-39, 8e6]`` in float32 (the message gives the powers of two that pass).
+
+    Example:
+        >>> check_alpha_epsilon(0.01, torch.float64)
+        0.01
+        >>> check_alpha_epsilon(1e300, torch.float64)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: alpha_epsilon must lie in about [...] for torch.float64 targets ..., got 1e+300
+    """
+    alpha_epsilon = check_positive("alpha_epsilon", alpha_epsilon)
+    if bool(_alpha_usable(torch.tensor(alpha_epsilon, dtype=torch.float64), dtype)):
+        return alpha_epsilon
+    # The usable powers of two, for the message.
+    powers = torch.ldexp(torch.ones(2100, dtype=torch.float64),
+                         torch.arange(-1074, 1026, dtype=torch.int64))
+    usable = powers[_alpha_usable(powers, dtype)]
+    low, high = float(usable.min()), float(usable.max())
+    raise ValueError(
+        f"alpha_epsilon must lie in about [{low:.3g}, {high:.3g}] for {dtype} targets (where "
+        "the transformed targets and noise are finite and the labelled class's target exceeds "
+        f"the others'), got {alpha_epsilon!r}"
+    )
+
+
 def dirichlet_transform(
     labels: Any,
     num_classes: int,
@@ -130,7 +171,8 @@ def dirichlet_transform(
     Args:
         labels: ``(N,)`` integer labels in ``[0, num_classes)`` (validated; a class may be absent).
         num_classes: ``C >= 2``.
-        alpha_epsilon: the concentration added to every class, ``> 0``.
+        alpha_epsilon: the concentration added to every class, ``> 0``, in the range of
+            :func:`check_alpha_epsilon` for ``dtype``.
         dtype: floating dtype of the outputs (a ``torch.dtype`` or its name, ``"float32"``).
 
     Returns:
@@ -144,8 +186,9 @@ def dirichlet_transform(
     """
     num_classes = check_int("num_classes", num_classes, minimum=2)
     labels, num_classes = validate_labels(labels, num_classes, require_two_classes=False)
-    alpha_epsilon = check_positive("alpha_epsilon", alpha_epsilon)
-    return _transform(labels, num_classes, alpha_epsilon, check_dtype("dtype", dtype))
+    dtype = check_dtype("dtype", dtype)
+    alpha_epsilon = check_alpha_epsilon(alpha_epsilon, dtype)
+    return _transform(labels, num_classes, alpha_epsilon, dtype)
 
 
 class DirichletLikelihood(FixedNoiseGaussianLikelihood):

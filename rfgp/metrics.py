@@ -8,6 +8,9 @@ r"""Error metrics for kernel approximations and GP predictions.
 All functions take tensors (or NumPy arrays) and return 0-d tensors (differentiable where the
 inputs are). Inputs must be non-empty and finite, and paired inputs must have the same shape;
 anything else raises a ``ValueError`` or ``TypeError`` that names the argument, never a NaN.
+Values of any magnitude are divided by a power of two near their largest entry before they are
+squared (:func:`~rfgp.ops.power_of_two_scale`), so targets of ``1e200`` or ``1e-200`` neither
+overflow nor underflow: the scores scale exactly as the formulas say.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_finite, check_int, check_integer_tensor, check_real, describe
+from rfgp._validation import check_finite, check_int, check_long_tensor, check_real, describe
+from rfgp.ops import power_of_two_scale
 
 __all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
 
@@ -41,6 +45,11 @@ def _as_tensor(value, name: str, allow_complex: bool = False) -> Tensor:
         raise ValueError(f"{name} must not be empty, got {describe(value)}")
     check_finite(name, value)
     return value
+
+
+def _joint_scale(*values: Tensor) -> float:
+    """One power of two near the largest ``|entry|`` of all ``values`` (an exact divisor)."""
+    return max(power_of_two_scale(v) for v in values)
 
 
 def _same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
@@ -79,6 +88,9 @@ def relative_frobenius_error(approx: Tensor, exact: Tensor, real_part: bool = Tr
     _same_shape(approx, exact, "approx", "exact")
     if approx.is_complex() and real_part:
         approx = approx.real
+    # The ratio is scale-free: both norms of the values over one power of two.
+    scale = _joint_scale(approx, exact)
+    approx, exact = approx / scale, exact / scale
     norm = torch.linalg.vector_norm(exact)
     if norm == 0:
         raise ValueError("exact must not be all zeros (its Frobenius norm is the denominator)")
@@ -146,7 +158,10 @@ def gaussian_kl(
     var_a = var_approx.clamp_min(min_variance)
     var_e = var_exact.clamp_min(min_variance)
     ratio = var_a / var_e
-    terms = ratio - torch.log(ratio) - 1 + (mean_exact - mean_approx).square() / var_e
+    # The mean term as a standardised difference, so that (mu_e - mu_a)^2 is never formed.
+    scale = _joint_scale(mean_exact, mean_approx)
+    gap = (mean_exact / scale - mean_approx / scale) / (var_e.sqrt() / scale)
+    terms = ratio - torch.log(ratio) - 1 + gap.square()
     total = 0.5 * terms.sum(0)
     return total.mean() if total.dim() else total
 
@@ -177,7 +192,11 @@ def mnll(y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     _same_shape(y, var, "y", "var")
     if (var <= 0).any():
         raise ValueError(f"var must be positive, got minimum {var.min().item():.3g}")
-    return (0.5 * torch.log(2 * math.pi * var) + (y - mean).square() / (2 * var)).mean()
+    # The standardised residual (y - mu) / sigma from the residual over a power of two and
+    # sigma over the same: neither (y - mu)^2 nor sigma^2 is formed, so no scale overflows.
+    scale = _joint_scale(y, mean)
+    residual = (y / scale - mean / scale) / (var.sqrt() / scale)
+    return (0.5 * (math.log(2 * math.pi) + torch.log(var)) + 0.5 * residual.square()).mean()
 
 
 def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -> Tensor:
@@ -205,10 +224,14 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
     _same_shape(y, mean, "y", "mean")
     if y.dim() not in (1, 2):
         raise ValueError(f"y must have shape (n,) or (n, T), got {describe(y)}")
-    mse = (y - mean).square().mean(0)
+    # Numerator and denominator over the square of one power of two: a ratio free of overflow
+    # and underflow at any scale of y.
+    scale = _joint_scale(y, mean)
+    mse = (y / scale - mean / scale).square().mean(0)
     if reference_variance is None:
-        ref = y.var(0, unbiased=False)
-        if (ref <= 0).any():
+        ref = (y / scale).var(0, unbiased=False)
+        # Constant by equality: three 0.1 have a rounded variance of 2e-34, not 0.
+        if (ref <= 0).any() or bool((y == y[:1]).all(0).any()):
             raise ValueError("the variance of y must be positive (y is constant over points)")
     else:
         if isinstance(reference_variance, (int, float)) and not isinstance(
@@ -226,7 +249,9 @@ def nmse(y: Tensor, mean: Tensor, reference_variance: Optional[Tensor] = None) -
             raise ValueError(
                 f"reference_variance must be positive, got minimum {ref.min().item():.3g}"
             )
-    return (mse / ref).mean()
+        ref = ref / scale / scale
+    # A perfect prediction scores 0 even where a tiny reference variance underflowed above.
+    return torch.where(mse == 0, torch.zeros_like(mse), mse / ref).mean()
 
 
 def rmse(y: Tensor, mean: Tensor) -> Tensor:
@@ -245,7 +270,8 @@ def rmse(y: Tensor, mean: Tensor) -> Tensor:
     """
     y, mean = _as_tensor(y, "y"), _as_tensor(mean, "mean")
     _same_shape(y, mean, "y", "mean")
-    return (y - mean).square().mean().sqrt()
+    scale = _joint_scale(y, mean)
+    return (y / scale - mean / scale).square().mean().sqrt() * scale
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +450,7 @@ def _check_proba_labels(probs, labels) -> Tuple[Tensor, Tensor]:
 
 def _check_labels(labels, n: int, num_classes: Optional[int] = None) -> Tensor:
     """``labels`` as an ``(n,)`` integer tensor of class indices in ``[0, num_classes)``."""
-    labels = check_integer_tensor("labels", labels, "integer class indices")
+    labels = check_long_tensor("labels", labels, "integer class indices")
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
     if n == 0:
@@ -470,6 +496,8 @@ def accuracy(predictions, labels) -> Tensor:
             "predictions must be (N,) integer labels or (N, C) probabilities, got shape "
             f"{tuple(predictions.shape)} and dtype {predictions.dtype}"
         )
+    else:
+        predictions = check_long_tensor("predictions", predictions, "integer labels")
     labels = _check_labels(labels, predictions.shape[0], num_classes)
     return (predictions == labels).double().mean()
 

@@ -7,6 +7,8 @@
 * Seeded samplers (:func:`make_generator`, :func:`rademacher`, :func:`complex_rademacher`,
   :func:`gaussian`, :func:`complex_gaussian`) that take an optional ``torch.Generator`` and never
   reseed the global random state.
+* :func:`power_of_two_scale` / :func:`column_power_of_two_scale`: exact divisors that bring
+  values of any magnitude near 1 before they are squared or summed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_finite, check_int
+from rfgp._validation import all_finite, check_finite, check_generator, check_int
 
 __all__ = [
     "next_power_of_two",
@@ -34,6 +36,8 @@ __all__ = [
     "complex_gaussian",
     "check_finite",
     "all_finite",
+    "power_of_two_scale",
+    "column_power_of_two_scale",
 ]
 
 # Largest Hadamard block applied as one dense product. Blocks of 32-128 keep each small GEMM in
@@ -220,6 +224,7 @@ def generator_device(generator: Optional[torch.Generator]) -> torch.device:
         >>> generator_device(None), generator_device(torch.Generator())
         (device(type='cpu'), device(type='cpu'))
     """
+    check_generator("generator", generator)
     return generator.device if generator is not None else torch.device("cpu")
 
 
@@ -334,3 +339,39 @@ def complex_gaussian(
     v = gaussian(shape, generator, real_dtype)
     w = gaussian(shape, generator, real_dtype)
     return (torch.complex(v, w) / math.sqrt(2.0)).to(dtype)
+
+
+def power_of_two_scale(values: Tensor) -> float:
+    """The power of two nearest below ``max |values|`` (1 for zeros): dividing by it is exact
+    and keeps values of any magnitude finite in squared sums.
+
+    Example:
+        >>> power_of_two_scale(torch.tensor([3.0, -5.0]))
+        4.0
+        >>> power_of_two_scale(torch.tensor([1e160], dtype=torch.float64)) == 2.0**531
+        True
+    """
+    largest = float(values.detach().abs().max()) if values.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
+        return 1.0
+    return 2.0 ** math.floor(math.log2(largest))
+
+
+def column_power_of_two_scale(values: Tensor) -> Tensor:
+    """Per column (over the leading dimension), the power of two nearest below the largest
+    ``|value|`` (1 for zero columns, at least the smallest normal number, so that its inverse
+    is finite), shape ``values.shape[1:]``, in ``values``' real dtype.
+
+    The exponent comes from ``frexp``, so the scale is an exact power of two and dividing by it
+    changes no significand: a statistic of ``values / scale`` times ``scale`` is the statistic
+    of ``values`` as the same arithmetic would give at scale 1, without overflow or underflow.
+
+    Example:
+        >>> values = torch.tensor([[3e200, 0.0], [-5e200, 0.0]], dtype=torch.float64)
+        >>> column_power_of_two_scale(values).tolist() == [2.0**666, 1.0]
+        True
+    """
+    peak = values.detach().abs().amax(0)
+    _, exponent = torch.frexp(peak)  # peak = m 2^e with m in [0.5, 1)
+    scale = torch.ldexp(torch.ones_like(peak), exponent - 1).clamp_min(torch.finfo(peak.dtype).tiny)
+    return torch.where((peak > 0) & torch.isfinite(peak), scale, torch.ones_like(peak))

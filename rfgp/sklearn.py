@@ -48,6 +48,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from gpytorch.kernels import Kernel, ScaleKernel
 from linear_operator.utils.warnings import NumericalWarning
 
+from rfgp._validation import check_int
 from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
 from rfgp.inference.feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
@@ -466,7 +467,9 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             gp = RandomFeatureGP(kernel, noise=noise)
             self.n_iter_ = 0
             if self.optimizer is not None:
-                self.n_iter_ = self._optimize(gp, x_t, y_t)
+                # "auto" has no recipe for this kernel: it runs L-BFGS, as documented.
+                method = "lbfgs" if self.optimizer == "auto" else self.optimizer
+                self.n_iter_ = self._optimize(gp, x_t, y_t, method)
             gp.fit(x_t, y_t)
         self.gp_ = gp
         self.kernel_ = gp.kernel
@@ -486,7 +489,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         self.n_iter_ = sum(report.iterations.values())
         return gp
 
-    def _optimize(self, gp: RandomFeatureGP, x: torch.Tensor, y: torch.Tensor) -> int:
+    def _optimize(self, gp: RandomFeatureGP, x: torch.Tensor, y: torch.Tensor,
+                  method: str) -> int:
         """Maximise the log marginal likelihood over the kernel hyperparameters and the noise.
 
         Delegates to :meth:`RandomFeatureGP.optimize_hyperparameters` (bounded log-noise, a line
@@ -497,7 +501,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)
             warnings.simplefilter("ignore", NumericalWarning)
             losses = gp.optimize_hyperparameters(
-                x, y, method=self.optimizer, num_iterations=int(self.max_iter)
+                x, y, method=method, num_iterations=int(self.max_iter)
             )
         return len(losses)
 
@@ -555,9 +559,10 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             several targets.
         """
         check_is_fitted(self)
+        n_samples = check_int("n_samples", n_samples)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         generator = torch.Generator().manual_seed(_seed(random_state))
-        draws = self.gp_.sample_functions(int(n_samples), generator)(_as_tensor(X)).numpy()
+        draws = self.gp_.sample_functions(n_samples, generator)(_as_tensor(X)).numpy()
         draws = self._scale(draws) + self._y_mean  # (S, M) or (S, M, T)
         return np.moveaxis(draws, 0, -1)
 

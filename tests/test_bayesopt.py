@@ -241,3 +241,86 @@ def test_posterior_num_features_rejects_bad_arguments(kwargs, error, match):
     arguments = {"num_data": 100, **kwargs}
     with pytest.raises(error, match=match):
         posterior_num_features(**arguments)
+
+
+def test_maximisers_of_increasing_paths_are_the_upper_corner_exactly():
+    # lower + 1 * (upper - lower) rounds one ulp above upper for these bounds; each path is
+    # increasing in every coordinate, so its maximiser is the upper corner itself.
+    bounds = torch.tensor([[-1.0608166785462863] * 2, [1.3782524720257012] * 2], dtype=DT)
+    assert bool((bounds[0] + (bounds[1] - bounds[0]) > bounds[1]).all())
+    g = torch.Generator().manual_seed(0)
+    best, values = maximize_paths(lambda z: z.sum(-1, keepdim=True).T, bounds, steps=200,
+                                  lr=0.1, generator=g)
+    assert bool((best >= bounds[0]).all()) and bool((best <= bounds[1]).all())
+    assert torch.equal(best, bounds[1:])
+    assert torch.equal(values, bounds[1].sum().reshape(1))
+
+
+def test_bounds_with_an_infinite_width_are_refused():
+    bounds = torch.tensor([[-1e308, 0.0], [1e308, 1.0]], dtype=DT)
+    with pytest.raises(ValueError, match=r"finite width .* dimension\(s\) \[0\]"):
+        maximize_paths(lambda z: z.T, bounds)
+
+
+def test_generator_must_be_a_torch_generator():
+    x, y = data(30)
+    gp = RandomFeatureGP(FourierFeatureKernel(32, seed=0).double(), noise=1e-2).fit(x, y)
+    message = "generator must be a torch.Generator or None, got str 'x'"
+    with pytest.raises(TypeError, match=message):
+        maximize_paths(lambda z: z.T, BOUNDS, generator="x")
+    with pytest.raises(TypeError, match=message):
+        thompson_sample(gp, BOUNDS, 2, generator="x")
+    with pytest.raises(TypeError, match=message):
+        gp.sample_functions(2, generator="x")
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int 0"):
+        gp.sample_functions(2, generator=0)
+
+
+def test_paths_without_gradients_need_steps_zero():
+    with pytest.raises(ValueError, match="paths must be differentiable in x .* steps=0"):
+        maximize_paths(lambda z: bowl(z).detach().unsqueeze(0), BOUNDS, steps=3)
+    # steps=0 is the derivative-free use: the best random candidate, a box point.
+    g = torch.Generator().manual_seed(0)
+    best, value = maximize_paths(lambda z: bowl(z).detach().unsqueeze(0), BOUNDS, steps=0,
+                                 generator=g)
+    assert torch.equal(value, bowl(best))
+
+
+def test_ascent_runs_under_no_grad():
+    # A caller's torch.no_grad() must not switch the gradient ascent off.
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        best, _ = maximize_paths(lambda z: bowl(z).unsqueeze(0), BOUNDS, steps=300, lr=0.05,
+                                 generator=g)
+    torch.testing.assert_close(best[0], CENTRE, atol=1e-3, rtol=0)
+
+
+def test_paths_returning_nan_are_refused():
+    with pytest.raises(ValueError, match="paths must return values that are not NaN, got 8 NaN"):
+        maximize_paths(lambda z: torch.full((1, z.shape[0]), float("nan"), dtype=DT), BOUNDS,
+                       raw_samples=8)
+
+
+def test_thompson_sample_refuses_a_classifier_by_name():
+    from rfgp import DirichletGPClassifier
+
+    x, y = data(30)
+    clf = DirichletGPClassifier(FourierFeatureKernel(32, seed=0).double()).fit(x, (y > -0.5).long())
+    with pytest.raises(TypeError, match="model must be a fitted rfgp.RandomFeatureGP .* got a "
+                                        "DirichletGPClassifier"):
+        thompson_sample(clf, BOUNDS, 2)
+
+
+def test_half_precision_bounds_are_refused():
+    # Adam's steps underflow in float16 and the maximisers came back NaN.
+    with pytest.raises(TypeError, match="bounds must have dtype torch.float32 or torch.float64, "
+                                        "got torch.float16"):
+        maximize_paths(lambda z: z.T, BOUNDS.half(), steps=2)
+
+
+def test_maximisers_are_detached_from_bounds_that_require_grad():
+    bounds = BOUNDS.clone().requires_grad_(True)
+    for steps in (0, 2):
+        best, value = maximize_paths(lambda z: bowl(z).unsqueeze(0), bounds, steps=steps,
+                                     raw_samples=16)
+        assert not best.requires_grad and not value.requires_grad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -331,3 +332,77 @@ def test_outputs_follow_a_refit_of_the_wrapped_gp():
     gp.fit(x, y)
     assert model.num_outputs == 2
     assert model.posterior(torch.rand(3, 2, dtype=DT)).mean.shape == (3, 2)
+
+
+@pytest.mark.parametrize("solve", ["weight", "function"])
+def test_observation_noise_follows_the_requested_outputs(solve):
+    x, y = two_output_data()
+    noise = torch.tensor([0.1, 0.5], dtype=DT)
+    gp = RandomFeatureGP(rff_kernel(), noise=noise, solve=solve).fit(x, y)
+    model = RandomFeatureModel(gp)
+    xs = torch.rand(3, 4, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    for outputs in ([1, 0], [1], [0], [0, 1]):
+        latent = model.posterior(xs, output_indices=outputs)
+        noisy = model.posterior(xs, output_indices=outputs, observation_noise=True)
+        # The noise of output t on the variances of output t, in the requested order ...
+        torch.testing.assert_close(noisy.variance - latent.variance,
+                                   noise[outputs].expand(3, 4, len(outputs)), rtol=0, atol=1e-12)
+        # ... and nothing off the diagonal.
+        added = noisy.mvn.covariance_matrix - latent.mvn.covariance_matrix
+        torch.testing.assert_close(added, torch.diag_embed(added.diagonal(dim1=-2, dim2=-1)),
+                                   rtol=0, atol=1e-12)
+
+
+def test_vector_field_observation_noise_per_output():
+    from rfgp.kernels import CurlFreeFeatureKernel
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(40, 2, generator=g, dtype=DT)
+    field = torch.stack([torch.cos(3 * x[:, 0]), torch.sin(3 * x[:, 1])], -1)
+    noise = torch.tensor([0.01, 0.2], dtype=DT)
+    gp = RandomFeatureGP(CurlFreeFeatureKernel(32, input_dim=2, seed=0).to(DT), noise=noise)
+    model = RandomFeatureModel(gp.fit(x, field))
+    xs = torch.rand(2, 3, 2, generator=g, dtype=DT)
+    for outputs in ([1, 0], [1]):
+        added = (model.posterior(xs, output_indices=outputs, observation_noise=True).variance
+                 - model.posterior(xs, output_indices=outputs).variance)
+        torch.testing.assert_close(added, noise[outputs].expand(2, 3, len(outputs)), rtol=0,
+                                   atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-300])
+def test_negative_observation_noise_is_refused_by_name(bad):
+    model = RandomFeatureModel(fitted()[0])
+    x = torch.rand(2, 2, dtype=DT)
+    with pytest.raises(ValueError, match="observation_noise must hold non-negative noise "
+                                         "variances, got minimum -1"):
+        model.posterior(x, observation_noise=torch.full((2, 1), bad, dtype=DT))
+    with pytest.raises(ValueError, match="observation_noise must be finite"):
+        model.posterior(x, observation_noise=torch.full((2, 1), float("inf"), dtype=DT))
+    with pytest.raises(TypeError, match="observation_noise must be a bool or a tensor"):
+        model.posterior(x, observation_noise=0.1)
+
+
+def test_observation_noise_true_needs_a_model_noise():
+    # A fit with fixed per-row noise has no noise for new points: the model noise (1.0 by
+    # default) is unrelated to it.
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 2, generator=g, dtype=DT)
+    gp = RandomFeatureGP(rff_kernel()).fit(x, bowl(x), torch.full((30,), 1e-3, dtype=DT))
+    model = RandomFeatureModel(gp)
+    with pytest.raises(ValueError, match="observation_noise=True adds the model noise, but the "
+                                         "GP was fitted with fixed noise variances"):
+        model.posterior(x[:2], observation_noise=True)
+    noisy = model.posterior(x[:2], observation_noise=torch.full((2, 1), 1e-3, dtype=DT))
+    torch.testing.assert_close(noisy.variance - model.posterior(x[:2]).variance,
+                               torch.full((2, 1), 1e-3, dtype=DT), rtol=0, atol=1e-12)
+
+
+def test_numpy_integer_output_indices_are_indices():
+    x, y = two_output_data()
+    model = RandomFeatureModel(RandomFeatureGP(rff_kernel(), noise=NOISE).fit(x, y))
+    xs = torch.rand(3, 2, dtype=DT)
+    torch.testing.assert_close(model.posterior(xs, output_indices=[np.int64(1)]).mean,
+                               model.posterior(xs, output_indices=[1]).mean, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="output_indices must be None"):
+        model.posterior(xs, output_indices=[np.bool_(True)])

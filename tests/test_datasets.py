@@ -139,3 +139,29 @@ def test_standardize_bad_input(args, error, match):
 def test_public_names():
     assert set(datasets.__all__) == {"UCI_DATASETS", "load_uci", "load_wind",
                                      "train_test_split", "standardize"}
+
+
+@pytest.mark.parametrize("c", [2.0**664, 2.0**-664, 1e200, 1e-200])
+def test_standardize_is_scale_equivariant(c):
+    g = torch.Generator().manual_seed(0)
+    train = torch.randn(20, 3, generator=g, dtype=torch.float64)
+    test = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    train[:, 2] = 3.0  # a constant column keeps std 1 at every scale
+    a, b, mean, std = standardize(train, test)
+    sa, sb, smean, sstd = standardize(c * train, c * test)
+    # Exact for powers of two; within rounding of c * x for decimal scales.
+    tol = dict(rtol=0, atol=0) if c in (2.0**664, 2.0**-664) else dict(rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(sa[:, :2], a[:, :2], **tol)
+    torch.testing.assert_close(sb[:, :2], b[:, :2], **tol)
+    torch.testing.assert_close(smean, c * mean, **{**tol, "atol": 0})
+    torch.testing.assert_close(sstd[:2], c * std[:2], **{**tol, "atol": 0})
+    assert sstd[2] == 1.0 and bool((sa[:, 2] == 0).all())
+    torch.testing.assert_close(sb[:, 2], c * test[:, 2] - c * 3.0, rtol=1e-13, atol=0)
+
+
+def test_standardize_finds_constant_columns_whose_mean_rounds():
+    # The mean of three 0.1 is not 0.1 in float64: the column is still constant.
+    train = torch.tensor([[0.1, 0.0], [0.1, 1.0], [0.1, 2.0]], dtype=torch.float64)
+    a, b, mean, std = standardize(train, torch.tensor([[0.6, 1.0]], dtype=torch.float64))
+    assert std[0] == 1.0 and mean[0] == 0.1 and bool((a[:, 0] == 0).all())
+    assert b[0, 0] == 0.6 - 0.1

@@ -1,5 +1,6 @@
 """Tests of the Dirichlet transform and likelihood (Milios et al., 2018) in rfgp.likelihoods."""
 
+import re
 
 import gpytorch
 import numpy as np
@@ -144,3 +145,32 @@ def test_likelihood_accepts_test_noise_for_other_points():
     )
     marginal = lik(mvn, noise=torch.full((2, 3), 0.5, dtype=DTYPE))
     torch.testing.assert_close(marginal.variance, torch.full((2, 3), 1.5, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_alpha_epsilon_outside_the_usable_range_is_refused_with_the_range(dtype):
+    labels = torch.tensor([0, 1, 1])
+    for bad in (1e300, 1e-320, 1e40 if dtype == torch.float32 else 1e16):
+        with pytest.raises(ValueError, match=rf"alpha_epsilon must lie in about \[.*\] for "
+                                             rf"{dtype} targets.*got {re.escape(repr(bad))}"):
+            dirichlet_transform(labels, 2, alpha_epsilon=bad, dtype=dtype)
+    # The ends the message names are usable: finite targets and noise, and the labelled
+    # class's target above the other's.
+    with pytest.raises(ValueError) as info:
+        dirichlet_transform(labels, 2, alpha_epsilon=1e300, dtype=dtype)
+    low, high = (float(v) for v in str(info.value).split("[")[1].split("]")[0].split(", "))
+    for alpha in (low, high):
+        targets, noise = dirichlet_transform(labels, 2, alpha_epsilon=alpha, dtype=dtype)
+        assert bool(torch.isfinite(targets).all()) and bool(torch.isfinite(noise).all())
+        assert bool((noise > 0).all()) and bool(targets[0, 0] > targets[0, 1])
+
+
+def test_classifier_refuses_an_alpha_epsilon_that_makes_the_targets_equal():
+    from rfgp import DirichletGPClassifier
+    from rfgp.kernels import FourierFeatureKernel
+
+    x = torch.randn(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    labels = (x[:, 0] > 0).long()
+    clf = DirichletGPClassifier(FourierFeatureKernel(16, seed=0).double(), alpha_epsilon=1e300)
+    with pytest.raises(ValueError, match="alpha_epsilon must lie in about .* got 1e\\+300"):
+        clf.fit(x, labels)

@@ -164,3 +164,83 @@ def test_integer_and_list_inputs_raise_type_errors():
         metrics.gaussian_kl(torch.ones(2, dtype=torch.complex128), *(torch.ones(2, dtype=DT),) * 3)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         metrics.kernel_distance(_rand(3, 2), _rand(3, 2), block_size=0)
+
+
+# Powers of two near 1e+-200 scale every value exactly; 1e+-200 themselves up to rounding.
+EXACT_SCALES = [2.0**664, 2.0**-664]
+DECIMAL_SCALES = [1e200, 1e-200]
+
+
+@pytest.mark.parametrize("c", EXACT_SCALES + DECIMAL_SCALES)
+def test_rmse_nmse_and_frobenius_error_are_scale_equivariant(c):
+    y, mean = _rand(30, 2, seed=1), _rand(30, 2, seed=2)
+    exact = c in EXACT_SCALES
+    check = (lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0)) if exact else (
+        lambda a, b: torch.testing.assert_close(a, b, rtol=1e-14, atol=0))
+    check(metrics.rmse(c * y, c * mean), c * metrics.rmse(y, mean))
+    check(metrics.nmse(c * y, c * mean), metrics.nmse(y, mean))
+    k = _rand(5, 5, seed=3)
+    check(metrics.relative_frobenius_error(c * (k + 0.1), c * k),
+          metrics.relative_frobenius_error(k + 0.1, k))
+
+
+@pytest.mark.parametrize("c", [2.0**300, 2.0**-300, 1e150, 1e-150])
+def test_mnll_and_reference_nmse_shift_and_keep_under_scaling(c):
+    # With y, mu scaled by c and the variance by c^2, the MNLL shifts by log c; the NMSE with
+    # a reference variance scaled by c^2 is unchanged.
+    y, mean, var = _rand(20, seed=4), _rand(20, seed=5), _rand(20, seed=6).abs() + 0.1
+    torch.testing.assert_close(metrics.mnll(c * y, c * mean, c * c * var),
+                               metrics.mnll(y, mean, var) + math.log(c), rtol=1e-14, atol=0)
+    ref = torch.tensor(0.7, dtype=DT)
+    torch.testing.assert_close(metrics.nmse(c * y, c * mean, c * c * ref),
+                               metrics.nmse(y, mean, ref), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("c", [1e200, 1e-200])
+def test_mnll_of_residuals_far_above_the_variance_is_finite(c):
+    # var = c v: the residual term c (y - mu)^2 / (2 v) is near 1e200 (finite) at c = 1e200;
+    # (c (y - mu))^2 itself would overflow, and underflow at c = 1e-200.
+    y, mean, var = _rand(20, seed=4), _rand(20, seed=5), _rand(20, seed=6).abs() + 0.1
+    expected = (0.5 * torch.log(2 * math.pi * c * var)).mean() + (
+        c * (y - mean).square() / (2 * var)).mean()
+    torch.testing.assert_close(metrics.mnll(c * y, c * mean, c * var), expected, rtol=1e-13,
+                               atol=0)
+
+
+def test_nmse_of_tiny_targets_is_not_constant():
+    y = _rand(40, seed=7)
+    for c in (1e-200, 2.0**-664, 1e-300):
+        torch.testing.assert_close(metrics.nmse(c * y, 0.5 * c * y), metrics.nmse(y, 0.5 * y),
+                                   rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match="y is constant"):
+        metrics.nmse(torch.full((3,), 1e-200, dtype=DT), torch.zeros(3, dtype=DT))
+
+
+@pytest.mark.parametrize("c", [2.0**100, 2.0**-100])
+def test_float32_metrics_are_scale_equivariant(c):
+    # float32 squares overflow past 1.8e19 and underflow below 1e-19.
+    y, mean = _rand(30, seed=8).float(), _rand(30, seed=9).float()
+    assert metrics.rmse(c * y, c * mean) == c * metrics.rmse(y, mean)
+    assert metrics.nmse(c * y, c * mean) == metrics.nmse(y, mean)
+    assert metrics.relative_frobenius_error(c * y, c * mean) == (
+        metrics.relative_frobenius_error(y, mean))
+
+
+def test_nmse_refuses_constant_targets_whose_variance_rounds_above_zero():
+    y = torch.full((3,), 0.1, dtype=DT)
+    assert y.var(unbiased=False) > 0  # the rounding this test is about
+    with pytest.raises(ValueError, match="y is constant"):
+        metrics.nmse(y, torch.zeros(3, dtype=DT))
+    two = torch.stack([torch.tensor([0.0, 1.0, 2.0], dtype=DT), y], -1)
+    with pytest.raises(ValueError, match="y is constant"):
+        metrics.nmse(two, torch.zeros(3, 2, dtype=DT))
+
+
+@pytest.mark.parametrize("c", [1e200, 1e-200])
+def test_gaussian_kl_mean_term_neither_overflows_nor_underflows(c):
+    # Equal variances c v: the KL is sum (c d)^2 / (2 c v) = c sum d^2 / (2 v).
+    m_a, m_e, v = _rand(10, seed=10), _rand(10, seed=11), _rand(10, seed=12) + 0.5
+    expected = c * ((m_e - m_a).square() / (2 * v)).sum()
+    torch.testing.assert_close(metrics.gaussian_kl(c * m_a, c * v, c * m_e, c * v,
+                                                   min_variance=1e-300), expected,
+                               rtol=1e-13, atol=0)

@@ -150,3 +150,15 @@ def test_empty_and_non_finite_probabilities(fn):
         fn(torch.tensor([[float("nan"), 0.5]], dtype=DTYPE), torch.tensor([0]))
     with pytest.raises(ValueError, match="num_bins|labels"):
         reliability_diagram(torch.tensor([[0.5, 0.5]], dtype=DTYPE), torch.tensor([0]), 0)
+
+
+def test_accuracy_of_unsigned_labels_compares_values():
+    labels = np.array([0, 1, 2, 1], dtype=np.uint32)
+    assert accuracy(torch.tensor([0, 1, 1, 1]), labels).item() == 0.75
+    assert accuracy(np.array([0, 1, 2, 0], dtype=np.uint64), torch.tensor([0, 1, 2, 1])) == 0.75
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    assert accuracy(probs, np.array([0, 0], dtype=np.uint64)).item() == 0.5
+    # An id that int64 cannot hold is refused by name, not wrapped to -1.
+    with pytest.raises(ValueError, match=r"labels must hold integer class indices below 2\*\*63"
+                                         r".*18446744073709551615"):
+        accuracy(torch.tensor([0, 1]), np.array([0, 2**64 - 1], dtype=np.uint64))

@@ -256,3 +256,12 @@ def test_all_finite(values, expected):
     x = torch.tensor(values, dtype=torch.float32)
     assert all_finite(x) is expected
     assert all_finite(x) == bool(torch.isfinite(x).all())
+
+
+def test_samplers_refuse_a_generator_that_is_not_one():
+    from rfgp.ops import complex_gaussian, gaussian, rademacher
+
+    for sampler in (gaussian, rademacher, complex_gaussian):
+        with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got "
+                                            "str 'x'"):
+            sampler((3,), "x")

@@ -27,6 +27,8 @@ from rfgp.sklearn import (  # noqa: E402
 @parametrize_with_checks(
     [
         RandomFeatureGPRegressor(num_features=32, max_iter=3, random_state=0),
+        # optimizer="auto" with a kernel outside the recipe: L-BFGS.
+        RandomFeatureGPRegressor("polynomial", num_features=32, max_iter=3, random_state=0),
         RandomFeatureGPClassifier(num_features=32, mc_samples=64, random_state=0),
     ]
 )
@@ -244,7 +246,8 @@ def test_local_search_option_reaches_the_recipe(local_search):
     report = FitReport()
     fit_auto(torch.from_numpy(X), torch.from_numpy(y_std), seed=seed, report=report,
              max_iterations=20, **options)
-    assert reg.fit_report_.local_blocks == report.local_blocks == (reg.fit_report_.schedule.local_starts and 4)
+    expected = 4 if reg.fit_report_.schedule.local_starts else 0
+    assert reg.fit_report_.local_blocks == report.local_blocks == expected
     torch.testing.assert_close(reg.fit_report_.lengthscale, report.lengthscale)
 
 
@@ -386,3 +389,38 @@ def test_the_classifier_is_the_recipe():
     post_est = clf.classifier_.latent_posterior(torch.from_numpy(X[:20]))
     torch.testing.assert_close(post.mean, post_est.mean, rtol=0, atol=1e-6)
     torch.testing.assert_close(post.variance, post_est.variance, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["polynomial", "exponential", "gaussian_sketch", "object"])
+def test_auto_optimizer_runs_lbfgs_outside_the_recipe(kernel):
+    X, y = _regression_data(60)
+    X = X / 3
+
+    def make(optimizer):
+        k = FourierFeatureKernel(32, seed=0).double() if kernel == "object" else kernel
+        return RandomFeatureGPRegressor(k, num_features=32, optimizer=optimizer, max_iter=5,
+                                        random_state=0).fit(X, y)
+
+    auto, lbfgs = make("auto"), make("lbfgs")
+    assert auto.fit_report_ is None and auto.n_iter_ == lbfgs.n_iter_ >= 1
+    np.testing.assert_array_equal(auto.predict(X), lbfgs.predict(X))
+
+
+def test_grid_search_over_kernel_names_with_the_default_optimizer():
+    X, y = _regression_data(60)
+    search = GridSearchCV(RandomFeatureGPRegressor(num_features=32, max_iter=3, random_state=0,
+                                                   cv_folds=0, lengthscale_draws=0,
+                                                   local_search=False),
+                          {"kernel": ["polynomial", "matern32"]}, cv=2)
+    search.fit(X / 3, y)
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all()
+
+
+@pytest.mark.parametrize("n_samples, error", [(2.5, TypeError), (2.0, TypeError),
+                                              (True, TypeError), (0, ValueError)])
+def test_sample_y_refuses_a_non_integer_count(n_samples, error):
+    X, y = _regression_data(40)
+    reg = RandomFeatureGPRegressor(num_features=16, optimizer=None, random_state=0).fit(X, y)
+    with pytest.raises(error, match="n_samples must be an integer"):
+        reg.sample_y(X[:3], n_samples=n_samples)
+    assert reg.sample_y(X[:3], n_samples=np.int64(2)).shape == (3, 2)

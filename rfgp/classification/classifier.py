@@ -36,6 +36,10 @@ from rfgp.likelihoods import DirichletLikelihood
 
 __all__ = ["DirichletGPClassifier"]
 
+_UNPICKLABLE_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
+_NUMPY_CLASSES = "classes as a NumPy array"
+
+
 class DirichletGPClassifier:
     r"""Dirichlet-based GP classifier with a closed-form posterior (Milios et al., 2018).
 
@@ -84,8 +88,8 @@ class DirichletGPClassifier:
             takes ``jitter`` only.
 
     Attributes:
-        classes_ (Tensor): ``(C,)`` the class ids; column ``c`` of the probabilities is
-            ``classes_[c]``.
+        classes_ (Tensor): ``(C,)`` the class ids, in the dtype of the labels (unsigned 64-bit
+            ids included); column ``c`` of the probabilities is ``classes_[c]``.
         num_classes_ (int): ``C``.
         likelihood (DirichletLikelihood): the transform of the last fit.
         gp: the fitted :class:`rfgp.RandomFeatureGP` or :class:`DirichletExactGP`.
@@ -142,6 +146,21 @@ class DirichletGPClassifier:
         self.outputscale_: Optional[float] = None
         self.selection_: List[Dict[str, Any]] = []
         self.fit_time_: Optional[float] = None
+
+    # PyTorch cannot pickle uint16/32/64 tensors (torch.save can): class ids of those dtypes
+    # travel as a NumPy array and come back as the same tensor.
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        classes = state.get("classes_")
+        if isinstance(classes, Tensor) and classes.dtype in _UNPICKLABLE_DTYPES:
+            state["classes_"] = (_NUMPY_CLASSES, classes.cpu().numpy(), str(classes.device))
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        classes = state.get("classes_")
+        if isinstance(classes, tuple) and classes and classes[0] == _NUMPY_CLASSES:
+            state["classes_"] = torch.from_numpy(classes[1]).to(classes[2])
+        self.__dict__.update(state)
 
     @property
     def is_random_feature(self) -> bool:

@@ -36,7 +36,8 @@ def encode_labels(labels: Any, num_classes: Optional[int] = None) -> Tuple[Tenso
         num_classes: ``C``, or ``None`` to take the distinct ids.
 
     Returns:
-        ``(indices, classes)``: ``(N,)`` long indices into ``classes`` and ``(C,)`` long ids.
+        ``(indices, classes)``: ``(N,)`` long indices into ``classes`` and ``(C,)`` ids in the
+        dtype of ``labels`` (``arange(C)``, long, with ``num_classes``).
 
     Raises:
         TypeError: labels that are not integers (strings, floats, booleans): encode them first.
@@ -45,6 +46,8 @@ def encode_labels(labels: Any, num_classes: Optional[int] = None) -> Tuple[Tenso
     Example:
         >>> encode_labels(torch.tensor([1000000, 3, 3]))
         (tensor([1, 0, 0]), tensor([      3, 1000000]))
+        >>> encode_labels(np.array([2**64 - 1, 7], dtype=np.uint64))[1]
+        tensor([                   7, 18446744073709551615], dtype=torch.uint64)
     """
     labels = check_integer_tensor("labels", labels, "integer class ids", "; " + _ENCODE_HINT)
     if num_classes is not None:
@@ -54,11 +57,15 @@ def encode_labels(labels: Any, num_classes: Optional[int] = None) -> Tuple[Tenso
         raise ValueError(f"labels must be a 1-D tensor of shape (N,), got {describe(labels)}")
     if labels.numel() == 0:
         raise ValueError("labels must not be empty")
-    classes, indices = torch.unique(labels.long(), sorted=True, return_inverse=True)
-    if classes.numel() < 2:
+    # np.unique on the original values: every integer dtype keeps its ids (PyTorch cannot sort
+    # or compare unsigned 64-bit tensors, and a cast to int64 would wrap ids of 2**63 and more).
+    classes, inverse = np.unique(labels.detach().cpu().numpy(), return_inverse=True)
+    if classes.size < 2:
         raise ValueError(
-            f"labels must contain at least two distinct classes, got only class {int(classes[0])}"
+            f"labels must contain at least two distinct classes, got only class {classes[0]}"
         )
+    indices = torch.from_numpy(inverse.reshape(-1).astype(np.int64)).to(labels.device)
+    classes = torch.from_numpy(classes).to(labels.device)
     return indices, classes
 
 

@@ -8,6 +8,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
 from rfgp._validation import check_choice, check_positive, check_real
 from rfgp.classification.inputs import base_kernel, check_inputs, encode_labels
@@ -36,6 +37,23 @@ def _candidate(template: Any, alpha: float, lengthscale: Optional[float],
         kernel, alpha_epsilon=alpha, num_classes=num_classes, centre=template.centre,
         outputscale=template.outputscale, num_samples=template.num_samples, seed=template.seed,
         **template.solver_kwargs,
+    )
+
+
+def _check_training_part(train: Tensor, labels: Tensor, classes: Tensor,
+                         validation_fraction: float, seed: int) -> None:
+    """Refuse a split whose training part holds fewer than two classes (the user's labels held
+    two or more, so the error is the split's, and the message says how to change it)."""
+    present = torch.unique(train)
+    if present.numel() >= 2:
+        return
+    counts = torch.bincount(labels, minlength=classes.numel()).tolist()
+    raise ValueError(
+        f"the training part of the validation split (validation_fraction="
+        f"{validation_fraction}, seed={seed}) holds {train.numel()} of {labels.numel()} rows, "
+        f"all of class {classes[present[0]].item()}; fitting needs at least two classes "
+        f"(the labels' class counts are {dict(zip(classes.tolist(), counts))}): lower "
+        "validation_fraction, change seed or pass more rows"
     )
 
 
@@ -125,6 +143,7 @@ def select_alpha(
         x, indices, validation_fraction, torch.Generator().manual_seed(seed)
     )
     num_classes = classes.numel()
+    _check_training_part(labels_train, indices, classes, validation_fraction, seed)
     rows: List[Dict[str, Any]] = []
     # Only the best candidate so far is kept alive: each holds its own factorisations.
     best: Optional[Tuple[float, int, Any]] = None
@@ -149,4 +168,6 @@ def select_alpha(
         if group is not None and (best is None or group[0] < best[0]):
             best = group
     rows[best[1]]["selected"] = True
+    # The candidates were fitted on class indices: the winner predicts the user's class ids.
+    best[2].classes_ = classes.to(best[2].classes_.device)
     return best[2], rows

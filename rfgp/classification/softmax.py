@@ -20,7 +20,14 @@ import torch
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_choice, check_finite, check_int, describe
+from rfgp._validation import (
+    check_bool,
+    check_choice,
+    check_finite,
+    check_generator,
+    check_int,
+    describe,
+)
 
 __all__ = ["PROBA_METHODS", "latent_moments", "softmax_expectation"]
 
@@ -135,8 +142,7 @@ def softmax_expectation(
         out = out - torch.logsumexp(out, dim=-1, keepdim=True)
         return out if log else out.exp()
     num_samples = check_int("num_samples", num_samples)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {describe(generator)}")
+    check_generator("generator", generator)
     num_classes = mean.shape[-1]
     if chunk_size is None:
         chunk_size = max(1, _MC_CHUNK_ENTRIES // (num_samples * num_classes))

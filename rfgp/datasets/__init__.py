@@ -28,6 +28,7 @@ from rfgp._validation import (
     check_real,
     describe,
 )
+from rfgp.ops import column_power_of_two_scale
 
 __all__ = ["UCI_DATASETS", "load_uci", "load_wind", "train_test_split", "standardize"]
 
@@ -223,7 +224,9 @@ def standardize(train: Any, *others: Any) -> Tuple[Tensor, ...]:
     r"""Standardise columns with the training mean and standard deviation (constant columns kept).
 
     :math:`\tilde x = (x - \bar x_\text{train}) / s_\text{train}` column by column, with the
-    standard deviation :math:`s` replaced by 1 where it is zero (or undefined, for one row).
+    standard deviation :math:`s` replaced by 1 where the column is constant (or has one row).
+    The statistics are computed on each column over a power of two near its largest value, so
+    data of any scale (``1e200``, ``1e-200``) give the same standardised values.
 
     Args:
         train: ``(N, ...)`` the data whose statistics are used: a tensor or NumPy array;
@@ -263,7 +266,15 @@ def standardize(train: Any, *others: Any) -> Tuple[Tensor, ...]:
                 f"{name} must have the trailing shape {tuple(train.shape[1:])} of train, got "
                 f"{describe(value)}"
             )
-    mean = train.mean(0)
-    std = train.std(0) if train.shape[0] > 1 else torch.zeros_like(mean)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return (*((t.to(mean.dtype) - mean) / std for t in tensors), mean, std)
+    # The statistics of each column over a power of two near its largest value: exact
+    # divisions, so columns of 1e200 or 1e-200 neither overflow nor underflow in the variance.
+    scale = column_power_of_two_scale(train)
+    unit = train / scale
+    # A constant column is found by equality: its rounded mean can differ from its value by an
+    # ulp (three rows of 0.1), which would leave a spurious std of 1e-17.
+    constant = (train == train[:1]).all(0)
+    mean = torch.where(constant, unit[0], unit.mean(0))
+    std = unit.std(0) if train.shape[0] > 1 else torch.zeros_like(mean)
+    std = torch.where(constant | (std == 0), 1 / scale, std)  # a constant column keeps std 1
+    standardized = ((t.to(mean.dtype) / scale - mean) / std for t in tensors)
+    return (*standardized, mean * scale, std * scale)

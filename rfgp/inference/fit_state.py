@@ -10,7 +10,6 @@ round-trips through a ``state_dict`` without the training data.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -20,6 +19,7 @@ from torch import Tensor
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.inference.noise import NoiseLayout, check_noise_usable
 from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
+from rfgp.ops import power_of_two_scale
 
 __all__ = ["Batch", "FitState", "StaleFitError", "power_of_two_scale"]
 
@@ -31,22 +31,6 @@ _SOLVER_TYPES = {cls.name: cls for cls in (WeightSpaceSolver, FunctionSpaceSolve
 
 class StaleFitError(RuntimeError):
     """The kernel or noise changed since the fit and the model cannot refit by itself."""
-
-
-def power_of_two_scale(values: Tensor) -> float:
-    """The power of two nearest below ``max |values|`` (1 for zeros): dividing by it is exact
-    and keeps targets of any magnitude finite in squared sums.
-
-    Example:
-        >>> power_of_two_scale(torch.tensor([3.0, -5.0]))
-        4.0
-        >>> power_of_two_scale(torch.tensor([1e160], dtype=torch.float64)) == 2.0**531
-        True
-    """
-    largest = float(values.detach().abs().max()) if values.numel() else 0.0
-    if largest == 0.0 or not math.isfinite(largest):
-        return 1.0
-    return 2.0 ** math.floor(math.log2(largest))
 
 
 def _move_value(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:

@@ -28,6 +28,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp._validation import check_generator
 from rfgp.inference.evidence import (
     check_representable,
     evidence_total,
@@ -137,6 +138,7 @@ class Solver(ABC):
     ) -> List[Tuple[List[int], Tensor]]:
         r"""Posterior weight draws ``w = mu_w + L^{-H} z`` per group, ``(W, S, Tg)`` each, in the
         true target scale. Complex solves draw :math:`z = a + i b`, :math:`a, b \sim N(0, I)`."""
+        check_generator("generator", generator)
         draws = []
         for factor in self.weight_factors(column_noise):
             width, tcols = factor.mean_weights.shape
@@ -406,6 +408,7 @@ class FunctionSpaceSolver(Solver):
         per draw, where the weight-space factor needs :math:`O(D^2)` memory and
         :math:`O(N D^2 + D^3)` work. Complex solves use the weight-space factor.
         """
+        check_generator("generator", generator)
         if self.complex_solve:
             return super().draw_weights(num_samples, generator, column_noise)
         train = _to(self.solver_form(self.rows), self.rows.device, self.dtype)  # (R, W)

@@ -337,6 +337,35 @@ def test_arbitrary_integer_ids_map_to_classes_like_sklearn(kernel):
                            clf.classes_[ref.predict(x, method="mean_field")])
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int32])
+def test_unsigned_and_small_integer_ids_keep_their_values_and_dtype(dtype):
+    # The largest ids of each dtype (2**64 - 1 for uint64) would wrap in a cast to int64.
+    info = np.iinfo(dtype)
+    ids = np.array([info.max, info.min, info.max // 2 + 5], dtype=dtype)
+    idx, classes = encode_labels(ids[[0, 1, 2, 2, 0]])
+    assert classes.dtype == torch.from_numpy(ids).dtype
+    assert [int(c) for c in classes.numpy()] == sorted(int(i) for i in ids)
+    order = np.argsort(ids)
+    assert idx.dtype == torch.long
+    assert idx.tolist() == [int(np.where(order == k)[0][0]) for k in (0, 1, 2, 2, 0)]
+
+
+def test_classifier_predicts_uint64_ids_beyond_int64():
+    x, y = blobs(10, THREE_CENTRES, 0.3, seed=31)
+    ids = np.array([0, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    clf = DirichletGPClassifier(FourierFeatureKernel(128, seed=0).double(), seed=0)
+    clf.fit(x, ids[y.numpy()])
+    assert clf.classes_.dtype == torch.uint64
+    assert [int(c) for c in clf.classes_.numpy()] == [0, 2**63 + 5, 2**64 - 1]
+    ref = DirichletGPClassifier(FourierFeatureKernel(128, seed=0).double(), seed=0).fit(x, y)
+    predicted = clf.predict(x, method="mean_field").numpy()
+    assert np.array_equal(predicted, ids[ref.predict(x, method="mean_field").numpy()])
+    # With num_classes the labels are indices: an id above 2**63 is refused, never wrapped.
+    with pytest.raises(ValueError, match=r"labels must hold integer class indices below 2\*\*63"):
+        DirichletGPClassifier(FourierFeatureKernel(16, seed=0).double(), num_classes=3).fit(
+            x, ids[y.numpy()])
+
+
 def test_encode_labels():
     idx, classes = encode_labels(torch.tensor([10**6, 0, 10**6, -3]))
     assert classes.tolist() == [-3, 0, 10**6] and idx.tolist() == [2, 1, 2, 0]
@@ -480,3 +509,16 @@ def test_old_import_paths_still_work_with_a_deprecation_warning():
         warnings.simplefilter("error")
         from rfgp import DirichletGPClassifier as top  # noqa: F401
         from rfgp.likelihoods import DirichletLikelihood as top_lik  # noqa: F401
+
+
+def test_unsigned_class_ids_survive_pickle():
+    import pickle
+
+    x, y = blobs(8, THREE_CENTRES[:2], 0.3, seed=32)
+    ids = np.array([3, 2**64 - 1], dtype=np.uint64)
+    clf = DirichletGPClassifier(FourierFeatureKernel(32, seed=0).double(), seed=0)
+    clf.fit(x, ids[y.numpy()])
+    copy = pickle.loads(pickle.dumps(clf))
+    assert copy.classes_.dtype == torch.uint64
+    assert [int(c) for c in copy.classes_.numpy()] == [3, 2**64 - 1]
+    assert torch.equal(copy.predict(x, method="mean_field"), clf.predict(x, method="mean_field"))

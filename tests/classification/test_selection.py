@@ -108,3 +108,27 @@ def test_select_alpha_bad_arguments():
             x, y, lengthscales=(1.0,))
     with pytest.raises(TypeError, match="classifier must be a DirichletGPClassifier"):
         select_alpha("clf", x, y)
+
+
+def test_a_split_that_loses_a_class_is_named_with_the_counts():
+    x = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 0, 1, 1])
+    clf = DirichletGPClassifier(FourierFeatureKernel(16, seed=0).double())
+    # seed 0 puts both rows of one class into the validation half.
+    with pytest.raises(ValueError, match=r"training part of the validation split "
+                                         r"\(validation_fraction=0.5, seed=0\) holds 2 of 4 rows, "
+                                         r"all of class [01].*\{0: 2, 1: 2\}.*lower "
+                                         r"validation_fraction"):
+        select_alpha(clf, x, labels, validation_fraction=0.5, seed=0)
+
+
+def test_the_selected_candidate_predicts_the_users_class_ids():
+    x, y = blobs(15, THREE_CENTRES[:2], 0.4, seed=3)
+    ids = torch.tensor([-7, 1000])
+    clf = DirichletGPClassifier(FourierFeatureKernel(64, seed=0).double(), seed=0)
+    best, _ = select_alpha(clf, x, ids[y], alphas=(0.1,), validation_fraction=0.2)
+    assert torch.equal(best.classes_, ids)
+    # Its probabilities are those of class indices 0, 1 in id order; predict maps them to ids.
+    predicted = best.predict(x, method="mean_field")
+    proba = best.predict_proba(x, method="mean_field")
+    assert torch.equal(predicted, ids[proba.argmax(-1)])

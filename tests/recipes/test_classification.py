@@ -266,3 +266,15 @@ def test_a_classifier_report_passed_again_describes_the_new_fit_only():
     fit_classifier_auto(x, labels, num_features=64, seed=0, report=report)  # no refinement
     assert set(report.seconds) == {"search", "refit"}
     assert set(report.iterations) == {"search"}
+
+
+def test_recipe_keeps_uint64_class_ids():
+    # Ids of 2**63 and more used to wrap to negative int64 classes.
+    x, y = blobs(20, THREE_CENTRES, 0.4, seed=7)
+    ids = np.array([0, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    clf = fit_classifier_auto(x, ids[y.numpy()], num_features=64, search_features=64,
+                              max_iterations=3, refine_iterations=0, seed=0)
+    assert clf.classes_.dtype == torch.uint64
+    assert [int(c) for c in clf.classes_.numpy()] == [0, 2**63 + 5, 2**64 - 1]
+    assert set(int(v) for v in clf.predict(x, method="mean_field").numpy()) <= set(
+        int(i) for i in ids)

@@ -322,7 +322,8 @@ def test_search_of_every_row_beyond_exact_rows_maximises_the_block_evidence():
     # are one, so its blocks are those of x.
     x, y = _data(300, seed=21)
     report = FitReport()
-    gp = fit_auto(x, y, calibrate=False, num_features=64, search_features=64, subsample=1000, exact_rows=100,
+    gp = fit_auto(x, y, calibrate=False, num_features=64, search_features=64, subsample=1000,
+                  exact_rows=100,
                   tolerance=1e-7, lengthscale_draws=0, max_lengthscale=None, report=report)
     assert report.evidence == {"search": "blocks"} and "refine" not in report.iterations
     grad = _block_evidence_gradient(gp, x, y, kd_blocks(x, 100))

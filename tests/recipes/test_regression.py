@@ -334,7 +334,8 @@ def test_refit_at_equal_features_reproduces_a_direct_fit(exact_rows):
     x, y, _ = rff_gp_data(400, noise=0.05, seed=6)
     xq = torch.randn(20, 2, generator=gen(7), dtype=DT)
     report = FitReport()
-    auto = fit_auto(x, y, calibrate=False, num_features=256, search_features=256, subsample=1000, seed=3,
+    auto = fit_auto(x, y, calibrate=False, num_features=256, search_features=256,
+                    subsample=1000, seed=3,
                     tolerance=1e-5, exact_rows=exact_rows, report=report, lengthscale_draws=0)
     assert report.evidence == {"search": "exact" if exact_rows else "features"}
     # The same steps by hand: start, converged search on all rows, fit.
