@@ -23,7 +23,14 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_kernel_input
+from rfgp._validation import (
+    all_finite,
+    check_active_dims,
+    check_int,
+    check_kernel_input,
+    describe,
+    select_active_columns,
+)
 from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
@@ -87,8 +94,10 @@ class InputCheckedKernel(Kernel):
     def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
                  last_dim_is_batch: bool = False, **params):
         x1 = check_kernel_input("x1", x1)
+        check_active_dims(self.active_dims, x1, "x1")
         if x2 is not None:
             x2 = check_kernel_input("x2", x2)
+            check_active_dims(self.active_dims, x2, "x2")
         check_hyperparameters(self)
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
                                 **params)
@@ -122,11 +131,16 @@ def real_form(phi: Tensor) -> Tensor:
     Returns:
         ``phi`` if real, else the ``(..., 2D)`` real tensor ``[Re phi, Im phi]``.
 
+    Raises:
+        TypeError: if ``phi`` is not a ``torch.Tensor``.
+
     Example:
         >>> phi = torch.tensor([[1 + 2j]])
         >>> real_form(phi)
         tensor([[1., 2.]])
     """
+    if not isinstance(phi, Tensor):
+        raise TypeError(f"phi must be a torch.Tensor of features, got {describe(phi)}")
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi
@@ -659,10 +673,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     def _checked_active_input(self, x: Tensor, name: str = "x") -> Tensor:
         # check_input, then the active_dims columns (for subclass methods that need the
         # restricted inputs but no weights, e.g. a variance correction or an allocation).
-        x = self.check_input(x, name)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
-        return x
+        return select_active_columns(self.check_input(x, name), self.active_dims, name)
 
     def real_features(self, x: Tensor) -> Tensor:
         """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
@@ -724,8 +735,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # one without columns with raw indexing errors (finiteness is checked on the
         # features' path).
         x1 = check_kernel_input("x1", x1, finite=False)
+        check_active_dims(self.active_dims, x1, "x1")
         if x2 is not None:
             x2 = check_kernel_input("x2", x2, finite=False)
+            check_active_dims(self.active_dims, x2, "x2")
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
                                 **params)
 

@@ -12,6 +12,7 @@ import math
 import pickle
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
@@ -260,6 +261,18 @@ def test_active_dims(generator):
     assert with_dims.input_dim == 2
 
 
+@pytest.mark.parametrize("dims,bad", [([5], "the largest index 5"), ([0, 3], "the largest index 3"),
+                                      ([-1], "the index -1")])
+def test_active_dims_beyond_the_inputs_columns_are_named(dims, bad):
+    x = torch.randn(6, 3, dtype=torch.float64)
+    kernel = FourierFeatureKernel(32, active_dims=dims).double()
+    message = f"active_dims must index the 3 columns of x (0 to 2), got {bad}"
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        kernel.features(x)
+    with pytest.raises(ValueError, match="active_dims must index the 3 columns of x1"):
+        kernel(x).to_dense()
+
+
 def test_ard_lengthscale_shape_and_gradients(generator):
     kernel = FourierFeatureKernel(32, ard_num_dims=3, seed=0).double()
     assert kernel.lengthscale.shape == (1, 3)
@@ -368,6 +381,12 @@ def test_real_form():
     torch.testing.assert_close(real_form(phi), torch.tensor([[1.0, 3.0, 2.0, -1.0]]))
     real = torch.ones(2, 3)
     assert real_form(real) is real
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, 2)), [[1.0]], 1.0, None])
+def test_real_form_names_a_non_tensor(bad):
+    with pytest.raises(TypeError, match="phi must be a torch.Tensor of features, got"):
+        real_form(bad)
 
 
 def test_multi_output_subclass_interleaves_rows(generator):
