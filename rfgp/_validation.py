@@ -41,6 +41,7 @@ __all__ = [
     "check_integer_tensor",
     "check_kernel_input",
     "check_positive",
+    "check_positive_values",
     "check_real",
     "check_rows",
     "check_tensor",
@@ -376,6 +377,36 @@ def check_kernel_input(name: str, value: Any, finite: bool = True) -> Tensor:
         )
     if finite and not all_finite(value):
         raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
+    return value
+
+
+def check_positive_values(name: str, value: Any, like: Tensor) -> Tensor:
+    """``value`` (a tensor or anything ``torch.as_tensor`` reads) in ``like``'s dtype and
+    device, if every entry is finite and positive: the check of a positive hyperparameter's
+    setter, before a NaN reaches the constraint's inverse transform.
+
+    Example:
+        >>> check_positive_values("task_diag", [0.5, 2.0], torch.zeros(2))
+        tensor([0.5000, 2.0000])
+        >>> check_positive_values("task_diag", [float("nan")], torch.zeros(1))
+        Traceback (most recent call last):
+        ...
+        ValueError: task_diag must be finite and positive, got tensor([nan])
+    """
+    if isinstance(value, (bool, np.bool_, str)):
+        raise TypeError(f"{name} must be a positive real number or tensor, got {describe(value)}")
+    if not torch.is_tensor(value):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"{name} must be a positive real number or tensor, got {describe(value)}"
+            ) from None
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
+    value = value.to(like)
+    if not all_finite(value) or bool((value <= 0).any()):
+        raise ValueError(f"{name} must be finite and positive, got {value}")
     return value
 
 
