@@ -31,6 +31,7 @@ from rfgp._validation import (
     describe,
     select_active_columns,
 )
+from rfgp.kernels.checkpoint import checkpoint_state, load_checkpoint
 from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
@@ -246,11 +247,13 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     draw then replays them), ``state_dict`` loading into a fresh kernel and a weight-space
     ``LinearPredictionStrategy``.
 
-    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``: with ``strict=True``
-    a random weight the checkpoint's kernel held but the state dict lacks is a missing key and
-    a stray key is unexpected (never registered as a weight); weights drawn for other
-    :meth:`weight_settings`, another input dimension or of another shape are refused whatever
-    ``strict`` says, as torch refuses a size mismatch.
+    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``, for the
+    ``OrderedDict`` of ``state_dict()`` and a plain ``dict`` of it alike (the record of the
+    random weights is its ``"_extra_state"`` entry, :mod:`rfgp.kernels.checkpoint`): with
+    ``strict=True`` a random weight the checkpoint's kernel held but the state dict lacks is a
+    missing key and a stray key is unexpected (never registered as a weight); weights of
+    another kind of kernel, drawn for other :meth:`weight_settings`, another input dimension or
+    of another shape are refused whatever ``strict`` says, as torch refuses a size mismatch.
 
     **Inputs** are float32 or float64 (half precision is refused with a ``TypeError``), at
     least 1-D with at least one column; ``N = 0`` rows give empty features. A NaN, infinite or
@@ -414,9 +417,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     def weight_settings(self) -> Dict[str, Any]:
         """The settings that fix the meaning and layout of the random weights.
 
-        Saved with ``state_dict`` (in its metadata) and compared when a checkpoint is loaded:
-        weights drawn for other settings (another ``num_features``, degree, allocation, ...)
-        are refused instead of being silently reinterpreted. Subclasses add their settings.
+        Saved with ``state_dict`` (in its ``"_extra_state"`` entry) and compared when a
+        checkpoint is loaded: weights drawn for other settings (another ``num_features``,
+        degree, allocation, ...) are refused instead of being silently reinterpreted.
+        Subclasses add their settings.
         """
         return {"kernel": type(self).__name__, "num_features": self.num_features,
                 "is_complex": bool(self.is_complex)}
@@ -509,108 +513,21 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         weights = self._sample_replaying_batch_ops(input_dim, torch.Generator().manual_seed(0))
         return {name: value.shape for name, value in weights.items()}
 
+    # ------------------------------------------------------------------ checkpoints
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The record of the random weights saved with ``state_dict`` (names, input
+        dimension, :meth:`weight_settings`; :mod:`rfgp.kernels.checkpoint`)."""
+        return checkpoint_state(self)
+
+    def set_extra_state(self, state: Any) -> None:
+        # Read by _load_from_state_dict before the tensors load (the weights' buffers must
+        # exist first); torch calls this afterwards, with nothing left to do.
+        pass
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        # A fresh kernel has no weights yet (they are drawn lazily): create them from the
-        # checkpoint so that loading a trained model needs no dummy forward pass. Only the
-        # weights the checkpoint's kernel held are taken (its metadata lists them); a stray
-        # key stays unexpected, a listed one that is absent is missing, and weights drawn for
-        # other settings or another input dimension are refused.
-        name = type(self).__name__
-        settings = local_metadata.get("rfgp_weight_settings")
-        if settings is not None:
-            mine = self.weight_settings()
-            for key, value in settings.items():
-                if key in mine and mine[key] != value:
-                    error_msgs.append(
-                        f"{name}: the checkpoint's random weights were drawn for {key}="
-                        f"{value!r}, this kernel has {key}={mine[key]!r}"
-                    )
-            if error_msgs:
-                return
-        input_dim = local_metadata.get("rfgp_input_dim")
-        if input_dim is not None and self.input_dim is not None and input_dim != self.input_dim:
-            error_msgs.append(
-                f"{name}: the checkpoint's random weights are for input dimension (input_dim) "
-                f"{input_dim}, this kernel has input_dim={self.input_dim}"
-            )
-            return
-        names = local_metadata.get("rfgp_random_buffers")
-        local_keys = [k[len(prefix):] for k in state_dict
-                      if k.startswith(prefix) and "." not in k[len(prefix):]]
-        if names is None:
-            # A checkpoint without metadata (e.g. a plain dict): every key that is neither a
-            # parameter nor a buffer of this kernel is taken for a random weight.
-            names = [k for k in local_keys if k not in self._parameters and k not in self._buffers]
-        if names:
-            # The checkpoint's weights replace the current ones, layout included (an
-            # optimised Maclaurin allocation may use other degrees).
-            for old in list(self._random_buffer_names):
-                if old not in names:
-                    del self._buffers[old]
-                    self._random_buffer_names.remove(old)
-        loaded, absent = [], []
-        for weight in names:
-            key = prefix + weight
-            if key not in state_dict:
-                missing_keys.append(key)
-                absent.append(weight)
-                continue
-            if weight not in self._buffers:
-                self.register_buffer(weight, torch.empty_like(state_dict[key]))
-                self._random_buffer_names.append(weight)
-            loaded.append(weight)
-        if input_dim is not None:
-            self.input_dim = input_dim
-        pending = local_metadata.get("rfgp_pending_batch_ops")
-        if pending is not None and not names and not self.weights_initialized:
-            self._draw_batch_shape, self._pending_batch_ops = pending[0], list(pending[1])
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        try:
-            self.check_hyperparameters()
-        except ValueError as err:
-            error_msgs.append(f"{name}: {err}")
-        # a non-strict load that left the weights incomplete: refused at the next use
-        self._incomplete_weights = [w for w in absent if w not in self._buffers]
-        if loaded:
-            self._draw_batch_shape, self._pending_batch_ops = None, []
-            if self.input_dim is not None:
-                self._check_loaded_weights(prefix, error_msgs)
-
-    def _check_loaded_weights(self, prefix: str, error_msgs: list) -> None:
-        try:
-            expected = self._expected_weight_shapes(self.input_dim)
-        except (RuntimeError, ValueError) as err:  # e.g. settings that admit no weights
-            error_msgs.append(f"{type(self).__name__}: {err}")
-            return
-        for weight in self._random_buffer_names:
-            if weight not in expected:
-                error_msgs.append(
-                    f"{type(self).__name__}: unexpected random weight {prefix + weight!r} for "
-                    f"this kernel's settings (expected {sorted(expected)})"
-                )
-            elif self._buffers[weight].shape != expected[weight]:
-                error_msgs.append(
-                    f"{type(self).__name__}: size mismatch for {prefix + weight}: the checkpoint "
-                    f"has shape {tuple(self._buffers[weight].shape)}, this kernel's settings "
-                    f"(num_features, degree, input_dim = {self.input_dim}, batch_shape) give "
-                    f"{tuple(expected[weight])}"
-                )
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        meta = getattr(destination, "_metadata", None)
-        if meta is not None:
-            entry = meta.setdefault(prefix[:-1], {})
-            entry["rfgp_random_buffers"] = list(self._random_buffer_names)
-            entry["rfgp_input_dim"] = self.input_dim
-            entry["rfgp_weight_settings"] = self.weight_settings()
-            if self._pending_batch_ops:
-                # weights not drawn yet after expand_batch / kernel[index]: the first draw
-                # replays these, so a loaded copy draws the same weights
-                entry["rfgp_pending_batch_ops"] = (self._draw_batch_shape,
-                                                   list(self._pending_batch_ops))
+        load_checkpoint(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs, super()._load_from_state_dict)
 
     # ------------------------------------------------------------------ features
     def check_input(self, x: Tensor, name: str = "x") -> Tensor:
