@@ -9,6 +9,7 @@ real linear algebra the kernel is represented by the real form :math:`[\mathrm{R
 from __future__ import annotations
 
 import copy
+import inspect
 from abc import ABCMeta, abstractmethod
 from typing import Any, Dict, Optional, Tuple
 
@@ -42,6 +43,13 @@ __all__ = [
     "real_form",
     "unwrap_scale_kernel",
 ]
+
+
+#: the keyword arguments gpytorch.kernels.Kernel takes by name (its **kwargs are ignored)
+_KERNEL_ARGUMENTS = frozenset(
+    name for name, p in inspect.signature(Kernel.__init__).parameters.items()
+    if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+)
 
 
 def check_hyperparameters(kernel: Kernel) -> None:
@@ -302,6 +310,12 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         num_features = check_int("num_features", num_features)
         if seed is not None:
             seed = check_int("seed", seed, minimum=None)
+        unknown = sorted(set(kwargs) - _KERNEL_ARGUMENTS)
+        if unknown:  # GPyTorch's Kernel would swallow them silently (e.g. nu=1.5)
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s) {unknown}; the "
+                f"GPyTorch Kernel arguments are {sorted(_KERNEL_ARGUMENTS)}"
+            )
         super().__init__(**kwargs)
         self.num_features = num_features
         self.seed = seed

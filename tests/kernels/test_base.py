@@ -560,3 +560,12 @@ def test_kernels_never_import_inference():
                 names = [alias.name for alias in node.names]
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("rfgp.inference")]
     assert offenders == []
+
+
+@pytest.mark.parametrize("keyword", [{"nu": 1.5}, {"lengthscale": 0.5}, {"ard_num_dim": 3}])
+def test_unknown_keyword_arguments_are_refused_not_swallowed(keyword):
+    # GPyTorch's Kernel ignores unknown keywords: nu=1.5 would silently give an RBF kernel.
+    with pytest.raises(TypeError, match=f"FourierFeatureKernel got unexpected keyword "
+                                        f"argument\\(s\\) \\['{next(iter(keyword))}'\\]"):
+        FourierFeatureKernel(16, **keyword)
+    FourierFeatureKernel(16, ard_num_dims=3, active_dims=[0, 1, 2], batch_shape=torch.Size([]))
