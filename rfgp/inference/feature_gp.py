@@ -400,7 +400,7 @@ class RandomFeatureGP(torch.nn.Module):
             As :meth:`predict`; differentiable in ``phi``.
         """
         state = self._current("predict_from_features")
-        rows = self.feature_map.checked_rows(phi)
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             mean, var, _ = state.solver.predict(rows, want_root=False)
             if variance_correction is not None:
@@ -422,7 +422,7 @@ class RandomFeatureGP(torch.nn.Module):
             lazy low-rank operator :math:`\mathrm{Re}\{\Phi_* B^{-1} \Phi_*^H\}`.
         """
         state = self._current("posterior_from_features")
-        rows = self.feature_map.checked_rows(phi)
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             mean, _, roots = state.solver.predict(rows, want_root=True)
         covs = [root_covariance(root, variance_correction, mean) for root in roots]

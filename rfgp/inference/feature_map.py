@@ -104,10 +104,13 @@ class FeatureMap:
             phi = phi * self.scale.outputscale.sqrt().to(phi.real.dtype)
         return phi
 
-    def checked_rows(self, phi: Any) -> Tensor:
+    def checked_rows(self, phi: Any,
+                     correction: Optional[Any] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Features ``phi`` a caller computed, ``(M, D)`` (``(M, p, D)`` with ``p`` outputs per
         input) in the base kernel's layout, checked (a tensor of the kernel's kind, finite:
-        a NaN row would give a NaN mean) and passed through :meth:`scale_rows`."""
+        a NaN row would give a NaN mean) and passed through :meth:`scale_rows`; and the
+        optional variance ``correction``, checked to be finite with one value per row
+        (``(M,)`` or ``(M p,)``), flattened."""
         phi = check_tensor("phi", phi, allow_complex=True)
         p, width = self.outputs_per_input, self.num_features
         ok_shape = (phi.dim() == 2 and p == 1) or (phi.dim() == 3 and phi.shape[1] == p)
@@ -117,7 +120,16 @@ class FeatureMap:
         if phi.is_complex() != self.is_complex:
             raise TypeError(f"phi must be {'complex' if self.is_complex else 'real'} like the "
                             f"kernel's features, got {phi.dtype}")
-        return self.scale_rows(phi)
+        rows = self.scale_rows(phi)
+        if correction is not None:
+            correction = check_tensor("variance_correction", correction)
+            if correction.numel() != rows.shape[0]:
+                raise ValueError(
+                    f"variance_correction must hold one value per row of phi ({rows.shape[0]}), "
+                    f"got shape {tuple(correction.shape)}"
+                )
+            correction = correction.reshape(-1)
+        return rows, correction
 
     def real_rows(self, x: Tensor) -> Tensor:
         """``real_form`` of :meth:`rows`."""

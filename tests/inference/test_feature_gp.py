@@ -868,3 +868,18 @@ def test_features_given_must_be_finite(bad):
         gp.predict_from_features(phi)
     with pytest.raises(TypeError, match="phi must be a torch.Tensor"):
         gp.predict_from_features(phi.numpy())
+
+
+def test_variance_correction_given_must_be_finite_with_one_value_per_row():
+    x, y = _audit_rows()
+    gp = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1).fit(x, y)
+    phi = gp.base_kernel.features(x[:3]).detach()
+    plain = gp.posterior_from_features(phi).variance
+    shifted = gp.posterior_from_features(phi, torch.tensor([0.5, 0.0, 1.0], dtype=DT)).variance
+    torch.testing.assert_close(shifted - plain, torch.tensor([0.5, 0.0, 1.0], dtype=DT))
+    for call in (gp.posterior_from_features, gp.predict_from_features):
+        with pytest.raises(ValueError, match="variance_correction must be finite"):
+            call(phi, torch.tensor([0.0, math.nan, 0.0], dtype=DT))
+        with pytest.raises(ValueError, match=r"variance_correction must hold one value per row "
+                                             r"of phi \(3\), got shape \(2,\)"):
+            call(phi, torch.zeros(2, dtype=DT))
