@@ -10,7 +10,9 @@ a plain entry of the dictionary, so a plain ``dict(k.state_dict())`` keeps it):
 * ``input_dim``: the input dimension they were drawn for;
 * ``weight_settings``: :meth:`~rfgp.kernels.RandomFeatureKernel.weight_settings` (the kernel's
   class, ``num_features``, spectral density, degree, sampling, ...);
-* ``pending_batch_ops``: batch operations queued before the first draw, if any.
+* ``seed`` and ``pending_batch_ops``: for a kernel that has not drawn its weights yet, the
+  seed of its first draw and the batch operations queued before it, if any (a loaded copy
+  then draws the same weights).
 
 Loading follows ``torch.nn.Module.load_state_dict(strict=True)``: a recorded weight the
 dictionary lacks is a missing key, a key that is neither a recorded weight nor a parameter or
@@ -57,11 +59,48 @@ def checkpoint_state(kernel: Any) -> Dict[str, Any]:
     state: Dict[str, Any] = {"random_buffers": list(kernel._random_buffer_names),
                              "input_dim": kernel.input_dim,
                              "weight_settings": kernel.weight_settings()}
+    if not kernel._random_buffer_names and kernel.seed is not None:
+        # weights not drawn yet: a loaded copy draws them with this seed, as this kernel would
+        state["seed"] = kernel.seed
     if kernel._pending_batch_ops:
         # weights not drawn yet after expand_batch / kernel[index]: the first draw replays
         # these, so a loaded copy draws the same weights
-        state["pending_batch_ops"] = (kernel._draw_batch_shape, list(kernel._pending_batch_ops))
+        state["pending_batch_ops"] = (list(kernel._draw_batch_shape),
+                                      [_plain_op(op) for op in kernel._pending_batch_ops])
     return state
+
+
+def _plain_op(op: tuple) -> list:
+    """A queued batch operation as lists, numbers and strings (``torch.load(weights_only=True)``
+    refuses slices, ``Ellipsis`` and ``torch.Size``)."""
+    if op[0] == "expand":
+        return ["expand", list(op[1]), op[2]]
+    return ["index", [_plain_index(i) for i in op[1]]]
+
+
+def _plain_index(index: Any) -> Any:
+    if isinstance(index, slice):
+        return {"slice": [index.start, index.stop, index.step]}
+    if index is Ellipsis:
+        return {"ellipsis": True}
+    return index  # an integer, None or a tensor
+
+
+def _batch_op(plain: Any) -> tuple:
+    """The inverse of :func:`_plain_op` (older checkpoints hold the tuples themselves)."""
+    if isinstance(plain, tuple):
+        return plain
+    if plain[0] == "expand":
+        return ("expand", tuple(plain[1]), plain[2])
+    return ("index", tuple(_index(i) for i in plain[1]))
+
+
+def _index(plain: Any) -> Any:
+    if isinstance(plain, dict) and "slice" in plain:
+        return slice(*plain["slice"])
+    if isinstance(plain, dict) and plain.get("ellipsis"):
+        return Ellipsis
+    return plain
 
 
 def _saved_record(state_dict: Dict[str, Any], prefix: str,
@@ -141,9 +180,14 @@ def load_checkpoint(kernel: Any, state_dict: Dict[str, Any], prefix: str,
             kernel.register_buffer(weight, torch.empty_like(state_dict[key]))
             kernel._random_buffer_names.append(weight)
         loaded.append(weight)
-    pending = None if record is None else record.get("pending_batch_ops")
-    if pending is not None and not names and not kernel.weights_initialized:
-        kernel._draw_batch_shape, kernel._pending_batch_ops = pending[0], list(pending[1])
+    if record is not None and not names and not kernel.weights_initialized:
+        # a checkpoint of a kernel that had not drawn its weights: draw them as it would
+        if record.get("seed") is not None:
+            kernel.seed = record["seed"]
+        pending = record.get("pending_batch_ops")
+        if pending is not None:
+            kernel._draw_batch_shape = torch.Size(pending[0])
+            kernel._pending_batch_ops = [_batch_op(op) for op in pending[1]]
     load_tensors(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                  error_msgs)
     if legacy and prefix + EXTRA_STATE_KEY in missing_keys:

@@ -121,3 +121,19 @@ def test_a_gp_checkpoint_with_a_stray_kernel_key_fails_at_load():
     fresh = RandomFeatureGP(FourierFeatureKernel(16, seed=3).double(), noise=0.1)
     fresh.load_state_dict(state, strict=False)
     assert torch.equal(fresh.predict(x), gp.predict(x))  # no stale fit: the key was ignored
+
+
+@pytest.mark.parametrize("index", [(slice(1, None),), (Ellipsis,), (0,), None])
+def test_an_undrawn_kernel_round_trips_with_its_seed_and_queued_batch_operations(index):
+    # The weights are drawn at first use: the loaded copy must draw those the saved kernel
+    # draws (its seed, then its queued index / expand), through weights_only loading too.
+    base = FourierFeatureKernel(8, input_dim=2, seed=0, batch_shape=torch.Size([3])).double()
+    kernel = base.expand_batch(2, 3) if index is None else base[index]
+    buffer = io.BytesIO()
+    torch.save(dict(kernel.state_dict()), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    fresh = FourierFeatureKernel(8, input_dim=2, seed=5, batch_shape=kernel.batch_shape).double()
+    fresh.load_state_dict(state)
+    x = torch.randn(4, 2, dtype=DT)
+    assert torch.equal(fresh.features(x), kernel.features(x))
