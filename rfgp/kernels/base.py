@@ -142,6 +142,7 @@ def real_form(phi: Tensor) -> Tensor:
 
     Raises:
         TypeError: if ``phi`` is not a ``torch.Tensor``.
+        ValueError: if it is 0-d.
 
     Example:
         >>> phi = torch.tensor([[1 + 2j]])
@@ -150,6 +151,8 @@ def real_form(phi: Tensor) -> Tensor:
     """
     if not isinstance(phi, Tensor):
         raise TypeError(f"phi must be a torch.Tensor of features, got {describe(phi)}")
+    if phi.dim() == 0:
+        raise ValueError("phi must have shape (..., D) (at least 1 dimension), got a 0-d tensor")
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi

@@ -389,6 +389,12 @@ def test_real_form_names_a_non_tensor(bad):
         real_form(bad)
 
 
+@pytest.mark.parametrize("phi", [torch.tensor(1 + 2j), torch.tensor(1.0)])
+def test_real_form_names_a_0d_tensor(phi):
+    with pytest.raises(ValueError, match="phi must have shape \\(..., D\\) .* got a 0-d tensor"):
+        real_form(phi)
+
+
 def test_multi_output_subclass_interleaves_rows(generator):
     kernel = TwoOutputKernel(16, seed=0).double()
     x = torch.randn(5, 2, generator=generator, dtype=torch.float64)
