@@ -29,6 +29,7 @@ from rfgp._validation import (
     check_active_dims,
     check_int,
     check_kernel_input,
+    check_positive_values,
     describe,
     select_active_columns,
 )
@@ -695,13 +696,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         return self._dtype_anchor.device
 
     def _set_lengthscale(self, value) -> None:
-        if not torch.is_tensor(value):
-            # as GPyTorch does (through the default dtype), so that equal settings of an rfgp
-            # kernel and a GPyTorch kernel give equal lengthscales
-            value = torch.as_tensor(value).to(self.raw_lengthscale)
-        if not all_finite(value) or bool((value <= 0).any()):
-            raise ValueError(f"lengthscale must be finite and positive, got {value}")
-        super()._set_lengthscale(value)
+        # in the parameter's dtype, as GPyTorch does, so that equal settings of an rfgp kernel
+        # and a GPyTorch kernel give equal lengthscales
+        super()._set_lengthscale(check_positive_values("lengthscale", value,
+                                                       self.raw_lengthscale))
 
     def expand_batch(self, *sizes) -> RandomFeatureKernel:
         """A copy with batch shape ``sizes`` (broadcast from the current one): parameters and

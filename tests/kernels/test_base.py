@@ -575,3 +575,14 @@ def test_unknown_keyword_arguments_are_refused_not_swallowed(keyword):
                                         f"argument\\(s\\) \\['{next(iter(keyword))}'\\]"):
         FourierFeatureKernel(16, **keyword)
     FourierFeatureKernel(16, ard_num_dims=3, active_dims=[0, 1, 2], batch_shape=torch.Size([]))
+
+
+@pytest.mark.parametrize("bad,error", [(math.nan, ValueError), (0.0, ValueError),
+                                       (math.inf, ValueError), (True, TypeError),
+                                       ("0.5", TypeError)])
+def test_lengthscale_setter_refuses_by_name_through_the_shared_check(bad, error):
+    kernel = FourierFeatureKernel(8)
+    before = kernel.lengthscale.clone()
+    with pytest.raises(error, match="lengthscale must be"):
+        kernel.lengthscale = bad
+    assert torch.equal(kernel.lengthscale, before)
