@@ -32,6 +32,7 @@ from torch import Tensor
 __all__ = [
     "KERNEL_INPUT_DTYPES",
     "all_finite",
+    "check_active_dims",
     "check_bool",
     "check_choice",
     "check_dtype",
@@ -42,10 +43,12 @@ __all__ = [
     "check_kernel_input",
     "check_long_tensor",
     "check_positive",
+    "check_positive_values",
     "check_real",
     "check_rows",
     "check_tensor",
     "describe",
+    "select_active_columns",
 ]
 
 
@@ -377,6 +380,72 @@ def check_kernel_input(name: str, value: Any, finite: bool = True) -> Tensor:
     if finite and not all_finite(value):
         raise ValueError(f"{name} must be finite, but it holds NaN or infinite entries")
     return value
+
+
+def check_positive_values(name: str, value: Any, like: Tensor) -> Tensor:
+    """``value`` (a tensor or anything ``torch.as_tensor`` reads) in ``like``'s dtype and
+    device, if every entry is finite and positive: the check of a positive hyperparameter's
+    setter, before a NaN reaches the constraint's inverse transform.
+
+    Example:
+        >>> check_positive_values("task_diag", [0.5, 2.0], torch.zeros(2))
+        tensor([0.5000, 2.0000])
+        >>> check_positive_values("task_diag", [float("nan")], torch.zeros(1))
+        Traceback (most recent call last):
+        ...
+        ValueError: task_diag must be finite and positive, got tensor([nan])
+    """
+    if isinstance(value, (bool, np.bool_, str)):
+        raise TypeError(f"{name} must be a positive real number or tensor, got {describe(value)}")
+    if not torch.is_tensor(value):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"{name} must be a positive real number or tensor, got {describe(value)}"
+            ) from None
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
+    value = value.to(like)
+    if not all_finite(value) or bool((value <= 0).any()):
+        raise ValueError(f"{name} must be finite and positive, got {value}")
+    return value
+
+
+def check_active_dims(active_dims: Optional[Tensor], x: Tensor, name: str = "x") -> None:
+    """Raise a ``ValueError`` naming ``active_dims`` unless every index is one of the ``d``
+    columns of kernel inputs ``x (..., N, d)`` (``None``: nothing to check), instead of the
+    raw indexing error ``index_select`` would give.
+
+    Example:
+        >>> check_active_dims(torch.tensor([5]), torch.zeros(4, 3))
+        Traceback (most recent call last):
+        ...
+        ValueError: active_dims must index the 3 columns of x (0 to 2), got the largest index 5
+    """
+    if active_dims is None or not active_dims.numel():
+        return
+    low, high = int(active_dims.min()), int(active_dims.max())
+    d = x.shape[-1]
+    if high >= d or low < 0:
+        bad = f"the largest index {high}" if high >= d else f"the index {low}"
+        raise ValueError(
+            f"active_dims must index the {d} columns of {name} (0 to {d - 1}), got {bad}"
+        )
+
+
+def select_active_columns(x: Tensor, active_dims: Optional[Tensor], name: str = "x") -> Tensor:
+    """The columns ``active_dims`` of kernel inputs ``x (..., N, d)`` (all of them for
+    ``None``), checked by :func:`check_active_dims`.
+
+    Example:
+        >>> select_active_columns(torch.zeros(4, 3), torch.tensor([0, 2])).shape
+        torch.Size([4, 2])
+    """
+    if active_dims is None:
+        return x
+    check_active_dims(active_dims, x, name)
+    return x.index_select(-1, active_dims.to(x.device))
 
 
 def check_dtype(name: str, value: Any) -> torch.dtype:

@@ -15,14 +15,15 @@ from torch import Tensor
 
 from rfgp._validation import check_int, check_tensor
 
-__all__ = ["check_blocks", "kd_blocks"]
+__all__ = ["check_blocks", "kd_blocks", "widest_column"]
 
 
 def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
     r"""A partition of the rows into blocks of at most ``max_rows`` neighbouring rows: halve
-    the rows at the median of their widest column (largest standard deviation), and each half
-    again, all blocks the same number of times, until every block is small enough (the
-    leaves of a balanced k-d tree).
+    the rows at the median of their widest column (largest standard deviation,
+    :func:`widest_column`), and each half again, all blocks the same number of times, until
+    every block is small enough (the leaves of a balanced k-d tree). A block of one row is
+    kept whole, so no block is empty.
 
     The blocks of :func:`maximize_evidence`'s ``blocks``: each block keeps every row of its
     region of input space, so its exact evidence sees the data at their full density, at
@@ -34,7 +35,8 @@ def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
 
     Returns:
         Row-index tensors (``int64``, on ``x``'s device) that partition ``range(N)``, each of
-        ``ceil`` or ``floor`` of :math:`N / 2^k` rows for the smallest :math:`k` that fits.
+        ``ceil`` or ``floor`` of :math:`N / 2^k` rows for the smallest :math:`k` that fits
+        (one row where that floor is 0).
 
     Example:
         >>> x = torch.arange(10.0).reshape(10, 1)
@@ -51,13 +53,35 @@ def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
     for _ in range(levels):
         halves = []
         for rows in blocks:
+            if rows.numel() < 2:  # fewer rows than 2^levels: a single row is not halved
+                halves.append(rows)
+                continue
             part = x[rows]
-            column = int(part.std(0).argmax()) if rows.numel() > 1 else 0
-            order = rows[torch.argsort(part[:, column], stable=True)]
+            order = rows[torch.argsort(part[:, widest_column(part)], stable=True)]
             halves += [order[:rows.numel() // 2], order[rows.numel() // 2:]]
         blocks = halves
     # A stable, readable order: by each block's first row.
     return sorted(blocks, key=lambda rows: int(rows.min()))
+
+
+def widest_column(x: Tensor) -> int:
+    r"""The column of ``x (n, d)`` with the largest standard deviation, at any scale.
+
+    Each column is divided by its largest magnitude :math:`m_j` before the deviation is taken,
+    and the columns are compared by :math:`\log m_j + \log \mathrm{sd}(x_j / m_j)`: the plain
+    deviation's squares overflow to ``inf`` for entries near ``1e+160`` and underflow to 0
+    near ``1e-160``, which would pick the first column instead of the widest.
+
+    Example:
+        >>> x = torch.tensor([[1e200, 0.0], [2e200, 3e200]], dtype=torch.float64)
+        >>> widest_column(x), widest_column(x * 1e-300)
+        (1, 1)
+    """
+    magnitude = x.abs().amax(0)
+    safe = torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))
+    # a constant column: sd 0, log -inf, never the widest unless all are constant (column 0)
+    spread = (x / safe).std(0, correction=0).log() + safe.log()
+    return int(spread.argmax())
 
 
 def check_blocks(blocks: List[Tensor], num_rows: int, device: torch.device) -> List[Tensor]:

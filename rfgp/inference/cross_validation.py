@@ -29,7 +29,7 @@ from gpytorch.kernels import ScaleKernel
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from rfgp._validation import check_int, check_rows, check_tensor
+from rfgp._validation import check_int, check_rows, check_tensor, select_active_columns
 from rfgp.inference.evidence import LOG_2PI
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.linalg import try_cholesky
@@ -135,6 +135,9 @@ def held_out_log_density(
                     "held_out_log_density(exact=True) needs a ScaleKernel around a "
                     f"FourierFeatureKernel, got {type(base).__name__}"
                 )
+            # the columns the kernel sees, as the random-feature path's features select them
+            x_train = select_active_columns(x_train, base.active_dims, "x_train")
+            x_test = select_active_columns(x_test, base.active_dims, "x_test")
             scale = kernel.outputscale.detach()
             k = stationary_kernel(x_train, x_train, base.lengthscale, base.nu) * scale
             k.diagonal().add_(noise)

@@ -20,6 +20,13 @@ and carries its gradient in closed form, which saves the Cholesky backward pass 
 general form stays. :func:`fourier_negative_log_evidence` goes one step further for random
 Fourier features in weight space: it builds the features from their projections itself and
 carries the gradient through the cosine and sine in closed form too.
+
+Under ``create_graph=True`` (a Hessian by autograd) every closed-form backward pass
+differentiates a plain-autograd form of its value instead
+(:func:`~rfgp.inference.kernel_evidence.differentiable_backward`), so second derivatives are
+right. The exact GP's evidences (:func:`kernel_negative_log_evidence`,
+:func:`stationary_negative_log_evidence`) live in :mod:`rfgp.inference.kernel_evidence` and
+are importable from here too.
 """
 
 from __future__ import annotations
@@ -32,7 +39,16 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp.inference.blocks import check_blocks
-from rfgp.inference.linalg import robust_cholesky, try_cholesky
+from rfgp.inference.kernel_evidence import (
+    LOG_2PI,
+    _covariance_gradient,
+    _gaussian_terms,
+    dense_gaussian_value,
+    differentiable_backward,
+    kernel_negative_log_evidence,
+    stationary_negative_log_evidence,
+)
+from rfgp.inference.linalg import robust_cholesky
 from rfgp.inference.noise import equal_noise_columns
 from rfgp.kernels.fourier import FourierFeatureKernel, cos_sin_features
 
@@ -48,7 +64,6 @@ __all__ = [
     "weight_evidence_terms",
 ]
 
-LOG_2PI = math.log(2.0 * math.pi)
 
 
 def weight_evidence_terms(
@@ -147,14 +162,35 @@ class _WeightSpaceEvidence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         value, chol, alpha, resid = _weight_space_terms(z, y, noise)
-        ctx.save_for_backward(z, chol, alpha, resid, noise)
+        ctx.save_for_backward(z, chol, alpha, resid, noise, y)
         return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        z, chol, alpha, resid, s = ctx.saved_tensors
+        z, chol, alpha, resid, s, y = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that has derivatives
+            return differentiable_backward(ctx.needs_input_grad, grad,
+                                           _weight_space_value, [z, y, s])
         grad_z, grad_s, _ = _weight_space_gradients(z, chol, alpha, resid, s)
         return grad_z * grad, None, grad * grad_s
+
+
+def _weight_space_value(z: Tensor, y: Tensor, s: Tensor) -> Tensor:
+    """:func:`_weight_space_terms`' value by plain autograd operations (``addmm`` takes its
+    scaling ``1 / s`` as a number, so it cannot carry a gradient in ``s``)."""
+    n, width = z.shape
+    bmat = torch.eye(width, dtype=z.dtype, device=z.device) + z.T @ z / s
+    chol = torch.linalg.cholesky(bmat)
+    alpha = torch.cholesky_solve(z.T @ y / s, chol)
+    quad = (y * (y - z @ alpha)).sum(0) / s
+    logdet = 2.0 * chol.diagonal().log().sum() + n * torch.log(s)
+    return 0.5 * (quad + logdet + n * LOG_2PI).sum()
+
+
+def _fourier_value(proj: Tensor, y: Tensor, outputscale: Tensor, noise: Tensor) -> Tensor:
+    """:class:`_FourierEvidence`'s value by plain autograd operations."""
+    z = torch.cat([proj.cos(), proj.sin()], -1) * (outputscale / proj.shape[1]).sqrt()
+    return _weight_space_value(z, y, noise)
 
 
 class _FourierEvidence(torch.autograd.Function):
@@ -166,12 +202,15 @@ class _FourierEvidence(torch.autograd.Function):
         # Autograd is off inside forward: cos_sin_features writes one buffer, nothing kept.
         z = cos_sin_features(proj, (outputscale / proj.shape[1]).sqrt())
         value, chol, alpha, resid = _weight_space_terms(z, y, noise)
-        ctx.save_for_backward(z, chol, alpha, resid, noise, outputscale)
+        ctx.save_for_backward(z, chol, alpha, resid, noise, outputscale, proj, y)
         return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        z, chol, alpha, resid, s, a = ctx.saved_tensors
+        z, chol, alpha, resid, s, a, proj, y = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that has derivatives
+            return differentiable_backward(ctx.needs_input_grad, grad, _fourier_value,
+                                           [proj, y, a, s])
         m = z.shape[1] // 2
         grad_z, grad_s, binv = _weight_space_gradients(z, chol, alpha, resid, s)
         # d cos P = -sin P dP and d sin P = cos P dP, with Z's halves holding the scaled cos
@@ -185,26 +224,6 @@ class _FourierEvidence(torch.autograd.Function):
         return grad * grad_proj, None, grad * grad_a, grad * grad_s
 
 
-def _gaussian_terms(chol: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(-log N(y; 0, L L^T) summed over columns, a = (L L^T)^{-1} y)`` from a Cholesky factor."""
-    n = y.shape[0]
-    alpha = torch.cholesky_solve(y, chol)
-    quad = (y * alpha).sum(0)
-    logdet = 2.0 * chol.diagonal().log().sum()
-    return 0.5 * (quad + logdet + n * LOG_2PI).sum(), alpha
-
-
-def _covariance_gradient(chol: Tensor, alpha: Tensor) -> Tensor:
-    """``T C^{-1} - a a^T``: twice the gradient of :func:`_gaussian_terms` in the covariance
-    ``C = L L^T`` (symmetric)."""
-    # In place on the inverse: each further N x N temporary costs about as much as the
-    # arithmetic on it at the sizes of an exact search (a few hundred rows).
-    out = torch.cholesky_inverse(chol)
-    if alpha.shape[1] != 1:
-        out.mul_(alpha.shape[1])
-    return out.addmm_(alpha, alpha.T, alpha=-1.0)
-
-
 class _FunctionSpaceEvidence(torch.autograd.Function):
     """The same ``-log p(y)`` through the ``N x N`` matrix ``K = Z Z^T + s I`` (for ``N < D``)."""
 
@@ -214,12 +233,17 @@ class _FunctionSpaceEvidence(torch.autograd.Function):
         kmat = torch.addmm(torch.diag_embed(noise.expand(n)), z, z.T)
         chol = robust_cholesky(kmat, None, "kernel matrix K")
         value, alpha = _gaussian_terms(chol, y)
-        ctx.save_for_backward(z, chol, alpha)
+        ctx.save_for_backward(z, chol, alpha, y, noise)
         return value
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        z, chol, alpha = ctx.saved_tensors
+        z, chol, alpha, y, noise = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that has derivatives
+            return differentiable_backward(
+                ctx.needs_input_grad, grad,
+                lambda z_, y_, s_: dense_gaussian_value(torch.addmm(
+                    torch.diag_embed(s_.expand(z_.shape[0])), z_, z_.T), y_), [z, y, noise])
         gram_grad = _covariance_gradient(chol, alpha)
         grad_s = 0.5 * gram_grad.diagonal().sum()
         return gram_grad @ z * grad, None, grad * grad_s
@@ -362,222 +386,6 @@ def fourier_negative_log_evidence(
     _check_evidence_arguments("fourier_negative_log_evidence", proj, y,
                               outputscale=outputscale, noise=noise)
     return _FourierEvidence.apply(proj, y, outputscale, noise)
-
-
-def _kernel_factor(matrix: Tensor) -> Tensor:
-    """The Cholesky factor of a kernel matrix plus noise, or ``NotPSDError`` naming the cause.
-
-    No jitter: an optimiser's line search backs off from a point that fails.
-    """
-    chol = try_cholesky(matrix)
-    if chol is not None:
-        return chol
-    if not bool(torch.isfinite(matrix).all()):
-        raise NotPSDError(
-            "the kernel matrix plus noise holds NaN or infinite entries; check the inputs, "
-            "the kernel's hyperparameters and the noise"
-        )
-    raise NotPSDError("the kernel matrix plus noise is not positive definite")
-
-
-class _KernelEvidence(torch.autograd.Function):
-    """``-log p(y)`` for ``y ~ N(0, K + noise I)`` with the gradient in closed form."""
-
-    @staticmethod
-    def forward(ctx, k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-        n = y.shape[0]
-        matrix = k + noise * torch.eye(n, dtype=k.dtype, device=k.device)
-        chol = _kernel_factor(matrix)
-        value, alpha = _gaussian_terms(chol, y)
-        ctx.save_for_backward(chol, alpha)
-        return value
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        chol, alpha = ctx.saved_tensors
-        # d/dK = (T K^-1 - a a^T) / 2, d/dnoise = tr(d/dK), d/dy = a.
-        grad_k = 0.5 * _covariance_gradient(chol, alpha)
-        return grad * grad_k, grad * alpha, grad * grad_k.diagonal().sum()
-
-
-def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-    r"""``-log p(y)`` for :math:`y_t \sim N(0, K + \sigma^2 I)` (independent columns) from a
-    dense kernel matrix, with the gradient in closed form.
-
-    With :math:`L L^\top = K + \sigma^2 I` and :math:`a = (K + \sigma^2 I)^{-1} y`,
-
-    .. math::
-        -\log p(y) = \tfrac12 \textstyle\sum_t y_t^\top a_t + T \sum_i \log L_{ii}
-            + \tfrac{N T}{2} \log 2\pi,\quad
-        \frac{\partial}{\partial K} = \tfrac12 \big(T (K + \sigma^2 I)^{-1} - a a^\top\big),\quad
-        \frac{\partial}{\partial \sigma^2} = \mathrm{tr}\,\frac{\partial}{\partial K}.
-
-    One evaluation with its gradient costs a Cholesky factor and its inverse,
-    :math:`O(N^3)`: the exact GP's evidence, used by :func:`rfgp.fit_auto` on small data,
-    where it costs no more than the random-feature evidence and has no approximation error.
-
-    Args:
-        k: ``(N, N)`` symmetric positive semi-definite kernel matrix.
-        y: ``(N, T)`` targets.
-        noise: 0-d positive tensor :math:`\sigma^2`.
-
-    Returns:
-        A 0-d tensor, differentiable in ``k``, ``y`` and ``noise``.
-
-    Raises:
-        ValueError: for shapes other than ``(N, N)``, ``(N, T)`` (``N >= 1``) and 0-d.
-        NotPSDError: if :math:`K + \sigma^2 I` cannot be factorised or holds NaN or
-            infinite entries.
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> z = torch.randn(30, 40, dtype=torch.float64, generator=g)
-        >>> y = torch.randn(30, 1, dtype=torch.float64, generator=g)
-        >>> noise = torch.tensor(0.5, dtype=torch.float64)
-        >>> bool(torch.isclose(kernel_negative_log_evidence(z @ z.T, y, noise),
-        ...                    negative_log_evidence(z, y, noise)))
-        True
-    """
-    # Shape checks only: this runs at every evaluation of an optimiser's loss.
-    if k.dim() != 2 or y.dim() != 2 or k.shape != (y.shape[0], y.shape[0]) or y.shape[0] == 0:
-        raise ValueError(
-            "kernel_negative_log_evidence: k must have shape (N, N) and y shape (N, T) with "
-            f"N >= 1, got k {tuple(k.shape)} and y {tuple(y.shape)}"
-        )
-    if noise.dim() != 0:
-        raise ValueError(f"noise must be a 0-d tensor, got shape {tuple(noise.shape)}")
-    return _KernelEvidence.apply(k, y, noise)
-
-
-def _profile_and_slope(r: Tensor, nu: Optional[float]) -> Tuple[Tensor, Tensor]:
-    """``g(r)`` of the stationary kernel and ``-g'(r) / r`` (0 where ``r = 0`` for
-    Matérn-1/2, whose slope there is singular but multiplies a zero distance)."""
-    if nu is None:
-        g = r.square_().mul_(-0.5).exp_()  # r is not needed again: reuse its memory
-        return g, g
-    if nu == 0.5:
-        g = torch.exp(-r)
-        return g, torch.where(r > 0, g / r.clamp_min(torch.finfo(r.dtype).tiny), 0.0)
-    if nu == 1.5:
-        s3 = math.sqrt(3.0) * r
-        e = torch.exp(-s3)
-        return (1.0 + s3) * e, 3.0 * e
-    if nu == 2.5:
-        s5 = math.sqrt(5.0) * r
-        e = torch.exp(-s5)
-        return (1.0 + s5 + 5.0 / 3.0 * r.square()) * e, 5.0 / 3.0 * (1.0 + s5) * e
-    raise ValueError(f"nu must be None, 0.5, 1.5 or 2.5, got {nu!r}")
-
-
-class _StationaryEvidence(torch.autograd.Function):
-    """``-log p(y)`` of the exact stationary GP, differentiable in the lengthscales, the
-    outputscale and the noise, with the gradient in closed form."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, lengthscale: Tensor, outputscale: Tensor,
-                noise: Tensor, nu: Optional[float]) -> Tensor:
-        z = x / lengthscale
-        r = torch.cdist(z, z, compute_mode="donot_use_mm_for_euclid_dist")
-        g, slope = _profile_and_slope(r, nu)
-        matrix = outputscale * g
-        matrix.diagonal().add_(noise)
-        chol = _kernel_factor(matrix)
-        value, alpha = _gaussian_terms(chol, y)
-        ctx.nu = nu
-        ctx.save_for_backward(z, g, slope, chol, alpha, lengthscale, outputscale)
-        return value
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        z, g, slope, chol, alpha, lengthscale, outputscale = ctx.saved_tensors
-        # G = d/dC = (T C^-1 - a a^T) / 2. With M = G * s * (-g'(r)/r) (symmetric) and
-        # u = (x_a - x_b) / l: d/dl_j = sum_ab M_ab u_abj^2 / l_j, and
-        # sum_ab M_ab (z_aj - z_bj)^2 = 2 sum_a z_aj^2 (M 1)_a - 2 z_j^T M z_j, one M Z product
-        # instead of an (N, N, d) tensor of differences.
-        # gmat is twice G; the factors 1/2 and s are applied to the d + 2 sums, not the matrix.
-        gmat = _covariance_gradient(chol, alpha)
-        grad_noise = 0.5 * gmat.diagonal().sum()
-        grad_outputscale = 0.5 * torch.dot(gmat.reshape(-1), g.reshape(-1))
-        weights = gmat.mul_(slope)  # in place: gmat is not needed again
-        zc = z - z.mean(0)  # shift invariance: centred columns keep the identity well-conditioned
-        row_sums = weights.sum(1)
-        spread = (zc.square() * row_sums.unsqueeze(-1)).sum(0) - (zc * (weights @ zc)).sum(0)
-        grad_lengthscale = spread * outputscale / lengthscale
-        return (None, grad * alpha, grad * grad_lengthscale, grad * grad_outputscale,
-                grad * grad_noise, None)
-
-
-def stationary_negative_log_evidence(
-    x: Tensor, y: Tensor, lengthscale: Tensor, outputscale: Tensor, noise: Tensor,
-    nu: Optional[float] = None,
-) -> Tensor:
-    r"""``-log p(y)`` for :math:`y_t \sim N(0, s\,K_\nu + \sigma^2 I)` with the exact RBF or
-    Matérn kernel :math:`K_\nu` of :func:`~rfgp.kernels.fourier.stationary_kernel`, with its
-    gradient in the lengthscales, outputscale and noise in closed form.
-
-    With :math:`C = s\,g(R) + \sigma^2 I` (:math:`R` the scaled distances),
-    :math:`G = \tfrac12 (T C^{-1} - a a^\top)`, :math:`a = C^{-1} y` and
-    :math:`u_{ab} = (x_a - x_b) / \ell`,
-
-    .. math::
-        \frac{\partial}{\partial \ell_j} = \frac{1}{\ell_j} \sum_{ab} M_{ab}\, u_{abj}^2,\quad
-        M = -s\, G \circ \frac{g'(R)}{R},\qquad
-        \frac{\partial}{\partial s} = \sum_{ab} G_{ab}\, g(R_{ab}),\qquad
-        \frac{\partial}{\partial \sigma^2} = \mathrm{tr}\, G,
-
-    and :math:`\sum_{ab} M_{ab} u_{abj}^2` comes from one :math:`M U` product, so an evaluation
-    costs a Cholesky factor, its inverse and :math:`O(N^2 d)`, without the ``(N, N, d)``
-    differences that automatic differentiation of the distances keeps.
-
-    Args:
-        x: ``(N, d)`` inputs.
-        y: ``(N, T)`` targets.
-        lengthscale: ``(d,)`` positive lengthscales.
-        outputscale: 0-d :math:`s > 0`.
-        noise: 0-d :math:`\sigma^2 > 0`.
-        nu: ``None`` (RBF) or a Matérn smoothness (0.5, 1.5, 2.5).
-
-    Returns:
-        A 0-d tensor, differentiable in ``y``, ``lengthscale``, ``outputscale`` and ``noise``.
-
-    Raises:
-        ValueError: for shapes other than ``(N, d)``, ``(N, T)``, ``(d,)`` and 0-d.
-        TypeError: unless all five tensors share one floating dtype.
-        NotPSDError: if :math:`C` cannot be factorised or holds NaN or infinite entries.
-
-    Example:
-        >>> from rfgp.kernels.fourier import stationary_kernel
-        >>> g = torch.Generator().manual_seed(0)
-        >>> x = torch.randn(30, 2, dtype=torch.float64, generator=g)
-        >>> y = torch.randn(30, 1, dtype=torch.float64, generator=g)
-        >>> ls = torch.tensor([0.7, 1.5], dtype=torch.float64)
-        >>> s, n = torch.tensor(2.0, dtype=torch.float64), torch.tensor(0.1, dtype=torch.float64)
-        >>> k = stationary_kernel(x, x, ls, 2.5) * s
-        >>> bool(torch.isclose(stationary_negative_log_evidence(x, y, ls, s, n, 2.5),
-        ...                    kernel_negative_log_evidence(k, y, n)))
-        True
-    """
-    # Shape checks only: this runs at every evaluation of an optimiser's loss.
-    if (x.dim() != 2 or y.dim() != 2 or y.shape[0] != x.shape[0] or x.shape[0] == 0
-            or lengthscale.shape != (x.shape[1],)):
-        raise ValueError(
-            "stationary_negative_log_evidence: x must have shape (N, d), y (N, T) with N >= 1 "
-            f"and lengthscale (d,), got x {tuple(x.shape)}, y {tuple(y.shape)} and lengthscale "
-            f"{tuple(lengthscale.shape)}"
-        )
-    if outputscale.dim() != 0 or noise.dim() != 0:
-        raise ValueError(
-            "outputscale and noise must be 0-d tensors, got shapes "
-            f"{tuple(outputscale.shape)} and {tuple(noise.shape)}"
-        )
-    dtypes = {t.dtype for t in (x, y, lengthscale, outputscale, noise)}
-    if len(dtypes) != 1 or not x.is_floating_point():
-        raise TypeError(
-            "stationary_negative_log_evidence: x, y, lengthscale, outputscale and noise must "
-            f"share one floating dtype, got {x.dtype}, {y.dtype}, {lengthscale.dtype}, "
-            f"{outputscale.dtype} and {noise.dtype}"
-        )
-    return _StationaryEvidence.apply(x, y, lengthscale, outputscale, noise, nu)
 
 
 def fourier_kernel_negative_log_evidence(

@@ -230,22 +230,27 @@ class RandomFeatureGP(torch.nn.Module):
 
     # ================================================================== fitting
     def _fit_batches(self, batches: List[Batch], chunk: Optional[int], distributed: bool = False,
-                     process_group: Any = None) -> RandomFeatureGP:
-        """Fit on batches (``fit``, a refit on held data): nothing changes if it fails."""
+                     process_group: Any = None, reallocate: bool = False,
+                     allocated: bool = False) -> RandomFeatureGP:
+        """Fit on batches (``fit``, a refit on held data): nothing changes if it fails.
+        ``reallocate``: allocate the kernel on these rows again; ``allocated``: an earlier fit
+        allocated it on them."""
+        allocated = allocated or reallocate or self.feature_map.needs_allocation
         solver, layout, x0 = self._factory.fit(batches, self.noise, chunk, distributed,
-                                               process_group)
-        self._install(solver, layout, x0, None if distributed else list(batches), chunk)
+                                               process_group, reallocate)
+        self._install(solver, layout, x0, None if distributed else list(batches), chunk,
+                      allocated)
         return self
 
-    def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor,
-                 held: Optional[List[Batch]], chunk: Optional[int]) -> None:
+    def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor, held: Optional[List[Batch]],
+                 chunk: Optional[int], allocated_by_fit: bool = False) -> None:
         """Factorise and make ``solver`` the fit (only once everything has succeeded)."""
         check_noise_usable(self.noise, solver.dtype)
         solver.factorise(self._column_noise(layout))
         self._state = FitState(
             solver=solver, layout=layout, fingerprint=self.feature_map.fingerprint(),
             factor_noise=self.noise.detach().clone(), feature_dtype=x.dtype, device=x.device,
-            held=held, chunk=chunk,
+            held=held, chunk=chunk, allocated_by_fit=allocated_by_fit,
         )
 
     def fit(self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None, *,
@@ -311,6 +316,11 @@ class RandomFeatureGP(torch.nn.Module):
                distributed: bool = False, process_group: Any = None) -> RandomFeatureGP:
         """Condition the fitted model on more data (equals refitting on all data).
 
+        A kernel whose allocation the fit chose from its rows (optimised Maclaurin features not
+        allocated beforehand) is allocated again on all rows and refitted, as ``fit`` on them
+        would: that needs the data held (else a ``ValueError``: after ``fit_stream``, a
+        distributed fit or update, or a loaded checkpoint).
+
         Args:
             x, y, noise: as in :meth:`fit`; the layout (outputs, noise given or not) must match.
             distributed, process_group: all-reduce the new statistics across processes.
@@ -320,6 +330,8 @@ class RandomFeatureGP(torch.nn.Module):
         """
         state = self._current("update")
         distributed = distributed or process_group is not None
+        if state.must_reallocate(type(self.base_kernel).__name__, distributed):
+            return self._fit_batches(state.held + [(x, y, noise)], state.chunk, reallocate=True)
         prepared = self._factory.prepare(self._query(x), y, noise, model_noise=self.noise)
         state.layout.check_batch(prepared[1], prepared[3], noise is not None, "update")
         solver = self._factory.extend(state.solver, prepared, distributed, process_group)
@@ -338,7 +350,7 @@ class RandomFeatureGP(torch.nn.Module):
             )
         changes = state.changes(self.kernel, self.noise)
         if changes and state.held is not None:
-            self._fit_batches(state.held, state.chunk)
+            self._fit_batches(state.held, state.chunk, allocated=state.allocated_by_fit)
             return self._state
         if changes:
             raise StaleFitError(
@@ -376,20 +388,6 @@ class RandomFeatureGP(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ================================================================== prediction
-    def _feature_rows(self, phi: Tensor) -> Tensor:
-        """Checked features in the base kernel's layout, as scaled interleaved rows."""
-        if not isinstance(phi, Tensor):
-            raise TypeError(f"phi must be a torch.Tensor, got {type(phi).__name__}")
-        fm, p = self.feature_map, self.outputs_per_input
-        ok_shape = (phi.dim() == 2 and p == 1) or (phi.dim() == 3 and phi.shape[1] == p)
-        if not ok_shape or phi.shape[-1] != fm.num_features:
-            layout = f"(M, {p}, {fm.num_features})" if p > 1 else f"(M, {fm.num_features})"
-            raise ValueError(f"phi must have shape {layout}, got {tuple(phi.shape)}")
-        if phi.is_complex() != fm.is_complex:
-            raise TypeError(f"phi must be {'complex' if fm.is_complex else 'real'} like the "
-                            f"kernel's features, got {phi.dtype}")
-        return fm.scale_rows(phi)
-
     def predict_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None,
                               return_std: bool = False):
         """Posterior mean (and latent standard deviation) at points whose features are ``phi``.
@@ -402,7 +400,7 @@ class RandomFeatureGP(torch.nn.Module):
             As :meth:`predict`; differentiable in ``phi``.
         """
         state = self._current("predict_from_features")
-        rows = self._feature_rows(phi)
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             mean, var, _ = state.solver.predict(rows, want_root=False)
             if variance_correction is not None:
@@ -424,7 +422,7 @@ class RandomFeatureGP(torch.nn.Module):
             lazy low-rank operator :math:`\mathrm{Re}\{\Phi_* B^{-1} \Phi_*^H\}`.
         """
         state = self._current("posterior_from_features")
-        rows = self._feature_rows(phi)
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             mean, _, roots = state.solver.predict(rows, want_root=True)
         covs = [root_covariance(root, variance_correction, mean) for root in roots]

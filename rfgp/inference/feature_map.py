@@ -18,6 +18,7 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
+from rfgp._validation import check_tensor
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel, real_form, unwrap_scale_kernel
 
@@ -102,6 +103,33 @@ class FeatureMap:
         if self.scale is not None:
             phi = phi * self.scale.outputscale.sqrt().to(phi.real.dtype)
         return phi
+
+    def checked_rows(self, phi: Any,
+                     correction: Optional[Any] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """Features ``phi`` a caller computed, ``(M, D)`` (``(M, p, D)`` with ``p`` outputs per
+        input) in the base kernel's layout, checked (a tensor of the kernel's kind, finite:
+        a NaN row would give a NaN mean) and passed through :meth:`scale_rows`; and the
+        optional variance ``correction``, checked to be finite with one value per row
+        (``(M,)`` or ``(M p,)``), flattened."""
+        phi = check_tensor("phi", phi, allow_complex=True)
+        p, width = self.outputs_per_input, self.num_features
+        ok_shape = (phi.dim() == 2 and p == 1) or (phi.dim() == 3 and phi.shape[1] == p)
+        if not ok_shape or phi.shape[-1] != width:
+            layout = f"(M, {p}, {width})" if p > 1 else f"(M, {width})"
+            raise ValueError(f"phi must have shape {layout}, got {tuple(phi.shape)}")
+        if phi.is_complex() != self.is_complex:
+            raise TypeError(f"phi must be {'complex' if self.is_complex else 'real'} like the "
+                            f"kernel's features, got {phi.dtype}")
+        rows = self.scale_rows(phi)
+        if correction is not None:
+            correction = check_tensor("variance_correction", correction)
+            if correction.numel() != rows.shape[0]:
+                raise ValueError(
+                    f"variance_correction must hold one value per row of phi ({rows.shape[0]}), "
+                    f"got shape {tuple(correction.shape)}"
+                )
+            correction = correction.reshape(-1)
+        return rows, correction
 
     def real_rows(self, x: Tensor) -> Tensor:
         """``real_form`` of :meth:`rows`."""

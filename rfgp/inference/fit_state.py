@@ -49,6 +49,9 @@ class FitState:
     device: torch.device
     held: Optional[List[Batch]] = None
     chunk: Optional[int] = None
+    #: whether the fit chose the kernel's data-dependent allocation from its own rows (then
+    #: more rows call for a new allocation, as a fit on all of them would choose)
+    allocated_by_fit: bool = False
 
     def changes(self, kernel: torch.nn.Module, model_noise: Tensor) -> List[str]:
         """What changed since the fit that a refactorisation cannot follow (empty: nothing)."""
@@ -58,6 +61,19 @@ class FitState:
             changes.append("the model noise changed since fit (its per-output values were "
                            "folded into the statistics)")
         return changes
+
+    def must_reallocate(self, kernel_name: str, distributed: bool) -> bool:
+        """Whether an ``update`` must allocate the kernel again on all rows and refit (the fit
+        chose the allocation from its rows); a ``ValueError`` if it cannot (data not held, or a
+        distributed update)."""
+        if self.allocated_by_fit and (self.held is None or distributed):
+            raise ValueError(
+                f"update: the fit chose {kernel_name}'s data-dependent allocation from its rows "
+                "and a fit on all rows would choose another, but the training data is not held "
+                "(or the update is distributed); call fit on all the rows, or "
+                "kernel.allocate(x_sample) before fitting"
+            )
+        return self.allocated_by_fit
 
     def follow_model_noise(self, model_noise: Tensor, column_noise: Optional[Tensor]) -> None:
         """Refactorise if the model noise, applied at factorisation, changed."""
@@ -87,6 +103,7 @@ class FitState:
             "factor_noise": self.factor_noise,
             "feature_dtype": str(self.feature_dtype).replace("torch.", ""),
             "device": str(self.device),
+            "allocated_by_fit": self.allocated_by_fit,
         }
 
     @classmethod
@@ -104,4 +121,5 @@ class FitState:
             factor_noise=state["factor_noise"],
             feature_dtype=getattr(torch, state["feature_dtype"]),
             device=torch.device(state["device"]),
+            allocated_by_fit=bool(state.get("allocated_by_fit", False)),
         )

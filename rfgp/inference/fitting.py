@@ -157,12 +157,14 @@ class SolverFactory:
 
     # ------------------------------------------------------------------ whole fits
     def fit(self, batches: List[Tuple[Any, Any, Any]], model_noise: Tensor, chunk: Optional[int],
-            distributed: bool, process_group: Any) -> Tuple[Solver, NoiseLayout, Tensor]:
-        """A solver for ``(x, y, noise)`` batches (the kernel allocated on all of them first),
-        its noise layout and the first batch's checked ``x``."""
+            distributed: bool, process_group: Any,
+            reallocate: bool = False) -> Tuple[Solver, NoiseLayout, Tensor]:
+        """A solver for ``(x, y, noise)`` batches (the kernel allocated on all of them first if
+        it needs an allocation, or ``reallocate``), its noise layout and the first batch's
+        checked ``x``."""
         prepared = [self.prepare(*b, model_noise=model_noise) for b in batches]
         fm = self.feature_map
-        if fm.needs_allocation:
+        if fm.needs_allocation or reallocate:
             if distributed:
                 raise RuntimeError(
                     f"{type(fm.base).__name__} needs a data-dependent allocation; call "

@@ -82,7 +82,10 @@ def evidence_hessian(
         \qquad H \leftarrow (H + H^\top) / 2,
 
     accurate to :math:`O(h)` relative (about ``1e-4``): ample for a covariance of draws, at
-    half the evaluations of central differences.
+    half the evaluations of central differences. The gradients are computed in float64
+    whatever the inputs' dtype: in float32 their rounding error (a Cholesky factor of a
+    kernel matrix loses digits to its condition number) divided by ``h`` swamps the
+    differences, and the Hessian would be wrong, not merely less accurate.
 
     Args:
         kernel: the :class:`~rfgp.kernels.FourierFeatureKernel` whose evidence is meant: its
@@ -100,7 +103,8 @@ def evidence_hessian(
             :func:`~rfgp.inference.evidence.fourier_kernel_negative_log_evidence`).
 
     Returns:
-        ``(d + 2, d + 2)`` symmetric Hessian per datum, in ``x``'s dtype.
+        ``(d + 2, d + 2)`` symmetric Hessian per datum, in ``x``'s dtype (computed in
+        float64).
 
     Raises:
         ValueError: for inputs :func:`~rfgp._validation.check_rows` rejects, a lengthscale
@@ -124,6 +128,10 @@ def evidence_hessian(
         raise TypeError(f"kernel must be a FourierFeatureKernel, got {type(kernel).__name__}")
     x, y = check_rows(x, y)
     x = kernel.prepare_input(x)  # active_dims, the weights: as the kernel sees its inputs
+    dtype = x.dtype
+    # float64 whatever the inputs' dtype (see the docstring); the frequencies, drawn in the
+    # kernel's dtype, are cast exactly.
+    x, y = x.to(torch.float64), y.to(torch.float64)
     d = x.shape[1]
     lengthscale = check_tensor("lengthscale", lengthscale).detach().to(x).reshape(-1)
     if lengthscale.numel() != d or not bool((lengthscale > 0).all()):
@@ -143,7 +151,7 @@ def evidence_hessian(
         shift = torch.zeros_like(theta)
         shift[k] = step
         hessian[:, k] = (_gradient(theta + shift, x, y, exact, kernel, blocks) - centre) / step
-    return 0.5 * (hessian + hessian.T)
+    return (0.5 * (hessian + hessian.T)).to(dtype)
 
 
 def lengthscale_draws(

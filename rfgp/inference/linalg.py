@@ -115,14 +115,29 @@ def hermitian_square_norms(v: Tensor, dim: int = 0) -> Tensor:
     return v.square().sum(dim)
 
 
+def _address_space_limit() -> Optional[int]:
+    """The process's address-space limit (``ulimit -v``) in bytes, ``None`` when unlimited or
+    unknown (no ``resource`` module off POSIX)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
+
+
 def available_memory(device: torch.device) -> int:
-    """Bytes of memory the device has in total (physical memory for the CPU)."""
+    """Bytes of memory the device has in total: for the CPU the smaller of the physical
+    memory and the process's address-space limit (``ulimit -v``), which an allocation hits
+    first when it is lower."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[1])
     try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):  # not a POSIX system: no guard
-        return 1 << 62
+        physical = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no physical bound
+        physical = 1 << 62
+    limit = _address_space_limit()
+    return physical if limit is None else min(physical, limit)
 
 
 def check_memory(
@@ -150,6 +165,7 @@ def check_memory(
     if size > limit:
         raise MemoryError(
             f"{what} of shape {tuple(int(s) for s in shape)} ({str(dtype).replace('torch.', '')}) "
-            f"needs {size:.3g} bytes, more than the {limit:.3g} bytes of {device.type} memory; "
+            f"needs {size:.3g} bytes, more than the {limit:.3g} bytes of {device.type} memory "
+            "(or address space) available; "
             + way_out
         )

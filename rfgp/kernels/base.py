@@ -9,6 +9,7 @@ real linear algebra the kernel is represented by the real form :math:`[\mathrm{R
 from __future__ import annotations
 
 import copy
+import inspect
 from abc import ABCMeta, abstractmethod
 from typing import Any, Dict, Optional, Tuple
 
@@ -23,7 +24,16 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_kernel_input
+from rfgp._validation import (
+    all_finite,
+    check_active_dims,
+    check_int,
+    check_kernel_input,
+    check_positive_values,
+    describe,
+    select_active_columns,
+)
+from rfgp.kernels.checkpoint import checkpoint_state, load_checkpoint
 from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
@@ -34,6 +44,13 @@ __all__ = [
     "real_form",
     "unwrap_scale_kernel",
 ]
+
+
+#: the keyword arguments gpytorch.kernels.Kernel takes by name (its **kwargs are ignored)
+_KERNEL_ARGUMENTS = frozenset(
+    name for name, p in inspect.signature(Kernel.__init__).parameters.items()
+    if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+)
 
 
 def check_hyperparameters(kernel: Kernel) -> None:
@@ -87,8 +104,10 @@ class InputCheckedKernel(Kernel):
     def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
                  last_dim_is_batch: bool = False, **params):
         x1 = check_kernel_input("x1", x1)
+        check_active_dims(self.active_dims, x1, "x1")
         if x2 is not None:
             x2 = check_kernel_input("x2", x2)
+            check_active_dims(self.active_dims, x2, "x2")
         check_hyperparameters(self)
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
                                 **params)
@@ -122,11 +141,19 @@ def real_form(phi: Tensor) -> Tensor:
     Returns:
         ``phi`` if real, else the ``(..., 2D)`` real tensor ``[Re phi, Im phi]``.
 
+    Raises:
+        TypeError: if ``phi`` is not a ``torch.Tensor``.
+        ValueError: if it is 0-d.
+
     Example:
         >>> phi = torch.tensor([[1 + 2j]])
         >>> real_form(phi)
         tensor([[1., 2.]])
     """
+    if not isinstance(phi, Tensor):
+        raise TypeError(f"phi must be a torch.Tensor of features, got {describe(phi)}")
+    if phi.dim() == 0:
+        raise ValueError("phi must have shape (..., D) (at least 1 dimension), got a 0-d tensor")
     if phi.is_complex():
         return torch.cat([phi.real, phi.imag], dim=-1)
     return phi
@@ -232,11 +259,13 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     draw then replays them), ``state_dict`` loading into a fresh kernel and a weight-space
     ``LinearPredictionStrategy``.
 
-    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``: with ``strict=True``
-    a random weight the checkpoint's kernel held but the state dict lacks is a missing key and
-    a stray key is unexpected (never registered as a weight); weights drawn for other
-    :meth:`weight_settings`, another input dimension or of another shape are refused whatever
-    ``strict`` says, as torch refuses a size mismatch.
+    **Loading a checkpoint** follows ``torch.nn.Module.load_state_dict``, for the
+    ``OrderedDict`` of ``state_dict()`` and a plain ``dict`` of it alike (the record of the
+    random weights is its ``"_extra_state"`` entry, :mod:`rfgp.kernels.checkpoint`): with
+    ``strict=True`` a random weight the checkpoint's kernel held but the state dict lacks is a
+    missing key and a stray key is unexpected (never registered as a weight); weights of
+    another kind of kernel, drawn for other :meth:`weight_settings`, another input dimension or
+    of another shape are refused whatever ``strict`` says, as torch refuses a size mismatch.
 
     **Inputs** are float32 or float64 (half precision is refused with a ``TypeError``), at
     least 1-D with at least one column; ``N = 0`` rows give empty features. A NaN, infinite or
@@ -285,6 +314,12 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         num_features = check_int("num_features", num_features)
         if seed is not None:
             seed = check_int("seed", seed, minimum=None)
+        unknown = sorted(set(kwargs) - _KERNEL_ARGUMENTS)
+        if unknown:  # GPyTorch's Kernel would swallow them silently (e.g. nu=1.5)
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s) {unknown}; the "
+                f"GPyTorch Kernel arguments are {sorted(_KERNEL_ARGUMENTS)}"
+            )
         super().__init__(**kwargs)
         self.num_features = num_features
         self.seed = seed
@@ -400,9 +435,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     def weight_settings(self) -> Dict[str, Any]:
         """The settings that fix the meaning and layout of the random weights.
 
-        Saved with ``state_dict`` (in its metadata) and compared when a checkpoint is loaded:
-        weights drawn for other settings (another ``num_features``, degree, allocation, ...)
-        are refused instead of being silently reinterpreted. Subclasses add their settings.
+        Saved with ``state_dict`` (in its ``"_extra_state"`` entry) and compared when a
+        checkpoint is loaded: weights drawn for other settings (another ``num_features``,
+        degree, allocation, ...) are refused instead of being silently reinterpreted.
+        Subclasses add their settings.
         """
         return {"kernel": type(self).__name__, "num_features": self.num_features,
                 "is_complex": bool(self.is_complex)}
@@ -495,108 +531,21 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         weights = self._sample_replaying_batch_ops(input_dim, torch.Generator().manual_seed(0))
         return {name: value.shape for name, value in weights.items()}
 
+    # ------------------------------------------------------------------ checkpoints
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The record of the random weights saved with ``state_dict`` (names, input
+        dimension, :meth:`weight_settings`; :mod:`rfgp.kernels.checkpoint`)."""
+        return checkpoint_state(self)
+
+    def set_extra_state(self, state: Any) -> None:
+        # Read by _load_from_state_dict before the tensors load (the weights' buffers must
+        # exist first); torch calls this afterwards, with nothing left to do.
+        pass
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        # A fresh kernel has no weights yet (they are drawn lazily): create them from the
-        # checkpoint so that loading a trained model needs no dummy forward pass. Only the
-        # weights the checkpoint's kernel held are taken (its metadata lists them); a stray
-        # key stays unexpected, a listed one that is absent is missing, and weights drawn for
-        # other settings or another input dimension are refused.
-        name = type(self).__name__
-        settings = local_metadata.get("rfgp_weight_settings")
-        if settings is not None:
-            mine = self.weight_settings()
-            for key, value in settings.items():
-                if key in mine and mine[key] != value:
-                    error_msgs.append(
-                        f"{name}: the checkpoint's random weights were drawn for {key}="
-                        f"{value!r}, this kernel has {key}={mine[key]!r}"
-                    )
-            if error_msgs:
-                return
-        input_dim = local_metadata.get("rfgp_input_dim")
-        if input_dim is not None and self.input_dim is not None and input_dim != self.input_dim:
-            error_msgs.append(
-                f"{name}: the checkpoint's random weights are for input dimension (input_dim) "
-                f"{input_dim}, this kernel has input_dim={self.input_dim}"
-            )
-            return
-        names = local_metadata.get("rfgp_random_buffers")
-        local_keys = [k[len(prefix):] for k in state_dict
-                      if k.startswith(prefix) and "." not in k[len(prefix):]]
-        if names is None:
-            # A checkpoint without metadata (e.g. a plain dict): every key that is neither a
-            # parameter nor a buffer of this kernel is taken for a random weight.
-            names = [k for k in local_keys if k not in self._parameters and k not in self._buffers]
-        if names:
-            # The checkpoint's weights replace the current ones, layout included (an
-            # optimised Maclaurin allocation may use other degrees).
-            for old in list(self._random_buffer_names):
-                if old not in names:
-                    del self._buffers[old]
-                    self._random_buffer_names.remove(old)
-        loaded, absent = [], []
-        for weight in names:
-            key = prefix + weight
-            if key not in state_dict:
-                missing_keys.append(key)
-                absent.append(weight)
-                continue
-            if weight not in self._buffers:
-                self.register_buffer(weight, torch.empty_like(state_dict[key]))
-                self._random_buffer_names.append(weight)
-            loaded.append(weight)
-        if input_dim is not None:
-            self.input_dim = input_dim
-        pending = local_metadata.get("rfgp_pending_batch_ops")
-        if pending is not None and not names and not self.weights_initialized:
-            self._draw_batch_shape, self._pending_batch_ops = pending[0], list(pending[1])
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        try:
-            self.check_hyperparameters()
-        except ValueError as err:
-            error_msgs.append(f"{name}: {err}")
-        # a non-strict load that left the weights incomplete: refused at the next use
-        self._incomplete_weights = [w for w in absent if w not in self._buffers]
-        if loaded:
-            self._draw_batch_shape, self._pending_batch_ops = None, []
-            if self.input_dim is not None:
-                self._check_loaded_weights(prefix, error_msgs)
-
-    def _check_loaded_weights(self, prefix: str, error_msgs: list) -> None:
-        try:
-            expected = self._expected_weight_shapes(self.input_dim)
-        except (RuntimeError, ValueError) as err:  # e.g. settings that admit no weights
-            error_msgs.append(f"{type(self).__name__}: {err}")
-            return
-        for weight in self._random_buffer_names:
-            if weight not in expected:
-                error_msgs.append(
-                    f"{type(self).__name__}: unexpected random weight {prefix + weight!r} for "
-                    f"this kernel's settings (expected {sorted(expected)})"
-                )
-            elif self._buffers[weight].shape != expected[weight]:
-                error_msgs.append(
-                    f"{type(self).__name__}: size mismatch for {prefix + weight}: the checkpoint "
-                    f"has shape {tuple(self._buffers[weight].shape)}, this kernel's settings "
-                    f"(num_features, degree, input_dim = {self.input_dim}, batch_shape) give "
-                    f"{tuple(expected[weight])}"
-                )
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        meta = getattr(destination, "_metadata", None)
-        if meta is not None:
-            entry = meta.setdefault(prefix[:-1], {})
-            entry["rfgp_random_buffers"] = list(self._random_buffer_names)
-            entry["rfgp_input_dim"] = self.input_dim
-            entry["rfgp_weight_settings"] = self.weight_settings()
-            if self._pending_batch_ops:
-                # weights not drawn yet after expand_batch / kernel[index]: the first draw
-                # replays these, so a loaded copy draws the same weights
-                entry["rfgp_pending_batch_ops"] = (self._draw_batch_shape,
-                                                   list(self._pending_batch_ops))
+        load_checkpoint(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs, super()._load_from_state_dict)
 
     # ------------------------------------------------------------------ features
     def check_input(self, x: Tensor, name: str = "x") -> Tensor:
@@ -659,10 +608,7 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
     def _checked_active_input(self, x: Tensor, name: str = "x") -> Tensor:
         # check_input, then the active_dims columns (for subclass methods that need the
         # restricted inputs but no weights, e.g. a variance correction or an allocation).
-        x = self.check_input(x, name)
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
-        return x
+        return select_active_columns(self.check_input(x, name), self.active_dims, name)
 
     def real_features(self, x: Tensor) -> Tensor:
         """``real_form(features(x))``: ``(..., N, D)`` or ``(..., N, 2D)`` real features."""
@@ -724,8 +670,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # one without columns with raw indexing errors (finiteness is checked on the
         # features' path).
         x1 = check_kernel_input("x1", x1, finite=False)
+        check_active_dims(self.active_dims, x1, "x1")
         if x2 is not None:
             x2 = check_kernel_input("x2", x2, finite=False)
+            check_active_dims(self.active_dims, x2, "x2")
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
                                 **params)
 
@@ -748,13 +696,10 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         return self._dtype_anchor.device
 
     def _set_lengthscale(self, value) -> None:
-        if not torch.is_tensor(value):
-            # as GPyTorch does (through the default dtype), so that equal settings of an rfgp
-            # kernel and a GPyTorch kernel give equal lengthscales
-            value = torch.as_tensor(value).to(self.raw_lengthscale)
-        if not all_finite(value) or bool((value <= 0).any()):
-            raise ValueError(f"lengthscale must be finite and positive, got {value}")
-        super()._set_lengthscale(value)
+        # in the parameter's dtype, as GPyTorch does, so that equal settings of an rfgp kernel
+        # and a GPyTorch kernel give equal lengthscales
+        super()._set_lengthscale(check_positive_values("lengthscale", value,
+                                                       self.raw_lengthscale))
 
     def expand_batch(self, *sizes) -> RandomFeatureKernel:
         """A copy with batch shape ``sizes`` (broadcast from the current one): parameters and

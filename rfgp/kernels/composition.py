@@ -62,7 +62,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_int, check_tensor
+from rfgp._validation import check_choice, check_int, check_tensor, select_active_columns
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.ops import make_generator
 
@@ -289,8 +289,8 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     def _evaluate(self, node: Kernel, x: Tensor, counter: List[int], select: bool) -> Tensor:
         """Features of ``node`` at ``x``; ``select`` applies the node's ``active_dims`` (what
         GPyTorch's ``Kernel.__call__`` does, and ``ScaleKernel.forward`` skips)."""
-        if select and node.active_dims is not None:
-            x = x.index_select(-1, node.active_dims.to(x.device))
+        if select:
+            x = select_active_columns(x, node.active_dims)
         if isinstance(node, RandomFeatureKernel):
             # The leaf's own active_dims were applied above (or, under a ScaleKernel, by it).
             x = node.check_input(x)
@@ -354,15 +354,14 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             return (self._leaf_diagonal(node, x, corr) if need_diagonal else None), corr
         if isinstance(node, ScaleKernel):
             inner = node.base_kernel
-            if node.active_dims is not None and inner.active_dims is None:
-                x = x.index_select(-1, node.active_dims.to(x.device))
+            if inner.active_dims is None:
+                x = select_active_columns(x, node.active_dims)
             diag, corr = self._correction(inner, x, need_diagonal)
             scale = node.outputscale.to(x.dtype)
             return (None if diag is None else diag * scale), (
                 None if corr is None else corr * scale
             )
-        if node.active_dims is not None:
-            x = x.index_select(-1, node.active_dims.to(x.device))
+        x = select_active_columns(x, node.active_dims)
         children = [child for _, child in _children(node)]
         if isinstance(node, AdditiveKernel):
             parts = [self._correction(child, x, need_diagonal) for child in children]

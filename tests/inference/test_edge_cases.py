@@ -105,6 +105,27 @@ def test_impossible_buffers_raise_memory_error_naming_the_shape():
             big, big[:, 0])
 
 
+def test_memory_guard_honours_the_address_space_limit(monkeypatch):
+    # ulimit -v below the physical memory: the guard's clear error, not a raw allocation one.
+    import resource
+
+    from rfgp.inference.linalg import available_memory, check_memory
+
+    cpu = torch.device("cpu")
+    physical = available_memory(cpu)
+    limit = 10**8
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (limit, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else (resource.RLIM_INFINITY,) * 2)
+    assert available_memory(cpu) == min(physical, limit)
+    with pytest.raises(MemoryError, match=r"\(5000, 5000\) \(float64\) needs 2e\+08 bytes, more "
+                                          r"than the 1e\+08 bytes .*smaller"):
+        check_memory((5000, 5000), torch.float64, cpu, "B", "make it smaller")
+    check_memory((1000, 1000), torch.float64, cpu, "B", "")  # 8e6 bytes fit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert available_memory(cpu) == physical
+
+
 def _projection_std(phi, phi_test):
     """Posterior std of the noise-free limit: the prior std orthogonal to the data's features."""
     _, _, vh = torch.linalg.svd(phi, full_matrices=False)

@@ -806,3 +806,80 @@ def test_errors():
     fixed = RandomFeatureGP(k).fit(x, y, 0.1)
     with pytest.raises(ValueError, match="noise must be given"):
         fixed.update(x, y)
+
+
+# ---------------------------------------------------------------- audit: data-dependent update
+def _optimised_maclaurin():
+    from rfgp.kernels import MaclaurinKernel
+
+    return MaclaurinKernel("exponential", 64, seed=0, num_samples=20).double()
+
+
+def _audit_rows(n=60):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, 3, generator=g, dtype=DT)
+    y = torch.sin(2 * x).sum(-1)
+    return x, y - y.mean()
+
+
+def test_update_after_a_fit_that_chose_the_allocation_equals_a_fit_on_all_rows():
+    # The optimised allocation depends on the rows: an update reallocates on all of them.
+    x, y = _audit_rows()
+    updated = RandomFeatureGP(_optimised_maclaurin(), noise=0.1).fit(x[:30], y[:30])
+    updated.update(x[30:], y[30:])
+    whole = RandomFeatureGP(_optimised_maclaurin(), noise=0.1).fit(x, y)
+    assert torch.equal(updated.base_kernel.degree_counts, whole.base_kernel.degree_counts)
+    torch.testing.assert_close(updated.predict(x), whole.predict(x), rtol=1e-9, atol=1e-10)
+
+
+def test_update_keeps_an_allocation_made_before_the_fit():
+    x, y = _audit_rows()
+    kernels = [_optimised_maclaurin(), _optimised_maclaurin()]
+    for k in kernels:
+        k.allocate(x[:30])
+    updated = RandomFeatureGP(kernels[0], noise=0.1).fit(x[:30], y[:30])
+    updated.update(x[30:], y[30:])
+    whole = RandomFeatureGP(kernels[1], noise=0.1).fit(x, y)
+    torch.testing.assert_close(updated.predict(x), whole.predict(x), rtol=1e-9, atol=1e-10)
+
+
+def test_update_refuses_to_reallocate_without_the_training_data():
+    x, y = _audit_rows()
+    fitted = RandomFeatureGP(_optimised_maclaurin(), noise=0.1).fit(x[:30], y[:30])
+    loaded = RandomFeatureGP(_optimised_maclaurin(), noise=0.1)
+    loaded.load_state_dict(fitted.state_dict())
+    before = loaded.predict(x)
+    with pytest.raises(ValueError, match="update: the fit chose MaclaurinKernel's "
+                                         "data-dependent allocation .* not held"):
+        loaded.update(x[30:], y[30:])
+    torch.testing.assert_close(loaded.predict(x), before, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- audit: features given
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_features_given_must_be_finite(bad):
+    x, y = _audit_rows()
+    gp = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1).fit(x, y)
+    phi = gp.base_kernel.features(x[:3]).detach().clone()
+    phi[1, 0] = bad
+    with pytest.raises(ValueError, match="phi must be finite, but 1 entries are NaN or infinite"):
+        gp.posterior_from_features(phi)
+    with pytest.raises(ValueError, match="phi must be finite"):
+        gp.predict_from_features(phi)
+    with pytest.raises(TypeError, match="phi must be a torch.Tensor"):
+        gp.predict_from_features(phi.numpy())
+
+
+def test_variance_correction_given_must_be_finite_with_one_value_per_row():
+    x, y = _audit_rows()
+    gp = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1).fit(x, y)
+    phi = gp.base_kernel.features(x[:3]).detach()
+    plain = gp.posterior_from_features(phi).variance
+    shifted = gp.posterior_from_features(phi, torch.tensor([0.5, 0.0, 1.0], dtype=DT)).variance
+    torch.testing.assert_close(shifted - plain, torch.tensor([0.5, 0.0, 1.0], dtype=DT))
+    for call in (gp.posterior_from_features, gp.predict_from_features):
+        with pytest.raises(ValueError, match="variance_correction must be finite"):
+            call(phi, torch.tensor([0.0, math.nan, 0.0], dtype=DT))
+        with pytest.raises(ValueError, match=r"variance_correction must hold one value per row "
+                                             r"of phi \(3\), got shape \(2,\)"):
+            call(phi, torch.zeros(2, dtype=DT))

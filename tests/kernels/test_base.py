@@ -12,6 +12,7 @@ import math
 import pickle
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
@@ -260,6 +261,18 @@ def test_active_dims(generator):
     assert with_dims.input_dim == 2
 
 
+@pytest.mark.parametrize("dims,bad", [([5], "the largest index 5"), ([0, 3], "the largest index 3"),
+                                      ([-1], "the index -1")])
+def test_active_dims_beyond_the_inputs_columns_are_named(dims, bad):
+    x = torch.randn(6, 3, dtype=torch.float64)
+    kernel = FourierFeatureKernel(32, active_dims=dims).double()
+    message = f"active_dims must index the 3 columns of x (0 to 2), got {bad}"
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        kernel.features(x)
+    with pytest.raises(ValueError, match="active_dims must index the 3 columns of x1"):
+        kernel(x).to_dense()
+
+
 def test_ard_lengthscale_shape_and_gradients(generator):
     kernel = FourierFeatureKernel(32, ard_num_dims=3, seed=0).double()
     assert kernel.lengthscale.shape == (1, 3)
@@ -368,6 +381,18 @@ def test_real_form():
     torch.testing.assert_close(real_form(phi), torch.tensor([[1.0, 3.0, 2.0, -1.0]]))
     real = torch.ones(2, 3)
     assert real_form(real) is real
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, 2)), [[1.0]], 1.0, None])
+def test_real_form_names_a_non_tensor(bad):
+    with pytest.raises(TypeError, match="phi must be a torch.Tensor of features, got"):
+        real_form(bad)
+
+
+@pytest.mark.parametrize("phi", [torch.tensor(1 + 2j), torch.tensor(1.0)])
+def test_real_form_names_a_0d_tensor(phi):
+    with pytest.raises(ValueError, match="phi must have shape \\(..., D\\) .* got a 0-d tensor"):
+        real_form(phi)
 
 
 def test_multi_output_subclass_interleaves_rows(generator):
@@ -541,3 +566,23 @@ def test_kernels_never_import_inference():
                 names = [alias.name for alias in node.names]
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("rfgp.inference")]
     assert offenders == []
+
+
+@pytest.mark.parametrize("keyword", [{"nu": 1.5}, {"lengthscale": 0.5}, {"ard_num_dim": 3}])
+def test_unknown_keyword_arguments_are_refused_not_swallowed(keyword):
+    # GPyTorch's Kernel ignores unknown keywords: nu=1.5 would silently give an RBF kernel.
+    with pytest.raises(TypeError, match=f"FourierFeatureKernel got unexpected keyword "
+                                        f"argument\\(s\\) \\['{next(iter(keyword))}'\\]"):
+        FourierFeatureKernel(16, **keyword)
+    FourierFeatureKernel(16, ard_num_dims=3, active_dims=[0, 1, 2], batch_shape=torch.Size([]))
+
+
+@pytest.mark.parametrize("bad,error", [(math.nan, ValueError), (0.0, ValueError),
+                                       (math.inf, ValueError), (True, TypeError),
+                                       ("0.5", TypeError)])
+def test_lengthscale_setter_refuses_by_name_through_the_shared_check(bad, error):
+    kernel = FourierFeatureKernel(8)
+    before = kernel.lengthscale.clone()
+    with pytest.raises(error, match="lengthscale must be"):
+        kernel.lengthscale = bad
+    assert torch.equal(kernel.lengthscale, before)

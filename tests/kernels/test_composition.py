@@ -210,6 +210,15 @@ def test_composed_features_reject_bad_inputs(x, error, match):
     assert k.features(torch.zeros(0, 2)).shape == (0, 8)  # no rows: no features, no error
 
 
+def test_composed_features_name_active_dims_beyond_the_columns():
+    k = as_feature_kernel(
+        FourierFeatureKernel(8, active_dims=[0]) * FourierFeatureKernel(8, active_dims=[4])
+    )
+    with pytest.raises(ValueError, match="active_dims must index the 2 columns of x "
+                                         r"\(0 to 1\), got the largest index 4"):
+        k.features(torch.zeros(3, 2))
+
+
 # ---------------------------------------------------------------- gradients, state
 @pytest.mark.parametrize("product", ["elementwise", "tensor"])
 def test_gradients_reach_every_hyperparameter_of_the_tree(product):

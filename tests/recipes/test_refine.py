@@ -103,6 +103,25 @@ def test_kd_blocks_at_extreme_scales(scale):
     assert float(x[low, wide].max()) <= float(x[high, wide].min())
 
 
+@pytest.mark.parametrize("scale", [1e-300, 1e-200, 1e-160, 1e160, 1e200, 1e300])
+def test_kd_blocks_cut_the_widest_column_when_every_column_is_extreme(scale):
+    # Both columns at `scale`, column 1 ten times wider: the plain standard deviation's squares
+    # overflow (or underflow) in both, so only a scale-safe spread finds column 1.
+    x = torch.randn(100, 2, generator=gen(17), dtype=DT) * torch.tensor([0.1, 1.0], dtype=DT)
+    x = x * scale
+    low, high = sorted(kd_blocks(x, 50), key=lambda b: float(x[b, 1].min()))
+    assert float(x[low, 1].max()) <= float(x[high, 1].min())
+
+
+@pytest.mark.parametrize("n,max_rows", [(3, 1), (5, 1), (7, 2), (3, 2)])
+def test_kd_blocks_with_fewer_rows_than_cells_are_single_rows_never_empty(n, max_rows):
+    # ceil(n / 2^k) <= max_rows needs 2^k >= n for max_rows = 1: some cells would hold no row.
+    x = torch.randn(n, 2, generator=gen(n), dtype=DT)
+    blocks = kd_blocks(x, max_rows)
+    assert sorted(torch.cat(blocks).tolist()) == list(range(n))
+    assert all(1 <= b.numel() <= max_rows for b in blocks)
+
+
 @pytest.mark.parametrize("bad,error,match", [
     (torch.zeros(0, 2, dtype=DT), ValueError, "x"),
     (torch.zeros(4, dtype=DT), ValueError, "x"),

@@ -10,7 +10,7 @@ from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel, MaternKernel, MultitaskKernel, RBFKernel
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_choice, check_int
+from rfgp._validation import check_bool, check_choice, check_int, check_positive_values
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.fourier import MATERN_NU, sample_frequencies
 from rfgp.kernels.vector_field.factors import OPERATOR_SAMPLINGS, operator_features
@@ -136,9 +136,7 @@ class DecomposableFeatureKernel(RandomFeatureKernel):
     def task_diag(self, value) -> None:
         if not self.diagonal:
             raise AttributeError("task_diag is not defined for diagonal=False")
-        value = torch.as_tensor(value).to(self.raw_task_diag)
-        if (value <= 0).any():
-            raise ValueError(f"task_diag must be positive, got {value}")
+        value = check_positive_values("task_diag", value, self.raw_task_diag)
         self.initialize(raw_task_diag=self.raw_task_diag_constraint.inverse_transform(value))
 
     def full_task_factor(self) -> Tensor:

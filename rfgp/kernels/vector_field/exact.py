@@ -14,7 +14,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._deprecation import renamed_method
-from rfgp._validation import check_bool, check_int
+from rfgp._validation import check_bool, check_int, check_positive_values
 from rfgp.kernels.base import InputCheckedKernel
 
 __all__ = [
@@ -349,12 +349,7 @@ class HelmholtzParameters:
         return getattr(self, f"raw_{name}_constraint").transform(raw)
 
     def _set(self, name: str, value) -> None:
-        raw = getattr(self, f"raw_{name}")
-        if not torch.is_tensor(value):
-            value = torch.as_tensor(value)
-        value = value.to(raw)
-        if (value <= 0).any():
-            raise ValueError(f"{name} must be positive, got {value}")
+        value = check_positive_values(name, value, getattr(self, f"raw_{name}"))
         constraint = getattr(self, f"raw_{name}_constraint")
         self.initialize(**{f"raw_{name}": constraint.inverse_transform(value)})
 

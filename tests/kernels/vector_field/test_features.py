@@ -221,7 +221,7 @@ def test_bad_arguments():
     k = HelmholtzFeatureKernel(20, input_dim=2)
     with pytest.raises(ValueError, match="part"):
         k.component_features(torch.randn(3, 2), "grad")
-    with pytest.raises(ValueError, match="curl_outputscale must be positive"):
+    with pytest.raises(ValueError, match="curl_outputscale must be finite and positive"):
         k.curl_outputscale = -1.0
 
 
@@ -256,3 +256,23 @@ def test_lengthscale_gradient_flows():
     for name in ("raw_curl_lengthscale", "raw_div_lengthscale", "raw_curl_outputscale",
                  "raw_div_outputscale"):
         assert getattr(k, name).grad is not None and getattr(k, name).grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0.0])
+@pytest.mark.parametrize("name", ["curl_lengthscale", "div_lengthscale", "curl_outputscale",
+                                  "div_outputscale"])
+def test_helmholtz_parameters_refuse_non_finite_values_by_name(name, bad):
+    for kernel in (HelmholtzFeatureKernel(24, input_dim=3, seed=0), HelmholtzKernel()):
+        before = getattr(kernel, name).clone()
+        with pytest.raises(ValueError, match=f"{name} must be finite and positive, got"):
+            setattr(kernel, name, torch.tensor(bad))
+        assert torch.equal(getattr(kernel, name), before)  # nothing written
+    with pytest.raises(TypeError, match=f"{name} must be a positive real number or tensor"):
+        setattr(HelmholtzKernel(), name, "0.5")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0])
+def test_decomposable_task_diag_refuses_non_finite_values_by_name(bad):
+    kernel = DecomposableFeatureKernel(24, num_tasks=2, input_dim=3, diagonal=True)
+    with pytest.raises(ValueError, match="task_diag must be finite and positive, got"):
+        kernel.task_diag = torch.tensor([bad, 1.0])
