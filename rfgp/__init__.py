@@ -13,8 +13,8 @@ from rfgp import (
 )
 from rfgp.classification import DirichletGPClassifier
 from rfgp.inference import RandomFeatureGP, StaleFitError
-from rfgp.recipes import fit_auto, fit_classifier_auto
 from rfgp.inference.vector_field import helmholtz_components
+from rfgp.recipes import fit_auto, fit_classifier_auto
 
 __version__ = "0.1.0"
 
