@@ -103,6 +103,21 @@ class FeatureMap:
             phi = phi * self.scale.outputscale.sqrt().to(phi.real.dtype)
         return phi
 
+    def checked_rows(self, phi: Any) -> Tensor:
+        """User-given features ``(M, D)`` (``(M, p, D)``) in the base kernel's layout, checked,
+        as :meth:`scale_rows`."""
+        if not isinstance(phi, Tensor):
+            raise TypeError(f"phi must be a torch.Tensor, got {type(phi).__name__}")
+        p, width = self.outputs_per_input, self.num_features
+        ok_shape = (phi.dim() == 2 and p == 1) or (phi.dim() == 3 and phi.shape[1] == p)
+        if not ok_shape or phi.shape[-1] != width:
+            layout = f"(M, {p}, {width})" if p > 1 else f"(M, {width})"
+            raise ValueError(f"phi must have shape {layout}, got {tuple(phi.shape)}")
+        if phi.is_complex() != self.is_complex:
+            raise TypeError(f"phi must be {'complex' if self.is_complex else 'real'} like the "
+                            f"kernel's features, got {phi.dtype}")
+        return self.scale_rows(phi)
+
     def real_rows(self, x: Tensor) -> Tensor:
         """``real_form`` of :meth:`rows`."""
         return real_form(self.rows(x))
