@@ -327,10 +327,10 @@ class ConjugateGradientSolver(Solver):
                                     "the predictive variances B u = phi*").solution  # (W, M)
             # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear
             # part in phi (B^-1 conj(phi) held fixed): 2 x - x.detach() carries both.
-            quad = (feats * solved.transpose(0, 1)).sum(-1).real
+            quad = _real_product(feats, solved.transpose(0, 1)).sum(-1)
             var[:, cols] = (2 * quad - quad.detach()).clamp_min(0).unsqueeze(-1)
             if want_root:
-                cross = (feats @ solved).real  # (M, M)
+                cross = _real_product(feats.unsqueeze(1), solved.transpose(0, 1)).sum(-1)
                 roots.append((cross + cross.transpose(0, 1) - cross.detach()).to(out_dtype))
             else:
                 roots.append(None)
@@ -427,6 +427,14 @@ class ConjugateGradientSolver(Solver):
         solver.preconditioners = [NystromPreconditioner(b, e) for b, e in state["preconditioners"]]
         solver.iterations = int(state["iterations"])
         return solver
+
+
+def _real_product(a: Tensor, b: Tensor) -> Tensor:
+    """``Re(a * b)`` elementwise, spelled in real arithmetic: the backward pass then hands the
+    feature map real-and-imaginary gradients, never a lazily conjugated tensor."""
+    if a.is_complex():
+        return a.real * b.real - a.imag * b.imag
+    return a * b
 
 
 def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
