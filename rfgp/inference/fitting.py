@@ -31,7 +31,7 @@ from rfgp.inference.noise import (
 from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference.statistics import FeatureStatistics
 
-__all__ = ["Prepared", "SolverFactory", "check_stream_batch", "unpack_batch"]
+__all__ = ["Prepared", "SolverFactory", "agreed_scale", "check_stream_batch", "unpack_batch"]
 
 # Rows per chunk aim at this many feature entries: large enough for efficient GEMMs, small
 # enough that a chunk of features stays a few tens of MB.
@@ -207,7 +207,8 @@ class SolverFactory:
         layout = self.new_layout(prepared[0], batches[0][2] is not None, model_noise)
         for index, (_, rows_y, _, ndim) in enumerate(prepared[1:]):
             layout.check_batch(rows_y, ndim, batches[index + 1][2] is not None, "update")
-        scale = power_of_two_scale(torch.cat([b[1] for b in prepared]))
+        scale = agreed_scale(power_of_two_scale(torch.cat([b[1] for b in prepared])),
+                             prepared[0][1], distributed, process_group)
         solver = self.build(prepared, scale, chunk, distributed, process_group)
         return solver, layout, prepared[0][0]
 
@@ -223,7 +224,8 @@ class SolverFactory:
                 first = prepared[0]
                 layout = self._start_stream(prepared, len(batch) == 3, model_noise, distributed,
                                             process_group)
-                scale = power_of_two_scale(prepared[1])
+                scale = agreed_scale(power_of_two_scale(prepared[1]), prepared[1], distributed,
+                                     process_group)
                 if not self.use_iterative(first):
                     stats = self.new_statistics(layout.num_columns, prepared[2] is not None,
                                                 first)
@@ -281,6 +283,21 @@ class SolverFactory:
             stats.all_reduce(process_group)
         solver.stats.merge(stats)
         return solver
+
+
+def agreed_scale(scale: float, like: Tensor, distributed: bool, process_group: Any) -> float:
+    """The target scale of a fit: the largest of the processes' scales when distributed.
+
+    Each process divides its targets by the scale before its statistics are summed with the
+    others', so all must divide by the same power of two (the largest keeps every process's
+    squared sums finite)."""
+    if not distributed:
+        return scale
+    import torch.distributed as dist
+
+    value = torch.tensor([scale], dtype=torch.float64, device=like.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=process_group)
+    return float(value)
 
 
 def unpack_batch(batch: Any, index: int) -> Tuple[Any, Any, Any]:

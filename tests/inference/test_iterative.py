@@ -401,3 +401,75 @@ def test_thompson_sampling_and_botorch_posterior_work_with_a_cg_fit():
 
     post = RandomFeatureModel(gp).posterior(torch.rand(4, 3, 2, dtype=DT))
     assert post.mean.shape == (4, 3, 1)
+
+
+# ====================================================================== distributed
+WORLD = 2
+
+
+def _distributed_data():
+    x, y, xt = _data(n=301, columns=2)
+    y[200] = 40.0  # rank 1's targets reach a larger power of two than rank 0's
+    noise = 0.05 + 0.1 * torch.rand(y.shape, generator=torch.Generator().manual_seed(5),
+                                    dtype=DT)
+    noise[:150, 1] = noise[:150, 0]  # the columns' noise agrees on rank 0's shard only
+    return x, y, noise, xt
+
+
+def _distributed_worker(rank, port, out_path):
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        x, y, noise, xt = _distributed_data()
+        s = slice(0, 150) if rank == 0 else slice(150, x.shape[0])
+        kernel = FourierFeatureKernel(512, seed=rank).double()  # rank 0's weights are broadcast
+        kernel.lengthscale = 0.3
+        gp = RandomFeatureGP(kernel, solve="cg", cg_tolerance=TIGHT)
+        gp.fit(x[s], y[s], noise[s], distributed=True, chunk_size=40)
+        mean, std = gp.predict(xt, return_std=True)
+        # The shards' targets have different powers of two: the scale must be agreed.
+        weight = RandomFeatureGP(_fourier(), solve="weight")
+        weight.fit(x[s], y[s], noise[s], distributed=True)
+        stream = RandomFeatureGP(_fourier(), noise=0.1, solve="cg", cg_tolerance=TIGHT)
+        stream.fit_stream([(x[s][:70], y[s][:70]), (x[s][70:], y[s][70:])], distributed=True)
+        torch.save({"mean": mean, "std": std, "groups": gp.factorization_groups,
+                    "lml": gp.log_marginal_likelihood(), "stream": stream.predict(xt),
+                    "weight": weight.predict(xt)},
+                   f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
+    import socket
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = str(tmp_path / "result")
+    mp.spawn(_distributed_worker, args=(port, out), nprocs=WORLD, join=True)
+    x, y, noise, xt = _distributed_data()
+    single = RandomFeatureGP(_fourier(), solve="cg", cg_tolerance=TIGHT).fit(x, y, noise)
+    mean, std = single.predict(xt, return_std=True)
+    stream = RandomFeatureGP(_fourier(), noise=0.1, solve="cg", cg_tolerance=TIGHT).fit(x, y)
+    for rank in range(WORLD):
+        res = torch.load(f"{out}.{rank}")
+        assert res["groups"] == single.factorization_groups == [[0], [1]]
+        assert _relative(res["weight"], mean) < 1e-8
+        assert _relative(res["mean"], mean) < 1e-8
+        assert _relative(res["std"], std) < 1e-8
+        assert _relative(res["stream"], stream.predict(xt)) < 1e-8
+        # Same probes on every process: the same estimate, up to the CG tolerance.
+        assert abs(float(res["lml"] - single.log_marginal_likelihood())) < 1e-6
