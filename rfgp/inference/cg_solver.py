@@ -31,11 +31,13 @@ from torch import Tensor
 
 from rfgp.inference.feature_map import FeatureMap
 from rfgp.inference.iterative import (
+    MAX_AUTO_RANK,
     CGResult,
     CGSettings,
     NystromPreconditioner,
     conjugate_gradients,
 )
+from rfgp.inference.linalg import available_memory
 from rfgp.inference.noise import equal_noise_columns
 from rfgp.inference.solvers import Solver, WeightFactor, _to
 from rfgp.kernels.base import real_form
@@ -284,6 +286,11 @@ class ConjugateGradientSolver(Solver):
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
         """One Nyström preconditioner per noise group of ``operator``'s matrix."""
         rank = self.settings.preconditioner_rank
+        # The automatic rank is capped so that a group's basis and its image (2 W r entries)
+        # take at most a tenth of the device's memory.
+        item = torch.empty((), dtype=operator.vector_dtype).element_size()
+        memory_cap = available_memory(operator.device) // (20 * operator.width * item)
+        max_rank = max(1, min(MAX_AUTO_RANK, memory_cap))
         out = []
         for cols in self._groups:
             def gram(v: Tensor, col: int = cols[0]) -> Tensor:
@@ -296,7 +303,8 @@ class ConjugateGradientSolver(Solver):
             else:
                 out.append(NystromPreconditioner.sketch(gram, operator.width,
                                                         operator.vector_dtype,
-                                                        operator.device, rank))
+                                                        operator.device, rank,
+                                                        max_rank=max_rank))
         return out
 
     def factorise(self, column_noise: Optional[Tensor]) -> None:

@@ -285,7 +285,8 @@ class RandomFeatureGP(torch.nn.Module):
     def fit_stream(self, batches: Iterable[Sequence[Tensor]], progress: bool = False, *,
                    distributed: bool = False, process_group: Any = None,
                    total: Optional[int] = None) -> RandomFeatureGP:
-        r"""Fit on data that arrive in chunks, in ``O(D^2)`` memory (weight-space solve).
+        r"""Fit on data that arrive in chunks, in ``O(D^2)`` memory (weight-space solve; with
+        ``solve="cg"`` the batches are kept instead, ``O(N d)``, as every product needs them).
 
         Each batch is ``(x, y)`` or ``(x, y, noise)`` (all batches alike, one dtype), with the
         shapes of :meth:`fit`. The statistics are summed over batches; the result equals

@@ -258,6 +258,32 @@ def test_float32_features_with_float64_statistics():
     assert _relative(mean.double(), reference.predict(xt)) < 1e-4
 
 
+def test_a_cg_fit_moves_with_the_model_to_float32():
+    x, y, xt = _data()
+    gp = RandomFeatureGP(_fourier(), noise=0.05, solve="cg", cg_tolerance=TIGHT).fit(x, y)
+    mean, std = gp.predict(xt, return_std=True)
+    gp.float()
+    mean32, std32 = gp.predict(xt.float(), return_std=True)
+    assert mean32.dtype == std32.dtype == torch.float32
+    assert gp._state.solver.dtype == torch.float32
+    # float32 round-off (~1e-7) through a well-conditioned system and a 1e-4 CG tolerance
+    assert _relative(mean32.double(), mean) < 1e-4
+    assert _relative(std32.double(), std) < 1e-3
+
+
+def test_stochastic_evidence_of_other_solvers_is_exact_and_arguments_are_checked():
+    x, y, _ = _data(n=100)
+    gp = RandomFeatureGP(_fourier(256), noise=0.05, solve="weight").fit(x, y)
+    value, error = stochastic_log_evidence(gp)
+    assert torch.equal(value, gp.log_marginal_likelihood()) and error == 0.0
+    with pytest.raises(ValueError, match="x and y must be given together"):
+        stochastic_log_evidence(gp, x)
+    with pytest.raises(ValueError, match="noise needs x and y"):
+        stochastic_log_evidence(gp, noise=0.1)
+    with pytest.raises(ValueError, match="num_probes"):
+        stochastic_log_evidence(gp, x, y, num_probes=1)
+
+
 # ====================================================================== checkpoints
 def test_checkpoint_round_trip_predicts_identically_without_a_d_by_d_matrix():
     x, y, xt = _data()
@@ -474,18 +500,15 @@ def _distributed_worker(rank, port, out_path):
 
 @pytest.mark.slow
 def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
-    import socket
-
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
+    from tests.inference.test_distributed import _free_port
+
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = str(tmp_path / "result")
-    mp.spawn(_distributed_worker, args=(port, out), nprocs=WORLD, join=True)
+    mp.spawn(_distributed_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
     x, y, noise, xt = _distributed_data()
     single = RandomFeatureGP(_fourier(), solve="cg", cg_tolerance=TIGHT).fit(x, y, noise)
     mean, std = single.predict(xt, return_std=True)
