@@ -274,13 +274,14 @@ class ConjugateGradientSolver(Solver):
                 out[:, idx] = pre.inverse(residual[:, idx])
         return out
 
-    def solve(self, rhs: Tensor, columns: Sequence[int], what: str) -> CGResult:
+    def solve(self, rhs: Tensor, columns: Sequence[int], what: str,
+              initial: Optional[Tensor] = None) -> CGResult:
         """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``."""
         columns = list(columns)
         return conjugate_gradients(
             lambda v: self.operator.apply(v, columns), rhs,
             lambda r: self.precondition(r, columns), self.tolerance(),
-            self.settings.max_iterations, what,
+            self.settings.max_iterations, what, initial=initial,
         )
 
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
@@ -318,7 +319,11 @@ class ConjugateGradientSolver(Solver):
             index = torch.arange(t, device=op.device)
             rhs = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]),
                              t)
-            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y")
+            # A refit after an update or a new noise starts from the previous weights.
+            start = self.mean_weights
+            if start is not None and start.shape != rhs.shape:
+                start = None
+            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start)
         self.mean_weights, self.iterations = result.solution, result.iterations
 
     # ------------------------------------------------------------------ posterior

@@ -266,8 +266,10 @@ class SolverFactory:
         if isinstance(solver, ConjugateGradientSolver):
             # A new solver on all batches: an update fails without touching the fitted one.
             data = solver.operator.data + [self.kept(prepared, scale)]
-            return self.iterative_solver(data, scale, solver.operator.chunk, distributed,
-                                         process_group)
+            grown = self.iterative_solver(data, scale, solver.operator.chunk, distributed,
+                                          process_group)
+            grown.mean_weights = solver.mean_weights  # the start of its solve
+            return grown
         if isinstance(solver, FunctionSpaceSolver) and not distributed:
             with torch.no_grad():
                 rows = self.feature_map.rows(x)

@@ -131,6 +131,7 @@ def conjugate_gradients(
     max_iterations: int = 1000,
     what: str = "the system B w = b",
     warn: bool = True,
+    initial: Optional[Tensor] = None,
 ) -> CGResult:
     r"""Solve :math:`A w_j = b_j` for every column of ``rhs`` by preconditioned CG.
 
@@ -148,6 +149,8 @@ def conjugate_gradients(
         max_iterations: the most iterations.
         what: the system, for the warning.
         warn: warn with a :class:`ConvergenceWarning` when a column does not converge.
+        initial: a starting guess ``(W, k)`` (default zero; costs one more product). The
+            recorded coefficients are then those of the Lanczos run started at the residual.
 
     Returns:
         A :class:`CGResult`.
@@ -159,8 +162,11 @@ def conjugate_gradients(
         >>> torch.allclose(a @ result.solution, b), result.iterations
         (True, 2)
     """
-    solution = torch.zeros_like(rhs)
-    residual = rhs.clone()
+    if initial is None:
+        solution, residual = torch.zeros_like(rhs), rhs.clone()
+    else:
+        solution = initial.to(rhs.dtype).clone()
+        residual = rhs - product(solution)
     scale = _dot(rhs, rhs).sqrt()
     zero = scale == 0
     scale = torch.where(zero, torch.ones_like(scale), scale)

@@ -349,6 +349,18 @@ def test_nystrom_preconditioner_reduces_iterations_on_a_known_spectrum():
     assert conjugate_gradients(product, rhs, exact.inverse, tolerance=1e-8).iterations == 1
 
 
+def test_cg_from_a_starting_guess():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(30, 30, generator=g, dtype=DT)
+    spd = a @ a.T + torch.eye(30, dtype=DT)
+    b = torch.randn(30, 2, generator=g, dtype=DT)
+    exact = torch.linalg.solve(spd, b)
+    assert conjugate_gradients(lambda v: spd @ v, b, initial=exact).iterations == 0
+    near = exact + 1e-3 * torch.randn(30, 2, generator=g, dtype=DT)
+    result = conjugate_gradients(lambda v: spd @ v, b, tolerance=1e-12, initial=near)
+    torch.testing.assert_close(result.solution, exact, rtol=1e-9, atol=1e-9)
+
+
 def test_preconditioner_reduces_the_iterations_of_a_fit():
     x, y, _ = _data()
     plain = RandomFeatureGP(_fourier(), noise=0.01, solve="cg", preconditioner_rank=0).fit(x, y)
