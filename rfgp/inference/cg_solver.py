@@ -67,6 +67,19 @@ class FeatureOperator:
         cache_bytes: bytes of feature chunks kept across products.
         process_group: all-reduce products over this group (``distributed``).
         distributed: whether the rows are sharded over processes.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> fm = FeatureMap(FourierFeatureKernel(8, seed=0).double())
+        >>> x = torch.rand(10, 2, dtype=torch.float64)
+        >>> noise = torch.full((10, 1), 0.5, dtype=torch.float64)
+        >>> op = FeatureOperator(fm, [(x, torch.zeros(10, 1, dtype=torch.float64), noise)],
+        ...                      False, torch.float64, chunk=4, cache_bytes=0)
+        >>> phi = fm.rows(x)
+        >>> b = phi.T @ phi / 0.5 + torch.eye(8, dtype=torch.float64)  # the matrix never formed
+        >>> v = torch.rand(8, 3, dtype=torch.float64)
+        >>> torch.allclose(op.apply(v, [0, 0, 0]), b @ v)
+        True
     """
 
     def __init__(self, feature_map: Optional[FeatureMap], data: List[DataBatch],
@@ -220,6 +233,18 @@ class ConjugateGradientSolver(Solver):
         complex_solve, jitter, target_scale: as in :class:`~rfgp.inference.solvers.Solver`
             (``jitter`` is not used: nothing is factorised).
         num_rows: rows over all processes (default: the operator's rows).
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> x = torch.rand(200, 2, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0])
+        >>> exact = RandomFeatureGP(FourierFeatureKernel(256, seed=0).double(), noise=0.01,
+        ...                         solve="weight").fit(x, y)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(256, seed=0).double(), noise=0.01,
+        ...                      solve="cg", cg_tolerance=1e-10).fit(x, y)
+        >>> gp.solve_used, torch.allclose(gp.predict(x[:5]), exact.predict(x[:5]))
+        ('cg', True)
     """
 
     name = "cg"
@@ -344,7 +369,10 @@ class ConjugateGradientSolver(Solver):
             var[:, cols] = (2 * quad - quad.detach()).clamp_min(0).unsqueeze(-1)
             if want_root:
                 cross = _real_product(feats.unsqueeze(1), solved.transpose(0, 1)).sum(-1)
-                roots.append((cross + cross.transpose(0, 1) - cross.detach()).to(out_dtype))
+                # Symmetric in value (CG leaves Re{Phi* U} symmetric only to its tolerance);
+                # the gradient of Phi* B^-1 Phi*^H is the linear part plus its transpose.
+                both = cross + cross.transpose(0, 1)
+                roots.append((0.5 * both.detach() + both - both.detach()).to(out_dtype))
             else:
                 roots.append(None)
         return mean.to(out_dtype), var.to(out_dtype), roots

@@ -83,7 +83,7 @@ class RandomFeatureGP(torch.nn.Module):
     **Dtypes**: the fit follows ``x``'s dtype, queries are cast to it, ``.to()`` moves the
     fitted posterior; ``statistics_dtype=torch.float64`` accumulates and factorises in float64
     while features stay in the kernel's dtype. **Checkpoints**: ``state_dict()`` holds the
-    fitted posterior (``O(D^2)``, not the data).
+    fitted posterior (``O(D^2)``, not the data; ``solve="cg"``: weights and data, ``O(N d)``).
 
     Args:
         kernel: a :class:`~rfgp.kernels.RandomFeatureKernel`, a ``ScaleKernel`` around one, or
@@ -272,7 +272,7 @@ class RandomFeatureGP(torch.nn.Module):
             chunk_size: rows per chunk (default: the constructor's).
             distributed: data-parallel fit over ``torch.distributed``: every process passes its
                 shard, the statistics are all-reduced, rank 0's random weights are broadcast
-                first. Always the weight-space solve; the data is not held.
+                first. The weight-space (or CG) solve; the data is not held for a refit.
             process_group: a ``torch.distributed`` process group (implies ``distributed``).
 
         Returns:

@@ -128,6 +128,7 @@ def test_cg_posterior_covariance_and_its_gradient_equal_the_cholesky_ones():
     post0, post1 = reference.posterior(q0), iterative.posterior(q1)
     cov0, cov1 = post0.covariance_matrix, post1.covariance_matrix
     assert _relative(cov1, cov0) < 1e-6
+    assert torch.equal(cov1, cov1.transpose(-1, -2))
     (cov0.sum() + post0.mean.sum()).backward()
     (cov1.sum() + post1.mean.sum()).backward()
     assert _relative(q1.grad, q0.grad) < 1e-6
