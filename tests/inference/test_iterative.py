@@ -219,6 +219,27 @@ def test_log_marginal_likelihood_of_a_cg_model_uses_the_stochastic_estimate():
     assert torch.equal(value.detach(), stochastic_log_evidence(gp, x, y)[0].detach())
 
 
+def test_hyperparameter_search_on_the_stochastic_evidence_reaches_the_exact_optimum():
+    x, y, _ = _data(n=300, d=2)
+    found = {}
+    for solve in ("weight", "cg"):
+        kernel = FourierFeatureKernel(256, seed=0).double()
+        kernel.lengthscale = 1.0
+        gp = RandomFeatureGP(kernel, noise=1.0, solve=solve)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.optimize_hyperparameters(x, y, num_iterations=15)
+        found[solve] = (float(kernel.lengthscale), float(gp.noise))
+    # The exact evidence per datum at the CG search's point is within 0.01 of its maximum.
+    values = {}
+    for solve, (lengthscale, noise) in found.items():
+        kernel = FourierFeatureKernel(256, seed=0).double()
+        kernel.lengthscale = lengthscale
+        exact = RandomFeatureGP(kernel, noise=noise, solve="weight").fit(x, y)
+        values[solve] = float(exact.log_marginal_likelihood()) / x.shape[0]
+    assert values["cg"] > values["weight"] - 0.01
+
+
 # ====================================================================== streams, updates
 def test_streamed_and_updated_cg_fits_equal_the_in_memory_fit():
     x, y, xt = _data()
