@@ -131,10 +131,12 @@ class SolverFactory:
         return ConjugateGradientSolver(operator, self.cg, self.complex_solve, self.jitter, scale)
 
     def kept(self, batch: Prepared, scale: float) -> DataBatch:
-        """A batch as the iterative solver keeps it."""
+        """A batch as the iterative solver keeps it: its own copy of the inputs (every later
+        product reads them, so a caller's in-place change must not reach the posterior)."""
         x, rows_y, rows_noise, _ = batch
         dtype = self.stats_dtype(x.dtype)
-        return x, rows_y.to(dtype) / scale, None if rows_noise is None else rows_noise.to(dtype)
+        noise = None if rows_noise is None else rows_noise.detach().to(dtype).clone()
+        return x.detach().clone(), rows_y.detach().to(dtype) / scale, noise
 
     def new_statistics(self, num_columns: int, weighted: bool, like: Tensor) -> FeatureStatistics:
         return FeatureStatistics(self.feature_map.num_real_features, num_columns, weighted,

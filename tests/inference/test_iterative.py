@@ -256,6 +256,17 @@ def test_streamed_and_updated_cg_fits_equal_the_in_memory_fit():
         assert _relative(s, std) < 1e-8
 
 
+def test_a_cg_fit_keeps_its_own_copy_of_the_data():
+    x, y, xt = _data()
+    noise = torch.full((300,), 0.05, dtype=DT)
+    gp = RandomFeatureGP(_fourier(), solve="cg", cache_bytes=0).fit(x, y, noise)
+    mean, std = gp.predict(xt, return_std=True)
+    x.mul_(2.0)
+    noise.mul_(3.0)
+    again_mean, again_std = gp.predict(xt, return_std=True)
+    assert torch.equal(mean, again_mean) and torch.equal(std, again_std)
+
+
 def test_cached_and_recomputed_features_give_the_same_fit():
     x, y, xt = _data()
     cached = RandomFeatureGP(_fourier(), noise=0.05, solve="cg").fit(x, y, chunk_size=64)
