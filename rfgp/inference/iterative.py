@@ -13,7 +13,8 @@ what works on such products alone:
 * :class:`NystromPreconditioner`: :math:`P = U \Lambda U^H + I \approx B`, from the randomized
   Nyström approximation of :math:`B - I` (one product with a ``D x r`` test matrix), inverted in
   closed form.
-* :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit.
+* :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit, and
+  :func:`cg_num_features`, the largest ``D`` within a time budget.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "NystromPreconditioner",
     "cg_fit_cost",
     "cg_fit_seconds",
+    "cg_num_features",
     "conjugate_gradients",
     "lanczos_log_quadrature",
 ]
@@ -434,3 +436,37 @@ def cg_fit_seconds(num_rows: int, num_features: int, input_dim: int, *,
     rate = check_real("multiply_adds_per_second", multiply_adds_per_second, low=0.0,
                       low_inclusive=False)
     return cg_fit_cost(num_rows, num_features, input_dim, **options) / rate
+
+
+def cg_num_features(num_rows: int, input_dim: int, seconds: float, *,
+                    multiply_adds_per_second: float, smallest: int = 1024,
+                    largest: int = 1 << 16, **options) -> int:
+    r"""The largest power-of-two ``D`` whose iterative fit fits a time budget.
+
+    Doubles ``D`` from ``smallest`` while :func:`cg_fit_seconds` stays within ``seconds``
+    (at most ``largest``); returns ``smallest`` when even that exceeds the budget.
+
+    Args:
+        num_rows, input_dim: as in :func:`cg_fit_cost`.
+        seconds: the time budget of the fit.
+        multiply_adds_per_second: the machine's measured rate.
+        smallest, largest: the range of ``D``.
+        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
+
+    Returns:
+        ``D``.
+
+    Example:
+        >>> cg_num_features(10**5, 8, 60.0, multiply_adds_per_second=1e10, iterations=50)
+        8192
+    """
+    budget = check_real("seconds", seconds, low=0.0, low_inclusive=False)
+    smallest = check_int("smallest", smallest)
+    largest = check_int("largest", largest, minimum=smallest)
+    width = smallest
+    while 2 * width <= largest and cg_fit_seconds(
+        num_rows, 2 * width, input_dim, multiply_adds_per_second=multiply_adds_per_second,
+        **options,
+    ) <= budget:
+        width *= 2
+    return width

@@ -14,6 +14,7 @@ from rfgp.inference.iterative import (
     NystromPreconditioner,
     cg_fit_cost,
     cg_fit_seconds,
+    cg_num_features,
     conjugate_gradients,
     lanczos_log_quadrature,
 )
@@ -479,6 +480,15 @@ def test_cost_model_is_the_documented_sum():
                           multiply_adds_per_second=1e9) == expected / 1e9
     with pytest.raises(ValueError, match="num_features"):
         cg_fit_cost(n, 0, dim)
+    # The budgeted D: the largest power of two whose predicted time is within the budget.
+    rate = 1e9
+    budget = cg_fit_seconds(n, 4096, dim, iterations=it, multiply_adds_per_second=rate)
+    assert cg_num_features(n, dim, budget, multiply_adds_per_second=rate, iterations=it,
+                           smallest=256) == 4096
+    assert cg_num_features(n, dim, budget * 0.99, multiply_adds_per_second=rate,
+                           iterations=it, smallest=256) == 2048
+    with pytest.raises(ValueError, match="seconds"):
+        cg_num_features(n, dim, 0.0, multiply_adds_per_second=rate)
     with pytest.raises(ValueError, match="multiply_adds_per_second"):
         cg_fit_seconds(n, d, dim, multiply_adds_per_second=0.0)
 
