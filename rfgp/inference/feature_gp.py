@@ -31,15 +31,14 @@ from rfgp.inference.evidence import log_evidence_from_features
 from rfgp.inference.feature_map import FeatureMap
 from rfgp.inference.fit_state import Batch, FitState, StaleFitError
 from rfgp.inference.fitting import SolverFactory
+from rfgp.inference.iterative import CGSettings
 from rfgp.inference.linalg import robust_cholesky
 from rfgp.inference.noise import (
     NoiseLayout,
     check_model_noise,
     check_noise_usable,
     column_noise,
-    expand_noise,
-    model_noise_rows,
-    targets_as_rows,
+    evidence_rows,
 )
 from rfgp.inference.paths import SamplePaths
 from rfgp.inference.posterior import posterior_distribution, root_covariance
@@ -49,12 +48,13 @@ from rfgp.inference.selection import (
     select_noise_on_validation,
 )
 from rfgp.inference.solvers import Solver
+from rfgp.inference.stochastic_evidence import stochastic_log_evidence
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.composition import as_feature_kernel, is_composition
 
 __all__ = ["ConvergenceWarning", "RandomFeatureGP", "StaleFitError", "robust_cholesky"]
 
-_SOLVES = ("auto", "weight", "function")
+_SOLVES = ("auto", "weight", "function", "cg")
 _STATISTICS_DTYPES = (None, torch.float32, torch.float64)
 
 
@@ -83,7 +83,7 @@ class RandomFeatureGP(torch.nn.Module):
     **Dtypes**: the fit follows ``x``'s dtype, queries are cast to it, ``.to()`` moves the
     fitted posterior; ``statistics_dtype=torch.float64`` accumulates and factorises in float64
     while features stay in the kernel's dtype. **Checkpoints**: ``state_dict()`` holds the
-    fitted posterior (``O(D^2)``, not the data).
+    fitted posterior (``O(D^2)``, not the data; ``solve="cg"``: weights and data, ``O(N d)``).
 
     Args:
         kernel: a :class:`~rfgp.kernels.RandomFeatureKernel`, a ``ScaleKernel`` around one, or
@@ -93,17 +93,22 @@ class RandomFeatureGP(torch.nn.Module):
             :class:`~rfgp.kernels.ComposedFeatureKernel`).
         noise: model noise variance: a positive scalar or one value per output.
         complex_posterior: complex posterior (default) or the real form, for complex features.
-        solve: ``"auto"``, ``"weight"`` (``D x D``) or ``"function"`` (``N x N``).
+        solve: ``"auto"``, ``"weight"`` (``D x D``), ``"function"`` (``N x N``) or ``"cg"``
+            (matrix-free conjugate gradients, :mod:`~rfgp.inference.cg_solver`; ``"auto"``
+            takes it when the ``D x D`` matrices would not fit in memory).
         jitter: value added to the diagonal before the first Cholesky (default none).
         correct_variance: add ``kernel.variance_correction(x)`` (times the outputscale) to the
             predictive variance, when the kernel defines it.
         chunk_size: rows per chunk (default: about ``4 * 10^6 / D`` rows).
         statistics_dtype: dtype of the statistics and factorisations (default: the data's).
+        cg_tolerance, max_cg_iterations, preconditioner_rank, cache_bytes: the iterative solve's
+            :class:`~rfgp.inference.iterative.CGSettings` (relative residual, default ``1e-6``
+            in float64; iterations; Nyström rank, ``None`` automatic; bytes of cached features).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
         num_data (int): number of rows the posterior is conditioned on.
-        solve_used (str): ``"weight"`` or ``"function"`` after fitting.
+        solve_used (str): ``"weight"``, ``"function"`` or ``"cg"`` after fitting.
 
     Example:
         >>> from rfgp.kernels import FourierFeatureKernel
@@ -131,6 +136,8 @@ class RandomFeatureGP(torch.nn.Module):
         correct_variance: bool = False,
         chunk_size: Optional[int] = None,
         statistics_dtype: Optional[torch.dtype] = None,
+        *, cg_tolerance: Optional[float] = None, max_cg_iterations: int = 1000,
+        preconditioner_rank: Optional[int] = None, cache_bytes: int = 1 << 30,
     ) -> None:
         super().__init__()
         # Sums and products of feature kernels become one feature map here, once, so that the
@@ -144,6 +151,8 @@ class RandomFeatureGP(torch.nn.Module):
         self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size)
         self.statistics_dtype = check_choice("statistics_dtype", statistics_dtype,
                                              _STATISTICS_DTYPES)
+        self.cg_settings = CGSettings(cg_tolerance, max_cg_iterations, preconditioner_rank,
+                                      cache_bytes)
         self.kernel = kernel
         self.register_buffer("noise", check_model_noise(noise))
         self._state: Optional[FitState] = None
@@ -212,7 +221,7 @@ class RandomFeatureGP(torch.nn.Module):
     @property
     def _factory(self) -> SolverFactory:
         return SolverFactory(self.feature_map, self.solve, self._complex_solve, self.jitter,
-                             self.chunk_size, self.statistics_dtype)
+                             self.chunk_size, self.statistics_dtype, self.cg_settings)
 
     def _query(self, x: Any, name: str = "x") -> Tensor:
         """A query cast to the dtype of the fit (on its device)."""
@@ -268,7 +277,7 @@ class RandomFeatureGP(torch.nn.Module):
             chunk_size: rows per chunk (default: the constructor's).
             distributed: data-parallel fit over ``torch.distributed``: every process passes its
                 shard, the statistics are all-reduced, rank 0's random weights are broadcast
-                first. Always the weight-space solve; the data is not held.
+                first. The weight-space (or CG) solve; the data is not held for a refit.
             process_group: a ``torch.distributed`` process group (implies ``distributed``).
 
         Returns:
@@ -281,7 +290,8 @@ class RandomFeatureGP(torch.nn.Module):
     def fit_stream(self, batches: Iterable[Sequence[Tensor]], progress: bool = False, *,
                    distributed: bool = False, process_group: Any = None,
                    total: Optional[int] = None) -> RandomFeatureGP:
-        r"""Fit on data that arrive in chunks, in ``O(D^2)`` memory (weight-space solve).
+        r"""Fit on data that arrive in chunks, in ``O(D^2)`` memory (weight-space solve; with
+        ``solve="cg"`` the batches are kept instead, ``O(N d)``, as every product needs them).
 
         Each batch is ``(x, y)`` or ``(x, y, noise)`` (all batches alike, one dtype), with the
         shapes of :meth:`fit`. The statistics are summed over batches; the result equals
@@ -348,6 +358,7 @@ class RandomFeatureGP(torch.nn.Module):
             raise RuntimeError(
                 f"RandomFeatureGP.{what}: the model is not fitted; call fit(x, y) first"
             )
+        state.solver.bind(self.feature_map)
         changes = state.changes(self.kernel, self.noise)
         if changes and state.held is not None:
             self._fit_batches(state.held, state.chunk, allocated=state.allocated_by_fit)
@@ -534,15 +545,9 @@ class RandomFeatureGP(torch.nn.Module):
             state = self._current("log_marginal_likelihood")
             with torch.no_grad():
                 return state.solver.log_evidence(self._column_noise(state.layout))
-        x_checked = self.feature_map.check_input(x, "x")
-        if x_checked.shape[0] == 0:
-            raise ValueError("x must hold at least one row for the log marginal likelihood, got 0")
-        p = self.outputs_per_input
-        rows_y = targets_as_rows(y, x_checked.shape[0], p)[0].to(x_checked)
-        if noise is None:
-            rows_noise = model_noise_rows(self.noise, x_checked.shape[0], rows_y.shape[1], p)
-        else:
-            rows_noise = expand_noise(noise, x_checked.shape[0], rows_y.shape[1], p)
+        if self.solve == "cg" or self.solve_used == "cg":
+            return stochastic_log_evidence(self, x, y, noise)[0]
+        x_checked, rows_y, rows_noise = evidence_rows(self.feature_map, self.noise, x, y, noise)
         z = self.feature_map.real_rows(x_checked)
         return log_evidence_from_features(z, rows_y, rows_noise.to(rows_y), self.jitter)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference.cg_solver import ConjugateGradientSolver
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.inference.noise import NoiseLayout, check_noise_usable
 from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
@@ -26,7 +27,9 @@ __all__ = ["Batch", "FitState", "StaleFitError", "power_of_two_scale"]
 #: ``(x, y, noise)`` as the user passed them to ``fit`` or ``update``
 Batch = Tuple[Any, Any, Any]
 
-_SOLVER_TYPES = {cls.name: cls for cls in (WeightSpaceSolver, FunctionSpaceSolver)}
+_SOLVER_TYPES = {
+    cls.name: cls for cls in (WeightSpaceSolver, FunctionSpaceSolver, ConjugateGradientSolver)
+}
 
 
 class StaleFitError(RuntimeError):

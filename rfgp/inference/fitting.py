@@ -4,20 +4,24 @@ r"""From data to a solver: validation of batches, chunked statistics, the choice
 :class:`~rfgp.inference.solvers.Solver`: the ``N x N`` function-space solver when it is cheaper
 by operation count (``N^2 D + N^3/3 < N D^2 + D^3/3``), else the weight-space solver, whose
 statistics :math:`\Phi^H S^{-1}\Phi` are accumulated over row chunks so the ``N x D`` feature
-matrix never exists. Every large buffer is checked against the device's memory first.
+matrix never exists. Every large buffer is checked against the device's memory first. With
+``solve="cg"`` (or ``"auto"`` when the ``D x D`` matrices would not fit in memory) it builds the
+matrix-free :class:`~rfgp.inference.cg_solver.ConjugateGradientSolver`, which keeps the batches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from rfgp.inference.cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
 from rfgp.inference.feature_map import FeatureMap
 from rfgp.inference.fit_state import power_of_two_scale
-from rfgp.inference.linalg import check_memory
+from rfgp.inference.iterative import CGSettings
+from rfgp.inference.linalg import available_memory, check_memory
 from rfgp.inference.noise import (
     NoiseLayout,
     expand_noise,
@@ -27,7 +31,7 @@ from rfgp.inference.noise import (
 from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference.statistics import FeatureStatistics
 
-__all__ = ["Prepared", "SolverFactory", "check_stream_batch", "unpack_batch"]
+__all__ = ["Prepared", "SolverFactory", "agreed_scale", "check_stream_batch", "unpack_batch"]
 
 # Rows per chunk aim at this many feature entries: large enough for efficient GEMMs, small
 # enough that a chunk of features stays a few tens of MB.
@@ -43,11 +47,12 @@ class SolverFactory:
 
     Args:
         feature_map: the kernel adapter.
-        solve: ``"auto"``, ``"weight"`` or ``"function"``.
+        solve: ``"auto"``, ``"weight"``, ``"function"`` or ``"cg"``.
         complex_solve: solve with complex features (else their real form).
         jitter: first Cholesky jitter.
         chunk_size: default rows per chunk (``None``: about ``4 * 10^6 / D``).
         statistics_dtype: dtype of the statistics (``None``: that of the features).
+        cg: settings of the iterative solve.
     """
 
     feature_map: FeatureMap
@@ -56,6 +61,7 @@ class SolverFactory:
     jitter: Optional[float]
     chunk_size: Optional[int]
     statistics_dtype: Optional[torch.dtype]
+    cg: CGSettings = field(default_factory=CGSettings)
 
     def default_chunk(self) -> int:
         if self.chunk_size is not None:
@@ -106,6 +112,32 @@ class SolverFactory:
         width = fm.num_features if self.complex_solve else fm.num_real_features
         return rows**2 * width + rows**3 / 3 < rows * width**2 + width**3 / 3
 
+    def use_iterative(self, like: Tensor) -> bool:
+        """Whether the iterative solve is chosen: ``solve="cg"``, or ``"auto"`` when the
+        ``D x D`` Gram, ``B`` and its factor would not fit in the memory of ``like``'s device."""
+        if self.solve != "auto":
+            return self.solve == "cg"
+        width = self.feature_map.num_real_features
+        dtype = self.stats_dtype(like.dtype)
+        needed = 3 * width * width * torch.empty((), dtype=dtype).element_size()
+        return like.device.type in ("cpu", "cuda") and needed > available_memory(like.device)
+
+    def iterative_solver(self, data: List[DataBatch], scale: float, chunk: Optional[int],
+                         distributed: bool, process_group: Any) -> ConjugateGradientSolver:
+        """The matrix-free solver on the kept batches (see :meth:`kept`)."""
+        operator = FeatureOperator(self.feature_map, data, self.complex_solve, data[0][1].dtype,
+                                   chunk or self.default_chunk(),
+                                   self.cg.cache_bytes, process_group, distributed)
+        return ConjugateGradientSolver(operator, self.cg, self.complex_solve, self.jitter, scale)
+
+    def kept(self, batch: Prepared, scale: float) -> DataBatch:
+        """A batch as the iterative solver keeps it: its own copy of the inputs (every later
+        product reads them, so a caller's in-place change must not reach the posterior)."""
+        x, rows_y, rows_noise, _ = batch
+        dtype = self.stats_dtype(x.dtype)
+        noise = None if rows_noise is None else rows_noise.detach().to(dtype).clone()
+        return x.detach().clone(), rows_y.detach().to(dtype) / scale, noise
+
     def new_statistics(self, num_columns: int, weighted: bool, like: Tensor) -> FeatureStatistics:
         return FeatureStatistics(self.feature_map.num_real_features, num_columns, weighted,
                                  self.stats_dtype(like.dtype), like.device)
@@ -147,6 +179,9 @@ class SolverFactory:
         rows = sum(b[1].shape[0] for b in prepared)
         if not distributed and self.use_function_space(rows):
             return self.function_solver(prepared, scale)
+        if self.use_iterative(prepared[0][0]):
+            data = [self.kept(b, scale) for b in prepared]
+            return self.iterative_solver(data, scale, chunk, distributed, process_group)
         stats = self.new_statistics(prepared[0][1].shape[1], prepared[0][2] is not None,
                                     prepared[0][0])
         for batch in prepared:
@@ -176,27 +211,39 @@ class SolverFactory:
         layout = self.new_layout(prepared[0], batches[0][2] is not None, model_noise)
         for index, (_, rows_y, _, ndim) in enumerate(prepared[1:]):
             layout.check_batch(rows_y, ndim, batches[index + 1][2] is not None, "update")
-        scale = power_of_two_scale(torch.cat([b[1] for b in prepared]))
+        scale = agreed_scale(power_of_two_scale(torch.cat([b[1] for b in prepared])),
+                             prepared[0][1], distributed, process_group)
         solver = self.build(prepared, scale, chunk, distributed, process_group)
         return solver, layout, prepared[0][0]
 
     def stream(self, batches: Iterable[Any], model_noise: Tensor, distributed: bool,
                process_group: Any) -> Tuple[Solver, NoiseLayout, Tensor]:
-        """A weight-space solver for batches that arrive one by one (see ``fit_stream``)."""
+        """A weight-space solver for batches that arrive one by one (see ``fit_stream``); the
+        iterative solver keeps the batches instead (it needs them at every product)."""
         stats = first = layout = None
+        held: List[DataBatch] = []
         for index, batch in enumerate(batches):
             prepared = self.prepare(*unpack_batch(batch, index), model_noise=model_noise)
             if first is None:
                 first = prepared[0]
                 layout = self._start_stream(prepared, len(batch) == 3, model_noise, distributed,
                                             process_group)
-                scale = power_of_two_scale(prepared[1])
-                stats = self.new_statistics(layout.num_columns, prepared[2] is not None, first)
+                scale = agreed_scale(power_of_two_scale(prepared[1]), prepared[1], distributed,
+                                     process_group)
+                if not self.use_iterative(first):
+                    stats = self.new_statistics(layout.num_columns, prepared[2] is not None,
+                                                first)
             else:
                 check_stream_batch(first, prepared, batch, layout, index)
-            self.accumulate(stats, prepared, scale)
-        if stats is None:
+            if stats is None:
+                held.append(self.kept(prepared, scale))
+            else:
+                self.accumulate(stats, prepared, scale)
+        if first is None:
             raise ValueError("batches must yield at least one (x, y) batch, got none")
+        if stats is None:
+            solver = self.iterative_solver(held, scale, None, distributed, process_group)
+            return solver, layout, first
         if distributed:
             stats.all_reduce(process_group)
         return self.weight_solver(stats, scale), layout, first
@@ -220,6 +267,13 @@ class SolverFactory:
         becomes a weight-space one once that is cheaper (or when distributed)."""
         x, rows_y, rows_noise, _ = prepared
         scale = solver.target_scale
+        if isinstance(solver, ConjugateGradientSolver):
+            # A new solver on all batches: an update fails without touching the fitted one.
+            data = solver.operator.data + [self.kept(prepared, scale)]
+            grown = self.iterative_solver(data, scale, solver.operator.chunk, distributed,
+                                          process_group)
+            grown.mean_weights = solver.mean_weights  # the start of its solve
+            return grown
         if isinstance(solver, FunctionSpaceSolver) and not distributed:
             with torch.no_grad():
                 rows = self.feature_map.rows(x)
@@ -235,6 +289,21 @@ class SolverFactory:
             stats.all_reduce(process_group)
         solver.stats.merge(stats)
         return solver
+
+
+def agreed_scale(scale: float, like: Tensor, distributed: bool, process_group: Any) -> float:
+    """The target scale of a fit: the largest of the processes' scales when distributed.
+
+    Each process divides its targets by the scale before its statistics are summed with the
+    others', so all must divide by the same power of two (the largest keeps every process's
+    squared sums finite)."""
+    if not distributed:
+        return scale
+    import torch.distributed as dist
+
+    value = torch.tensor([scale], dtype=torch.float64, device=like.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=process_group)
+    return float(value)
 
 
 def unpack_batch(batch: Any, index: int) -> Tuple[Any, Any, Any]:

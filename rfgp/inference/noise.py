@@ -30,6 +30,7 @@ __all__ = [
     "check_noise_usable",
     "column_noise",
     "equal_noise_columns",
+    "evidence_rows",
     "expand_noise",
     "model_noise_rows",
     "targets_as_rows",
@@ -137,6 +138,20 @@ def model_noise_rows(model_noise: Tensor, n: int, num_columns: int, p: int) -> T
             )
         noise = noise.unsqueeze(0)
     return expand_noise(noise, n, num_columns, p)
+
+
+def evidence_rows(feature_map: Any, model_noise: Tensor, x: Any, y: Any,
+                  noise: Any) -> Tuple[Tensor, Tensor, Tensor]:
+    """Checked ``x (N, d)``, targets ``(R, T)`` and noise ``(R, T)`` (``None``: the model noise)
+    of a log marginal likelihood recomputed from data."""
+    x = feature_map.check_input(x, "x")
+    if x.shape[0] == 0:
+        raise ValueError("x must hold at least one row for the log marginal likelihood, got 0")
+    p = feature_map.outputs_per_input
+    rows_y = targets_as_rows(y, x.shape[0], p)[0].to(x)
+    if noise is None:
+        return x, rows_y, model_noise_rows(model_noise, x.shape[0], rows_y.shape[1], p)
+    return x, rows_y, expand_noise(noise, x.shape[0], rows_y.shape[1], p)
 
 
 def column_noise(model_noise: Tensor, num_columns: int) -> Tensor:

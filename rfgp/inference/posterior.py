@@ -14,6 +14,7 @@ import torch
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator.operators import (
     ConstantMulLinearOperator,
+    DenseLinearOperator,
     DiagLinearOperator,
     RootLinearOperator,
     SumLinearOperator,
@@ -26,9 +27,14 @@ __all__ = ["posterior_distribution", "root_covariance"]
 
 
 def root_covariance(root, variance_correction: Optional[Tensor], mean: Tensor):
-    """The lazy covariance ``A A^T`` (weight space) or ``A A^T - C C^T`` (function space)."""
-    cov = RootLinearOperator(root[0])
-    if len(root) == 2:
+    """The lazy covariance ``A A^T`` (weight space) or ``A A^T - C C^T`` (function space), from
+    the roots ``(A,)`` or ``(A, C)``; a tensor is the covariance itself (the iterative solve's
+    ``Re{Phi_* B^-1 Phi_*^H}``, computed densely for the query block)."""
+    if isinstance(root, Tensor):
+        cov = DenseLinearOperator(root)
+    else:
+        cov = RootLinearOperator(root[0])
+    if not isinstance(root, Tensor) and len(root) == 2:
         minus = torch.tensor(-1.0, dtype=mean.dtype, device=mean.device)
         cov = SumLinearOperator(cov, ConstantMulLinearOperator(RootLinearOperator(root[1]), minus))
     if variance_correction is not None:

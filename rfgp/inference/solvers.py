@@ -88,6 +88,11 @@ class Solver(ABC):
         self.jitter = jitter
         self.target_scale = target_scale
 
+    def bind(self, feature_map) -> None:
+        """Use ``feature_map`` (the model's kernel now) for any features the solver computes;
+        the direct solvers compute none."""
+        return None
+
     def solver_form(self, rows: Tensor) -> Tensor:
         """Feature rows as the solver uses them: complex, or their real form."""
         return rows if self.complex_solve else real_form(rows)
@@ -233,7 +238,8 @@ class WeightSpaceSolver(Solver):
         check_memory(
             (2 * width, width), self.stats.dtype, self.stats.device,
             "the weight-space matrix B and its Cholesky factor",
-            "use fewer features (num_features) or solve='function' for few rows",
+            "use solve='cg' (matrix-free: no D x D matrix), fewer features (num_features), or "
+            "solve='function' for few rows",
         )
         with torch.no_grad():
             self.factors = [self.factor(c, g, h) for c, g, h, _, _ in self.specs(column_noise)]

@@ -133,7 +133,8 @@ class FeatureStatistics:
         check_memory(
             (num_real_features, num_real_features), dtype, self.device,
             "the Gram matrix of the features",
-            "use fewer features (num_features), or with few rows solve='function'",
+            "use solve='cg' (matrix-free: no D x D matrix), fewer features (num_features), or "
+            "with few rows solve='function'",
         )
         zeros = dict(dtype=dtype, device=device)
         self.grams: List[Tensor] = [torch.zeros(num_real_features, num_real_features, **zeros)]
