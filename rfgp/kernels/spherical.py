@@ -21,7 +21,6 @@ import torch
 from scipy.optimize import nnls
 from torch import Tensor
 
-from rfgp._deprecation import renamed_method
 from rfgp._validation import check_choice, check_int, check_real
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.fourier import cos_sin_features, sample_frequencies
@@ -204,8 +203,6 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The target kernel matrix :func:`spherical_polynomial` ``(x1, x2, degree, a)``."""
         return spherical_polynomial(x1, x2, self.degree, self.a)
-
-    exact = renamed_method("exact", "exact_matrix")
 
     def weight_settings(self) -> Dict[str, Any]:
         return {**super().weight_settings(), "degree": self.degree, "a": self.a,
