@@ -31,7 +31,7 @@ install-test: venv
 	$(PIP) install -q -e ".[test,fast,sklearn,plot,progress]"
 
 demo: install
-	$(PY) examples/demo.py
+	$(PY) -m rfgp.demo
 
 # Everything, the long statistical tests (marked slow) included.
 test: install-test
