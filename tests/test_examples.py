@@ -128,3 +128,17 @@ def test_demo_runs_as_a_module():
 
     spec = importlib.util.find_spec("rfgp.demo.__main__")
     assert spec is not None and spec.origin.endswith("__main__.py")
+
+
+@pytest.mark.parametrize("name", ["regression", "classification", "vector_field"])
+def test_each_example_takes_the_output_folder_from_its_command_line(name):
+    # python -m rfgp.demo.NAME [output_dir]: the __main__ block passes argv[1:2] to main.
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"rfgp.demo.{name}")))
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and "__main__" in ast.unparse(node.test))
+    calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)
+             and ast.unparse(node.func) == "main"]
+    assert [ast.unparse(call) for call in calls] == ["main(*sys.argv[1:2])"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Dict, List
 
@@ -141,4 +142,4 @@ def main(output_dir: str = "demo_output") -> List[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

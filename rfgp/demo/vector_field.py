@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Dict, List
 
@@ -308,6 +309,6 @@ def _run(output_dir: str) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    for row in main():
+    for row in main(*sys.argv[1:2]):
         print(f"{row['method']:50s} {row['time_s']:6.2f}s  {row['data']}\n    "
               f"{format_metrics(row['metrics'])}; {row['note']}")
