@@ -86,7 +86,9 @@ def check() -> None:
 
 def _run(*cmd: str, cwd: Path | None = None) -> None:
     print("+", " ".join(cmd), flush=True)
+    start = time.perf_counter()
     subprocess.run(cmd, cwd=cwd, check=True)
+    print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
 
 
 def main() -> None:
@@ -102,7 +104,7 @@ def main() -> None:
     start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="rfgp-wheel-"))
     try:
-        _run(sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(ROOT))
+        _run(sys.executable, "-m", "build", "-q", "--outdir", str(work / "dist"), str(ROOT))
         wheels = sorted((work / "dist").glob("rfgp-*.whl"))
         assert len(wheels) == 1, f"expected one wheel, built {wheels}"
         _run(sys.executable, "-m", "venv", str(work / "venv"))
