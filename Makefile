@@ -13,7 +13,7 @@ DOCS_REQS     := "mkdocs>=1.5" "mkdocs-material>=9" "mkdocstrings[python]>=0.24"
 KATEX_VERSION ?= 0.16.47
 KATEX_DIR     := docs/assets/katex
 
-.PHONY: venv install install-test demo test test-fast lint docs katex bench clean
+.PHONY: venv install install-test demo test test-fast lint dist wheel-smoke docs katex bench clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ install-test: venv
 	$(PIP) install -q -e ".[test,fast,sklearn,plot,progress]"
 
 demo: install
-	$(PY) examples/demo.py
+	$(PY) -m rfgp.demo
 
 # Everything, the long statistical tests (marked slow) included.
 test: install-test
@@ -43,6 +43,17 @@ test-fast: install-test
 
 lint: install-test
 	$(VENV)/bin/ruff check .
+
+# The release files: dist/rfgp-VERSION.tar.gz and dist/rfgp-VERSION-py3-none-any.whl (the wheel
+# built from the sdist, as pip builds it).
+dist: install-test
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# Builds the wheel, installs it with the sklearn extra into a fresh virtual environment (torch
+# first) and fits the bundled concrete set from a folder outside the source tree.
+wheel-smoke: install-test
+	$(PY) tools/wheel_smoke.py --torch "$(TORCH_PIN)"
 
 $(DOCS_VENV)/.created:
 	$(PYTHON) -m venv $(DOCS_VENV)

@@ -65,13 +65,13 @@ from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference.feature_gp import RandomFeatureGP  # noqa: E402
 from rfgp.inference.laplace import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.inference.linalg import try_cholesky  # noqa: E402
+from rfgp.inference.selection import minimize_lbfgs  # noqa: E402
+from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.recipes import (  # noqa: E402
     initial_hyperparameters,
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.inference.selection import minimize_lbfgs  # noqa: E402
-from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SETS = [("yacht", 5), ("boston", 5), ("energy", 5), ("concrete", 5), ("wine-quality-red", 2)]

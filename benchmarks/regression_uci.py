@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _pages import best_of, write_page  # noqa: E402
+from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
 
 from rfgp import metrics  # noqa: E402
 from rfgp.datasets import UCI_DATASETS, load_uci, standardize, train_test_split  # noqa: E402
@@ -69,7 +70,6 @@ from rfgp.inference.evidence import (  # noqa: E402
     fourier_negative_log_evidence,
     negative_log_evidence,
 )
-from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 #: rfgp tuned: a 4000-row subsample for the first search (the default takes 2000).
@@ -320,8 +320,9 @@ def load_set(name: str, repeats: int = 1, seed: int = 0):
 # ====================================================================== profile
 def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats: int = 5):
     """Seconds of the parts of one evidence-with-gradient evaluation (the minimum of repeats)."""
-    from rfgp import RandomFeatureGP
     from rfgp.inference.recipe import make_ard_kernel
+
+    from rfgp import RandomFeatureGP
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, input_dim, dtype=torch.float64, generator=g)

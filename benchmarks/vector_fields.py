@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from examples.vector_field import five_gaussian_field  # noqa: E402
+
 from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp.kernels import (  # noqa: E402
     CurlFreeFeatureKernel,

@@ -37,12 +37,3 @@ __all__ = [
     "__version__",
 ]
 
-
-def __getattr__(name: str):
-    # rfgp.allocation moved to rfgp.kernels.maclaurin.allocation; the old submodule still
-    # imports on first use (each name read from it warns).
-    if name == "allocation":
-        import importlib
-
-        return importlib.import_module("rfgp.allocation")
-    raise AttributeError(f"module 'rfgp' has no attribute {name!r}")

@@ -1,28 +1,16 @@
-"""Smoke tests of the runnable examples (short training so that they stay fast)."""
+"""Smoke tests of the demo's examples, rfgp.demo (short training so that they stay fast)."""
 
 from __future__ import annotations
 
 import importlib
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
-
-
-@pytest.fixture
-def examples_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLES_DIR))
-    yield
-    for name in ("regression", "classification", "vector_field", "demo"):
-        sys.modules.pop(name, None)
-
 
 @pytest.mark.slow
-def test_regression_example_rows_and_plot(examples_on_path, monkeypatch, tmp_path):
-    regression = importlib.import_module("regression")
+def test_regression_example_rows_and_plot(monkeypatch, tmp_path):
+    regression = importlib.import_module("rfgp.demo.regression")
     monkeypatch.setattr(regression, "TRAINING_STEPS", 3)
     rows = regression.main(str(tmp_path / "out"))
     assert (tmp_path / "out" / "regression.png").stat().st_size > 0
@@ -45,10 +33,10 @@ def _check_demo_rows(rows):
         assert all(isinstance(v, float) for v in row["metrics"].values())
 
 
-def test_classification_example_returns_demo_rows(examples_on_path, monkeypatch, tmp_path):
+def test_classification_example_returns_demo_rows(monkeypatch, tmp_path):
     # The models are stubbed out (the full example takes seconds): only the row format is
     # checked here; the classifier itself is tested in tests/inference/test_dirichlet.py.
-    classification = importlib.import_module("classification")
+    classification = importlib.import_module("rfgp.demo.classification")
 
     def fake_evaluate(name, results, diagrams):
         results.append({"method": "m", "data": name, "alpha_epsilon": 0.01, "accuracy": 0.9,
@@ -61,10 +49,10 @@ def test_classification_example_returns_demo_rows(examples_on_path, monkeypatch,
     assert rows[0]["metrics"] == {"accuracy": 0.9, "MNLL": 0.3, "ECE": 0.05}
 
 
-def test_vector_field_example_returns_demo_rows(examples_on_path, monkeypatch, tmp_path):
+def test_vector_field_example_returns_demo_rows(monkeypatch, tmp_path):
     import torch
 
-    vector_field = importlib.import_module("vector_field")
+    vector_field = importlib.import_module("rfgp.demo.vector_field")
 
     class Kernel:
         curl_lengthscale = div_lengthscale = torch.tensor(1.0)
@@ -83,8 +71,8 @@ def test_vector_field_example_returns_demo_rows(examples_on_path, monkeypatch, t
     assert (tmp_path / "vector_field.md").read_text().count("\n") == 2 + len(rows)
 
 
-def test_demo_table_lists_every_row(examples_on_path):
-    demo = importlib.import_module("demo")
+def test_demo_table_lists_every_row():
+    demo = importlib.import_module("rfgp.demo")
     assert demo.EXAMPLES == ["regression", "classification", "vector_field"]
     table = demo.format_table([
         {"example": "regression", "method": "m1", "data": "d", "metrics": {"RMSE": 0.5},
@@ -98,3 +86,59 @@ def test_demo_table_lists_every_row(examples_on_path):
     # Small values (MSEs) keep three significant digits.
     assert "MSE 0.00123" in demo.format_table([
         {"example": "e", "method": "m", "data": "d", "metrics": {"MSE": 0.00123}, "time_s": 1}])
+
+
+def _without(monkeypatch, *missing):
+    # As if the named top-level packages were not installed.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in missing else find_spec(name, *a))
+
+
+def test_plots_are_skipped_without_matplotlib(monkeypatch, tmp_path, capsys):
+    import rfgp.demo
+
+    _without(monkeypatch, "matplotlib")
+    monkeypatch.setattr(rfgp.demo, "_said", {})
+    classification = importlib.import_module("rfgp.demo.classification")
+    classification.plot({}, str(tmp_path / "diagram.png"))
+    assert rfgp.demo.pyplot() is None
+    assert not (tmp_path / "diagram.png").exists()
+    assert capsys.readouterr().out.count('pip install "rfgp[plot]"') == 1  # said once
+
+
+def test_demo_skips_an_example_whose_extra_is_missing(monkeypatch, tmp_path, capsys):
+    import rfgp.demo
+
+    _without(monkeypatch, "sklearn")
+    row = {"method": "m", "data": "d", "metrics": {"RMSE": 0.5}, "time_s": 1.0}
+    for name in ("regression", "vector_field"):
+        module = importlib.import_module(f"rfgp.demo.{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir, n=name: [{**row, "data": n}])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", str(__import__("torch").get_num_threads()))
+    rows = rfgp.demo.main(str(tmp_path))
+    assert [r["example"] for r in rows] == ["regression", "vector_field"]
+    assert 'skipped: it needs sklearn (pip install "rfgp[sklearn]")' in capsys.readouterr().out
+
+
+def test_demo_runs_as_a_module():
+    import importlib.util
+
+    spec = importlib.util.find_spec("rfgp.demo.__main__")
+    assert spec is not None and spec.origin.endswith("__main__.py")
+
+
+@pytest.mark.parametrize("name", ["regression", "classification", "vector_field"])
+def test_each_example_takes_the_output_folder_from_its_command_line(name):
+    # python -m rfgp.demo.NAME [output_dir]: the __main__ block passes argv[1:2] to main.
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"rfgp.demo.{name}")))
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and "__main__" in ast.unparse(node.test))
+    calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)
+             and ast.unparse(node.func) == "main"]
+    assert [ast.unparse(call) for call in calls] == ["main(*sys.argv[1:2])"]

@@ -8,7 +8,6 @@ One family per module or subpackage: :mod:`~rfgp.kernels.fourier`,
 :mod:`~rfgp.kernels.composition` turns sums and products of them into one feature map.
 """
 
-from rfgp._deprecation import moved_names
 from rfgp.kernels.base import RandomFeatureKernel, real_form, unwrap_scale_kernel
 from rfgp.kernels.composition import ComposedFeatureKernel, as_feature_kernel
 from rfgp.kernels.dot_product import DotProductKernel
@@ -17,7 +16,6 @@ from rfgp.kernels.gaussian_sketch import GaussianSketchKernel
 from rfgp.kernels.maclaurin import MaclaurinKernel
 from rfgp.kernels.sketches import (
     PolynomialSketchKernel,
-    _srht_numba,  # noqa: F401  (old path rfgp.kernels._srht_numba)
     apply_sketch,
     sample_sketch,
 )
@@ -54,9 +52,3 @@ __all__ = [
     "DivFreeKernel",
     "HelmholtzKernel",
 ]
-
-# ``rfgp.kernels._srht_numba`` (the compiled TensorSRHT kernel) lives in the sketches package;
-# the attribute above keeps ``from rfgp.kernels import _srht_numba`` working.
-# helmholtz_components is inference, not a kernel: it moved to rfgp.inference.vector_field
-# (and stays at rfgp.helmholtz_components); kernels never import inference eagerly.
-__getattr__ = moved_names(__name__, {"helmholtz_components": "rfgp.inference.vector_field"})

@@ -20,7 +20,6 @@ import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel
 from torch import Tensor
 
-from rfgp._deprecation import moved_names
 from rfgp._validation import check_choice, check_int, check_tensor
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.ops import fwht, gaussian, next_power_of_two, rademacher
@@ -414,8 +413,3 @@ class FourierFeatureKernel(RandomFeatureKernel):
         return (f"num_features={self.num_features}, spectral={self.spectral!r}, "
                 f"sampling={self.sampling!r}, input_dim={self.input_dim}{pad}")
 
-
-# SPECTRAL_DENSITIES held Matérn smoothness values, not densities.
-__getattr__ = moved_names(
-    __name__, {"SPECTRAL_DENSITIES": __name__}, renamed={"SPECTRAL_DENSITIES": "MATERN_NU"}
-)

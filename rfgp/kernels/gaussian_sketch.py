@@ -38,7 +38,6 @@ import torch
 from scipy.stats import poisson
 from torch import Tensor
 
-from rfgp._deprecation import renamed_method
 from rfgp._validation import check_choice, check_int
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.sketches.tensorsketch import count_sketch
@@ -359,8 +358,6 @@ class GaussianSketchKernel(RandomFeatureKernel):
         series = sum(inner**a * math.exp(-math.lgamma(a + 1)) for a in range(self.truncation))
         envelope = torch.exp(-(z1 * z1).sum(-1).unsqueeze(-1) - (z2 * z2).sum(-1).unsqueeze(-2))
         return envelope * series
-
-    expected_kernel = renamed_method("expected_kernel", "expected_matrix")
 
     def variance_correction(self, x: Tensor) -> Tensor:
         r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)] = 1 - k_s(x, x) \ge 0`, shape ``(N,)``."""

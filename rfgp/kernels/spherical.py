@@ -8,7 +8,10 @@ On unit vectors, :math:`x^\top y = 1 - \|x - y\|^2 / 2`, so the polynomial kerne
 
 is a radial function of the distance :math:`z = \|x - y\| \in [0, 2]`. Pennington et al. replace
 it by a positive definite radial kernel whose spectral density is a mixture of Gaussians fitted
-to :math:`K` on :math:`[0, 2]`, and sample random Fourier features from that density.
+to :math:`K` on :math:`[0, 2]`, and sample random Fourier features from that density. That
+kernel is positive definite on all of :math:`\mathbb{R}^d`, so it takes a GPyTorch lengthscale
+(one, or one per input with ``ard_num_dims``) like any stationary kernel: the inputs are
+divided by it before the features.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import torch
 from scipy.optimize import nnls
 from torch import Tensor
 
-from rfgp._deprecation import renamed_method
 from rfgp._validation import check_choice, check_int, check_real
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.fourier import cos_sin_features, sample_frequencies
@@ -105,28 +107,38 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     polynomial kernel :math:`(1 - 2/a^2 + (2/a^2) x^\top y)^p`, i.e. :func:`DotProductKernel`
     with lengthscale :math:`a/\sqrt2` and bias :math:`1 - 2/a^2`) by random Fourier features of
     the positive definite kernel :math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}` fitted to it
-    (:func:`fit_spherical_mixture`):
+    (:func:`fit_spherical_mixture`), taken at the inputs divided by the lengthscale
+    :math:`\ell` (a scalar, or ``d`` values with ``ard_num_dims=d``):
 
     .. math::
-        \Phi(x) = \sqrt{C / M}\,[\cos(\omega_j^\top x), \sin(\omega_j^\top x)]_{j=1}^{M},
+        \Phi(x) = \sqrt{C / M}\,[\cos(\omega_j^\top (x / \ell)),
+            \sin(\omega_j^\top (x / \ell))]_{j=1}^{M},
         \quad \omega_j = s_{i_j} g_j,\ i_j \sim c / C,\ C = \textstyle\sum_i c_i,
 
-    with :math:`M = D/2`. Directions :math:`g_j`: ``"iid"`` standard normal, or
+    so that :math:`\Phi(x)^\top \Phi(y)` estimates :math:`\tilde K(\|(x - y) / \ell\|)`,
+    with :math:`M = D/2`. The lengthscale starts at 1, where the features estimate the kernel
+    above; a scalar :math:`\ell` on unit-norm inputs gives the polynomial kernel of scale
+    :math:`a \ell` wherever :math:`\|x - y\| / \ell \le 2` (the range the mixture is fitted
+    on), so ``a`` fixes the fit and :math:`\ell` is the scale to learn.
+
+    Directions :math:`g_j`: ``"iid"`` standard normal, or
     ``"orthogonal"`` rows of Haar-orthogonal ``d x d`` blocks scaled by independent
     :math:`\chi_d` norms (SRF-Orth with unstructured orthogonal blocks; every row is marginally
     exact). Inputs must be unit-normalised by the caller (as in the paper, optionally after
-    centring); on other inputs the features approximate :math:`\tilde K(\|x - y\|)`, not the
-    polynomial kernel. The fit is not exact: :attr:`fit_error` is the largest absolute error of
-    :math:`\tilde K` on :math:`[0, 2]`, a bias that more features do not remove.
+    centring); on other inputs the features approximate :math:`\tilde K(\|(x - y) / \ell\|)`,
+    not the polynomial kernel. The fit is not exact: :attr:`fit_error` is the largest absolute
+    error of :math:`\tilde K` on :math:`[0, 2]`, a bias that more features do not remove.
 
     Args:
         num_features: ``D`` (even).
         degree: ``p``.
         a: scale ``a >= 2`` (the paper's experiments use ``a = 2``).
         sampling: ``"iid"`` or ``"orthogonal"``.
-        input_dim, seed, **kwargs: as for every :class:`RandomFeatureKernel`.
+        input_dim, seed, **kwargs: as for every :class:`RandomFeatureKernel` (``ard_num_dims``,
+            ``lengthscale_prior``, ``lengthscale_constraint``, ``batch_shape``, ...).
 
     Attributes:
+        lengthscale: ``(*batch_shape, 1, ard_num_dims or 1)`` positive parameter, initially 1.
         mixture_scales, mixture_weights: ``(C,)`` the fitted spectral mixture.
         fit_error (float): sup-norm error of the fit on ``[0, 2]``.
 
@@ -140,6 +152,8 @@ class SphericalFeatureKernel(RandomFeatureKernel):
     References:
         Pennington, Yu, Kumar, *Spherical Random Features for Polynomial Kernels*, NIPS 2015.
     """
+
+    has_lengthscale = True
 
     def __init__(
         self,
@@ -158,13 +172,9 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         degree = check_int("degree", degree)
         a = check_real("a", a, low=2.0)
         check_choice("sampling", sampling, ("iid", "orthogonal"))
-        if kwargs.get("ard_num_dims") is not None:
-            raise ValueError(
-                "ard_num_dims does not apply to SphericalFeatureKernel: it has no lengthscale "
-                "(inputs lie on the unit sphere and the scale is the fixed a), got "
-                f"ard_num_dims={kwargs['ard_num_dims']!r}"
-            )
         super().__init__(num_features=num_features, input_dim=input_dim, seed=seed, **kwargs)
+        # 1, not GPyTorch's softplus(0): the unit sphere and a already set the kernel's scale.
+        self.lengthscale = 1.0
         self.degree = degree
         self.a = float(a)
         self.sampling = sampling
@@ -191,21 +201,31 @@ class SphericalFeatureKernel(RandomFeatureKernel):
         return {"frequencies": w * scale.to(w.device).unsqueeze(-1)}
 
     def _features(self, x: Tensor) -> Tensor:
+        x = x / self.lengthscale.to(x.dtype)
         proj = x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         amplitude = math.sqrt(float(self.mixture_weights.sum()) / self.num_frequencies)
         return cos_sin_features(proj, amplitude)
 
     def fitted_kernel(self, distance: Tensor) -> Tensor:
-        r""":math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}`, the kernel the features estimate."""
+        r""":math:`\tilde K(z) = \sum_i c_i e^{-s_i^2 z^2/2}`, the kernel the features estimate.
+
+        ``distance`` is :math:`z = \|(x - y) / \ell\|`, the distance after the lengthscale.
+        """
         s = self.mixture_scales.to(distance.dtype)
         c = self.mixture_weights.to(distance.dtype)
         return (c * torch.exp(-0.5 * (distance.unsqueeze(-1) * s) ** 2)).sum(-1)
 
     def exact_matrix(self, x1: Tensor, x2: Tensor) -> Tensor:
-        """The target kernel matrix :func:`spherical_polynomial` ``(x1, x2, degree, a)``."""
-        return spherical_polynomial(x1, x2, self.degree, self.a)
+        r"""The target kernel matrix :func:`spherical_polynomial` ``(x1 / l, x2 / l, degree, a)``.
 
-    exact = renamed_method("exact", "exact_matrix")
+        Args:
+            x1: ``(N, d)``; x2: ``(M, d)``.
+
+        Returns:
+            ``(*batch_shape, N, M)``.
+        """
+        ls = self.lengthscale.to(x1.dtype)
+        return spherical_polynomial(x1 / ls, x2 / ls, self.degree, self.a)
 
     def weight_settings(self) -> Dict[str, Any]:
         return {**super().weight_settings(), "degree": self.degree, "a": self.a,

@@ -1,7 +1,6 @@
 """Tests of the Dirichlet GP classifier (Milios et al., 2018): exact and random-feature paths."""
 
 import math
-import warnings
 
 import gpytorch
 import numpy as np
@@ -485,30 +484,6 @@ def test_one_exact_path_agrees_with_gpytorch_eval_mode():
     torch.testing.assert_close(latent.mean, post.mean.T + clf.likelihood.class_offsets,
                                rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(latent.variance, post.variance.T, rtol=1e-6, atol=1e-8)
-
-
-# ------------------------------------------------------------------------------ old import paths
-def test_old_import_paths_still_work_with_a_deprecation_warning():
-    import importlib
-    import sys
-
-    import rfgp.classification as new
-    import rfgp.inference
-    import rfgp.likelihoods as lik
-
-    with pytest.warns(DeprecationWarning, match="rfgp.classification"):
-        assert rfgp.inference.DirichletGPClassifier is new.DirichletGPClassifier
-    with pytest.warns(DeprecationWarning, match="rfgp.likelihoods"):
-        assert rfgp.inference.DirichletLikelihood is lik.DirichletLikelihood
-    sys.modules.pop("rfgp.inference.dirichlet", None)
-    with pytest.warns(DeprecationWarning, match="rfgp.inference.dirichlet is deprecated"):
-        old = importlib.import_module("rfgp.inference.dirichlet")
-    assert old.softmax_expectation is new.softmax_expectation
-    assert old.validate_labels is lik.validate_labels
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from rfgp import DirichletGPClassifier as top  # noqa: F401
-        from rfgp.likelihoods import DirichletLikelihood as top_lik  # noqa: F401
 
 
 def test_unsigned_class_ids_survive_pickle():

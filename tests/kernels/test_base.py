@@ -548,8 +548,7 @@ def test_unwrap_scale_kernel():
 
 
 def test_kernels_never_import_inference():
-    # Kernels know nothing about solvers: no module of rfgp.kernels imports rfgp.inference
-    # (rfgp.kernels.helmholtz_components, a deprecated path, resolves it only when read).
+    # Kernels know nothing about solvers: no module of rfgp.kernels imports rfgp.inference.
     import ast
     import pathlib
 

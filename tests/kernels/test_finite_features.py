@@ -94,10 +94,9 @@ def test_gaussian_maclaurin_high_degrees_match_float64():
 
 
 # ------------------------------------------------------------------ refused settings
-#: the spherical features have no lengthscale (their scale is the fixed ``a``); the Helmholtz
-#: kernels have two, the curl-free one is tried.
+#: the Helmholtz kernels have two lengthscales: the curl-free one is tried.
 LENGTHSCALES = {name: "raw_curl_lengthscale" if name.startswith("helmholtz") else
-                "raw_lengthscale" for name in ALL_KERNELS if name != "spherical"}
+                "raw_lengthscale" for name in ALL_KERNELS}
 
 
 @pytest.mark.parametrize("name", list(LENGTHSCALES))

@@ -98,6 +98,12 @@ _SCALAR["GaussianSketch_coordinate"] = lambda **kw: GaussianSketchKernel(
 _SCALAR["GaussianSketch_degree"] = lambda **kw: GaussianSketchKernel(
     128, truncation=6, variant="degree", seed=0, **kw
 )
+for _sampling in ("iid", "orthogonal"):
+    _SCALAR[f"SphericalFeature_{_sampling}"] = (
+        lambda sampling=_sampling, **kw: SphericalFeatureKernel(
+            128, degree=3, sampling=sampling, seed=0, **kw
+        )
+    )
 _SCALAR["DotProduct_polynomial"] = lambda **kw: DotProductKernel("polynomial", degree=3, bias=1.0,
                                                                  **kw)
 _SCALAR["DotProduct_exponential"] = lambda **kw: DotProductKernel("exponential", **kw)
@@ -188,27 +194,3 @@ _register(
                                  num_samples=40, **kw),
     _AllocatedOnFirstData,
 )
-
-
-class _NoLengthscale:
-    """Spherical features have no lengthscale: the inputs live on the unit sphere, and the
-    kernel's scale is the fixed ``a`` of its fitted spectral mixture, so there is nothing for
-    ARD to act on. The ARD tests check instead that ``ard_num_dims`` is refused with a clear
-    error (accepting it and ignoring it would silently drop the user's request)."""
-
-    def test_no_batch_kernel_double_batch_x_ard(self):
-        with self.assertRaisesRegex(ValueError, "ard_num_dims"):
-            self.create_kernel_ard(num_dims=2)
-
-    def test_smoke_double_batch_kernel_double_batch_x_ard(self):
-        with self.assertRaisesRegex(ValueError, "ard_num_dims"):
-            self.create_kernel_ard(num_dims=2, batch_shape=torch.Size([3, 2]))
-
-
-for _sampling in ("iid", "orthogonal"):
-    _register(
-        f"SphericalFeature_{_sampling}",
-        lambda sampling=_sampling, **kw: SphericalFeatureKernel(128, degree=3, sampling=sampling,
-                                                                seed=0, **kw),
-        _NoLengthscale,
-    )

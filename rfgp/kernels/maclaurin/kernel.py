@@ -30,7 +30,6 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._deprecation import renamed_method
 from rfgp._validation import check_choice, check_int, check_real
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.maclaurin.allocation import (
@@ -400,9 +399,6 @@ class MaclaurinKernel(RandomFeatureKernel):
             sq2 = self._row_scale_sq(z2).unsqueeze(-2)
             value = value * torch.exp(-0.5 * sq1 - 0.5 * sq2)
         return value
-
-    exact = renamed_method("exact", "exact_matrix")
-    expected_kernel = renamed_method("expected_kernel", "expected_matrix")
 
     def _present_degrees(self):
         if self.allocation == "random":

@@ -13,7 +13,6 @@ from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._deprecation import renamed_method
 from rfgp._validation import check_bool, check_int, check_positive_values
 from rfgp.kernels.base import InputCheckedKernel
 
@@ -439,5 +438,3 @@ class HelmholtzKernel(HelmholtzParameters, _VectorFieldKernel):
         scaled = ScaleKernel(base, batch_shape=self.batch_shape).to(self.raw_curl_lengthscale)
         scaled.outputscale = getattr(self, f"{part}_outputscale").detach().clone()
         return scaled
-
-    component = renamed_method("component", "component_kernel")

@@ -239,3 +239,25 @@ def test_disabling_by_environment_does_not_warn(monkeypatch):
 def test_set_enabled_checks_its_argument():
     with pytest.raises(TypeError, match="enabled must be a bool"):
         _srht_numba.set_enabled("yes")
+
+
+@needs_numba
+@pytest.mark.parametrize("padded", [1, 2, 4, 8, 16, 32, 64, 128, 256])
+def test_transform_pair_is_the_signed_hadamard_and_its_transpose(padded):
+    # One radix-4 butterfly serves both: signed_fwht is c H diag(s), fwht_signed_add adds
+    # c diag(s) H (its transpose, H symmetric); odd and even log2 d' and d' = 1.
+    from rfgp.kernels.sketches import _srht_kernels
+
+    kernels = _srht_kernels.build()
+    g = torch.Generator().manual_seed(padded)
+    rows, c = 5, 0.75
+    xt = torch.randn(padded, rows, dtype=torch.float64, generator=g)
+    s = torch.randint(0, 2, (padded,), generator=g).double() * 2 - 1
+    h = torch.from_numpy(hadamard(padded)).double()
+    t = torch.empty(padded, rows, dtype=torch.float64)
+    kernels.signed_fwht(t.numpy(), xt.numpy(), s.numpy(), c)
+    torch.testing.assert_close(t, c * h @ (s[:, None] * xt), rtol=1e-13, atol=1e-12)
+    acc = torch.randn(padded, rows, dtype=torch.float64, generator=g)
+    expected = acc + c * s[:, None] * (h @ xt)
+    kernels.fwht_signed_add(acc.numpy(), xt.clone().numpy(), s.numpy(), c)
+    torch.testing.assert_close(acc, expected, rtol=1e-13, atol=1e-12)

@@ -7,13 +7,15 @@ polynomial kernel ``((1 + x^T y) / 2)^7`` of the papers' experiments. ``alpha_ep
 a validation split with the random Fourier feature model and reused by every model (the papers'
 protocol). Prints accuracy, MNLL and expected calibration error and saves a reliability diagram.
 
-Run: ``python examples/classification.py`` (about 20 s on 2 cores).
+Run: ``python -m rfgp.demo.classification`` (about 20 s on 2 cores; needs scikit-learn, the
+``sklearn`` extra, for the data; the plot needs matplotlib, the ``plot`` extra).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Dict, List
 
@@ -22,6 +24,7 @@ import torch
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from rfgp import DirichletGPClassifier, metrics
+from rfgp.demo import pyplot
 from rfgp.kernels import DotProductKernel, FourierFeatureKernel, PolynomialSketchKernel
 
 DTYPE = torch.float64
@@ -93,11 +96,9 @@ def evaluate(name: str, results: List[dict], diagrams: Dict[str, dict]) -> None:
 
 
 def plot(diagrams: Dict[str, dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     for ax, data in zip(axes, ("digits", "breast_cancer")):
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
@@ -141,4 +142,4 @@ def main(output_dir: str = "demo_output") -> List[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

@@ -12,13 +12,15 @@
    with curl-free features against independent scalar random Fourier features, test error
    against the number of features.
 
-Run: ``python examples/vector_field.py`` (plots and a summary table in ``demo_output/``).
+Run: ``python -m rfgp.demo.vector_field`` (plots, with matplotlib, and a summary table in
+``demo_output/``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Dict, List
 
@@ -28,6 +30,7 @@ from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP, helmholtz_components
 from rfgp.datasets import load_wind
+from rfgp.demo import pyplot
 from rfgp.kernels import CurlFreeFeatureKernel, FourierFeatureKernel, HelmholtzFeatureKernel
 
 EARTH_RADIUS = 6.371  # 1000 km
@@ -168,11 +171,9 @@ def five_gaussian_experiment(sizes=(8, 16, 32, 64, 128, 256, 512, 1024), seeds: 
 
 # ---------------------------------------------------------------- plots
 def plot_wind(result: Dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     data, test = result["data"], result["test"]
     lon, lat = data["lonlat"][:, 0].numpy(), data["lonlat"][:, 1].numpy()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), constrained_layout=True)
@@ -219,11 +220,9 @@ def plot_wind(result: Dict, path: str) -> None:
 
 
 def plot_five_gaussians(result: Dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
     grid = torch.linspace(-2, 2, 17, dtype=DTYPE)
     xg = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1).reshape(-1, 2)
@@ -310,6 +309,6 @@ def _run(output_dir: str) -> List[Dict]:
 
 
 if __name__ == "__main__":
-    for row in main():
+    for row in main(*sys.argv[1:2]):
         print(f"{row['method']:50s} {row['time_s']:6.2f}s  {row['data']}\n    "
               f"{format_metrics(row['metrics'])}; {row['note']}")
