@@ -8,15 +8,12 @@ real linear algebra the kernel is represented by the real form :math:`[\mathrm{R
 
 from __future__ import annotations
 
-import copy
 import inspect
 from abc import ABCMeta, abstractmethod
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
-from gpytorch.models import exact_prediction_strategies
 from linear_operator.operators import (
     LowRankRootLinearOperator,
     MatmulLinearOperator,
@@ -25,7 +22,6 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from rfgp._validation import (
-    all_finite,
     check_active_dims,
     check_int,
     check_kernel_input,
@@ -33,7 +29,10 @@ from rfgp._validation import (
     describe,
     select_active_columns,
 )
+from rfgp.kernels.batching import BatchedWeights
 from rfgp.kernels.checkpoint import checkpoint_state, load_checkpoint
+from rfgp.kernels.checks import InputCheckedKernel, check_hyperparameters
+from rfgp.kernels.prediction import WeightSpacePredictionStrategy
 from rfgp.ops import complex_dtype, make_generator
 
 __all__ = [
@@ -51,82 +50,6 @@ _KERNEL_ARGUMENTS = frozenset(
     name for name, p in inspect.signature(Kernel.__init__).parameters.items()
     if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
 )
-
-
-def check_hyperparameters(kernel: Kernel) -> None:
-    """Raise ``ValueError`` naming the hyperparameter if one of ``kernel``'s (constrained)
-    parameters is NaN or infinite, or zero where its constraint asks for a positive value.
-
-    A lengthscale of 0, inf or NaN (reachable through the raw parameter, e.g. by an optimiser
-    step) would otherwise turn every feature into NaN.
-
-    Example:
-        >>> from gpytorch.kernels import RBFKernel
-        >>> k = RBFKernel()
-        >>> _ = k.raw_lengthscale.data.fill_(float("-inf"))   # lengthscale softplus(-inf) = 0
-        >>> check_hyperparameters(k)
-        Traceback (most recent call last):
-        ...
-        ValueError: lengthscale must be finite and positive, got 0.0 (in RBFKernel)
-    """
-    for name, param, constraint in kernel.named_parameters_and_constraints():
-        value = param if constraint is None else constraint.transform(param)
-        if not all_finite(value):
-            bad = value[~torch.isfinite(value)].reshape(-1)[0].item()
-            raise ValueError(
-                f"{_hyper_name(name)} must be finite{_positive(constraint)}, got {bad} "
-                f"(in {type(kernel).__name__})"
-            )
-        if constraint is not None and _is_positive(constraint) and bool((value <= 0).any()):
-            bad = value[value <= 0].reshape(-1)[0].item()
-            raise ValueError(
-                f"{_hyper_name(name)} must be finite and positive, got {bad} "
-                f"(in {type(kernel).__name__})"
-            )
-
-
-class InputCheckedKernel(Kernel):
-    """A GPyTorch kernel whose calls check their inputs and hyperparameters first.
-
-    Inputs must be float32 / float64 tensors with at least one dimension, at least one column
-    and finite entries; hyperparameters must be finite (and positive where constrained so).
-    Without the checks GPyTorch fails on a 0-d input or one without columns with raw indexing
-    errors, and a zero lengthscale gives NaN. The exact kernels of rfgp derive from it.
-
-    Example:
-        >>> from rfgp.kernels import DotProductKernel
-        >>> DotProductKernel("polynomial", degree=2)(torch.tensor(1.0))
-        Traceback (most recent call last):
-        ...
-        ValueError: x1 must have shape (..., N, d) or (N,) (at least 1 dimension), got a 0-d tensor
-    """
-
-    def __call__(self, x1: Tensor, x2: Optional[Tensor] = None, diag: bool = False,
-                 last_dim_is_batch: bool = False, **params):
-        x1 = check_kernel_input("x1", x1)
-        check_active_dims(self.active_dims, x1, "x1")
-        if x2 is not None:
-            x2 = check_kernel_input("x2", x2)
-            check_active_dims(self.active_dims, x2, "x2")
-        check_hyperparameters(self)
-        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch,
-                                **params)
-
-
-def _hyper_name(name: str) -> str:
-    # "raw_lengthscale" -> "lengthscale"; "base_kernel.raw_lengthscale" -> "base_kernel.lengthscale"
-    head, _, tail = name.rpartition(".")
-    tail = tail[4:] if tail.startswith("raw_") else tail
-    return f"{head}.{tail}" if head else tail
-
-
-def _is_positive(constraint) -> bool:
-    lower = getattr(constraint, "lower_bound", None)
-    return lower is not None and bool((lower >= 0).all())
-
-
-def _positive(constraint) -> str:
-    return " and positive" if constraint is not None and _is_positive(constraint) else ""
 
 
 def real_form(phi: Tensor) -> Tensor:
@@ -159,15 +82,6 @@ def real_form(phi: Tensor) -> Tensor:
     return phi
 
 
-def _apply_batch_op(op: tuple, value: Tensor) -> Tensor:
-    # ("expand", new_batch_shape, old_batch_ndim) or ("index", index) on a weight tensor with
-    # leading batch dimensions.
-    if op[0] == "expand":
-        _, shape, old_ndim = op
-        return value.expand(*shape, *value.shape[old_ndim:]).contiguous()
-    return value[op[1]].contiguous()
-
-
 def unwrap_scale_kernel(kernel: Kernel) -> RandomFeatureKernel:
     """The random-feature kernel inside an optional ``ScaleKernel``.
 
@@ -195,39 +109,7 @@ def unwrap_scale_kernel(kernel: Kernel) -> RandomFeatureKernel:
     return base
 
 
-class WeightSpacePredictionStrategy(exact_prediction_strategies.LinearPredictionStrategy):
-    r"""GPyTorch's weight-space ``LinearPredictionStrategy``, also for ``p > 1`` outputs per input.
-
-    With a multitask prior GPyTorch flattens the ``(N, p)`` training labels to the interleaved
-    ``(N p)`` vector, but the weight-space cache would subtract the unflattened ``(N, p)`` prior
-    mean; here the cache sees the flat (interleaved) prior mean instead. For single-output
-    kernels it is exactly ``LinearPredictionStrategy``: with the training features
-    :math:`\Phi` and noise :math:`S`, it caches :math:`L L^\top = I + \Phi^\top S^{-1}\Phi` and
-    :math:`(I + \Phi^\top S^{-1}\Phi)^{-1}\Phi^\top S^{-1}(y - \mu)`, so a prediction at ``M``
-    test points costs ``O(M D^2)``.
-
-    Example:
-        >>> from rfgp.kernels import FourierFeatureKernel
-        >>> kernel = FourierFeatureKernel(16, seed=0)
-        >>> class GP(gpytorch.models.ExactGP):
-        ...     def forward(self, x):
-        ...         mean = torch.zeros(x.shape[:-1])
-        ...         return gpytorch.distributions.MultivariateNormal(mean, kernel(x))
-        >>> model = GP(torch.randn(20, 2), torch.randn(20),
-        ...            gpytorch.likelihoods.GaussianLikelihood()).eval()
-        >>> _ = model(torch.randn(3, 2))
-        >>> type(model.prediction_strategy).__name__
-        'WeightSpacePredictionStrategy'
-    """
-
-    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
-        prior = self.train_prior_dist
-        if prior.loc.shape != prior.mean.shape:
-            self.train_prior_dist = MultivariateNormal(prior.loc, prior.lazy_covariance_matrix)
-
-
-class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
+class RandomFeatureKernel(BatchedWeights, Kernel, metaclass=ABCMeta):
     r"""Base class of all random-feature kernels (a ``gpytorch.kernels.Kernel``).
 
     **Subclasses implement** (abstract methods):
@@ -442,36 +324,6 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         """
         return {"kernel": type(self).__name__, "num_features": self.num_features,
                 "is_complex": bool(self.is_complex)}
-
-    def _sample_replaying_batch_ops(
-        self, input_dim: int, generator: Optional[torch.Generator]
-    ) -> Dict[str, Tensor]:
-        # The weights the kernel would hold had they been drawn before the queued
-        # expand_batch / kernel[index] operations: drawn for the original batch shape, then
-        # expanded or indexed as those operations did.
-        current = self.batch_shape
-        if self._pending_batch_ops:
-            self._batch_shape = self._draw_batch_shape
-        try:
-            weights = self._sample_weights(input_dim, generator)
-        finally:
-            self._batch_shape = current
-        for op in self._pending_batch_ops:
-            weights = {name: _apply_batch_op(op, value) for name, value in weights.items()}
-        return weights
-
-    def _draw_initial_weights(self, generator: Optional[torch.Generator]) -> None:
-        self._set_weights(self._sample_replaying_batch_ops(self.input_dim, generator))
-
-    def _batch_op(self, op: tuple, old_batch_shape: torch.Size) -> None:
-        """Apply a batch expansion or index to the weights, or queue it until they are drawn."""
-        if self.weights_initialized:
-            for name in self._random_buffer_names:
-                self._buffers[name] = _apply_batch_op(op, self._buffers[name])
-            return
-        if not self._pending_batch_ops:
-            self._draw_batch_shape = torch.Size(old_batch_shape)
-        self._pending_batch_ops.append(op)
 
     def _set_weights(self, weights: Dict[str, Tensor]) -> None:
         # Every draw (the first use, resample, a new allocation) checks the hyperparameters:
@@ -700,52 +552,6 @@ class RandomFeatureKernel(Kernel, metaclass=ABCMeta):
         # and a GPyTorch kernel give equal lengthscales
         super()._set_lengthscale(check_positive_values("lengthscale", value,
                                                        self.raw_lengthscale))
-
-    def expand_batch(self, *sizes) -> RandomFeatureKernel:
-        """A copy with batch shape ``sizes`` (broadcast from the current one): parameters and
-        random weights are expanded, so each new batch member repeats the function of the
-        member it is broadcast from. Works before the weights are drawn, too."""
-        if len(sizes) == 1 and not isinstance(sizes[0], int):
-            new_batch_shape = torch.Size(sizes[0])
-        elif all(isinstance(size, int) for size in sizes):
-            new_batch_shape = torch.Size(sizes)
-        else:
-            raise TypeError(f"expand_batch takes a shape or integers, got {sizes!r}")
-        old = self.batch_shape
-        if new_batch_shape == old:
-            return self
-        try:
-            if torch.broadcast_shapes(new_batch_shape, old) != new_batch_shape:
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"cannot expand a kernel with batch shape {tuple(old)} to {tuple(new_batch_shape)}"
-            ) from None
-        new_kernel = copy.deepcopy(self)
-        new_kernel._batch_shape = new_batch_shape
-        for name, param in self.named_parameters(recurse=False):
-            shape = (*new_batch_shape, *param.shape[len(old):])
-            getattr(new_kernel, name).data = param.data.expand(shape).contiguous()
-        new_kernel._batch_op(("expand", tuple(new_batch_shape), len(old)), old)
-        for sub_name, sub in self.named_sub_kernels():
-            setattr(new_kernel, sub_name, sub.expand_batch(new_batch_shape))
-        return new_kernel
-
-    def __getitem__(self, index) -> RandomFeatureKernel:
-        if len(self.batch_shape) == 0:
-            return self
-        new_kernel = copy.deepcopy(self)
-        index = index if isinstance(index, tuple) else (index,)
-        # GPyTorch's semantics: index the leading batch dimensions of every parameter and
-        # random weight; the new batch shape is that of any indexed batch-shaped tensor.
-        new_batch_shape = torch.empty(self.batch_shape)[index].shape
-        for name, param in self.named_parameters(recurse=False):
-            getattr(new_kernel, name).data = param.data[index]
-        new_kernel._batch_op(("index", index), self.batch_shape)
-        new_kernel._batch_shape = torch.Size(new_batch_shape)
-        for sub_name, sub in self.named_sub_kernels():
-            setattr(new_kernel, sub_name, sub.__getitem__(index))
-        return new_kernel
 
     def extra_repr(self) -> str:
         return f"num_features={self.num_features}, input_dim={self.input_dim}"

@@ -1,0 +1,286 @@
+"""What the scikit-learn estimators share: the named kernels, parameter checks, seeds, the
+recipe's options from an estimator's parameters, and target scaling (internal)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+from gpytorch.kernels import Kernel
+
+try:
+    from sklearn.base import BaseEstimator
+    from sklearn.utils import check_random_state
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rfgp.sklearn needs scikit-learn >= 1.6; install it with "
+        "`pip install \"rfgp[sklearn]\"` (or `pip install scikit-learn`)"
+    ) from error
+
+from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
+from rfgp.recipes import (
+    RegressionOptions,
+)
+from rfgp.recipes.schedule import plan_regression
+
+__all__ = [
+    "FIT_MAX_FEATURES",
+    "InvalidParameterError",
+    "KERNELS",
+    "RECIPE_KERNELS",
+    "REGRESSION_DEFAULTS",
+    "as_tensor",
+    "check_positive_int",
+    "check_positive_param",
+    "kernel_from",
+    "make_kernel",
+    "recipe_options",
+    "seed_from",
+    "store_params",
+    "target_scaling",
+]
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A constructor parameter of an estimator is of the wrong type or value.
+
+    It is a ``ValueError`` (what scikit-learn's estimator checks expect of a bad parameter)
+    and a ``TypeError`` (what Python code expects of a wrong type), so either can be caught.
+
+    Example:
+        >>> from rfgp.sklearn import make_kernel
+        >>> try:
+        ...     make_kernel("rbf", num_features="many")
+        ... except TypeError as error:
+        ...     print(error)
+        num_features must be a positive integer, got 'many' (str)
+    """
+
+
+def _fourier(spectral: str) -> Callable[..., RandomFeatureKernel]:
+    def build(p: Dict[str, Any], seed: int) -> RandomFeatureKernel:
+        from rfgp.kernels import FourierFeatureKernel
+
+        return FourierFeatureKernel(
+            p["num_features"], spectral=spectral, sampling=p["sampling"], seed=seed
+        )
+
+    return build
+
+
+def _polynomial(p: Dict[str, Any], seed: int) -> RandomFeatureKernel:
+    from rfgp.kernels import PolynomialSketchKernel
+
+    return PolynomialSketchKernel(
+        p["degree"], p["num_features"], bias=p["bias"], projection=p["projection"], seed=seed
+    )
+
+
+def _maclaurin(target: str) -> Callable[..., RandomFeatureKernel]:
+    def build(p: Dict[str, Any], seed: int) -> RandomFeatureKernel:
+        from rfgp.kernels import MaclaurinKernel
+
+        return MaclaurinKernel(
+            target, p["num_features"], projection=p["projection"], seed=seed
+        )
+
+    return build
+
+
+def _gaussian_sketch(p: Dict[str, Any], seed: int) -> RandomFeatureKernel:
+    from rfgp.kernels import GaussianSketchKernel
+
+    return GaussianSketchKernel(p["num_features"], seed=seed)
+
+
+#: kernel name -> builder ``(hyperparameters, seed) -> RandomFeatureKernel``.
+KERNELS: Dict[str, Callable[[Dict[str, Any], int], RandomFeatureKernel]] = {
+    "rbf": _fourier("rbf"),
+    "matern12": _fourier("matern12"),
+    "matern32": _fourier("matern32"),
+    "matern52": _fourier("matern52"),
+    "polynomial": _polynomial,
+    "exponential": _maclaurin("exponential"),
+    "gaussian_maclaurin": _maclaurin("gaussian"),
+    "gaussian_sketch": _gaussian_sketch,
+}
+
+
+# The most features a fit outside the recipe gets by default: these fits optimise or evaluate
+# at that size, which the recipe's final fit (the only one that goes beyond it) does not.
+FIT_MAX_FEATURES = 8192
+REGRESSION_DEFAULTS = RegressionOptions()
+# Estimator parameters that are recipe options under another name.
+_OPTION_NAMES = {"kernel": "spectral", "max_iter": "max_iterations"}
+
+#: kernel names the default recipe (``optimizer="auto"``) fits: the Fourier kernels.
+RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
+
+
+def check_positive_param(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(
+            f"{name} must be a positive float, got {value!r} ({type(value).__name__})"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidParameterError(f"{name} must be a positive float, got {value!r}")
+    return float(value)
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidParameterError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1:
+        raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def make_kernel(
+    name: str,
+    num_features: int = 256,
+    lengthscale: float = 1.0,
+    sampling: str = "iid",
+    degree: int = 2,
+    bias: float = 1.0,
+    projection: str = "rademacher",
+    seed: Optional[int] = None,
+) -> RandomFeatureKernel:
+    r"""Build the random-feature kernel named ``name`` with the given hyperparameters.
+
+    Every kernel is written in terms of :math:`x / \ell` (``lengthscale``), e.g. the RBF kernel
+    :math:`\exp(-\|x - y\|^2 / (2\ell^2))` (scikit-learn's ``RBF(length_scale=l)``; for
+    ``gamma`` use :math:`\ell = 1/\sqrt{2\gamma}`) and the polynomial kernel
+    :math:`(x^\top y / \ell^2 + b)^p`.
+
+    Args:
+        name: a key of :data:`KERNELS`.
+        num_features: ``D``, the number of feature columns (even for the Fourier kernels).
+        lengthscale: initial :math:`\ell > 0`.
+        sampling: Fourier kernels: ``"iid"``, ``"orthogonal"`` or ``"structured"``.
+        degree: ``p`` of ``"polynomial"``.
+        bias: ``b >= 0`` of ``"polynomial"``.
+        projection: sketch of ``"polynomial"`` / ``"exponential"`` /
+            ``"gaussian_maclaurin"``: ``"rademacher"``, ``"gaussian"``, ``"tensorsketch"`` or
+            ``"tensorsrht"``.
+        seed: seed of the random weights.
+
+    Returns:
+        A float64 :class:`~rfgp.kernels.RandomFeatureKernel`.
+
+    Example:
+        >>> k = make_kernel("matern52", num_features=64, lengthscale=0.5, seed=0)
+        >>> type(k).__name__, k.features(torch.zeros(3, 2, dtype=torch.float64)).shape
+        ('FourierFeatureKernel', torch.Size([3, 64]))
+    """
+    if not isinstance(name, str) or name not in KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)} or an rfgp kernel, got {name!r}")
+    num_features = check_positive_int("num_features", num_features)
+    lengthscale = check_positive_param("lengthscale", lengthscale)
+    params = {"num_features": num_features, "sampling": sampling, "degree": degree,
+              "bias": float(bias), "projection": projection}
+    kernel = KERNELS[name](params, seed).to(torch.float64)
+    if kernel.has_lengthscale:
+        kernel.lengthscale = torch.full_like(kernel.lengthscale, lengthscale)
+    return kernel
+
+
+def seed_from(random_state: Any) -> int:
+    """The seed of a fit: a non-negative integer ``random_state`` is the seed itself (so that
+    ``random_state=s`` fits as the recipe's ``seed=s``); ``None`` or a ``RandomState`` draws
+    one."""
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and (
+            0 <= random_state < 2**63):
+        return int(random_state)
+    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def recipe_options(options_type, estimator: BaseEstimator, names, **fixed: Any):
+    """The recipe's checked options from the estimator's parameters ``names`` (renamed by
+    :data:`_OPTION_NAMES`) and ``fixed`` values; a bad value raises
+    :class:`InvalidParameterError` naming the estimator's parameter."""
+    values = {_OPTION_NAMES.get(name, name): getattr(estimator, name) for name in names}
+    values.update(fixed)
+    try:
+        return options_type().replace(**values).checked()
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for param, option in _OPTION_NAMES.items():
+            message = message.replace(option, param)
+        raise InvalidParameterError(message) from error
+
+
+def kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
+    """The estimator's kernel: built from its name, or a deep copy of the given object.
+
+    A named kernel with ``num_features=None`` gets the default schedule's feature count for
+    ``num_rows`` rows, at most 8192.
+
+    A given kernel keeps its own random weights when ``random_state`` is ``None``; otherwise
+    its (copy's) weights are redrawn from ``seed`` so that ``random_state`` controls them.
+    """
+    if isinstance(estimator.kernel, str):
+        num_features = estimator.num_features
+        if num_features is None:
+            num_features = min(FIT_MAX_FEATURES, plan_regression(
+                num_rows, estimator.n_features_in_, REGRESSION_DEFAULTS).num_features)
+        return make_kernel(
+            estimator.kernel, num_features, estimator.lengthscale, estimator.sampling,
+            estimator.degree, estimator.bias, estimator.projection, seed,
+        )
+    if not isinstance(estimator.kernel, Kernel):
+        raise TypeError(
+            f"kernel must be a string in {sorted(KERNELS)} or an rfgp kernel, got "
+            f"{type(estimator.kernel).__name__}"
+        )
+    kernel = copy.deepcopy(estimator.kernel).to(torch.float64)
+    base = unwrap_scale_kernel(kernel)
+    if estimator.random_state is not None:
+        if base.input_dim is None:
+            base.input_dim = estimator.n_features_in_
+        if not base.needs_allocation:
+            base.resample(torch.Generator().manual_seed(seed))
+    return kernel
+
+
+#: Targets beyond this magnitude are divided by their largest entry internally even without
+#: ``normalize_y`` (squares of 1e154 and more overflow float64).
+_HUGE_TARGET = 1e100
+
+
+def target_scaling(y: np.ndarray, normalize: bool):
+    """``(offset, scale)`` per column such that ``(y - offset) / scale`` is of order one.
+
+    With ``normalize`` they are the mean and standard deviation (1 where it is 0), computed on
+    ``y / max|y|`` so that targets of size 1e160 do not overflow. Without it the offset is 0
+    and the scale 1, unless the targets are so large that their squares overflow: then the
+    scale is ``max|y|`` (the posterior mean is linear in ``y``, so this changes no prediction).
+    """
+    with np.errstate(over="ignore"):
+        peak = np.max(np.abs(y), axis=0) if y.shape[0] else np.zeros(y.shape[1:])
+    peak = np.where(peak > 0, peak, 1.0)
+    if normalize:
+        unit = y / peak
+        mean = unit.mean(axis=0)
+        std = unit.std(axis=0)
+        return mean * peak, np.where(std > 0, std, 1.0) * peak
+    scale = np.where(peak > _HUGE_TARGET, peak, 1.0)
+    return np.zeros(y.shape[1:]), scale
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    # A copy: read-only (memory-mapped) inputs cannot be shared with torch.
+    return torch.tensor(np.asarray(array, dtype=np.float64))
+
+
+def store_params(estimator: BaseEstimator, params: Dict[str, Any]) -> None:
+    # scikit-learn's contract: __init__ stores every constructor argument unchanged under its
+    # own name (get_params/clone read them back); validation waits for fit.
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
