@@ -10,12 +10,8 @@ Wacker, Kanagawa & Filippone, Eqs. 88-90, with the corrected conjugation)
     \mu(x) = \mathrm{Re}\{\Phi(x)^\top B^{-1} \Phi^H S^{-1} y\}, \qquad
     k_N(x, x') = \mathrm{Re}\{\Phi(x)^\top B^{-1} \overline{\Phi(x')}\}.
 
-The work is done by small parts: :mod:`~rfgp.inference.solvers` (weight- and function-space
-solvers), :mod:`~rfgp.inference.statistics` (chunked sufficient statistics),
-:mod:`~rfgp.inference.noise` (target and noise layout), :mod:`~rfgp.inference.linalg` (jittered
-Cholesky, memory guard), :mod:`~rfgp.inference.feature_map` (the kernel adapter),
-:mod:`~rfgp.inference.fingerprint` (staleness), :mod:`~rfgp.inference.selection`
-(hyperparameters) and :mod:`~rfgp.inference.paths` (sample paths).
+The work is done by the solvers (:mod:`~rfgp.inference.solvers`, the iterative
+:mod:`~rfgp.inference.cg_solver`), the chunked statistics and the noise layouts.
 """
 
 from __future__ import annotations
