@@ -1,43 +1,36 @@
-"""Accuracy per second on UCI regression: rfgp's default recipe against the sparse GPs.
+"""Regression on UCI data: rfgp's default against GPyTorch's sparse and exact GPs.
 
-Every bundled UCI set (``rfgp.datasets.UCI_DATASETS``), random 90/10 splits, inputs and targets
-standardised with the training statistics; all metrics are in units of the standardised
-targets. Per split and method: test RMSE, test MNLL of ``y`` (the predictive variance includes
-the noise), the wall time of fit + prediction, the coverage of the central 95% interval, and a
-calibration error (the mean over the central intervals of levels 10%, 20%, ..., 90%, 95% of
-|empirical coverage - level|).
+Every bundled UCI set (``rfgp.datasets.UCI_DATASETS``: 308 to 63,608 rows, 3 to 32 inputs),
+random 90/10 splits (3, or 2 on sets above 40,000 rows), inputs and targets standardised with
+the training statistics; all metrics in units of the standardised targets. Per split and
+method: test RMSE, test MNLL of ``y`` (the predictive variance includes the noise), the
+coverage of the central 95% interval, a calibration error (the mean over the central intervals
+of levels 10%, ..., 90%, 95% of |empirical coverage - level|) and the wall time of fit and
+prediction.
 
-Methods, each run as a new user would run it, with fixed step counts:
+Methods, each as a new user would run it:
 
 * ``rfgp default``: ``rfgp.sklearn.RandomFeatureGPRegressor(random_state=0)``, all defaults
-  (the recipe :func:`rfgp.inference.recipe.fit_auto`).
-* ``rfgp evidence maximum``: ``RandomFeatureGPRegressor(random_state=0, max_lengthscale=None)``,
-  the recipe without its bounded alternative: the unbounded evidence maximum on every set
-  (with the recipe's lengthscale average around it).
-* ``rfgp tuned``: ``fit_auto`` with the best settings found (see ``TUNED``).
-* ``SGPR M``: GPyTorch ``InducingPointKernel`` around ``ScaleKernel(RBFKernel(ARD))``, M
-  inducing points drawn from the training inputs (all of them when there are fewer), Adam
-  (lr 0.1) for ``--sgpr-steps`` steps on the exact marginal likelihood.
+  (the recipe ``rfgp.fit_auto`` with its default time budget).
+* ``SGPR M`` (M = 512, 1024): GPyTorch ``InducingPointKernel`` around
+  ``ScaleKernel(RBFKernel(ARD))``, M inducing points drawn from the training inputs (all of
+  them when there are fewer), Adam (lr 0.1), 100 steps on the exact marginal likelihood.
 * ``SVGP``: GPyTorch ``VariationalStrategy`` (500 learned inducing points, Cholesky variational
-  distribution), ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.01), minibatches of 1024 rows,
-  ``--svgp-steps`` steps.
-* ``exact GP``: GPyTorch ``ExactGP``, ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.1),
-  ``--sgpr-steps`` steps, only for training sets up to ``--exact-max`` rows.
-* ``RFF + RidgeCV``: scikit-learn ``RBFSampler(n_components=4096)`` (default ``gamma``) and
-  ``RidgeCV`` (default alphas); its predictive variance is the training residuals' mean square
-  (it has no other).
+  distribution), Adam (lr 0.01) on minibatches of 1024 rows, epochs until the ELBO stops
+  improving (no gain above 1e-3 nats per datum over 3 epochs; at most 300 epochs).
+* ``exact GP``: GPyTorch ``ExactGP`` with ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.1), 100
+  steps, where the training set has at most 10,000 rows.
 
-A larger set (``power-plant x R``) repeats the power-plant rows ``R`` times, each copy with
-inputs jittered by 1% of their standard deviation and targets by Gaussian noise of 10% of their
-standard deviation, and runs rfgp and the sparse baselines only.
-
-The evaluation profile breaks one log-marginal-likelihood-with-gradient evaluation (the unit of
-the evidence search) into its parts.
+Every method of a set runs in one process, one after the other. Each finished (set, split,
+method) is appended to ``docs/benchmarks/regression_uci.jsonl``; the page is written from that
+file, so a run cut short keeps what it finished and says what is missing.
 
 Usage::
 
-    python benchmarks/regression_uci.py            # the full run (about 30 minutes on 2 cores)
-    python benchmarks/regression_uci.py --quick    # a short run (smaller sets, fewer steps)
+    python benchmarks/regression_uci.py                   # every set, every method
+    python benchmarks/regression_uci.py --sets pol bike   # some sets
+    python benchmarks/regression_uci.py --page-only       # rewrite the page from the records
+    python benchmarks/regression_uci.py --quick           # concrete, one split, to a temp dir
 
 Writes docs/benchmarks/regression_uci.md and regression_uci.png (MNLL against time per set).
 """
@@ -61,31 +54,22 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _pages import best_of, write_page  # noqa: E402
-from rfgp.inference.recipe import FitReport, fit_auto  # noqa: E402
+from _pages import write_page  # noqa: E402
 
 from rfgp import metrics  # noqa: E402
 from rfgp.datasets import UCI_DATASETS, load_uci, standardize, train_test_split  # noqa: E402
-from rfgp.inference.evidence import (  # noqa: E402
-    fourier_negative_log_evidence,
-    negative_log_evidence,
-)
 
 OUT = ROOT / "docs" / "benchmarks"
-#: rfgp tuned: a 4000-row subsample for the first search (the default takes 2000).
-TUNED = dict(subsample=4000, refine_iterations=30)
-METHODS = ["rfgp default", "rfgp evidence maximum", "rfgp tuned", "SGPR 512", "SGPR 1024",
-           "SVGP", "exact GP", "RFF + RidgeCV"]
+METHODS = ["rfgp default", "SGPR 512", "SGPR 1024", "SVGP", "exact GP"]
 LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+#: Sets above this many rows get two splits, the others three.
+BIG_ROWS = 40000
+#: The exact GP runs on training sets of at most this many rows.
+EXACT_MAX = 10000
+SGPR_STEPS = 100
 
 
 # ====================================================================== metrics
-def repeated_inputs(xtr: torch.Tensor, xte: torch.Tensor) -> np.ndarray:
-    """Which test rows have an input equal, in every column, to a training row's."""
-    seen = {row.tobytes() for row in xtr.numpy()}
-    return np.array([row.tobytes() in seen for row in xte.numpy()], dtype=bool)
-
-
 def scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray,
            repeated: Optional[np.ndarray] = None) -> dict:
     """RMSE, MNLL, 95% coverage, calibration error and the coverage per level; with a
@@ -119,20 +103,15 @@ def rfgp_default(xtr, ytr, xte, **params):
     reg = RandomFeatureGPRegressor(random_state=0, **params).fit(xtr.numpy(), ytr.numpy())
     mean, std = reg.predict(xte.numpy(), return_std=True)
     report = reg.fit_report_
-    info = {"D": report.num_features, "n_iter": reg.n_iter_,
-            "bounded": report.lengthscale_bound is not None, "cv": report.cv_scores,
-            "stages": {k: round(v, 2) for k, v in report.seconds.items()}}
-    return mean, std**2 + reg.noise_, info, reg
-
-
-def rfgp_recipe(xtr, ytr, xte, **options):
-    report = FitReport()
-    gp = fit_auto(xtr, ytr, report=report, seed=0, **options)
-    with torch.no_grad():
-        mean, std = gp.predict(xte, return_std=True)
-    info = {"D": report.num_features, "n_iter": sum(report.iterations.values()),
-            "stages": {k: round(v, 1) for k, v in report.seconds.items()}}
-    return mean.numpy(), (std.square() + gp.noise).numpy(), info
+    schedule = report.schedule
+    info = {"D": report.num_features, "n_iter": reg.n_iter_, "budget": schedule.budget,
+            "refine_rows": schedule.refine_rows, "local_starts": schedule.local_starts,
+            "stages": {k: round(v, 2) for k, v in report.seconds.items()},
+            "predicted": {k: round(v, 2) for k, v in schedule.predicted.items()},
+            "calibration": {k: v for k, v in report.calibration.items()
+                            if k in ("chosen", "outputscale_factor", "noise_before",
+                                     "noise_after")}}
+    return mean, std**2 + reg.noise_, info
 
 
 def _gpytorch_predict(model, likelihood, xte):
@@ -285,105 +264,40 @@ def svgp_trainer(model, likelihood, xtr, ytr, generator, batch=1024, lr=0.01):
     return run
 
 
-def svgp(xtr, ytr, xte, steps, num_inducing=500, batch=1024, seed=0):
+def svgp(xtr, ytr, xte, num_inducing=500, batch=1024, seed=0, tolerance=1e-3, patience=3,
+         max_epochs=300):
+    """SVGP trained until its ELBO stops improving: epochs of minibatch steps until the mean
+    loss per datum of an epoch has not improved on the best by more than ``tolerance`` for
+    ``patience`` epochs (or ``max_epochs``)."""
+    import gpytorch
+
     model, likelihood, g = svgp_model(xtr, num_inducing, seed)
-    svgp_trainer(model, likelihood, xtr, ytr, g, batch)(steps)
+    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
+    n = xtr.shape[0]
+    best, stale, epochs = math.inf, 0, 0
+    model.train()
+    likelihood.train()
+    while stale < patience and epochs < max_epochs:
+        perm = torch.randperm(n, generator=g)
+        total = 0.0
+        for start in range(0, n, batch):
+            idx = perm[start:start + batch]
+            opt.zero_grad()
+            loss = -mll(model(xtr[idx]), ytr[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss) * idx.numel()
+        epochs += 1
+        loss = total / n
+        stale = 0 if loss < best - tolerance else stale + 1
+        best = min(best, loss)
     mean, var = _gpytorch_predict(model, likelihood, xte)
-    return mean, var, {"M": model.variational_strategy.inducing_points.shape[0]}
-
-
-def rff_ridge(xtr, ytr, xte):
-    from sklearn.kernel_approximation import RBFSampler
-    from sklearn.linear_model import RidgeCV
-    from sklearn.pipeline import make_pipeline
-
-    model = make_pipeline(RBFSampler(n_components=4096, random_state=0), RidgeCV())
-    model.fit(xtr.numpy(), ytr.numpy())
-    resid = float(np.mean((model.predict(xtr.numpy()) - ytr.numpy()) ** 2))
-    mean = model.predict(xte.numpy())
-    return mean, np.full_like(mean, resid), {}
-
-
-# ====================================================================== data
-def load_set(name: str, repeats: int = 1, seed: int = 0):
-    x, y = load_uci(name)
-    if repeats == 1:
-        return x, y
-    g = torch.Generator().manual_seed(seed)
-    xs = x.repeat(repeats, 1)
-    ys = y.repeat(repeats)
-    xs = xs + 0.01 * x.std(0) * torch.randn(xs.shape, generator=g, dtype=xs.dtype)
-    ys = ys + 0.1 * y.std() * torch.randn(ys.shape, generator=g, dtype=ys.dtype)
-    return xs, ys
-
-
-# ====================================================================== profile
-def profile_evaluation(rows: int, num_features: int, input_dim: int = 4, repeats: int = 5):
-    """Seconds of the parts of one evidence-with-gradient evaluation (the minimum of repeats)."""
-    from rfgp.inference.recipe import make_ard_kernel
-
-    from rfgp import RandomFeatureGP
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, input_dim, dtype=torch.float64, generator=g)
-    y = torch.randn(rows, dtype=torch.float64, generator=g)
-    kernel = make_ard_kernel(num_features, input_dim, seed=0)
-    gp = RandomFeatureGP(kernel, noise=0.1)
-    log_noise = torch.tensor(math.log(0.1), dtype=torch.float64, requires_grad=True)
-
-    def best(fn):
-        return best_of(fn, repeats)
-
-    out = {}
-    with torch.no_grad():
-        out["features"] = best(lambda: kernel.base_kernel.features(x))
-        z = kernel.base_kernel.features(x)
-        out["Gram Z^T Z"] = best(lambda: z.T @ z)
-        bmat = z.T @ z + torch.eye(num_features, dtype=torch.float64)
-        out["Cholesky of B"] = best(lambda: torch.linalg.cholesky(bmat))
-    out["evidence + gradient (autograd, RandomFeatureGP.log_marginal_likelihood)"] = best(
-        lambda: (-gp.log_marginal_likelihood(x, y, log_noise.exp())).backward())
-
-    def closed_form():
-        z = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
-        negative_log_evidence(z, y.unsqueeze(-1), log_noise.exp()).backward()
-
-    out["evidence + gradient (closed form from the features)"] = best(closed_form)
-    base = kernel.base_kernel
-
-    def fused():
-        fourier_negative_log_evidence(
-            base.scaled_projections(x), y.unsqueeze(-1),
-            kernel.outputscale, log_noise.exp()).backward()
-
-    out["evidence + gradient (fused Fourier form, the recipe)"] = best(fused)
-    # The floor: forward features + Gram + Cholesky, and in the backward pass one more N x D^2
-    # product (Z B^-1), the Cholesky's inverse and the features' backward.
-    out["floor (2 x (features + Gram + Cholesky))"] = 2 * (
-        out["features"] + out["Gram Z^T Z"] + out["Cholesky of B"])
-    return out
+    return mean, var, {"M": model.variational_strategy.inducing_points.shape[0],
+                       "epochs": epochs}
 
 
 # ====================================================================== driver
-def make_plan(args):
-    """``(label, data name, repeats, splits, methods)`` per set, the most expensive first."""
-    base = ["rfgp default", "rfgp evidence maximum", "SGPR 512", "SGPR 1024", "SVGP",
-            "RFF + RidgeCV"]
-    if args.quick:
-        return [("concrete", "concrete", 1, 1, base + ["rfgp tuned", "exact GP"]),
-                ("power-plant x 2", "power-plant", 2, 1, ["rfgp default", "SGPR 512"])]
-    plan = [("power-plant", "power-plant", 1, args.big_splits, base + ["rfgp tuned"]),
-            (f"power-plant x {args.repeats}", "power-plant", args.repeats, 1,
-             ["rfgp default", "SGPR 512", "SVGP"])]
-    sizes = {name: load_uci(name)[0].shape[0] for name in UCI_DATASETS}
-    for name in sorted((n for n in UCI_DATASETS if n != "power-plant"), key=lambda n: -sizes[n]):
-        splits = args.splits if sizes[name] <= args.small_rows else args.big_splits
-        plan.append((name, name, 1, splits, base + ["exact GP"]))
-    if args.sets:
-        plan = [p for p in plan if p[0] in args.sets]
-    return plan
-
-
 def standardised_split(x, y, split: int):
     """The random 90/10 split number ``split``, inputs and targets standardised with the
     training rows' statistics: ``(x_train, y_train, x_test, y_test)``."""
@@ -393,489 +307,239 @@ def standardised_split(x, y, split: int):
     return xtr, ytr, xte, yte
 
 
-def run_set(task):
-    """All splits and methods of one data set, in one process; rows and the equivalence check."""
-    (label, name, repeats, splits, methods), args = task
+def run_method(method: str, xtr, ytr, xte):
+    if method == "rfgp default":
+        return rfgp_default(xtr, ytr, xte)
+    if method.startswith("SGPR"):
+        return sgpr(xtr, ytr, xte, int(method.split()[1]), SGPR_STEPS)
+    if method == "SVGP":
+        return svgp(xtr, ytr, xte)
+    return exact_gp(xtr, ytr, xte, SGPR_STEPS)
+
+
+def done_keys(records: Path) -> set:
+    if not records.exists():
+        return set()
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    return {(r["set"], r["split"], r["method"]) for r in rows}
+
+
+def run(args, records: Path) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    rows, equivalent = [], None
-    x, y = load_set(name, repeats)
-    for split in range(splits):
-        xtr, ytr, xte, yte = standardised_split(x, y, split)
-        repeated = repeated_inputs(xtr, xte)
-        for method in methods:
-            if method == "exact GP" and xtr.shape[0] > args.exact_max:
-                continue
-            if method == "SGPR 512" and repeats > 1:
-                steps = args.big_sgpr_steps
-            else:
-                steps = args.sgpr_steps
-            start = time.perf_counter()
-            extra = None
-            if method == "rfgp default":
-                mean, var, info, extra = rfgp_default(xtr, ytr, xte)
-            elif method == "rfgp evidence maximum":
-                mean, var, info, _ = rfgp_default(xtr, ytr, xte, max_lengthscale=None)
-            elif method == "rfgp tuned":
-                mean, var, info = rfgp_recipe(xtr, ytr, xte, **TUNED)
-            elif method.startswith("SGPR"):
-                mean, var, info = sgpr(xtr, ytr, xte, int(method.split()[1]), steps)
-                info["steps"] = steps
-            elif method == "SVGP":
-                mean, var, info = svgp(xtr, ytr, xte, args.svgp_steps)
-            elif method == "exact GP":
-                mean, var, info = exact_gp(xtr, ytr, xte, args.sgpr_steps)
-            else:
-                mean, var, info = rff_ridge(xtr, ytr, xte)
-            seconds = time.perf_counter() - start
-            row = {"set": label, "n_train": xtr.shape[0], "n_test": xte.shape[0],
-                   "d": xtr.shape[1], "split": split,
-                   "method": method, "time": seconds,
-                   **scores(yte.numpy(), mean, var, repeated),
-                   "info": info}
-            rows.append(row)
-            print(f"{label:18s} {split} {method:14s} rmse {row['rmse']:.3f} mnll "
-                  f"{row['mnll']:7.3f} cov95 {row['cov95']:.2f} time {seconds:7.1f}s {info}",
-                  flush=True)
-            if extra is not None and split == 0 and xtr.shape[0] <= args.check_max:
-                equivalent = equivalence(extra, xtr, ytr, xte)
-    return {"label": label, "rows": rows, "equivalence": equivalent}
-
-
-def run(args, partial: Path) -> dict:
-    torch.set_num_threads(args.threads)
-    plan = make_plan(args)
-    results = {"plan": [p[:4] for p in plan], "rows": [], "equivalence": {}, "profile": {}}
-    tasks = [(p, args) for p in plan]
-    if args.jobs > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-            done = list(_collect(pool.map(run_set, tasks), partial))
-    else:
-        done = list(_collect(map(run_set, tasks), partial))
-    for part in done:
-        results["rows"] += part["rows"]
-        if part["equivalence"] is not None:
-            results["equivalence"][part["label"]] = part["equivalence"]
-    for rows, features in ([2000, 512], [8611, 512], [8611, 4096]):
-        if args.quick and rows > 2000:
-            continue
-        results["profile"][f"N = {rows}, D = {features}"] = profile_evaluation(rows, features)
-    return results
-
-
-def _collect(parts, partial: Path):
-    # Each finished set is appended to a JSON-lines file, so a cut-off run keeps its sets.
-    for part in parts:
-        with partial.open("a") as handle:
-            handle.write(json.dumps(part, default=str) + "\n")
-        yield part
-
-
-def equivalence(reg, xtr, ytr, xte) -> dict:
-    """The estimator's default fit against ``fit_auto`` on the same standardised targets."""
-    from sklearn.utils import check_random_state
-
-    # The estimator's own target scaling, so that both fits see the same bits: the search
-    # can end in different local maxima from targets that differ in the last bits.
-    y_mean, y_std = reg._y_mean, reg._y_std
-    seed = int(check_random_state(0).randint(np.iinfo(np.int32).max))
-    gp = fit_auto(xtr, torch.from_numpy((ytr.numpy() - y_mean) / y_std), seed=seed)
-    with torch.no_grad():
-        mean, std = gp.predict(xte, return_std=True)
-    mean_est, std_est = reg.predict(xte.numpy(), return_std=True)
-    return {
-        "mean": float(np.abs(mean.numpy() * y_std + y_mean - mean_est).max()),
-        "std": float(np.abs(std.numpy() * y_std - std_est).max()),
-    }
-
-
-def recheck_equivalence(args, partial: Path) -> None:
-    """Rerun :func:`equivalence` on the first split of every set in the partial results."""
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    labels = {p[0]: p for p in make_plan(args)}
-    parts = [json.loads(line) for line in partial.read_text().splitlines()]
-    for part in parts:
-        if part["equivalence"] is None or part["label"] not in labels:
-            continue
-        _, name, repeats, _, _ = labels[part["label"]]
-        x, y = load_set(name, repeats)
-        xtr, ytr, xte, _ = standardised_split(x, y, 0)
-        reg = rfgp_default(xtr, ytr, xte)[3]
-        part["equivalence"] = equivalence(reg, xtr, ytr, xte)
-        print(f"{part['label']}: {part['equivalence']}", flush=True)
-    partial.write_text("".join(json.dumps(part) + "\n" for part in parts))
+    done = done_keys(records)
+    for name in args.sets:
+        x, y = load_uci(name)
+        splits = args.splits if x.shape[0] <= BIG_ROWS else args.big_splits
+        for split in range(splits):
+            xtr, ytr, xte, yte = standardised_split(x, y, split)
+            for method in args.methods:
+                if (name, split, method) in done:
+                    continue
+                if method == "exact GP" and xtr.shape[0] > EXACT_MAX:
+                    continue
+                start = time.perf_counter()
+                mean, var, info = run_method(method, xtr, ytr, xte)
+                seconds = time.perf_counter() - start
+                row = {"set": name, "n_train": xtr.shape[0], "d": xtr.shape[1],
+                       "split": split, "method": method, "time": seconds,
+                       "threads": args.threads, **scores(yte.numpy(), mean, var),
+                       "info": info}
+                with records.open("a") as handle:
+                    handle.write(json.dumps(row, default=float) + "\n")
+                print(f"{name:18s} {split} {method:12s} rmse {row['rmse']:.3f} mnll "
+                      f"{row['mnll']:7.3f} cov95 {row['cov95']:.3f} time {seconds:7.1f}s",
+                      flush=True)
 
 
 # ====================================================================== report
-def summarise(results):
+def load_rows(records: Path):
+    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+
+
+def summarise(rows):
     table = {}
-    for row in results["rows"]:
+    for row in rows:
         table.setdefault((row["set"], row["method"]), []).append(row)
     return table
 
 
-def plot(results, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
-
-    table = summarise(results)
-    sets = list(dict.fromkeys(r["set"] for r in results["rows"]))
-    methods = [m for m in METHODS if any(r["method"] == m for r in results["rows"])]
-    cols = min(4, len(sets))
-    rows_ = math.ceil(len(sets) / cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False)
-    markers = dict(zip(METHODS, "oX*sD^vP"))
-    handles = {}
-    for ax, name in zip(axes.flat, sets):
-        points = {}
-        for method in methods:
-            rows = table.get((name, method))
-            if rows:
-                points[method] = (np.array([r["time"] for r in rows]),
-                                  np.array([r["mnll"] for r in rows]))
-        low = min(m.mean() for _, m in points.values())
-        top = low + 2.0  # far worse points are marked at the top edge, with their value
-        for method, (t, m) in points.items():
-            colour = f"C{METHODS.index(method)}"
-            shown = min(m.mean(), top)
-            handles[method] = ax.errorbar(
-                t.mean(), shown, xerr=t.std(), yerr=m.std() if m.mean() < top else None,
-                fmt=markers[method], color=colour, capsize=2, ms=7)
-            if m.mean() > top:
-                ax.annotate(f"{m.mean():.2g}", (t.mean(), shown), textcoords="offset points",
-                            xytext=(4, -10), fontsize=7, color=colour)
-        ax.set_ylim(low - 0.1 * (top - low), top + 0.1 * (top - low))
-        ax.set_xscale("log")
-        # Minor-tick labels of a log axis spanning less than a decade overlap: leave them out.
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(name)
-        ax.set_xlabel("wall time (s)")
-        ax.set_ylabel("test MNLL (lower is better)")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(sets):]:
-        ax.axis("off")
-    fig.legend([handles[m] for m in methods if m in handles],
-               [m for m in methods if m in handles], loc="lower right", fontsize=8,
-               bbox_to_anchor=(0.98, 0.08))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def _fmt(values, digits=3):
-    values = np.asarray(values)
+    values = np.asarray(values, dtype=float)
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{values.mean():.{digits}f} ± {values.std():.{digits}f}"
 
 
-def targets(results, args):
-    table = summarise(results)
-    lines = []
-    sets = list(dict.fromkeys(r["set"] for r in results["rows"]))
-    for name in sets:
+def _mean(rows, key):
+    return float(np.mean([r[key] for r in rows]))
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = summarise(rows)
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    cols = min(4, len(sets))
+    nrows = math.ceil(len(sets) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    markers = dict(zip(METHODS, "oXs*D"))
+    handles = {}
+    for ax, name in zip(axes.flat, sets):
+        points = {m: table[(name, m)] for m in METHODS if (name, m) in table}
+        low = min(_mean(r, "mnll") for r in points.values())
+        top = low + 2.0
+        for method, rs in points.items():
+            t, m = np.array([r["time"] for r in rs]), np.array([r["mnll"] for r in rs])
+            shown = min(m.mean(), top)
+            handles[method] = ax.errorbar(
+                t.mean(), shown, xerr=t.std(), yerr=m.std() if m.mean() < top else None,
+                fmt=markers[method], color=f"C{METHODS.index(method)}", capsize=2, ms=7)
+            if m.mean() > top:
+                ax.annotate(f"{m.mean():.2g}", (t.mean(), shown), textcoords="offset points",
+                            xytext=(4, -10), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_title(f"{name} (N = {next(iter(points.values()))[0]['n_train']})")
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("test MNLL (lower is better)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(sets):]:
+        ax.axis("off")
+    fig.legend([handles[m] for m in METHODS if m in handles],
+               [m for m in METHODS if m in handles], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def targets(rows):
+    """Per set: the default's MNLL against SGPR M = 512's and the best method's, its coverage
+    and its time against SGPR M = 512's."""
+    table = summarise(rows)
+    out = ["| data set | N | default MNLL | SGPR 512 MNLL | best MNLL (method) | 95% coverage | "
+           "time ratio to SGPR 512 | targets |", "|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["set"] for r in rows):
         default = table.get((name, "rfgp default"))
         if not default:
             continue
-        mnll = np.mean([r["mnll"] for r in default])
-        time_ = np.mean([r["time"] for r in default])
-        parts = []
-        for m, factor in (("SGPR 1024", 0.25), ("SGPR 512", 1.0)):
-            other = table.get((name, m))
-            if not other:
-                parts.append(f"{m}: not run")
-                continue
-            o_mnll = np.mean([r["mnll"] for r in other])
-            o_time = np.mean([r["time"] for r in other])
-            ok = mnll <= o_mnll and time_ <= factor * o_time
-            steps = {r["info"].get("steps") for r in other}
-            verdict = "met" if ok else "not met"
-            if steps != {args.sgpr_steps}:
-                verdict += f", but SGPR ran only {sorted(steps)[0]} steps: no fair comparison"
-            parts.append(
-                f"{m}: MNLL {mnll:.3f} vs {o_mnll:.3f}, time {time_:.1f} s vs "
-                f"{o_time:.1f} s (ratio {time_ / o_time:.2f}, needs <= {factor:g}) -> "
-                f"**{verdict}**")
-        lines.append(f"* {name}: " + "; ".join(parts))
-    return lines
-
-
-def repeat_counts(name: str):
-    """``(rows repeating an earlier row's input, rows, groups with one target, groups with
-    differing targets)`` of a bundled set."""
-    x, y = load_uci(name)
-    _, group = torch.unique(x, dim=0, return_inverse=True)
-    sizes = torch.bincount(group)
-    same = differ = 0
-    for g in (sizes > 1).nonzero().reshape(-1).tolist():
-        targets = y[group == g]
-        if bool((targets == targets[0]).all()):
-            same += 1
+        n = default[0]["n_train"]
+        means = {m: _mean(table[(name, m)], "mnll") for m in METHODS if (name, m) in table}
+        best = min(means, key=means.get)
+        sgpr = table.get((name, "SGPR 512"))
+        cov = _mean(default, "cov95")
+        verdict = []
+        if means["rfgp default"] <= means[best] + 0.05:
+            verdict.append("within 0.05 of the best: met")
         else:
-            differ += 1
-    return int((sizes - 1).clamp_min(0).sum()), x.shape[0], same, differ
+            verdict.append("within 0.05 of the best: **missed**")
+        ratio = "-"
+        if sgpr and n >= 5000 * 0.9:
+            ratio_value = _mean(default, "time") / _mean(sgpr, "time")
+            ratio = f"{ratio_value:.2f}"
+            verdict.append("MNLL <= SGPR 512: " + (
+                "met" if means["rfgp default"] <= means["SGPR 512"] else "**missed**"))
+            verdict.append("coverage in [0.93, 0.97]: " + (
+                "met" if 0.93 <= cov <= 0.97 else "**missed**"))
+            verdict.append("time <= SGPR 512: " + ("met" if ratio_value <= 1 else "**missed**"))
+        splits = sorted({r["split"] for r in default})
+        out.append(f"| {name} | {n} | {means['rfgp default']:.3f} | "
+                   f"{means.get('SGPR 512', float('nan')):.3f} | {means[best]:.3f} ({best}) | "
+                   f"{cov:.3f} | {ratio} | {'; '.join(verdict)} ({len(splits)} split(s)) |")
+    return out
 
 
-def repeated_section(results):
-    """MNLL on the test rows whose input repeats a training row's, and on the others."""
-    table = summarise(results)
-    sets = [name for name in dict.fromkeys(r["set"] for r in results["rows"])
-            if any("n_repeated" in r for r in table.get((name, "rfgp default"), []))]
-    if not sets:
-        return []
-    counts = [repeat_counts(name) for name in sets]
-    out = ["", "## Repeated inputs", "",
-           "Some bundled sets hold rows whose inputs repeat another row's exactly, so a random "
-           "split puts copies on both sides: "
-           + "; ".join(f"{name}: {rows} of {total} rows repeat an earlier row's input, in "
-                       f"{same} groups with one target (a duplicated record) and {differ} with "
-                       "differing targets (repeated measurements)"
-                       for name, (rows, total, same, differ) in zip(sets, counts))
-           + ". A model that fits the training rows more closely (lower noise, shorter "
-           "lengthscales) gains on a test row that duplicates a training record and loses on a "
-           "repeated measurement, whatever it does elsewhere. MNLL over the test rows with a "
-           "repeated input and over the others (mean over the splits that hold any):", "",
-           "| data set | test rows repeated | method | MNLL repeated | MNLL others |",
-           "|---|---|---|---|---|"]
+def write_markdown(rows, args, path):
+    table = summarise(rows)
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    threads = sorted({r["threads"] for r in rows})
+    out = ["# Regression on UCI data: accuracy, calibration and time", "",
+           "rfgp's default is `RandomFeatureGPRegressor(random_state=0)`, the recipe "
+           "`rfgp.fit_auto` with its default time budget (20 + N/400 seconds at the cost "
+           "model's reference rate): an evidence search on a subsample, a refinement on more "
+           "rows and, where the budget allows, the exact evidence on blocks of neighbouring "
+           "rows; then the final D-feature model chooses its outputscale and noise (and among "
+           "the candidate lengthscales) by its own evidence. GPyTorch's SGPR (M = 512, 1024; "
+           "Adam, 100 steps), SVGP (500 inducing points, trained until its ELBO stops "
+           "improving) and the exact GP (Adam, 100 steps; at most 10,000 training rows) with "
+           "RBF ARD kernels. Random 90/10 splits, standardised with the training statistics; "
+           "RMSE and MNLL (of y) in units of the standardised targets; coverage of the central "
+           "95% interval; calibration error: mean over the central 10%, ..., 90%, 95% "
+           "intervals of |coverage - level|. Entries: mean ± standard deviation over the "
+           "splits.", "",
+           f"Records of `python benchmarks/regression_uci.py` "
+           f"({platform.processor() or platform.machine()}, Python "
+           f"{platform.python_version()}, torch {torch.__version__}, {threads} thread(s) per "
+           "process; every method of a set in the same process, one after the other).", "",
+           "## Results", "",
+           "| data set | N | d | method | splits | RMSE | MNLL | 95% coverage | "
+           "calibration error | time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in sets:
         for method in METHODS:
-            rows = [r for r in table.get((name, method), []) if "n_repeated" in r]
-            if not rows:
+            rs = table.get((name, method))
+            if not rs:
                 continue
-            share = np.mean([r["n_repeated"] / r["n_test"] for r in rows])
-            out.append(f"| {name} | {share:.1%} | {method} | "
-                       f"{_fmt([r['mnll_repeated'] for r in rows])} | "
-                       f"{_fmt([r['mnll_unique'] for r in rows])} |")
-    return out
-
-
-def bound_section(results):
-    """How often the default kept the bounded search, and what it did to the MNLL and time
-    against the unbounded evidence maximum (paired over the splits)."""
-    table = summarise(results)
-    out = ["", "## The bounded alternative against the evidence maximum", "",
-           "Splits on which the default kept the bounded search (the unbounded maximum had a "
-           "lengthscale beyond the bound and cross-validation did not prefer it by more than a "
-           "standard error), and the paired difference of the test MNLL, default minus "
-           "the estimator with `max_lengthscale=None` (mean ± standard error over the splits; "
-           "negative: the default is better).", "",
-           "| data set | bound binds | bound kept | MNLL difference | time default (s) | "
-           "time evidence maximum (s) |", "|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(r["set"] for r in results["rows"]):
-        default = table.get((name, "rfgp default"))
-        plain = table.get((name, "rfgp evidence maximum"))
-        if not default or not plain:
-            continue
-        by_split = {r["split"]: r for r in plain}
-        pairs = [(r, by_split[r["split"]]) for r in default if r["split"] in by_split]
-        diff = np.array([a["mnll"] - b["mnll"] for a, b in pairs])
-        se = diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-        binds = sum(bool(a["info"].get("cv")) or bool(a["info"].get("bounded")) for a, _ in pairs)
-        kept = sum(bool(a["info"].get("bounded")) for a, _ in pairs)
-        out.append(f"| {name} | {binds} of {len(pairs)} | {kept} of {len(pairs)} | "
-                   f"{diff.mean():+.3f} ± {se:.3f} | {np.mean([a['time'] for a, _ in pairs]):.1f} "
-                   f"| {np.mean([b['time'] for _, b in pairs]):.1f} |")
-    return out
-
-
-def write_markdown(results, args, path):
-    table = summarise(results)
-    sets = list(dict.fromkeys(r["set"] for r in results["rows"]))
-    methods = [m for m in METHODS if any(r["method"] == m for r in results["rows"])]
-    out = ["# Regression on UCI data: accuracy and calibration per second", ""]
-    out += [
-        "rfgp's default is the recipe `rfgp.inference.recipe.fit_auto` (also what "
-        "`RandomFeatureGPRegressor()` runs): ARD lengthscales from the inputs' spread (median "
-        "heuristic), outputscale and noise from the targets' mean square; L-BFGS on the log "
-        "marginal likelihood, run to convergence (gradient tolerance 1e-4 per datum), with 512 "
-        "orthogonal random Fourier features on a random subsample of at most 2000 rows "
-        "(gradient in closed form, in function space when there are fewer rows than features; "
-        "with at most 1000 rows the exact kernel's evidence instead, and with 1001 to 2000 "
-        "rows the exact evidences of blocks of at most 1000 neighbouring rows, a balanced k-d "
-        "partition); "
-        "when the search holds every row and that maximum has a lengthscale beyond 4 standard "
-        "deviations of its input, the same search with every lengthscale bounded there, kept "
-        "unless 5-fold cross-validation (hyperparameters refitted on each fold) shows the "
-        "unbounded maximum better by more than one standard error; "
-        "when N > 2000, 30 more L-BFGS iterations on all rows (at most 10000, a random "
-        "superset of the subsample), then the exact kernel's evidence on blocks of at most "
-        "1000 neighbouring rows of those (a balanced k-d partition) maximised from d + 1 "
-        "starts (the refinement's end, and that point with one lengthscale at a tenth), the "
-        "highest kept; the kernel averaged over 32 lengthscale vectors drawn "
-        "from the Laplace approximation of the evidence at the search's end (lengthscales on "
-        "the bound held there), each with D / 32 of the features; then one refit on "
-        "all rows with D features, D the largest power of two up to 8192 whose fit costs at "
-        "most 8e11 multiply-adds for N rows, and up to 32768 where the fit is in function "
-        "space and its N x D feature rows hold at most 8192^2 numbers (32768 on the sets of "
-        "at most 2048 rows, 8192 on power-plant, 2048 on the 10^5-row set). RBF kernel.", ""]
-    rerun = ("--from-partial", "--recheck-equivalence")
-    command = " ".join(["python benchmarks/regression_uci.py"]
-                       + [a for a in sys.argv[1:] if a not in rerun])
-    recheck = ""
-    if getattr(args, "recheck_equivalence", False):
-        recheck = (" (the check of the scikit-learn estimator against `fit_auto` rerun after it "
-                   "with `--from-partial --recheck-equivalence`)")
-    out += [
-        f"Generated by `{command}` in one run{recheck}, all methods side by side in one "
-        "process per data set, float64 "
-        f"({platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}). The machine was shared with other jobs, so absolute times "
-        "are noisy; compare the ratios within a row of the same set.", "",
-        "Random 90/10 splits, inputs and targets standardised with the training statistics; "
-        "RMSE and MNLL are in units of the standardised targets; the MNLL is that of `y` "
-        "(noise included). Coverage: share of test targets inside the central 95% predictive "
-        "interval. Calibration error: mean over the central intervals of levels 10%, ..., 90%, "
-        "95% of |empirical coverage - level|. Entries are mean ± standard deviation over "
-        "the splits.", "",
-        "## What ran (every reduction stated)", "",
-    ]
-    out.append("* splits: " + ", ".join(
-        f"{label} {splits}" for label, _, _, splits in results["plan"]) + ".")
-    out += [
-        f"* SGPR and the exact GP: Adam (lr 0.1), {args.sgpr_steps} steps; SGPR with M at least "
-        "the training set's size uses all training inputs as inducing points. SVGP: Adam (lr "
-        f"0.01), {args.svgp_steps} minibatch steps of 1024 rows, 500 learned inducing points.",
-        f"* exact GP only where the training set has at most {args.exact_max} rows.",
-        "* the repeated set runs rfgp's default, SVGP and SGPR M = 512 with only "
-        f"{args.big_sgpr_steps} Adam steps (to show the time of a step: {args.sgpr_steps} steps "
-        f"would take about {args.sgpr_steps // max(args.big_sgpr_steps, 1)} times its time "
-        "shown here); SGPR M = 1024 and the exact GP do not fit this run.",
-        f"* rfgp tuned = `fit_auto(x, y, {', '.join(f'{k}={v!r}' for k, v in TUNED.items())})`, "
-        "on power-plant only (on the sets below 2000 rows the subsample is all rows).",
-        f"* {args.threads} thread(s) per process and {args.jobs} data sets in parallel: on this "
-        "machine (2 cores shared with other jobs) two threads per process were many times "
-        "slower than one (the threads wait for each other); every method of a data set ran in "
-        "the same process, one after the other.",
-        "",
-        "## Results", "",
-        "| data set | N | method | RMSE | MNLL | time (s) | 95% coverage | calibration error |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name in sets:
-        for method in methods:
-            rows = table.get((name, method))
-            if not rows:
+            out.append(f"| {name} | {rs[0]['n_train']} | {rs[0]['d']} | {method} | {len(rs)} "
+                       f"| {_fmt([r['rmse'] for r in rs])} | {_fmt([r['mnll'] for r in rs])} "
+                       f"| {_fmt([r['cov95'] for r in rs], 3)} "
+                       f"| {_fmt([r['cal'] for r in rs])} | {_fmt([r['time'] for r in rs], 1)} |")
+    out += ["", "![MNLL against wall time](regression_uci.png)", "", "## Targets", "",
+            "On every set of at least 5,000 rows the default should reach an MNLL at least as "
+            "good as SGPR M = 512, a 95% coverage in [0.93, 0.97], in no more than SGPR M = "
+            "512's time; on every set an MNLL within 0.05 of the best method's.", ""]
+    out += targets(rows)
+    missing = []
+    for name in UCI_DATASETS:
+        for method in METHODS:
+            if method == "exact GP" and load_uci(name)[0].shape[0] * 0.9 > EXACT_MAX:
                 continue
-            out.append(
-                f"| {name} | {rows[0]['n_train']} | {method} | {_fmt([r['rmse'] for r in rows])} "
-                f"| {_fmt([r['mnll'] for r in rows])} | {_fmt([r['time'] for r in rows], 1)} "
-                f"| {_fmt([r['cov95'] for r in rows], 2)} | {_fmt([r['cal'] for r in rows])} |")
-    out += ["", "![MNLL against wall time](regression_uci.png)", "",
-            "## Targets", "",
-            "rfgp's default must reach an MNLL at least as good as SGPR M = 1024 in at most a "
-            "quarter of its time, and at least as good as SGPR M = 512 in less time (means over "
-            "the splits):", ""]
-    out += targets(results, args)
-    out += repeated_section(results)
-    out += bound_section(results)
-    out += ["", "## The scikit-learn default is the recipe", "",
-            "`RandomFeatureGPRegressor(random_state=0)` against `fit_auto` with the "
-            "estimator's seed, on the targets scaled as the estimator scales them (the same "
-            "bits), first split of each set: largest absolute difference of the predictive "
-            "mean and standard deviation. Zero: the estimator runs the recipe and nothing "
-            "else. (Targets that differ in the last bits can send the search to another local "
-            "maximum of the evidence.)", "",
-            "| data set | mean | std |", "|---|---|---|"]
-    for name, diff in results["equivalence"].items():
-        out.append(f"| {name} | {diff['mean']:.2e} | {diff['std']:.2e} |")
-    out += ["", "## Coverage of rfgp's default", "",
-            "Empirical coverage of the central intervals (mean over splits):", "",
-            "| data set | " + " | ".join(f"{int(p * 100)}%" for p in LEVELS) + " |",
-            "|---|" + "---|" * len(LEVELS)]
+            if (name, method) not in table:
+                missing.append(f"{name} / {method}")
+    if missing:
+        out += ["", "Not run (no record): " + ", ".join(missing) + "."]
+    out += ["", "## The default's stages: predicted against measured seconds", "",
+            "| data set | split | D | budget (s) | refinement rows | local starts | "
+            "stages: measured (predicted) s | calibration |", "|---|---|---|---|---|---|---|---|"]
     for name in sets:
-        rows = table.get((name, "rfgp default"))
-        if rows:
-            out.append(f"| {name} | " + " | ".join(
-                f"{np.mean([r['cov'][str(p)] for r in rows]):.2f}" for p in LEVELS) + " |")
-    out += ["", "Where the default's 95% interval under- or over-covers: a coverage more than two "
-            "binomial standard errors (sqrt(0.95 x 0.05 / test rows), pooled over the splits) "
-            "from 0.95.", ""]
-    for name in sets:
-        rows = table.get((name, "rfgp default"))
-        if not rows:
-            continue
-        n_test = sum(r.get("n_test", round(r["n_train"] / 9)) for r in rows)
-        cov = np.mean([r["cov95"] for r in rows])
-        se = math.sqrt(0.95 * 0.05 / n_test)
-        verdict = ("under-covers" if cov < 0.95 - 2 * se else
-                   "over-covers" if cov > 0.95 + 2 * se else "consistent with 95%")
-        out.append(f"* {name}: {cov:.3f} on {n_test} test rows (standard error {se:.3f}): "
-                   f"{verdict}.")
-    out += ["", "## One evidence evaluation", "",
-            "Seconds (minimum of 5) of the parts of one log-marginal-likelihood evaluation with "
-            "its gradient, orthogonal RFF with ARD lengthscales, d = 4. The evidence search of "
-            "the recipe runs at the first size (2000 rows, D = 512).", "",
-            "| size | " + " | ".join(next(iter(results["profile"].values())).keys()) + " |",
-            "|---|" + "---|" * len(next(iter(results["profile"].values())))]
-    for size, parts in results["profile"].items():
-        out.append(f"| {size} | " + " | ".join(f"{v:.3f}" for v in parts.values()) + " |")
+        for r in table.get((name, "rfgp default"), []):
+            info = r["info"]
+            stages = ", ".join(f"{k} {v:.1f} ({info['predicted'].get(k, float('nan')):.1f})"
+                               for k, v in info["stages"].items())
+            cal = info.get("calibration", {})
+            factor = cal.get("outputscale_factor", 1.0)
+            calib = (f"{cal.get('chosen', '-')}, outputscale x{factor:.2f}, "
+                     f"noise {cal.get('noise_before', float('nan')):.3g} -> "
+                     f"{cal.get('noise_after', float('nan')):.3g}") if cal else "-"
+            out.append(f"| {name} | {r['split']} | {info['D']} | {info['budget']:.0f} | "
+                       f"{info['refine_rows']} | {info['local_starts']} | {stages} | {calib} |")
     write_page(path, "\n".join(out) + "\n")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="*", default=None)
+    parser.add_argument("--methods", nargs="*", default=METHODS)
+    parser.add_argument("--splits", type=int, default=3)
+    parser.add_argument("--big-splits", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--page-only", action="store_true")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--splits", type=int, default=1, help="splits of the small sets")
-    parser.add_argument("--small-rows", type=int, default=1000,
-                        help="sets up to this many rows are small")
-    parser.add_argument("--big-splits", type=int, default=1, help="splits of the other sets")
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--sgpr-steps", type=int, default=30)
-    parser.add_argument("--big-sgpr-steps", type=int, default=2,
-                        help="Adam steps of SGPR on the repeated set")
-    parser.add_argument("--svgp-steps", type=int, default=100)
-    parser.add_argument("--exact-max", type=int, default=500)
-    parser.add_argument("--jobs", type=int, default=2, help="data sets run in parallel")
-    parser.add_argument("--from-partial", action="store_true",
-                        help="only write the page from the sets a previous run finished")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--check-max", type=int, default=20000,
-                        help="compare the estimator with fit_auto up to this many rows")
-    parser.add_argument("--recheck-equivalence", action="store_true",
-                        help="with --from-partial: rerun the estimator-against-fit_auto check "
-                             "of each finished set and store it in the partial results")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--sets", nargs="*", default=None,
-                        help="run only these sets (labels, e.g. concrete 'power-plant x 11')")
     args = parser.parse_args()
+    out = OUT
     if args.quick:
-        args.sgpr_steps, args.svgp_steps = 20, 50
-    if args.out is None:  # a quick run does not overwrite the page
-        args.out = Path(tempfile.gettempdir()) if args.quick else OUT
-    name = "regression_uci_quick" if args.quick else "regression_uci"
-    args.out.mkdir(parents=True, exist_ok=True)
-    partial = args.out / f"{name}.partial.jsonl"
-    started = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    if args.from_partial:
-        results = {"plan": [p[:4] for p in make_plan(args)], "rows": [], "equivalence": {},
-                   "profile": {}}
-        if args.recheck_equivalence:
-            recheck_equivalence(args, partial)
-        for line in partial.read_text().splitlines():
-            part = json.loads(line)
-            results["rows"] += part["rows"]
-            if part["equivalence"] is not None:
-                results["equivalence"][part["label"]] = part["equivalence"]
-        results["plan"] = [p for p in results["plan"]
-                           if any(r["set"] == p[0] for r in results["rows"])]
-        for rows, features in ([2000, 512], [8611, 512]):
-            results["profile"][f"N = {rows}, D = {features}"] = profile_evaluation(rows, features)
-    else:
-        partial.unlink(missing_ok=True)
-        results = run(args, partial)
-    results["total_seconds"] = time.perf_counter() - started
-    (args.out / f"{name}.json").write_text(json.dumps(results, default=str, indent=1))
-    plot(results, args.out / f"{name}.png")
-    write_markdown(results, args, args.out / f"{name}.md")
-    print(f"total {results['total_seconds']:.0f} s")
+        out = Path(tempfile.mkdtemp())
+        args.sets, args.splits, args.methods = ["concrete"], 1, ["rfgp default", "SGPR 512"]
+    if args.sets is None:
+        sizes = {name: load_uci(name)[0].shape[0] for name in UCI_DATASETS}
+        args.sets = sorted(UCI_DATASETS, key=lambda n: sizes[n])
+    records = out / "regression_uci.jsonl"
+    if not args.page_only:
+        run(args, records)
+    rows = load_rows(records)
+    plot(rows, out / "regression_uci.png")
+    write_markdown(rows, args, out / "regression_uci.md")
+    print(f"wrote {out / 'regression_uci.md'}")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
 
     Example:
         >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
-        4096
+        2048
     """
     num_classes = check_int("num_classes", num_classes, minimum=1)
     opts, n = options, num_rows

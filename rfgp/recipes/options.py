@@ -30,7 +30,7 @@ __all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE
 #: products): the rate at which the default schedule converts seconds of budget into work.
 #: A fixed number, so that a schedule depends on the data's size and the budget alone and a
 #: fit is reproducible; pass ``machine_rate`` for another machine.
-REFERENCE_RATE = 4.0e10
+REFERENCE_RATE = 2.5e10
 
 
 def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:

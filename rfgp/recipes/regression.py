@@ -36,7 +36,7 @@ from rfgp.recipes.refine import local_stage, record_search, refine_stage
 from rfgp.recipes.refit import refit_stage
 from rfgp.recipes.report import FitReport
 from rfgp.recipes.schedule import plan_regression
-from rfgp.recipes.search import maximize_evidence
+from rfgp.recipes.search import two_path_search
 from rfgp.recipes.start import initial_hyperparameters, search_model
 from rfgp.recipes.units import (
     check_recipe_data,
@@ -112,14 +112,15 @@ def _prepare(x: Any, y: Any, opts: RegressionOptions,
 
 
 def _search_stage(ctx: RecipeContext) -> None:
-    """The evidence search on the subsample, with the schedule's evidence."""
+    """The evidence search on the subsample, with the schedule's evidence, along the two
+    paths of :func:`~rfgp.recipes.search.two_path_search`."""
     opts = ctx.options
     with ctx.stage("search"):
         xs, ys, ctx.rows = ctx.head(ctx.schedule.subsample)
         ctx.evidence = ctx.schedule.search_evidence
         ctx.blocks = kd_blocks(xs, opts.exact_rows) if ctx.evidence == "blocks" else None
-        result = maximize_evidence(ctx.model, xs, ys, opts.max_iterations, opts.tolerance,
-                                   ctx.evidence != "features", None, ctx.blocks)
+        result = two_path_search(ctx.model, xs, ys, opts.max_iterations, opts.tolerance,
+                                 ctx.evidence != "features", ctx.blocks)
         record_search(ctx, "search", result, ctx.evidence)
     if not result.converged:
         warnings.warn(

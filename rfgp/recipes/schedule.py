@@ -7,8 +7,9 @@ feature count ``D`` is the largest power of two whose fit (the Gram matrix, its
 eigendecomposition for the calibration, the refit) fits there, because the features' error
 shrinks only as :math:`D^{-1/2}` while the fit grows as :math:`N D^2`. The evidence search on
 the subsample always runs; the refinement's rows, the local stage's starts and the
-cross-validated choice of the bound take what the budget leaves, in that order. The default
-budget, :func:`default_budget`, grows linearly with ``N``.
+cross-validated choice of the bound take what the budget leaves, in that order, and what is
+left then doubles the final ``D`` while it fits. The default budget, :func:`default_budget`,
+grows linearly with ``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
 fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
@@ -38,7 +39,8 @@ __all__ = [
     "plan_regression",
 ]
 
-#: Share of the time budget the final fit may take.
+#: Share of the time budget the final fit may take before the other stages are planned (it
+#: gets what they leave, too).
 FINAL_SHARE = 0.4
 #: Share of the budget the refinement may take (its rows are reduced to fit).
 REFINE_SHARE = 0.2
@@ -54,19 +56,22 @@ SEARCH_EVALUATIONS = 60
 EVALUATIONS_PER_ITERATION = 1.25
 #: L-BFGS iterations of each start of the local stage.
 LOCAL_ITERATIONS = 40
+#: Adam steps of the first search's warm-up path (rfgp.recipes.search.WARM_UP_STEPS).
+WARM_UP_STEPS = 100
 
 
 def default_budget(num_rows: int) -> float:
-    r"""The default time budget in seconds, :math:`20 + N / 400`: linear in the rows (about
-    two minutes at :math:`4 \cdot 10^4` rows), so that the search's rows and the final
-    feature count grow with the data.
+    r"""The default time budget in seconds, :math:`\max(30, 20 + N / 400)`: linear in the
+    rows (about two minutes at :math:`4 \cdot 10^4` rows), so that the search's rows and the
+    final feature count grow with the data, and at least the half minute that the
+    cross-validated model choice takes on a couple of thousand rows.
 
     Example:
         >>> default_budget(1000), default_budget(40000)
-        (22.5, 120.0)
+        (30.0, 120.0)
     """
     num_rows = check_int("num_rows", num_rows)
-    return 20.0 + num_rows / 400.0
+    return max(30.0, 20.0 + num_rows / 400.0)
 
 
 def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> float:
@@ -79,14 +84,15 @@ def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> f
 
 def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
     r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
-    rows, :math:`n^3 + 3 n^2 d` (a Cholesky factor, the inverse for the gradient's trace, the
-    distances), or summed over blocks of at most ``block_rows`` rows."""
+    rows, :math:`n^3 / 3 + 3 n^2 d` (the Cholesky factor and the distances; the gradient's
+    solves run at matrix-product speed), or summed over blocks of at most ``block_rows``
+    rows."""
     if block_rows and num_rows > block_rows:
         blocks = math.ceil(num_rows / block_rows)
         size = num_rows / blocks
         return blocks * exact_evidence_cost(math.ceil(size), input_dim)
     n = float(num_rows)
-    return n**3 + 3 * n * n * input_dim
+    return n**3 / 3 + 3 * n * n * input_dim
 
 
 def final_fit_cost(num_rows: int, num_features: int, input_dim: int) -> float:
@@ -179,8 +185,10 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         evidence, search = "blocks", exact_evidence_cost(subsample, d, opts.exact_rows)
     else:
         evidence, search = "features", feature_evidence_cost(subsample, search_features, d)
-    predicted = {"search": SEARCH_EVALUATIONS * search / rate}
-    spent = SEARCH_EVALUATIONS * search + final_fit_cost(n, features, d)
+    # The first search runs along two paths, one after an Adam warm-up (two_path_search).
+    first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
+    predicted = {"search": first / rate}
+    spent = first + final_fit_cost(n, features, d)
     # The refinement: as many rows as its share allows, never fewer than the subsample.
     refine_rows = 0
     if n > subsample and opts.refine_iterations:
@@ -195,15 +203,33 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         spent += refine
     # The local stage: its starts (the refinement's end, then one per shortened
     # lengthscale) as the remaining budget allows.
+    # The Laplace Hessian: d + 3 gradients of the last search stage's evidence.
+    if refine_rows:
+        last = feature_evidence_cost(refine_rows, search_features, d)
+    else:
+        last = search
+    hessian = (d + 3) * last if opts.lengthscale_draws else 0.0
     local_starts = 0
     if refine_rows and opts.local_search and opts.exact_rows >= 2:
-        per_start = (LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION
-                     * exact_evidence_cost(refine_rows, d, opts.exact_rows))
-        local_starts = int(max(0.0, total - spent) // per_start)
+        blocks = exact_evidence_cost(refine_rows, d, opts.exact_rows)
+        per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
+        # After a local stage the Hessian is that of its block evidence.
+        block_hessian = (d + 3) * blocks if opts.lengthscale_draws else 0.0
+        local_starts = int(max(0.0, total - spent - block_hessian) // per_start)
         local_starts = min(local_starts, d + 1)
         if local_starts:
             predicted["local"] = local_starts * per_start / rate
             spent += local_starts * per_start
+            hessian = block_hessian
+    if hessian:
+        predicted["laplace"] = hessian / rate
+        spent += hessian
+    # What the stages leave goes to the final fit's features.
+    while opts.num_features is None and features < MAX_WEIGHT_FEATURES:
+        extra = final_fit_cost(n, 2 * features, d) - final_fit_cost(n, features, d)
+        if spent + extra > total:
+            break
+        features, spent = 2 * features, spent + extra
     # The bound's cross-validated choice: where the search holds every row, two searches
     # per fold on the other rows.
     choose_bound = False
@@ -214,7 +240,10 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
             per_search = feature_evidence_cost(rows, search_features, d)
         else:
             per_search = exact_evidence_cost(rows, d, opts.exact_rows)
-        choice = SEARCH_EVALUATIONS * per_search * (2 * opts.cv_folds + 1)
+        # Per fold an unbounded search along two paths and a bounded one, at a ten times
+        # looser tolerance (about half the evaluations); then the bounded search on every row.
+        per_fold = 1.5 * SEARCH_EVALUATIONS + WARM_UP_STEPS
+        choice = per_search * (opts.cv_folds * per_fold + SEARCH_EVALUATIONS)
         choose_bound = spent + choice <= total
         if choose_bound:
             predicted["select"] = choice / rate

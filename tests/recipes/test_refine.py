@@ -361,10 +361,10 @@ def test_folds_and_hessian_of_a_whole_set_search_use_blocks(monkeypatch):
     # partition its rows; the Laplace Hessian gets the search's blocks.
     import rfgp.recipes.averaging as averaging
     import rfgp.recipes.choice as choice
-    import rfgp.recipes.regression as regression
+    import rfgp.recipes.search as search
 
     calls, hessian_blocks = [], []
-    original, original_hessian = regression.maximize_evidence, averaging.evidence_hessian
+    original, original_hessian = search.maximize_evidence, averaging.evidence_hessian
 
     def recording(gp, x, y, max_iterations=100, tolerance=1e-6, exact=False,
                   max_lengthscale=None, blocks=None):
@@ -375,7 +375,7 @@ def test_folds_and_hessian_of_a_whole_set_search_use_blocks(monkeypatch):
         hessian_blocks.append(blocks)
         return original_hessian(*args, blocks=blocks, **kwargs)
 
-    monkeypatch.setattr(regression, "maximize_evidence", recording)
+    monkeypatch.setattr(search, "maximize_evidence", recording)
     monkeypatch.setattr(choice, "maximize_evidence", recording)
     monkeypatch.setattr(averaging, "evidence_hessian", hessian)
     g = gen(22)
