@@ -24,11 +24,13 @@ and the quantities that need products (variances, draws, evidence) are collectiv
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from rfgp.inference.evidence import LOG_2PI, check_representable
 from rfgp.inference.feature_map import FeatureMap
 from rfgp.inference.iterative import (
     MAX_AUTO_RANK,
@@ -36,13 +38,22 @@ from rfgp.inference.iterative import (
     CGSettings,
     NystromPreconditioner,
     conjugate_gradients,
+    lanczos_log_quadrature,
 )
 from rfgp.inference.linalg import available_memory
 from rfgp.inference.noise import equal_noise_columns
 from rfgp.inference.solvers import Solver, WeightFactor, _to
 from rfgp.kernels.base import real_form
 
-__all__ = ["ConjugateGradientSolver", "FeatureOperator"]
+__all__ = [
+    "ConjugateGradientSolver",
+    "FeatureOperator",
+    "column_logdets",
+    "fitted_log_evidence",
+    "logdet_probes",
+    "probe_standard_error",
+    "real_form_solver",
+]
 
 #: a batch as the solver keeps it: inputs ``(N, d)``, targets ``(R, T)`` divided by the target
 #: scale, fixed row noise ``(R, T)`` or ``None``
@@ -414,8 +425,6 @@ class ConjugateGradientSolver(Solver):
         return draws
 
     def log_evidence(self, column_noise: Optional[Tensor]) -> Tensor:
-        from rfgp.inference.stochastic_evidence import fitted_log_evidence
-
         value, error = fitted_log_evidence(self)
         self.evidence_standard_error = error
         return value
@@ -488,3 +497,81 @@ def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
                                                device=device))
     return draw
 
+
+# ====================================================================== the fitted evidence
+def _rademacher(shape, generator: Optional[torch.Generator]) -> Tensor:
+    generator = generator or torch.Generator().manual_seed(0)
+    return torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0
+
+
+def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Generator]):
+    """Per noise group: log-determinant estimates ``(P,)``, and the probe pairs ``u, r``.
+
+    ``solver`` is a factorised real-form solver (its groups and preconditioners are used).
+    """
+    op, probes = solver.operator, solver.settings.num_probes
+    groups = solver.groups()
+    v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
+    rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
+    for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):
+        block = slice(g * probes, (g + 1) * probes)
+        rhs[:, block] = pre.sqrt(v[:, block])
+        right[:, block] = pre.inverse_sqrt(v[:, block])
+        columns += [cols[0]] * probes
+    result = solver.solve(rhs, columns, "the log-determinant probes B u = P^1/2 v")
+    quadrature = lanczos_log_quadrature(result)  # (G P,)
+    estimates = [
+        pre.logdet() + op.width * quadrature[g * probes : (g + 1) * probes]
+        for g, pre in enumerate(solver.preconditioners)
+    ]
+    return estimates, result.solution, right, columns
+
+
+def probe_standard_error(estimates: List[Tensor], groups: List[List[int]]) -> float:
+    """Of ``-1/2 sum_t log|B_g(t)|``: each group's mean counts once per column."""
+    var = sum((len(cols) * float(e.std()) / math.sqrt(e.numel())) ** 2
+              for e, cols in zip(estimates, groups))
+    return 0.5 * math.sqrt(var)
+
+
+def column_logdets(estimates: List[Tensor], groups: List[List[int]], num_columns: int,
+                    like: Tensor) -> Tensor:
+    out = like.new_zeros(num_columns)
+    for e, cols in zip(estimates, groups):
+        out[cols] = float(e.mean())
+    return out
+
+
+def real_form_solver(solver: ConjugateGradientSolver) -> ConjugateGradientSolver:
+    """The solver of the real-form matrix (the evidence is the real GP's), factorised."""
+    if not solver.complex_solve:
+        return solver
+    op = solver.operator.real_view()
+    real = ConjugateGradientSolver(op, solver.settings, False, None, solver.target_scale,
+                                   solver.num_rows)
+    real.factorise(op.column_noise)
+    return real
+
+
+def fitted_log_evidence(solver: ConjugateGradientSolver,
+                        generator: Optional[torch.Generator] = None) -> Tuple[Tensor, float]:
+    """The stochastic log evidence of a fitted iterative solver and its standard error."""
+    with torch.no_grad():
+        real = real_form_solver(solver)
+        op = real.operator
+        t = op.num_columns
+        index = torch.arange(t, device=op.device)
+        h = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]), t)
+        yy = torch.zeros(t, dtype=op.dtype, device=op.device)
+        log_noise = torch.zeros_like(yy)
+        for _, targets, noise in op.data:
+            inverse = op.inverse_noise(noise, index, targets.shape[0])
+            yy += (targets.to(op.dtype).square() * inverse).sum(0)
+            log_noise -= inverse.log().sum(0)
+        yy, log_noise = op.total(yy), op.total(log_noise)
+        quad = (yy - (h * real.mean_weights).sum(0)) * real.target_scale**2
+        estimates = logdet_probes(real, generator)[0]
+        groups = real.groups()
+        logdet = column_logdets(estimates, groups, t, quad)
+        total = -0.5 * (quad + logdet + log_noise + solver.num_rows * LOG_2PI).sum()
+    return check_representable(total, real.target_scale), probe_standard_error(estimates, groups)

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from rfgp.inference.cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
 from rfgp.inference.feature_map import FeatureMap
-from rfgp.inference.fit_state import power_of_two_scale
 from rfgp.inference.iterative import CGSettings
 from rfgp.inference.linalg import available_memory, check_memory
 from rfgp.inference.noise import (
@@ -30,6 +29,7 @@ from rfgp.inference.noise import (
 )
 from rfgp.inference.solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference.statistics import FeatureStatistics
+from rfgp.ops import power_of_two_scale
 
 __all__ = ["Prepared", "SolverFactory", "agreed_scale", "check_stream_batch", "unpack_batch"]
 

@@ -25,97 +25,26 @@ feature map and the noise chunk by chunk (recomputing each chunk's features in t
 
 from __future__ import annotations
 
-import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from rfgp.inference.cg_solver import ConjugateGradientSolver, FeatureOperator
+from rfgp.inference.cg_solver import (
+    ConjugateGradientSolver,
+    FeatureOperator,
+    column_logdets,
+    logdet_probes,
+    probe_standard_error,
+)
 from rfgp.inference.evidence import LOG_2PI, check_representable
-from rfgp.inference.iterative import CGSettings, lanczos_log_quadrature
+from rfgp.inference.iterative import CGSettings
 from rfgp.inference.noise import evidence_rows
+from rfgp.ops import power_of_two_scale
 
-__all__ = ["fitted_log_evidence", "stochastic_log_evidence"]
+__all__ = ["stochastic_log_evidence"]
 
-
-def _rademacher(shape, generator: Optional[torch.Generator]) -> Tensor:
-    generator = generator or torch.Generator().manual_seed(0)
-    return torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0
-
-
-def _logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Generator]):
-    """Per noise group: log-determinant estimates ``(P,)``, and the probe pairs ``u, r``.
-
-    ``solver`` is a factorised real-form solver (its groups and preconditioners are used).
-    """
-    op, probes = solver.operator, solver.settings.num_probes
-    groups = solver.groups()
-    v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
-    rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
-    for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):
-        block = slice(g * probes, (g + 1) * probes)
-        rhs[:, block] = pre.sqrt(v[:, block])
-        right[:, block] = pre.inverse_sqrt(v[:, block])
-        columns += [cols[0]] * probes
-    result = solver.solve(rhs, columns, "the log-determinant probes B u = P^1/2 v")
-    quadrature = lanczos_log_quadrature(result)  # (G P,)
-    estimates = [
-        pre.logdet() + op.width * quadrature[g * probes : (g + 1) * probes]
-        for g, pre in enumerate(solver.preconditioners)
-    ]
-    return estimates, result.solution, right, columns
-
-
-def _standard_error(estimates: List[Tensor], groups: List[List[int]]) -> float:
-    """Of ``-1/2 sum_t log|B_g(t)|``: each group's mean counts once per column."""
-    var = sum((len(cols) * float(e.std()) / math.sqrt(e.numel())) ** 2
-              for e, cols in zip(estimates, groups))
-    return 0.5 * math.sqrt(var)
-
-
-def _column_logdets(estimates: List[Tensor], groups: List[List[int]], num_columns: int,
-                    like: Tensor) -> Tensor:
-    out = like.new_zeros(num_columns)
-    for e, cols in zip(estimates, groups):
-        out[cols] = float(e.mean())
-    return out
-
-
-def _real_solver(solver: ConjugateGradientSolver) -> ConjugateGradientSolver:
-    """The solver of the real-form matrix (the evidence is the real GP's), factorised."""
-    if not solver.complex_solve:
-        return solver
-    op = solver.operator.real_view()
-    real = ConjugateGradientSolver(op, solver.settings, False, None, solver.target_scale,
-                                   solver.num_rows)
-    real.factorise(op.column_noise)
-    return real
-
-
-def fitted_log_evidence(solver: ConjugateGradientSolver,
-                        generator: Optional[torch.Generator] = None) -> Tuple[Tensor, float]:
-    """The stochastic log evidence of a fitted iterative solver and its standard error."""
-    with torch.no_grad():
-        real = _real_solver(solver)
-        op = real.operator
-        t = op.num_columns
-        index = torch.arange(t, device=op.device)
-        h = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]), t)
-        yy = torch.zeros(t, dtype=op.dtype, device=op.device)
-        log_noise = torch.zeros_like(yy)
-        for _, targets, noise in op.data:
-            inverse = op.inverse_noise(noise, index, targets.shape[0])
-            yy += (targets.to(op.dtype).square() * inverse).sum(0)
-            log_noise -= inverse.log().sum(0)
-        yy, log_noise = op.total(yy), op.total(log_noise)
-        quad = (yy - (h * real.mean_weights).sum(0)) * real.target_scale**2
-        estimates = _logdet_probes(real, generator)[0]
-        groups = real.groups()
-        logdet = _column_logdets(estimates, groups, t, quad)
-        total = -0.5 * (quad + logdet + log_noise + solver.num_rows * LOG_2PI).sum()
-    return check_representable(total, real.target_scale), _standard_error(estimates, groups)
 
 
 def _chunk_terms(feature_map, weights: Tensor, left: Tensor, right: Tensor, probe_columns: Tensor,
@@ -174,12 +103,11 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
             return gp.log_marginal_likelihood(), 0.0
         solver.settings = settings
         value = gp.log_marginal_likelihood()
-        return value, solver.evidence_standard_error
+        return value, solver.evidenceprobe_standard_error
     fm = gp.feature_map
     p = fm.outputs_per_input
     x, rows_y, rows_noise = evidence_rows(fm, gp.noise, x, y, noise)
     rows_noise = rows_noise.to(device=x.device)
-    from rfgp.inference.fit_state import power_of_two_scale
 
     scale = power_of_two_scale(rows_y)
     dtype = gp.statistics_dtype or x.dtype
@@ -190,7 +118,7 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
     solver = ConjugateGradientSolver(op, settings, False, None, scale)
     with torch.no_grad():
         solver.factorise(None)
-        estimates, left, right, columns = _logdet_probes(solver, generator)
+        estimates, left, right, columns = logdet_probes(solver, generator)
     groups = solver.groups()
     weights = solver.mean_weights
     probe_columns = torch.as_tensor(columns, dtype=torch.long, device=x.device)
@@ -211,10 +139,10 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
         quad, trace = quad + terms[0], trace + terms[1]
         log_noise = log_noise + terms[2]
     probes = settings.num_probes
-    logdet = _column_logdets(estimates, groups, t, quad.detach())
+    logdet = column_logdets(estimates, groups, t, quad.detach())
     for g, cols in enumerate(groups):
         block = trace[g * probes : (g + 1) * probes]
         logdet = logdet.index_add(0, torch.as_tensor(cols, device=x.device),
                                   (block - block.detach()).mean().expand(len(cols)))
     total = -0.5 * (quad * scale**2 + logdet + log_noise + rows_y.shape[0] * LOG_2PI).sum()
-    return check_representable(total, scale), _standard_error(estimates, groups)
+    return check_representable(total, scale), probe_standard_error(estimates, groups)

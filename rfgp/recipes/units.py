@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_rows, check_tensor
-from rfgp.inference.fit_state import power_of_two_scale
+from rfgp.ops import power_of_two_scale
 
 __all__ = ["check_recipe_data", "column_scale", "column_unit", "target_unit",
            "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
