@@ -113,7 +113,12 @@ def lengthscale_mixture_kernel(
                                 non_empty=True).detach()
     if not bool((lengthscales > 0).all()):
         raise ValueError("lengthscales must be positive")
-    outputscale = check_tensor("outputscale", outputscale).detach().to(lengthscales).reshape(())
+    outputscale = check_tensor("outputscale", outputscale).detach().to(lengthscales)
+    if outputscale.dim() != 0:
+        raise ValueError(
+            f"outputscale must be a 0-d tensor (one outputscale shared by the parts), got shape "
+            f"{tuple(outputscale.shape)}"
+        )
     if not float(outputscale) > 0:
         raise ValueError(f"outputscale must be positive, got {float(outputscale)}")
     seed = check_int("seed", seed, minimum=0)

@@ -18,6 +18,7 @@ from torch import Tensor
 from rfgp._validation import check_choice, check_int, check_positive, check_rows
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
+from rfgp.ops import power_of_two_scale
 from rfgp.recipes.units import column_scale
 
 __all__ = ["initial_hyperparameters", "make_ard_kernel", "search_model", "set_hyperparameters"]
@@ -75,7 +76,16 @@ def initial_hyperparameters(
     positive = dist[dist > 0]
     median = float(positive.median()) if positive.numel() else 1.0
     lengthscale = scale * (median / math.sqrt(2.0))
-    second_moment = float(y.square().mean())
+    # The mean square of y / m times m^2, m a power of two near the largest target: squares
+    # of targets beyond about 1e154 overflow otherwise (the result itself may still not be a
+    # number of the dtype: then the variances cannot be represented, and that is an error).
+    peak = power_of_two_scale(y)
+    second_moment = float((y / peak).square().mean()) * peak * peak
+    if not math.isfinite(second_moment):
+        raise ValueError(
+            f"y: the targets' mean square (about {second_moment:.3g}) is not a finite number; "
+            "rescale the targets (e.g. standardise them)"
+        )
     second_moment = second_moment if second_moment > 0 else 1.0
     like = torch.ones((), dtype=x.dtype, device=x.device)
     return {
