@@ -61,9 +61,9 @@ sys.path.insert(0, str(ROOT))
 
 from _pages import paired_difference, study_options, write_page  # noqa: E402
 
+from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
-from rfgp.inference.feature_gp import RandomFeatureGP  # noqa: E402
-from rfgp.inference.laplace import evidence_hessian, lengthscale_draws  # noqa: E402
+from rfgp.inference import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.inference.linalg import try_cholesky  # noqa: E402
 from rfgp.inference.selection import minimize_lbfgs  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402

@@ -20,6 +20,8 @@ Each noise group (outputs of equal noise) has a Nyström preconditioner
 (:class:`~rfgp.inference.iterative.NystromPreconditioner`). Under ``torch.distributed`` each
 process holds its shard; products are all-reduced, so every process runs the same iterations
 and the quantities that need products (variances, draws, evidence) are collective calls.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ variance correction, the random weights shared across processes, and a
 :class:`~rfgp.inference.fingerprint.Fingerprint` of every parameter and buffer.
 
 Kernels know nothing about solvers; solvers know kernels only through this adapter.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

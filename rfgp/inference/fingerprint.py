@@ -6,6 +6,8 @@ kernels: whatever ``named_parameters()`` and ``named_buffers()`` reach). Values 
 version counters: GPyTorch's setters write through ``.data``, which does not move
 ``Tensor._version``. The tensors of a kernel are small next to a fit (``D x d`` weights against an
 ``N x D`` feature pass), so the copy and the comparison cost little.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ kernel's :class:`~rfgp.inference.fingerprint.Fingerprint`, the model noise the f
 used, the dtype and device of the features, and (after ``fit``, not ``fit_stream``) references
 to the training batches, so that a changed kernel can be refitted. It moves with ``.to()`` and
 round-trips through a ``state_dict`` without the training data.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ statistics :math:`\Phi^H S^{-1}\Phi` are accumulated over row chunks so the ``N 
 matrix never exists. Every large buffer is checked against the device's memory first. With
 ``solve="cg"`` (or ``"auto"`` when the ``D x D`` matrices would not fit in memory) it builds the
 matrix-free :class:`~rfgp.inference.cg_solver.ConjugateGradientSolver`, which keeps the batches.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

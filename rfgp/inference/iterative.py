@@ -15,6 +15,8 @@ what works on such products alone:
   closed form.
 * :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit, and
   :func:`cg_num_features`, the largest ``D`` within a time budget.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ speed of a hyperparameter search. A closed-form gradient is not itself different
 under ``create_graph=True`` (a Hessian by autograd, a gradient penalty) the backward passes
 instead differentiate a plain-autograd form of the same value (:func:`differentiable_backward`):
 second derivatives are then right, at the cost of autograd's graph.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

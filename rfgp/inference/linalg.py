@@ -6,6 +6,8 @@ factorise; :func:`robust_cholesky` then retries with a diagonal jitter that is r
 *prior* part of the matrix (the identity of :math:`B = \Phi^H S^{-1}\Phi + I`, the prior
 variances on the diagonal of :math:`K`), so that a tiny noise never lets the jitter swamp the
 prior.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

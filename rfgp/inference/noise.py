@@ -12,6 +12,8 @@ noise variance is one of
 With ``p`` outputs per input a per-output model noise varies over the rows of the single column,
 so it too is folded in at fit time (the layout remembers it as *frozen*). Columns whose noise is
 equal on every row share one factorisation (:func:`equal_noise_columns`).
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ The weight-space covariance is :math:`A A^\top` with :math:`A = \mathrm{real\_fo
 \overline{\Phi_*})^\top` (a ``RootLinearOperator``); the function-space one is
 :math:`\Phi_*\Phi_*^H - C C^H` with :math:`C = L^{-1} \overline{k_*}`. Outputs sharing a
 factorisation share the operator.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

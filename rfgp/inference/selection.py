@@ -6,6 +6,8 @@ box) get a large finite *barrier* loss, so the line search backs off instead of 
 best point evaluated is kept and restored at the end, and a :class:`ConvergenceWarning` says
 when the optimisation did not converge. :func:`select_by_score` picks the grid value of
 smallest score.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ Both compute the same posterior (push-through identity); they differ in the matr
 Each solver owns its factorisation, prediction, weight-space sampling and evidence. Targets are
 stored divided by a power of two (``target_scale``), so targets of any magnitude stay finite in
 the statistics; the division is exact, so results are bit-identical to unscaled ones.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ one common value :math:`s_g` except on a few rows (the Dirichlet classifier: cla
 noise differs from the others' only on the rows labelled :math:`c`), a chunk costs one shared
 product plus one over each group's differing rows :math:`Z_g`:
 :math:`Z^\top S_g^{-1} Z = Z^\top Z / s_g + Z_g^\top (S_g^{-1} - 1/s_g) Z_g`.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations
