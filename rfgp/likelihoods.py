@@ -16,7 +16,8 @@ so that :math:`\exp(\tilde y + \tilde\sigma^2 / 2) = \alpha` (mean) and
 * :func:`dirichlet_transform`: the targets and noise above, ``(N, C)``.
 * :class:`DirichletLikelihood`: the transform as a GPyTorch ``FixedNoiseGaussianLikelihood``.
 
-The classifier built on it and the softmax approximations live in :mod:`rfgp.classification`.
+The classifier built on it lives in :mod:`rfgp.classification`; the softmax approximations in
+:mod:`rfgp.softmax`.
 
 References:
     D. Milios, R. Camoriano, P. Michiardi, L. Rosasco, M. Filippone. Dirichlet-based Gaussian
@@ -39,6 +40,7 @@ from rfgp._validation import (
     check_long_tensor,
     check_positive,
 )
+from rfgp.softmax import latent_moments, softmax_expectation
 
 __all__ = ["DirichletLikelihood", "check_alpha_epsilon", "dirichlet_transform", "validate_labels"]
 
@@ -343,9 +345,6 @@ class DirichletLikelihood(FixedNoiseGaussianLikelihood):
         Returns:
             ``(M, C)`` probabilities (log-probabilities with ``log=True``).
         """
-        # Imported here: rfgp.classification builds on this module.
-        from rfgp.classification.softmax import latent_moments, softmax_expectation
-
         mean, variance = latent_moments(latent)
         if mean.shape[-1] != self.num_classes:
             raise ValueError(

@@ -1,6 +1,6 @@
 """Dirichlet-based GP classification (Milios et al., 2018).
 
-* :mod:`~rfgp.classification.softmax`: :func:`softmax_expectation`, the class probabilities
+* :mod:`~rfgp.softmax`: :func:`softmax_expectation`, the class probabilities
   :math:`\\mathbb{E}[\\mathrm{softmax}(f)]` (Monte Carlo, mean-field, log-normal).
 * :mod:`~rfgp.classification.exact`: :class:`DirichletExactGP`, the exact GP per class.
 * :mod:`~rfgp.classification.inputs`: :func:`encode_labels` and the input checks.
@@ -12,7 +12,7 @@ The label transform and the GPyTorch likelihood are in :mod:`rfgp.likelihoods`; 
 fitting recipe, :func:`rfgp.fit_classifier_auto`, in :mod:`rfgp.recipes`.
 """
 
-from rfgp.classification.softmax import PROBA_METHODS, latent_moments, softmax_expectation  # noqa: I001
+from rfgp.softmax import PROBA_METHODS, latent_moments, softmax_expectation  # noqa: I001
 from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.inputs import encode_labels
 from rfgp.classification.selection import ALPHA_GRID, select_alpha

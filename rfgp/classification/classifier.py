@@ -28,11 +28,11 @@ from rfgp._validation import (
 from rfgp.classification.exact import DirichletExactGP
 from rfgp.classification.inputs import base_kernel, check_inputs, encode_labels
 from rfgp.classification.selection import ALPHA_GRID, select_alpha
-from rfgp.classification.softmax import PROBA_METHODS, softmax_expectation
 from rfgp.inference.fingerprint import Fingerprint
 from rfgp.kernels.base import RandomFeatureKernel
 from rfgp.kernels.composition import as_feature_kernel, is_feature_composition
 from rfgp.likelihoods import DirichletLikelihood
+from rfgp.softmax import PROBA_METHODS, softmax_expectation
 
 __all__ = ["DirichletGPClassifier"]
 

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from rfgp._validation import check_choice, check_positive, check_real
 from rfgp.classification.inputs import base_kernel, check_inputs, encode_labels
-from rfgp.classification.softmax import PROBA_METHODS
 from rfgp.kernels.base import RandomFeatureKernel
+from rfgp.softmax import PROBA_METHODS
 
 __all__ = ["ALPHA_GRID", "select_alpha"]
 

@@ -1,4 +1,4 @@
-"""Tests of the Gaussian-softmax approximations in rfgp.classification.softmax."""
+"""Tests of the Gaussian-softmax approximations in rfgp.softmax."""
 
 import math
 
