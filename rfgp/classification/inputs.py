@@ -1,6 +1,9 @@
 """The classifier's input checks, shared by :class:`~rfgp.classification.DirichletGPClassifier`
 and :func:`~rfgp.classification.select_alpha`: integer labels to class indices, inputs to
-``(N, d)`` tensors, and the kernel inside its ``ScaleKernel`` wrappers."""
+``(N, d)`` tensors, and the kernel inside its ``ScaleKernel`` wrappers.
+
+Internal: not part of the public API (see :mod:`rfgp.classification`).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Batch shapes of random weights: ``expand_batch`` and ``kernel[index]`` on the weights a
 kernel holds, or queued until it draws them, so that a batch member keeps the function of the
-member it came from."""
+member it came from.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
+"""
 
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ Example:
     Traceback (most recent call last):
     ...
     RuntimeError: Error(s) in loading state_dict ... drawn for spectral='rbf', this kernel ...
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Checks of a GPyTorch kernel's inputs and hyperparameters before it is evaluated."""
+"""Checks of a GPyTorch kernel's inputs and hyperparameters before it is evaluated.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
+"""
 
 from __future__ import annotations
 

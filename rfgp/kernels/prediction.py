@@ -1,4 +1,7 @@
-"""GPyTorch's weight-space prediction strategy, for kernels with several outputs per input."""
+"""GPyTorch's weight-space prediction strategy, for kernels with several outputs per input.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The context every stage of a recipe reads and writes: the data in the search's units, the
-options, the schedule, the model being searched, what the stages found, and the report."""
+options, the schedule, the model being searched, what the stages found, and the report.
+
+Internal: not part of the public API (see :mod:`rfgp.recipes`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-r"""Applying a polynomial sketch: one entry point over the four projections."""
+r"""Applying a polynomial sketch: one entry point over the four projections.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
+"""
 
 from __future__ import annotations
 

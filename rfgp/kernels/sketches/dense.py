@@ -1,6 +1,8 @@
 r"""Dense polynomial sketches: Gaussian and Rademacher projections (Kar & Karnick 2012).
 
 :math:`\Phi(x)_l = D^{-1/2} \prod_{i=1}^p w_{i,l}^\top x`, all degrees in one GEMM.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
 """
 
 from __future__ import annotations

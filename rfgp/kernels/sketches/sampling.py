@@ -2,6 +2,8 @@ r"""The random weights of a polynomial sketch: drawing them and reading them bac
 
 :func:`sample_sketch` draws the weight dictionary of each projection; the helpers below read
 and check its entries for the functions that apply a sketch.
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
 """
 
 from __future__ import annotations

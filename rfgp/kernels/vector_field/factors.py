@@ -2,6 +2,8 @@ r"""Factors :math:`B(\omega)` of operator-valued spectral densities and the ORFF
 
 :math:`A(\omega) = B(\omega) B(\omega)^\top`; :func:`operator_features` turns frequencies and
 their factors into the real feature map :math:`\Phi(x)^\top` (see :mod:`rfgp.kernels.vector_field`).
+
+Internal: not part of the public API (see :mod:`rfgp.kernels`).
 """
 
 from __future__ import annotations
