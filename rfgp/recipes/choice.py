@@ -23,7 +23,7 @@ from torch import Tensor
 from rfgp.inference.blocks import kd_blocks
 from rfgp.inference.cross_validation import cross_validate
 from rfgp.recipes.context import RecipeContext
-from rfgp.recipes.search import maximize_evidence, two_path_search
+from rfgp.recipes.search import maximize_evidence
 from rfgp.recipes.start import initial_hyperparameters, search_model
 from rfgp.recipes.units import column_scale
 
@@ -72,7 +72,7 @@ def _fold_scores(ctx: RecipeContext, bound: Tensor) -> Tensor:
         model = search_model(ctx.schedule.search_features, start, opts.spectral, opts.seed, xf)
         blocks = (kd_blocks(xf, opts.exact_rows)
                   if ctx.evidence == "blocks" and xf.shape[0] > opts.exact_rows else None)
-        two_path_search(model, xf, yf, opts.max_iterations, loose, exact, blocks)
+        maximize_evidence(model, xf, yf, opts.max_iterations, loose, exact, None, blocks)
         yield model.kernel, model.noise
         if bool((model.kernel.base_kernel.lengthscale.detach().reshape(-1) > bound).any()):
             maximize_evidence(model, xf, yf, opts.max_iterations, loose, exact, bound, blocks)
