@@ -51,9 +51,9 @@ MAX_WEIGHT_FEATURES = 8192
 #: Most features of a function-space (``N x N``) final fit, on few rows.
 MAX_FUNCTION_FEATURES = 32768
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
-#: iteration of a capped one (its strong-Wolfe line search takes about two).
+#: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
-EVALUATIONS_PER_ITERATION = 2.0
+EVALUATIONS_PER_ITERATION = 1.25
 #: L-BFGS iterations of each start of the local stage.
 LOCAL_ITERATIONS = 40
 #: Adam steps of the first search's warm-up path (rfgp.recipes.search.WARM_UP_STEPS).
@@ -84,14 +84,15 @@ def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> f
 
 def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
     r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
-    rows, :math:`n^3 + 3 n^2 d` (the Cholesky factor, the solves of the gradient's trace, the
-    distances), or summed over blocks of at most ``block_rows`` rows."""
+    rows, :math:`n^3 / 3 + 3 n^2 d` (the Cholesky factor and the distances; the gradient's
+    solves run at matrix-product speed), or summed over blocks of at most ``block_rows``
+    rows."""
     if block_rows and num_rows > block_rows:
         blocks = math.ceil(num_rows / block_rows)
         size = num_rows / blocks
         return blocks * exact_evidence_cost(math.ceil(size), input_dim)
     n = float(num_rows)
-    return n**3 + 3 * n * n * input_dim
+    return n**3 / 3 + 3 * n * n * input_dim
 
 
 def final_fit_cost(num_rows: int, num_features: int, input_dim: int) -> float:
@@ -202,19 +203,18 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         spent += refine
     # The local stage: its starts (the refinement's end, then one per shortened
     # lengthscale) as the remaining budget allows.
-    # The Laplace Hessian: d + 3 gradients of the last search stage's evidence, in float64
-    # and through the evidence's backward pass (about twice an evaluation each).
+    # The Laplace Hessian: d + 3 gradients of the last search stage's evidence.
     if refine_rows:
         last = feature_evidence_cost(refine_rows, search_features, d)
     else:
         last = search
-    hessian = 2 * (d + 3) * last if opts.lengthscale_draws else 0.0
+    hessian = (d + 3) * last if opts.lengthscale_draws else 0.0
     local_starts = 0
     if refine_rows and opts.local_search and opts.exact_rows >= 2:
         blocks = exact_evidence_cost(refine_rows, d, opts.exact_rows)
         per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
         # After a local stage the Hessian is that of its block evidence.
-        block_hessian = 2 * (d + 3) * blocks if opts.lengthscale_draws else 0.0
+        block_hessian = (d + 3) * blocks if opts.lengthscale_draws else 0.0
         local_starts = int(max(0.0, total - spent - block_hessian) // per_start)
         local_starts = min(local_starts, d + 1)
         if local_starts:
