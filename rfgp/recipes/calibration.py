@@ -151,7 +151,8 @@ def kernel_spectral_statistics(kernel_matrix: Tensor, y: Tensor) -> ScaleEvidenc
 
 def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
                             noise_floor: float = 0.0,
-                            factor_start: float = 1.0) -> tuple[float, float, float]:
+                            factor_start: float = 1.0,
+                            condition: float = 0.0) -> tuple[float, float, float]:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 > \sigma^2_0` that maximise
     the evidence (module docstring), by Newton's method from ``(factor_start, noise)``.
 
@@ -160,6 +161,10 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
         noise: the starting noise :math:`\sigma^2` (positive).
         noise_floor: :math:`\sigma^2_0 \ge 0`, the noise's lower bound.
         factor_start: the starting factor (positive).
+        condition: :math:`c \ge 0`: the noise is at least :math:`\sigma^2_0 + c\, a
+            \lambda_{\max}`, so that the solve's matrix :math:`a G / \sigma^2 + I` keeps a
+            condition number below :math:`1 + 1/c` (a target the features fit exactly would
+            otherwise drive the noise to its floor and the factor without bound).
 
     Returns:
         ``(factor, noise, negative_log_evidence)`` at the maximum.
@@ -184,8 +189,13 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
                           dtype=torch.float64)
     scale = 1.0 / (evidence.num_data * evidence.num_columns)
 
+    top = float(evidence.eigenvalues.max()) * condition
+
+    def noise_of(p: Tensor) -> Tensor:
+        return p[1].exp() + noise_floor + top * p[0].exp()
+
     def loss(p: Tensor) -> Tensor:
-        return evidence.negative_log_evidence(p[0], p[1].exp() + noise_floor) * scale
+        return evidence.negative_log_evidence(p[0], noise_of(p)) * scale
 
     value = loss(params)
     for _ in range(_MAX_NEWTON):
@@ -210,6 +220,6 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
         if improvement < _NEWTON_TOLERANCE:
             break
     factor = float(params[0].exp())
-    return factor, float(params[1].exp()) + noise_floor, float(value) / scale
+    return factor, float(noise_of(params).detach()), float(value) / scale
 
 

@@ -39,6 +39,9 @@ __all__ = ["feature_model_evidence", "refit_stage"]
 
 # Rows of features formed at once for the Gram matrix: a few hundred MB at D = 8192.
 _CHUNK_ROWS = 4096
+# The smallest noise, relative to the largest eigenvalue of the final model's (scaled) Gram
+# matrix, at which its weight-space matrix still factorises reliably in the dtype.
+_CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
 def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidence:
@@ -108,9 +111,13 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 best = (name, centre, 1.0, noise)
                 break
             floor = NOISE_FLOOR * float(ctx.y.square().mean())
+            evidence = feature_model_evidence(_final_kernel(ctx, centre, outputscale, False),
+                                              ctx.x, ctx.y)
+            # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
+            # times the dtype's usable condition leaves B unfactorisable (a nearly
+            # noise-free target), so the noise is kept above it.
             factor, calibrated, loss = maximize_scale_evidence(
-                feature_model_evidence(_final_kernel(ctx, centre, outputscale, False), ctx.x,
-                                       ctx.y), noise, floor)
+                evidence, noise, floor, condition=_CONDITION[ctx.x.dtype])
             losses[name] = loss / ctx.y.numel() + shift
             if best is None or losses[name] < losses[best[0]]:
                 best = (name, centre, factor, calibrated)
