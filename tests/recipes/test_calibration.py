@@ -126,3 +126,19 @@ def test_calibration_keeps_multi_output_and_mixture_kernels():
     gp = fit_auto(x, y2, num_features=64, seed=0)
     assert gp.predict(x[:5]).shape == (5, 2)
     assert isinstance(as_feature_kernel(gp.kernel), type(gp.kernel))
+
+
+def test_the_condition_keeps_the_solve_factorisable_on_a_noise_free_target():
+    # y in the span of the features: the evidence alone sends the noise to its floor and the
+    # factor without bound. With the condition c the noise stays at least c a lambda_max, so
+    # a G / noise + I has a condition number of at most about 1 + 1/c.
+    g = gen(8)
+    phi = torch.randn(400, 30, generator=g, dtype=DT)
+    y = phi @ torch.randn(30, generator=g, dtype=DT)
+    evidence = spectral_statistics(phi.T @ phi, phi.T @ y, float(y @ y), 400)
+    factor, noise, _ = maximize_scale_evidence(evidence, 1.0, 1e-12, condition=1e-10)
+    top = float(evidence.eigenvalues.max())
+    assert noise >= 1e-10 * factor * top * (1 - 1e-9)
+    assert math.isfinite(factor) and factor * top / noise <= 1.01e10
+    matrix = factor * phi.T @ phi / noise + torch.eye(30, dtype=DT)
+    torch.linalg.cholesky(matrix)  # factorises
