@@ -6,7 +6,8 @@ units a thousand times smaller end elsewhere, and 1e10 times smaller stop at the
 inputs are divided per column by :func:`column_unit` and the targets by :func:`target_unit`,
 and the hyperparameters are scaled back before the final fit on the data as given. A division
 by a power of two is exact: standardised data is searched as given, and data scaled by powers
-of two gives the same fit bit for bit.
+of two gives the same search bit for bit (and the same predictions to the rounding of the
+final solve, which runs in the data's units).
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ def test_powers_of_two_scale_every_result_exactly():
     gp_s, report_s = _fit(x * c, y * v)
     mean, std = gp.predict(xq, return_std=True)
     mean_s, std_s = gp_s.predict(xq * c, return_std=True)
-    torch.testing.assert_close(mean_s, mean * v, rtol=1e-12, atol=0)
+    # The search is the same bit for bit; the final solve runs in the data's own units, so
+    # the predictions agree to its rounding.
+    torch.testing.assert_close(mean_s, mean * v, rtol=1e-10, atol=0)
     # The predictive variance is a difference (prior less what the data explain): its last
     # bits differ in the final solve of the data's own units.
     torch.testing.assert_close(std_s, std * v, rtol=1e-9, atol=0)
