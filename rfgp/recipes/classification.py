@@ -45,15 +45,14 @@ from rfgp.recipes.options import ClassifierOptions
 from rfgp.recipes.refine import record_search
 from rfgp.recipes.report import ClassifierFitReport
 from rfgp.recipes.schedule import (
-    EVALUATIONS_PER_ITERATION,
     FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
-    REFINE_SHARE,
     SEARCH_EVALUATIONS,
     Schedule,
     default_budget,
     feature_evidence_cost,
+    refinement_rows,
 )
 from rfgp.recipes.search import dirichlet_objective, search_evidence
 from rfgp.recipes.start import initial_hyperparameters, make_ard_kernel
@@ -105,14 +104,9 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
         return feature_evidence_cost(rows, search_features, input_dim) * per_row
 
     predicted = {"search": SEARCH_EVALUATIONS * search_cost(subsample) / opts.machine_rate}
-    refine_rows = 0
-    if n > subsample and opts.refine_iterations:
-        evaluations = opts.refine_iterations * EVALUATIONS_PER_ITERATION
-        rows = min(n, opts.refine_rows)
-        while rows > subsample and evaluations * search_cost(rows) > REFINE_SHARE * total:
-            rows = max(subsample, rows // 2)
-        refine_rows = rows
-        predicted["refine"] = evaluations * search_cost(rows) / opts.machine_rate
+    refine_rows, refine = refinement_rows(n, subsample, opts, search_cost, total)
+    if refine_rows:
+        predicted["refine"] = refine / opts.machine_rate
     predicted["refit"] = classifier_fit_cost(n, features, num_classes) / opts.machine_rate
     return Schedule(budget, opts.machine_rate, subsample, search_features, "features",
                     refine_rows, 0, False, features, predicted)

@@ -14,7 +14,7 @@ features cannot follow is noise to the final model, and only its own evidence sa
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel
@@ -100,15 +100,14 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         # result exactly, and the final kernel is then built in the data's.
         outputscale = ctx.model.kernel.outputscale.detach()
         noise = float(ctx.model.noise.detach())
-        candidates: Dict[str, Tensor] = dict(ctx.candidates) or {"search": ctx.lengthscale()}
-        if not ctx.options.calibrate:
-            candidates = {"search": ctx.lengthscale()}
-        best: Optional[tuple] = None
+        # Without calibration the searched model is kept as it is.
+        candidates: Dict[str, Tensor] = (dict(ctx.candidates) if ctx.options.calibrate
+                                         else {}) or {"search": ctx.lengthscale()}
+        best = ("search", ctx.lengthscale(), 1.0, noise)
         losses = {}
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
         for name, centre in candidates.items():
             if not ctx.options.calibrate:
-                best = (name, centre, 1.0, noise)
                 break
             floor = NOISE_FLOOR * float(ctx.y.square().mean())
             evidence = feature_model_evidence(_final_kernel(ctx, centre, outputscale, False),
@@ -119,7 +118,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             factor, calibrated, loss = maximize_scale_evidence(
                 evidence, noise, floor, condition=_CONDITION[ctx.x.dtype])
             losses[name] = loss / ctx.y.numel() + shift
-            if best is None or losses[name] < losses[best[0]]:
+            if len(losses) == 1 or losses[name] < losses[best[0]]:
                 best = (name, centre, factor, calibrated)
         name, centre, factor, calibrated = best
         kernel = _final_kernel(ctx, centre, outputscale * factor, True)

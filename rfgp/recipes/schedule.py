@@ -137,8 +137,20 @@ class Schedule:
     num_features: int
     predicted: Dict[str, float] = field(default_factory=dict)
 
-    def seconds(self, multiply_adds: float) -> float:
-        return multiply_adds / self.machine_rate
+
+def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
+                    total: float) -> tuple:
+    """``(rows, multiply-adds)`` of the refinement: up to ``refine_rows`` rows, halved (never
+    below the subsample) until its ``refine_iterations`` evaluations of
+    ``evaluation_cost(rows)`` fit :data:`REFINE_SHARE` of the ``total`` budget; ``(0, 0)``
+    where there is none."""
+    if num_rows <= subsample or not options.refine_iterations:
+        return 0, 0.0
+    evaluations = options.refine_iterations * EVALUATIONS_PER_ITERATION
+    rows = min(num_rows, options.refine_rows)
+    while rows > subsample and evaluations * evaluation_cost(rows) > REFINE_SHARE * total:
+        rows = max(subsample, rows // 2)
+    return rows, evaluations * evaluation_cost(rows)
 
 
 def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int) -> int:
@@ -190,15 +202,9 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     predicted = {"search": first / rate}
     spent = first + final_fit_cost(n, features, d)
     # The refinement: as many rows as its share allows, never fewer than the subsample.
-    refine_rows = 0
-    if n > subsample and opts.refine_iterations:
-        evaluations = opts.refine_iterations * EVALUATIONS_PER_ITERATION
-        rows = min(n, opts.refine_rows)
-        while rows > subsample and evaluations * feature_evidence_cost(
-                rows, search_features, d) > REFINE_SHARE * total:
-            rows = max(subsample, rows // 2)
-        refine_rows = rows
-        refine = evaluations * feature_evidence_cost(rows, search_features, d)
+    refine_rows, refine = refinement_rows(
+        n, subsample, opts, lambda rows: feature_evidence_cost(rows, search_features, d), total)
+    if refine_rows:
         predicted["refine"] = refine / rate
         spent += refine
     # The local stage: its starts (the refinement's end, then one per shortened
