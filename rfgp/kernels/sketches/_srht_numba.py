@@ -148,7 +148,8 @@ def _operands(x: Tensor, signs: Tensor, indices: Tensor, complex: bool,
     dtype = x.dtype
     num_features = indices.shape[1]
     padded = signs.shape[-2] if complex else signs.shape[-1]
-    xs = x.detach().contiguous().numpy()
+    # numpy() refuses tensors with a pending negation (a view such as z.conj().imag)
+    xs = x.detach().resolve_neg().contiguous().numpy()
     if scale is None:
         sc = np.ones(d, dtype=xs.dtype)
     else:
@@ -312,7 +313,9 @@ def tensorsrht_backward(
     padded = signs.shape[-2] if complex else signs.shape[-1]
     operands = _operands(x, signs, indices, complex, scale, root)
     out = torch.empty(n, d + (root is not None), dtype=x.dtype)
-    grad = grad.detach()
+    # Autograd may hand over a lazily conjugated (or negated) view, for instance when the loss
+    # takes features.conj(): view_as_real and numpy() need the values materialised.
+    grad = grad.detach().resolve_conj().resolve_neg()
     if complex:
         parts = torch.view_as_real(grad.to(complex_dtype(x.dtype)).contiguous()).numpy()
         grads = (parts[..., 0], parts[..., 1])

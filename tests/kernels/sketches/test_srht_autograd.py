@@ -127,3 +127,62 @@ def test_batched_inputs_with_one_draw_of_weights():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     for name in gemm[2]:
         torch.testing.assert_close(compiled[2][name], gemm[2][name], rtol=1e-10, atol=1e-12)
+
+
+@needs_numba
+@pytest.mark.parametrize("ard", [False, True])
+@pytest.mark.parametrize("bias", [0.0, 0.6])
+def test_conjugated_gradients_of_complex_features_match_the_gemm_path(ard, bias):
+    # A loss on features.conj() hands the backward pass a lazily conjugated gradient (and
+    # .conj().imag a negated one): both must be materialised before the compiled kernel reads
+    # them, and give the GEMM path's gradients.
+    k = _kernel(complex=True, ard=ard, bias=bias)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(90, 7, dtype=torch.float64, generator=g)
+    weight = torch.randn(90, k.num_features, dtype=torch.complex128, generator=g)
+
+    def gradients():
+        k.zero_grad()
+        xg = x.clone().requires_grad_()
+        phi = k.features(xg)
+        (phi.conj() * weight).real.sum().backward()
+        return xg.grad, {name: p.grad.clone() for name, p in k.named_parameters()}
+
+    compiled = gradients()
+    previous = _srht_numba.set_enabled(False)
+    try:
+        gemm = gradients()
+    finally:
+        _srht_numba.set_enabled(previous)
+    torch.testing.assert_close(compiled[0], gemm[0], rtol=1e-10, atol=1e-12)
+    assert set(compiled[1]) == set(gemm[1]) and compiled[1]
+    for name in gemm[1]:
+        torch.testing.assert_close(compiled[1][name], gemm[1][name], rtol=1e-10, atol=1e-12)
+
+
+@needs_numba
+def test_gradcheck_through_conjugated_features():
+    w, x, scale, root = _inputs(4, 3, 10, 2, True, True, ard=True, seed=11)
+
+    def features(x, scale, root):
+        phi = _srht_numba.TensorSRHTFunction.apply(x, scale, root, w["signs"], w["indices"], True)
+        return phi.conj()
+
+    assert torch.autograd.gradcheck(features, (x, scale, root))
+
+
+@needs_numba
+@pytest.mark.parametrize("complex", [False, True])
+def test_backward_reads_lazy_views_of_the_gradient(complex):
+    # a conjugated or negated view gives the gradient of its materialised values
+    w, x, scale, root = _inputs(6, 5, 24, 3, True, complex, ard=False, seed=12)
+    dtype = torch.complex128 if complex else torch.float64
+    grad = torch.randn(6, 24, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    views = [torch._neg_view(grad)] + ([grad.conj()] if complex else [])
+    for view in views:
+        z = _srht_numba.tensorsrht_backward(x, w["signs"], w["indices"], complex, view, scale,
+                                            root)
+        expected = _srht_numba.tensorsrht_backward(x, w["signs"], w["indices"], complex,
+                                                   view.clone().resolve_conj().resolve_neg(),
+                                                   scale, root)
+        assert torch.equal(z, expected)
