@@ -7,13 +7,11 @@ from rfgp import (
     kernels,
     likelihoods,
     metrics,
-    ops,
     recipes,
     variance,
 )
 from rfgp.classification import DirichletGPClassifier
-from rfgp.inference import RandomFeatureGP, StaleFitError
-from rfgp.inference.vector_field import helmholtz_components
+from rfgp.inference import RandomFeatureGP, StaleFitError, helmholtz_components
 from rfgp.recipes import fit_auto, fit_classifier_auto
 
 __version__ = "0.1.0"
@@ -31,7 +29,6 @@ __all__ = [
     "kernels",
     "likelihoods",
     "metrics",
-    "ops",
     "recipes",
     "variance",
     "__version__",

@@ -54,7 +54,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 
 from rfgp._validation import check_tensor, describe
-from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference._feature_gp import RandomFeatureGP
 
 __all__ = ["RandomFeatureModel"]
 

@@ -17,7 +17,7 @@ so that :math:`\exp(\tilde y + \tilde\sigma^2 / 2) = \alpha` (mean) and
 * :class:`DirichletLikelihood`: the transform as a GPyTorch ``FixedNoiseGaussianLikelihood``.
 
 The classifier built on it lives in :mod:`rfgp.classification`; the softmax approximations in
-:mod:`rfgp.softmax`.
+:func:`rfgp.classification.softmax_expectation`.
 
 References:
     D. Milios, R. Camoriano, P. Michiardi, L. Rosasco, M. Filippone. Dirichlet-based Gaussian
@@ -33,6 +33,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from torch import Tensor
 
+from rfgp._softmax import latent_moments, softmax_expectation
 from rfgp._validation import (
     check_bool,
     check_dtype,
@@ -40,7 +41,6 @@ from rfgp._validation import (
     check_long_tensor,
     check_positive,
 )
-from rfgp.softmax import latent_moments, softmax_expectation
 
 __all__ = ["DirichletLikelihood", "check_alpha_epsilon", "dirichlet_transform", "validate_labels"]
 

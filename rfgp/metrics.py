@@ -4,12 +4,15 @@ r"""Error metrics for kernel approximations and GP predictions.
 * :func:`gaussian_kl`: KL divergence between factorised Gaussian posteriors (the corrected
   Eq. 93 of Wacker et al.).
 * :func:`mnll`, :func:`nmse`, :func:`rmse`: predictive scores.
+* :func:`kernel_distance`: the kernel distance (MMD) between two point sets, exact or sketched.
+* :func:`accuracy`, :func:`mnll_classification`, :func:`reliability_diagram`,
+  :func:`expected_calibration_error`: classification scores.
 
 All functions take tensors (or NumPy arrays) and return 0-d tensors (differentiable where the
 inputs are). Inputs must be non-empty and finite, and paired inputs must have the same shape;
 anything else raises a ``ValueError`` or ``TypeError`` that names the argument, never a NaN.
 Values of any magnitude are divided by a power of two near their largest entry before they are
-squared (:func:`~rfgp.ops.power_of_two_scale`), so targets of ``1e200`` or ``1e-200`` neither
+squared (an exact division, no rounding), so targets of ``1e200`` or ``1e-200`` neither
 overflow nor underflow: the scores scale exactly as the formulas say.
 """
 
@@ -22,10 +25,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_finite, check_int, check_long_tensor, check_real, describe
-from rfgp.ops import power_of_two_scale
 
-__all__ = ["relative_frobenius_error", "gaussian_kl", "mnll", "nmse", "rmse"]
+__all__ = [
+    "relative_frobenius_error",
+    "gaussian_kl",
+    "mnll",
+    "nmse",
+    "rmse",
+    "kernel_distance",
+    "accuracy",
+    "mnll_classification",
+    "reliability_diagram",
+    "expected_calibration_error",
+]
 
 
 def _as_tensor(value, name: str, allow_complex: bool = False) -> Tensor:
@@ -284,7 +298,7 @@ def _random_feature_map(kernel):
     """``(features(x) -> Tensor)`` for a RandomFeatureKernel or a ScaleKernel around one."""
     from gpytorch.kernels import ScaleKernel
 
-    from rfgp.kernels.base import RandomFeatureKernel
+    from rfgp.kernels._base import RandomFeatureKernel
 
     if isinstance(kernel, RandomFeatureKernel):
         return kernel.features

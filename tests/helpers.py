@@ -5,8 +5,8 @@ import math
 
 import torch
 
+from rfgp._ops import gaussian
 from rfgp.kernels import RandomFeatureKernel
-from rfgp.ops import gaussian
 
 DT = torch.float64
 

@@ -137,7 +137,7 @@ def test_standardize_bad_input(args, error, match):
 
 
 def test_public_names():
-    assert set(datasets.__all__) == {"UCI_DATASETS", "load_uci", "load_wind",
+    assert set(datasets.__all__) == {"UCI_DATASETS", "WindField", "load_uci", "load_wind",
                                      "train_test_split", "standardize"}
 
 

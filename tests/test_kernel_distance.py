@@ -7,7 +7,7 @@ import torch
 from scipy.stats import binom
 
 from rfgp.kernels import GaussianSketchKernel
-from rfgp.kernels.gaussian_sketch import choose_truncation
+from rfgp.kernels._gaussian_sketch import choose_truncation
 from rfgp.metrics import kernel_distance
 
 

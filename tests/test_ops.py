@@ -1,4 +1,4 @@
-"""Tests of rfgp.ops: the fast Walsh–Hadamard transform, padding and the seeded samplers."""
+"""Tests of rfgp._ops: the fast Walsh–Hadamard transform, padding and the seeded samplers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from rfgp.ops import (
+from rfgp._ops import (
     check_finite,
     complex_gaussian,
     complex_rademacher,
@@ -251,7 +251,7 @@ def test_check_finite():
     ],
 )
 def test_all_finite(values, expected):
-    from rfgp.ops import all_finite
+    from rfgp._ops import all_finite
 
     x = torch.tensor(values, dtype=torch.float32)
     assert all_finite(x) is expected
@@ -259,7 +259,7 @@ def test_all_finite(values, expected):
 
 
 def test_samplers_refuse_a_generator_that_is_not_one():
-    from rfgp.ops import complex_gaussian, gaussian, rademacher
+    from rfgp._ops import complex_gaussian, gaussian, rademacher
 
     for sampler in (gaussian, rademacher, complex_gaussian):
         with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got "

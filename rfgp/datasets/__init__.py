@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rfgp._ops import column_power_of_two_scale
 from rfgp._validation import (
     check_choice,
     check_dtype,
@@ -28,9 +29,9 @@ from rfgp._validation import (
     check_real,
     describe,
 )
-from rfgp.ops import column_power_of_two_scale
 
-__all__ = ["UCI_DATASETS", "load_uci", "load_wind", "train_test_split", "standardize"]
+__all__ = ["UCI_DATASETS", "WindField", "load_uci", "load_wind", "train_test_split",
+           "standardize"]
 
 #: name -> (file name, number of input columns); the target is the last column. The first six
 #: (277 to 9568 rows) are in ``data/uci``, the larger six (8192 to 63608 rows) in

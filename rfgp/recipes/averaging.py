@@ -20,7 +20,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp._validation import all_finite, check_int, check_tensor
-from rfgp.inference.laplace import evidence_hessian, lengthscale_draws
+from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.recipes.context import RecipeContext
 from rfgp.recipes.start import make_ard_kernel, set_hyperparameters
 

@@ -20,8 +20,8 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference.blocks import kd_blocks
-from rfgp.inference.cross_validation import cross_validate
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._cross_validation import cross_validate
 from rfgp.recipes.context import RecipeContext
 from rfgp.recipes.search import maximize_evidence
 from rfgp.recipes.start import initial_hyperparameters, search_model

@@ -36,9 +36,9 @@ from typing import Any, Optional
 import torch
 
 from rfgp._validation import check_int
-from rfgp.classification.classifier import DirichletGPClassifier
-from rfgp.classification.inputs import check_inputs, encode_labels
-from rfgp.inference.selection import ConvergenceWarning
+from rfgp.classification._classifier import DirichletGPClassifier
+from rfgp.classification._inputs import check_inputs, encode_labels
+from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes.context import RecipeContext
 from rfgp.recipes.options import ClassifierOptions

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference.feature_gp import RandomFeatureGP
+from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.recipes.report import FitReport
 from rfgp.recipes.schedule import Schedule
 

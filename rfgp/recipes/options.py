@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from rfgp._validation import check_bool, check_choice, check_int, check_positive
-from rfgp.kernels.fourier import MATERN_NU
+from rfgp.kernels._fourier import MATERN_NU
 
 __all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
 

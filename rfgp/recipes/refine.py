@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from rfgp.inference.blocks import kd_blocks
+from rfgp.inference._blocks import kd_blocks
 from rfgp.recipes.context import RecipeContext
 from rfgp.recipes.schedule import LOCAL_ITERATIONS
 from rfgp.recipes.search import SearchResult, maximize_evidence

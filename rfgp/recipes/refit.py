@@ -20,10 +20,10 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel
 from torch import Tensor
 
-from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.feature_map import FeatureMap
-from rfgp.inference.statistics import accumulate_gram, symmetrize_upper
-from rfgp.kernels.composition import as_feature_kernel
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
+from rfgp.kernels._composition import as_feature_kernel
 from rfgp.recipes.averaging import lengthscale_mixture_kernel
 from rfgp.recipes.calibration import (
     ScaleEvidence,

@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 import torch
 
-from rfgp.inference.blocks import kd_blocks
-from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.selection import ConvergenceWarning
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._selection import ConvergenceWarning
 from rfgp.recipes.averaging import laplace_stage
 from rfgp.recipes.choice import choose_bound
 from rfgp.recipes.context import RecipeContext

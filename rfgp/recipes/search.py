@@ -24,11 +24,11 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
 from rfgp._validation import all_finite, check_int, check_positive, check_rows, check_tensor
-from rfgp.inference.evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
-from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.heteroscedastic_evidence import heteroscedastic_negative_log_evidence
-from rfgp.inference.selection import Objective, minimize_lbfgs, minimize_safeguarded
-from rfgp.kernels.fourier import FourierFeatureKernel
+from rfgp.inference._evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
+from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
+from rfgp.kernels._fourier import FourierFeatureKernel
 from rfgp.recipes.start import make_ard_kernel  # noqa: F401  (the examples use it)
 from rfgp.recipes.units import NOISE_FLOOR
 

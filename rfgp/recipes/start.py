@@ -15,10 +15,10 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_choice, check_int, check_positive, check_rows
-from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.kernels.fourier import MATERN_NU, FourierFeatureKernel
-from rfgp.ops import power_of_two_scale
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.kernels._fourier import MATERN_NU, FourierFeatureKernel
 from rfgp.recipes.units import column_scale
 
 __all__ = ["initial_hyperparameters", "make_ard_kernel", "search_model", "set_hyperparameters"]

@@ -18,8 +18,8 @@ from typing import Any, Tuple
 import torch
 from torch import Tensor
 
+from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_rows, check_tensor
-from rfgp.ops import power_of_two_scale
 
 __all__ = ["check_recipe_data", "column_scale", "column_unit", "target_unit",
            "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]

@@ -24,9 +24,9 @@ Kernel names (:data:`KERNELS`):
 """
 
 
+from rfgp.sklearn._classifier import RandomFeatureGPClassifier
+from rfgp.sklearn._regressor import RandomFeatureGPRegressor
 from rfgp.sklearn._support import KERNELS, InvalidParameterError, make_kernel
-from rfgp.sklearn.classifier import RandomFeatureGPClassifier
-from rfgp.sklearn.regressor import RandomFeatureGPRegressor
 
 __all__ = [
     "InvalidParameterError",

@@ -21,7 +21,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install \"rfgp[sklearn]\"` (or `pip install scikit-learn`)"
     ) from error
 
-from rfgp.kernels.base import RandomFeatureKernel, unwrap_scale_kernel
+from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
 from rfgp.recipes import (
     RegressionOptions,
 )

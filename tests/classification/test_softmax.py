@@ -1,4 +1,4 @@
-"""Tests of the Gaussian-softmax approximations in rfgp.softmax."""
+"""Tests of the Gaussian-softmax approximations in rfgp._softmax."""
 
 import math
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference.fit_state import StaleFitError
+from rfgp.inference._fit_state import StaleFitError
 from rfgp.kernels import FourierFeatureKernel
 
 DT = torch.float64

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpytorch.kernels import ScaleKernel
 
-from rfgp.inference.cross_validation import held_out_log_density
+from rfgp.inference._cross_validation import held_out_log_density
 from rfgp.kernels import FourierFeatureKernel
 
 DT = torch.float64

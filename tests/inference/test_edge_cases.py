@@ -109,7 +109,7 @@ def test_memory_guard_honours_the_address_space_limit(monkeypatch):
     # ulimit -v below the physical memory: the guard's clear error, not a raw allocation one.
     import resource
 
-    from rfgp.inference.linalg import available_memory, check_memory
+    from rfgp.inference._linalg import available_memory, check_memory
 
     cpu = torch.device("cpu")
     physical = available_memory(cpu)
@@ -195,7 +195,7 @@ def test_targets_with_no_columns_are_rejected_by_every_fitting_entry_point():
     from gpytorch.kernels import ScaleKernel
 
     from rfgp import fit_auto
-    from rfgp.inference.cross_validation import cross_validate, held_out_log_density
+    from rfgp.inference._cross_validation import cross_validate, held_out_log_density
     from rfgp.recipes import initial_hyperparameters
 
     x, y, _ = _data()

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rfgp.inference.evidence import (
+from rfgp.inference._evidence import (
     fourier_kernel_negative_log_evidence,
     fourier_negative_log_evidence,
     kernel_negative_log_evidence,

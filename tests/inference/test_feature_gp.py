@@ -13,10 +13,10 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from linear_operator.utils.warnings import NumericalWarning
 
 from rfgp import RandomFeatureGP, metrics
-from rfgp.inference.linalg import robust_cholesky
-from rfgp.inference.selection import ConvergenceWarning
+from rfgp._ops import gaussian
+from rfgp.inference._linalg import robust_cholesky
+from rfgp.inference._selection import ConvergenceWarning
 from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel
-from rfgp.ops import gaussian
 from tests.helpers import ComplexFourierKernel
 
 DT = torch.float64
@@ -480,7 +480,7 @@ def test_log_marginal_likelihood_heteroscedastic_matches_dense_gaussian():
     )
 
 
-@pytest.mark.filterwarnings("ignore::rfgp.inference.feature_gp.ConvergenceWarning")
+@pytest.mark.filterwarnings("ignore::rfgp.inference._feature_gp.ConvergenceWarning")
 def test_optimize_hyperparameters_improves_the_evidence():
     x, y, xt, _ = make_data(n=150)
     for method in ("lbfgs", "adam"):
@@ -713,7 +713,7 @@ def test_robust_cholesky_retries_with_jitter_and_warns():
 
 
 def test_try_cholesky_never_adds_jitter():
-    from rfgp.inference.linalg import try_cholesky
+    from rfgp.inference._linalg import try_cholesky
 
     v = torch.randn(6, 3, dtype=DT, generator=torch.Generator().manual_seed(0))
     a = v @ v.T + 0.5 * torch.eye(6, dtype=DT)

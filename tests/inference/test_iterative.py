@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference import ConvergenceWarning, cg_solver
-from rfgp.inference.iterative import (
+from rfgp.inference import ConvergenceWarning
+from rfgp.inference import _cg_solver as cg_solver
+from rfgp.inference._iterative import (
     NystromPreconditioner,
     cg_fit_cost,
     cg_fit_seconds,
@@ -18,7 +19,7 @@ from rfgp.inference.iterative import (
     conjugate_gradients,
     lanczos_log_quadrature,
 )
-from rfgp.inference.stochastic_evidence import stochastic_log_evidence
+from rfgp.inference._stochastic_evidence import stochastic_log_evidence
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
 
 DT = torch.float64
@@ -362,8 +363,8 @@ def test_checkpoint_round_trip_predicts_identically_without_a_d_by_d_matrix():
 
 # ====================================================================== auto, memory
 def test_auto_takes_cg_when_the_d_by_d_matrices_do_not_fit(monkeypatch):
-    import rfgp.inference.fitting as fitting
-    import rfgp.inference.linalg as linalg
+    import rfgp.inference._fitting as fitting
+    import rfgp.inference._linalg as linalg
 
     x, y, _ = _data(n=600)  # more rows than features: the N x N solve is not cheaper
     limit = 512 * 512 * 8 // 2  # half of one D x D float64 matrix

@@ -9,9 +9,9 @@ import pytest
 import torch
 from gpytorch.kernels import AdditiveKernel, ScaleKernel
 
-from rfgp.inference.laplace import evidence_hessian, lengthscale_draws
+from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
-from rfgp.kernels.fourier import cos_sin_features, stationary_kernel
+from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
 from rfgp.recipes import (
     FitReport,
     fit_auto,
@@ -325,7 +325,7 @@ def test_fit_auto_rejects_bad_draw_counts(value, error):
 
 def test_averaged_fit_round_trips_through_state_dict_and_goes_stale_on_change():
     from rfgp import RandomFeatureGP
-    from rfgp.inference.fit_state import StaleFitError
+    from rfgp.inference._fit_state import StaleFitError
 
     x, y = data(n=120, d=2, seed=3)
     report = FitReport()

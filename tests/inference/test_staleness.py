@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rfgp import DirichletGPClassifier, RandomFeatureGP
-from rfgp.inference.fit_state import StaleFitError
+from rfgp.inference._fit_state import StaleFitError
 from rfgp.kernels import (
     CurlFreeFeatureKernel,
     FourierFeatureKernel,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rfgp.inference.statistics import FeatureStatistics, accumulate_gram, symmetrize_upper
+from rfgp.inference._statistics import FeatureStatistics, accumulate_gram, symmetrize_upper
 
 
 def _dirichlet_like(n, width, classes, seed):

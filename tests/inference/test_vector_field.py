@@ -17,7 +17,7 @@ from rfgp.kernels import (
     HelmholtzFeatureKernel,
     HelmholtzKernel,
 )
-from rfgp.kernels.vector_field.factors import div_free_factor_rank
+from rfgp.kernels._vector_field.factors import div_free_factor_rank
 from tests.helpers import DT, gen, rand
 
 

@@ -22,8 +22,8 @@ from linear_operator.operators import (
     RootLinearOperator,
 )
 
+from rfgp._ops import complex_gaussian
 from rfgp.kernels import FourierFeatureKernel, RandomFeatureKernel, real_form
-from rfgp.ops import complex_gaussian
 
 
 # ---------------------------------------------------------------- helpers
@@ -538,7 +538,7 @@ def test_check_input_and_ensure_weights():
 
 
 def test_unwrap_scale_kernel():
-    from rfgp.kernels.base import unwrap_scale_kernel
+    from rfgp.kernels._base import unwrap_scale_kernel
 
     base = FourierFeatureKernel(8)
     assert unwrap_scale_kernel(base) is base

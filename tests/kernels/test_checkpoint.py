@@ -11,7 +11,7 @@ import torch
 
 from rfgp import RandomFeatureGP
 from rfgp.kernels import FourierFeatureKernel, MaclaurinKernel, PolynomialSketchKernel
-from rfgp.kernels.checkpoint import checkpoint_state
+from rfgp.kernels._checkpoint import checkpoint_state
 
 DT = torch.float64
 

@@ -19,7 +19,7 @@ from scipy import stats
 from scipy.special import hyp0f1
 
 from rfgp.kernels import FourierFeatureKernel
-from rfgp.kernels.fourier import haar_orthogonal, sample_frequencies
+from rfgp.kernels._fourier import haar_orthogonal, sample_frequencies
 
 SPECTRALS = ["rbf", "matern12", "matern32", "matern52"]
 NU = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
@@ -494,7 +494,7 @@ def test_scaled_projections_are_the_arguments_of_the_features(sampling, spectral
     # Phi(x) = M^{-1/2} [cos P, sin P] with P = W (x / l): the features from the projections,
     # and P itself from the frequencies' projections of the scaled inputs; a lengthscale set
     # after a first call is used by the next one.
-    from rfgp.kernels.fourier import cos_sin_features
+    from rfgp.kernels._fourier import cos_sin_features
 
     k = FourierFeatureKernel(16, spectral=spectral, sampling=sampling, input_dim=3,
                              ard_num_dims=3, seed=4).double()

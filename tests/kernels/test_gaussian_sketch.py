@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rfgp.kernels import GaussianSketchKernel
-from rfgp.kernels.gaussian_sketch import choose_truncation
+from rfgp.kernels._gaussian_sketch import choose_truncation
 from rfgp.metrics import kernel_distance
 from tests.helpers import assert_resampled_gram_is_unbiased
 

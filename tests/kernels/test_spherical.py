@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rfgp.kernels import DotProductKernel, SphericalFeatureKernel
-from rfgp.kernels.spherical import fit_spherical_mixture, spherical_polynomial
+from rfgp.kernels._spherical import fit_spherical_mixture, spherical_polynomial
 
 
 def points(n, d, seed, scale=0.5):

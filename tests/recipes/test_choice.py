@@ -11,12 +11,12 @@ import torch
 from linear_operator.utils.errors import NotPSDError
 
 from rfgp import RandomFeatureGP
-from rfgp.inference.cross_validation import cross_validate, held_out_log_density, kfold_indices
-from rfgp.inference.evidence import (
+from rfgp.inference._cross_validation import cross_validate, held_out_log_density, kfold_indices
+from rfgp.inference._evidence import (
     kernel_negative_log_evidence,
     stationary_negative_log_evidence,
 )
-from rfgp.kernels.fourier import stationary_kernel
+from rfgp.kernels._fourier import stationary_kernel
 from rfgp.recipes import (
     FitReport,
     RegressionOptions,

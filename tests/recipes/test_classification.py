@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rfgp.classification import DirichletGPClassifier
-from rfgp.inference.heteroscedastic_evidence import (
+from rfgp.inference._heteroscedastic_evidence import (
     heteroscedastic_negative_log_evidence,
     shared_weight_split,
 )

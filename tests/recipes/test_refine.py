@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from rfgp.inference.blocks import kd_blocks
-from rfgp.inference.feature_gp import RandomFeatureGP
-from rfgp.inference.laplace import evidence_hessian
-from rfgp.kernels.fourier import stationary_kernel
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._laplace import evidence_hessian
+from rfgp.kernels._fourier import stationary_kernel
 from rfgp.recipes import (
     FitReport,
     fit_auto,
@@ -318,7 +318,7 @@ def test_local_stage_with_several_target_columns():
 
 
 def test_fourier_kernel_evidence_over_blocks_checks_them():
-    from rfgp.inference.evidence import fourier_kernel_negative_log_evidence as evidence
+    from rfgp.inference._evidence import fourier_kernel_negative_log_evidence as evidence
 
     x, y = _data(60, seed=15)
     base = make_ard_kernel(16, 2, seed=0).base_kernel

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference.evidence import fourier_negative_log_evidence, negative_log_evidence
+from rfgp.inference._evidence import fourier_negative_log_evidence, negative_log_evidence
 from rfgp.recipes import (
     FitReport,
     fit_auto,
@@ -218,7 +218,7 @@ def test_evidence_search_of_fourier_features_in_weight_space_equals_the_feature_
     # With the fused evidence replaced by the features' own autograd graph (the kernel's
     # features times sqrt(outputscale) into negative_log_evidence), the search must end at the
     # same optimum: the recipe hands the fused form the right projections and scales.
-    import rfgp.inference.evidence as evidence
+    import rfgp.inference._evidence as evidence
 
     x, y, _ = rff_gp_data(400, 0.05, seed=14)
     results = []
@@ -431,7 +431,7 @@ def test_sklearn_default_is_the_recipe():
 def test_stationary_kernel_is_gpytorch_kernel(nu):
     import gpytorch
 
-    from rfgp.kernels.fourier import stationary_kernel
+    from rfgp.kernels._fourier import stationary_kernel
 
     g = gen(11)
     x1 = torch.randn(7, 3, generator=g, dtype=DT)
@@ -455,7 +455,7 @@ def test_stationary_kernel_is_gpytorch_kernel(nu):
 def test_kernel_evidence_is_the_gaussian_density_with_its_gradient():
     from linear_operator.utils.errors import NotPSDError
 
-    from rfgp.inference.evidence import kernel_negative_log_evidence
+    from rfgp.inference._evidence import kernel_negative_log_evidence
 
     g = gen(12)
     a = torch.randn(25, 10, generator=g, dtype=DT)
@@ -478,8 +478,8 @@ def test_kernel_evidence_is_the_gaussian_density_with_its_gradient():
 def test_exact_search_maximises_the_exact_evidence():
     # On few rows the search maximises the exact kernel's evidence: its gradient vanishes at
     # the result, which beats the random-feature search's hyperparameters on that evidence.
-    from rfgp.inference.evidence import kernel_negative_log_evidence
-    from rfgp.kernels.fourier import stationary_kernel
+    from rfgp.inference._evidence import kernel_negative_log_evidence
+    from rfgp.kernels._fourier import stationary_kernel
 
     x, y, _ = rff_gp_data(300, noise=0.05, seed=13)
 
@@ -510,9 +510,9 @@ def test_exact_search_maximises_the_exact_evidence():
 def test_exact_search_pieces_reject_bad_input():
     from linear_operator.utils.errors import NotPSDError
 
-    from rfgp.inference.evidence import kernel_negative_log_evidence
-    from rfgp.inference.selection import minimize_lbfgs
-    from rfgp.kernels.fourier import stationary_kernel
+    from rfgp.inference._evidence import kernel_negative_log_evidence
+    from rfgp.inference._selection import minimize_lbfgs
+    from rfgp.kernels._fourier import stationary_kernel
 
     x = torch.randn(4, 2, dtype=DT)
     ls = torch.tensor([0.5, 1.0], dtype=DT)
@@ -556,7 +556,7 @@ def test_exact_search_pieces_reject_bad_input():
 def test_minimize_lbfgs_backs_off_from_infeasible_points():
     # The minimum at w = -1 lies outside the allowed w > 0: the line search never lands there
     # and the best feasible point evaluated is restored.
-    from rfgp.inference.selection import minimize_lbfgs
+    from rfgp.inference._selection import minimize_lbfgs
 
     w = torch.tensor([2.0], dtype=DT, requires_grad=True)
     seen = []
@@ -576,11 +576,11 @@ def test_fourier_kernel_evidence_is_the_features_or_the_exact_kernels(rows, spec
     # At explicit hyperparameters: the features' evidence equals negative_log_evidence of the
     # kernel's own features scaled by sqrt(s) (set as its parameters), in both spaces, value
     # and gradient; the exact form equals the dense Gaussian of the exact kernel.
-    from rfgp.inference.evidence import (
+    from rfgp.inference._evidence import (
         fourier_kernel_negative_log_evidence,
         kernel_negative_log_evidence,
     )
-    from rfgp.kernels.fourier import stationary_kernel
+    from rfgp.kernels._fourier import stationary_kernel
 
     g = gen(31)
     x = torch.randn(rows, 2, generator=g, dtype=DT)
@@ -609,7 +609,7 @@ def test_fourier_kernel_evidence_is_the_features_or_the_exact_kernels(rows, spec
 
 
 def test_fourier_kernel_evidence_rejects_a_subclass_with_its_own_features():
-    from rfgp.inference.evidence import fourier_kernel_negative_log_evidence
+    from rfgp.inference._evidence import fourier_kernel_negative_log_evidence
     from rfgp.kernels import FourierFeatureKernel
 
     class Doubled(FourierFeatureKernel):

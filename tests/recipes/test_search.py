@@ -46,7 +46,7 @@ def test_two_path_search_ends_at_the_kept_paths_point():
     kernel = gp.kernel
     with torch.no_grad():
         z = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
-    from rfgp.inference.evidence import negative_log_evidence
+    from rfgp.inference._evidence import negative_log_evidence
 
     floor = 1e-6 * float((y - y.mean()).square().mean())
     loss = float(negative_log_evidence(z, (y - y.mean()).unsqueeze(-1), gp.noise)) / 150

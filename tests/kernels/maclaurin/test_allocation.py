@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rfgp.kernels.maclaurin.allocation import (
+from rfgp.kernels._maclaurin.allocation import (
     allocation_objective,
     allocation_statistics,
     incremental_allocation,

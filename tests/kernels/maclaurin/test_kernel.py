@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rfgp.kernels import MaclaurinKernel
-from rfgp.kernels.maclaurin.allocation import allocation_objective
+from rfgp.kernels._maclaurin.allocation import allocation_objective
 from tests.helpers import assert_resampled_gram_is_unbiased
 
 

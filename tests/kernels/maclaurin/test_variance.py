@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.kernels.sketches import apply_sketch, sample_sketch
+from rfgp.kernels._sketches import apply_sketch, sample_sketch
 from rfgp.variance import (
     gaussian_sketch_variance,
     rademacher_sketch_variance,

@@ -89,7 +89,7 @@ def test_complex_rademacher_beats_real_on_nonnegative_data(degree):
 @pytest.mark.parametrize("complex", [False, True])
 def test_unbatched_paths_match_batched(monkeypatch, projection, complex):
     # Unbatched weights take specialised paths (row-chunked GEMM, index_add count sketches).
-    import rfgp.kernels.sketches.dense as sk
+    import rfgp.kernels._sketches.dense as sk
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(300, 4, dtype=torch.float64, generator=g)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rfgp.kernels import PolynomialSketchKernel, sample_sketch
-from rfgp.kernels.sketches import _srht_numba
+from rfgp.kernels._sketches import _srht_numba
 
 needs_numba = pytest.mark.skipif(not _srht_numba.available(), reason="numba is not installed")
 

@@ -8,7 +8,7 @@ import torch
 from scipy.linalg import hadamard
 
 from rfgp.kernels import PolynomialSketchKernel, apply_sketch, sample_sketch
-from rfgp.kernels.sketches import _srht_numba
+from rfgp.kernels._sketches import _srht_numba
 
 needs_numba = pytest.mark.skipif(not _srht_numba.available(), reason="numba is not installed")
 
@@ -201,7 +201,7 @@ def test_backward_compile_failure_falls_back_before_autograd_records(monkeypatch
         out = _srht_numba.differentiable_tensorsrht(x, w["signs"], w["indices"], complex,
                                                     scale, root)
     assert out is None and not _srht_numba.available()
-    from rfgp.kernels.sketches.tensorsrht import apply_tensorsrht
+    from rfgp.kernels._sketches.tensorsrht import apply_tensorsrht
 
     phi = apply_tensorsrht(x, w, 3, complex, scale, root)
     ref = algorithm_1(x, w, 3, complex, scale.expand(4), root)
@@ -246,7 +246,7 @@ def test_set_enabled_checks_its_argument():
 def test_transform_pair_is_the_signed_hadamard_and_its_transpose(padded):
     # One radix-4 butterfly serves both: signed_fwht is c H diag(s), fwht_signed_add adds
     # c diag(s) H (its transpose, H symmetric); odd and even log2 d' and d' = 1.
-    from rfgp.kernels.sketches import _srht_kernels
+    from rfgp.kernels._sketches import _srht_kernels
 
     kernels = _srht_kernels.build()
     g = torch.Generator().manual_seed(padded)

@@ -2,7 +2,7 @@
 
 import torch
 
-from rfgp.kernels.sketches.tensorsketch import count_sketch
+from rfgp.kernels._sketches.tensorsketch import count_sketch
 
 
 def dense_count_sketch_matrix(hashes, signs, num_features):

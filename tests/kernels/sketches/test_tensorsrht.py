@@ -5,14 +5,14 @@ implementations."""
 import pytest
 import torch
 
+from rfgp._ops import hadamard_matrix
 from rfgp.kernels import PolynomialSketchKernel, apply_sketch, sample_sketch
-from rfgp.ops import hadamard_matrix
 
 
 @pytest.fixture
 def gemm_path(monkeypatch):
     """TensorSRHT through the GEMM plan even where the compiled (numba) kernel is installed."""
-    from rfgp.kernels.sketches import _srht_numba
+    from rfgp.kernels._sketches import _srht_numba
 
     monkeypatch.setitem(_srht_numba._state, "enabled", False)
 
@@ -54,7 +54,7 @@ def test_tensorsrht_structure():
 def test_tensorsrht_fast_path_matches_generic(monkeypatch, gemm_path, complex, d, num_features,
                                              degree):
     # Unbatched weights use the two-GEMM plan (row-chunked); batched ones the generic path.
-    import rfgp.kernels.sketches.tensorsrht as sk
+    import rfgp.kernels._sketches.tensorsrht as sk
 
     g = torch.Generator().manual_seed(d)
     x = torch.randn(2, 25, d, dtype=torch.float64, generator=g)
@@ -75,7 +75,7 @@ def test_tensorsrht_plan_chunks_groups_and_gradients(monkeypatch, gemm_path, com
                                                      chunk_elements):
     # Several blocks (the last one truncated), partial row chunks, groups of several blocks
     # and the autograd variant of the plan all give the generic path's features and gradients.
-    import rfgp.kernels.sketches.tensorsrht as sk
+    import rfgp.kernels._sketches.tensorsrht as sk
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(37, 100, dtype=torch.float64, generator=g)
@@ -102,8 +102,8 @@ def test_tensorsrht_kernel_fused_homogenisation(monkeypatch, compiled, complex, 
     # Without autograd the kernel lets the plan (or the compiled kernel) scale, append the bias
     # coordinate and pad chunk by chunk; it must equal the sketch of the explicitly homogenised
     # input.
-    import rfgp.kernels.sketches.tensorsrht as sk
-    from rfgp.kernels.sketches import _srht_numba
+    import rfgp.kernels._sketches.tensorsrht as sk
+    from rfgp.kernels._sketches import _srht_numba
 
     if compiled and not _srht_numba.available():
         pytest.skip("numba is not installed")

@@ -11,7 +11,7 @@ from rfgp.kernels import (
     DivFreeKernel,
     HelmholtzKernel,
 )
-from rfgp.kernels.vector_field.exact import curl_free_gaussian, div_free_gaussian
+from rfgp.kernels._vector_field.exact import curl_free_gaussian, div_free_gaussian
 from tests.helpers import DT, gen, rand
 
 

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from rfgp.kernels.vector_field.factors import div_free_factor, div_free_factor_rank
+from rfgp.kernels._vector_field.factors import div_free_factor, div_free_factor_rank
 from tests.helpers import DT, gen
 
 

@@ -1,0 +1,579 @@
+r"""The iterative solver: the posterior by conjugate gradients, without a ``D x D`` matrix.
+
+:class:`ConjugateGradientSolver` (``solve="cg"``) keeps the training inputs, targets and noise
+and applies :math:`B = \Phi^H S^{-1}\Phi + I` to blocks of vectors by a pass over row chunks
+(:class:`FeatureOperator`): :math:`B V = \sum_c \Phi_c^H (S_c^{-1} (\Phi_c V)) + V`, the chunk's
+features recomputed from its inputs, or kept up to ``cache_bytes``. Memory is
+:math:`O(N d + \mathrm{chunk}\cdot D + D (r + T))` against the weight-space solve's
+:math:`O(D^2)`; every quantity is exact up to the CG tolerance:
+
+* mean weights :math:`w = B^{-1}\Phi^H S^{-1} y` (one CG over the ``T`` target columns);
+* latent variances :math:`\phi_*^\top B^{-1} \overline{\phi_*}` and covariances
+  :math:`\mathrm{Re}\{\Phi_* B^{-1}\Phi_*^H\}` (one CG over the query rows);
+* posterior weight draws by sample-then-optimise,
+  :math:`w = B^{-1}(\Phi^H S^{-1}(y + \epsilon) + \xi)`, :math:`\epsilon \sim N(0, S)`,
+  :math:`\xi \sim N(0, I)`: Gaussian with mean :math:`B^{-1}\Phi^H S^{-1}y` and covariance
+  :math:`B^{-1}(\Phi^H S^{-1}\Phi + I)B^{-1} = B^{-1}`, one CG column per draw;
+* the evidence by stochastic Lanczos quadrature (:mod:`~rfgp.inference._stochastic_evidence`).
+
+Each noise group (outputs of equal noise) has a Nyström preconditioner
+(:class:`~rfgp.inference._iterative.NystromPreconditioner`). Under ``torch.distributed`` each
+process holds its shard; products are all-reduced, so every process runs the same iterations
+and the quantities that need products (variances, draws, evidence) are collective calls.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp.inference._evidence import LOG_2PI, check_representable
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._iterative import (
+    MAX_AUTO_RANK,
+    CGResult,
+    CGSettings,
+    NystromPreconditioner,
+    conjugate_gradients,
+    lanczos_log_quadrature,
+)
+from rfgp.inference._linalg import available_memory
+from rfgp.inference._noise import equal_noise_columns
+from rfgp.inference._solvers import Solver, WeightFactor, _to
+from rfgp.kernels._base import real_form
+
+__all__ = [
+    "ConjugateGradientSolver",
+    "FeatureOperator",
+    "column_logdets",
+    "fitted_log_evidence",
+    "logdet_probes",
+    "probe_standard_error",
+    "real_form_solver",
+]
+
+#: a batch as the solver keeps it: inputs ``(N, d)``, targets ``(R, T)`` divided by the target
+#: scale, fixed row noise ``(R, T)`` or ``None``
+DataBatch = Tuple[Tensor, Tensor, Optional[Tensor]]
+#: one chunk: features ``(n, W)`` in the solver's form, targets ``(n, T)``, row noise or None
+Chunk = Tuple[Tensor, Tensor, Optional[Tensor]]
+
+
+def complex_of(dtype: torch.dtype) -> torch.dtype:
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
+
+
+class FeatureOperator:
+    r"""Products with :math:`B = \Phi^H S^{-1}\Phi + I` over row chunks of the training data.
+
+    Args:
+        feature_map: the kernel adapter (features recomputed from the inputs).
+        data: the training batches.
+        complex_solve: complex features (else their real form ``[Re, Im]``).
+        dtype: real dtype of the products (features are cast to it chunk by chunk).
+        chunk: points per chunk.
+        cache_bytes: bytes of feature chunks kept across products.
+        process_group: all-reduce products over this group (``distributed``).
+        distributed: whether the rows are sharded over processes.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> fm = FeatureMap(FourierFeatureKernel(8, seed=0).double())
+        >>> x = torch.rand(10, 2, dtype=torch.float64)
+        >>> noise = torch.full((10, 1), 0.5, dtype=torch.float64)
+        >>> op = FeatureOperator(fm, [(x, torch.zeros(10, 1, dtype=torch.float64), noise)],
+        ...                      False, torch.float64, chunk=4, cache_bytes=0)
+        >>> phi = fm.rows(x)
+        >>> b = phi.T @ phi / 0.5 + torch.eye(8, dtype=torch.float64)  # the matrix never formed
+        >>> v = torch.rand(8, 3, dtype=torch.float64)
+        >>> torch.allclose(op.apply(v, [0, 0, 0]), b @ v)
+        True
+    """
+
+    def __init__(self, feature_map: Optional[FeatureMap], data: List[DataBatch],
+                 complex_solve: bool, dtype: torch.dtype, chunk: int, cache_bytes: int,
+                 process_group=None, distributed: bool = False) -> None:
+        self.feature_map = feature_map
+        self.data = data
+        self.complex_solve = complex_solve
+        self.dtype = dtype
+        self.chunk = chunk
+        self.cache_bytes = cache_bytes
+        self.process_group = process_group
+        self.distributed = distributed
+        #: set on a distributed fit loaded from a checkpoint: only this process's rows are here
+        self.detached = False
+        #: the model noise per target column ``(T,)``; ``None`` when the noise is fixed per row
+        self.column_noise: Optional[Tensor] = None
+        self._cache: Dict[Tuple[int, int], Tensor] = {}
+        self._cached = 0
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def vector_dtype(self) -> torch.dtype:
+        return complex_of(self.dtype) if self.complex_solve else self.dtype
+
+    @property
+    def width(self) -> int:
+        fm = self.feature_map
+        return fm.num_features if self.complex_solve else fm.num_real_features
+
+    @property
+    def device(self) -> torch.device:
+        return self.data[0][1].device
+
+    @property
+    def num_columns(self) -> int:
+        return self.data[0][1].shape[1]
+
+    @property
+    def fixed_noise(self) -> bool:
+        return self.data[0][2] is not None
+
+    def real_view(self) -> FeatureOperator:
+        """The same data with real-form features (the evidence's matrix)."""
+        view = FeatureOperator(self.feature_map, self.data, False, self.dtype, self.chunk,
+                               self.cache_bytes, self.process_group, self.distributed)
+        view.column_noise, view.detached = self.column_noise, self.detached
+        return view
+
+    def clear_cache(self) -> None:
+        self._cache, self._cached = {}, 0
+
+    # ------------------------------------------------------------------ passes
+    def chunks(self) -> Iterator[Chunk]:
+        """The training chunks with their features (computed or cached)."""
+        if self.detached:
+            raise RuntimeError(
+                "this solve='cg' fit was distributed over processes and loaded from a checkpoint: "
+                "it holds one process's rows only, so variances, samples and the evidence (which "
+                "need products with all rows) are unavailable; predict means, or fit again"
+            )
+        p = self.feature_map.outputs_per_input
+        feature_dtype = self.feature_map.reference().dtype
+        for index, (x, targets, noise) in enumerate(self.data):
+            for start in range(0, x.shape[0], self.chunk):
+                stop = min(start + self.chunk, x.shape[0])
+                rows = slice(start * p, stop * p)
+                feats = self._features(index, start, x[start:stop].to(feature_dtype))
+                yield feats, targets[rows], None if noise is None else noise[rows]
+
+    def _features(self, index: int, start: int, x: Tensor) -> Tensor:
+        cached = self._cache.get((index, start))
+        if cached is None:
+            with torch.no_grad():
+                rows = self.feature_map.rows(x)
+            cached = rows if self.complex_solve else real_form(rows)
+            size = cached.numel() * cached.element_size()
+            if self._cached + size <= self.cache_bytes:
+                self._cache[(index, start)] = cached
+                self._cached += size
+        return cached.to(self.vector_dtype)
+
+    def inverse_noise(self, noise: Optional[Tensor], columns: Tensor, num_rows: int) -> Tensor:
+        """``(n, k)``: the inverse noise of target column ``columns[j]`` on the chunk's rows."""
+        if noise is not None:
+            return noise.to(self.dtype)[:, columns].reciprocal()
+        inverse = self.column_noise.to(device=self.device, dtype=self.dtype)[columns].reciprocal()
+        return inverse.unsqueeze(0).expand(num_rows, -1)
+
+    def reduce(self, tensor: Tensor) -> Tensor:
+        """Sum ``tensor`` over the processes (in place; a no-op unless distributed)."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            view = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+            dist.all_reduce(view, op=dist.ReduceOp.SUM, group=self.process_group)
+        return tensor
+
+    def project(self, values: Callable[[Tensor, Optional[Tensor]], Tensor], k: int) -> Tensor:
+        r""":math:`\sum_c \Phi_c^H \mathrm{values}_c` for per-chunk ``(n, k)`` values computed
+        from the chunk's targets and noise (reduced over processes)."""
+        out = torch.zeros(self.width, k, dtype=self.vector_dtype, device=self.device)
+        for feats, targets, noise in self.chunks():
+            out.addmm_(feats.transpose(0, 1).conj(), values(targets, noise).to(out.dtype))
+        return self.reduce(out)
+
+    def gram(self, v: Tensor, columns: Sequence[int]) -> Tensor:
+        r""":math:`(B - I) V = \Phi^H S^{-1} \Phi V`, column ``j`` with the noise of target
+        column ``columns[j]``."""
+        index = torch.as_tensor(list(columns), dtype=torch.long, device=self.device)
+        out = torch.zeros_like(v)
+        for feats, _, noise in self.chunks():
+            weighted = (feats @ v) * self.inverse_noise(noise, index, feats.shape[0])
+            out.addmm_(feats.transpose(0, 1).conj(), weighted)
+        return self.reduce(out)
+
+    def apply(self, v: Tensor, columns: Sequence[int]) -> Tensor:
+        """:math:`B V` (see :meth:`gram`)."""
+        return self.gram(v, columns) + v
+
+    def total(self, tensor: Tensor) -> Tensor:
+        """A row sum over all processes."""
+        return self.reduce(tensor.clone())
+
+    # ------------------------------------------------------------------ noise groups
+    def noise_groups(self) -> List[List[int]]:
+        """Target columns whose noise is equal on every row (of every process)."""
+        if not self.fixed_noise:
+            return equal_noise_columns(self.column_noise.reshape(1, -1))
+        t = self.num_columns
+        differ = torch.zeros(t, t, dtype=torch.float64, device=self.device)
+        for _, _, noise in self.data:
+            ids = torch.unique(noise.transpose(0, 1), dim=0, return_inverse=True)[1]
+            differ += (ids.unsqueeze(0) != ids.unsqueeze(1)).to(differ.dtype)
+        differ = self.reduce(differ).cpu() > 0
+        groups, seen = [], set()
+        for i in range(t):
+            if i not in seen:
+                members = [j for j in range(i, t) if not differ[i, j]]
+                seen.update(members)
+                groups.append(members)
+        return groups
+
+
+class ConjugateGradientSolver(Solver):
+    """The matrix-free posterior of one fit (see the module docstring).
+
+    Args:
+        operator: the products with ``B`` over the kept training data.
+        settings: tolerance, iterations, preconditioner rank, cache.
+        complex_solve, jitter, target_scale: as in :class:`~rfgp.inference._solvers.Solver`
+            (``jitter`` is not used: nothing is factorised).
+        num_rows: rows over all processes (default: the operator's rows).
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> x = torch.rand(200, 2, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0])
+        >>> exact = RandomFeatureGP(FourierFeatureKernel(256, seed=0).double(), noise=0.01,
+        ...                         solve="weight").fit(x, y)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(256, seed=0).double(), noise=0.01,
+        ...                      solve="cg", cg_tolerance=1e-10).fit(x, y)
+        >>> gp.solve_used, torch.allclose(gp.predict(x[:5]), exact.predict(x[:5]))
+        ('cg', True)
+    """
+
+    name = "cg"
+
+    def __init__(self, operator: FeatureOperator, settings: CGSettings, complex_solve: bool,
+                 jitter: Optional[float], target_scale: float,
+                 num_rows: Optional[int] = None) -> None:
+        super().__init__(complex_solve, jitter, target_scale)
+        self.operator = operator
+        self.settings = settings
+        if num_rows is None:
+            local = sum(t.shape[0] for _, t, _ in operator.data)
+            count = torch.tensor([float(local)], dtype=torch.float64, device=operator.device)
+            num_rows = int(round(float(operator.reduce(count))))
+        self._num_rows = num_rows
+        self.mean_weights: Optional[Tensor] = None
+        self.preconditioners: List[NystromPreconditioner] = []
+        self._groups: List[List[int]] = []
+        #: CG iterations of the last solve for the mean weights
+        self.iterations = 0
+        #: the standard error of the last stochastic log evidence
+        self.evidence_standard_error: Optional[float] = None
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.operator.dtype
+
+    def bind(self, feature_map: FeatureMap) -> None:
+        self.operator.feature_map = feature_map
+
+    def groups(self) -> List[List[int]]:
+        return [list(cols) for cols in self._groups]
+
+    def _group_of(self) -> Dict[int, int]:
+        return {c: g for g, cols in enumerate(self._groups) for c in cols}
+
+    # ------------------------------------------------------------------ solves
+    def tolerance(self) -> float:
+        return self.settings.tolerance_for(self.dtype)
+
+    def precondition(self, residual: Tensor, columns: Sequence[int]) -> Tensor:
+        """Each column through its noise group's :math:`P^{-1}`."""
+        group_of = self._group_of()
+        out = residual.clone()
+        for g, pre in enumerate(self.preconditioners):
+            idx = [j for j, c in enumerate(columns) if group_of[c] == g]
+            if idx and pre.rank:
+                out[:, idx] = pre.inverse(residual[:, idx])
+        return out
+
+    def solve(self, rhs: Tensor, columns: Sequence[int], what: str,
+              initial: Optional[Tensor] = None) -> CGResult:
+        """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``."""
+        columns = list(columns)
+        return conjugate_gradients(
+            lambda v: self.operator.apply(v, columns), rhs,
+            lambda r: self.precondition(r, columns), self.tolerance(),
+            self.settings.max_iterations, what, initial=initial,
+        )
+
+    def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
+        """One Nyström preconditioner per noise group of ``operator``'s matrix."""
+        rank = self.settings.preconditioner_rank
+        # The automatic rank is capped so that a group's basis and its image (2 W r entries)
+        # take at most a tenth of the device's memory.
+        item = torch.empty((), dtype=operator.vector_dtype).element_size()
+        memory_cap = available_memory(operator.device) // (20 * operator.width * item)
+        max_rank = max(1, min(MAX_AUTO_RANK, memory_cap))
+        out = []
+        for cols in self._groups:
+            def gram(v: Tensor, col: int = cols[0]) -> Tensor:
+                return operator.gram(v, [col] * v.shape[1])
+
+            if rank == 0:
+                empty = torch.zeros(operator.width, 0, dtype=operator.vector_dtype,
+                                    device=operator.device)
+                out.append(NystromPreconditioner(empty, empty.real.new_zeros(0)))
+            else:
+                out.append(NystromPreconditioner.sketch(gram, operator.width,
+                                                        operator.vector_dtype,
+                                                        operator.device, rank,
+                                                        max_rank=max_rank))
+        return out
+
+    def factorise(self, column_noise: Optional[Tensor]) -> None:
+        """Build the preconditioners and solve for the mean weights (no factorisation)."""
+        op = self.operator
+        op.column_noise = None if op.fixed_noise else column_noise.detach()
+        t = op.num_columns
+        with torch.no_grad():
+            self._groups = op.noise_groups()
+            self.preconditioners = self.build_preconditioners(op)
+            index = torch.arange(t, device=op.device)
+            rhs = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]),
+                             t)
+            # A refit after an update or a new noise starts from the previous weights.
+            start = self.mean_weights
+            if start is not None and start.shape != rhs.shape:
+                start = None
+            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start)
+        self.mean_weights, self.iterations = result.solution, result.iterations
+
+    # ------------------------------------------------------------------ posterior
+    def predict(self, rows: Tensor, want_root: bool):
+        out_dtype = rows.real.dtype
+        feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
+        num = feats.shape[0]
+        mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale  # (M, T)
+        var = torch.zeros_like(mean)
+        roots = []
+        for cols in self._groups:
+            with torch.no_grad():
+                solved = self.solve(feats.detach().transpose(0, 1).conj(), [cols[0]] * num,
+                                    "the predictive variances B u = phi*").solution  # (W, M)
+            # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear
+            # part in phi (B^-1 conj(phi) held fixed): 2 x - x.detach() carries both.
+            quad = _real_product(feats, solved.transpose(0, 1)).sum(-1)
+            var[:, cols] = (2 * quad - quad.detach()).clamp_min(0).unsqueeze(-1)
+            if want_root:
+                cross = _real_product(feats.unsqueeze(1), solved.transpose(0, 1)).sum(-1)
+                # Symmetric in value (CG leaves Re{Phi* U} symmetric only to its tolerance);
+                # the gradient of Phi* B^-1 Phi*^H is the linear part plus its transpose.
+                both = cross + cross.transpose(0, 1)
+                roots.append((0.5 * both.detach() + both - both.detach()).to(out_dtype))
+            else:
+                roots.append(None)
+        return mean.to(out_dtype), var.to(out_dtype), roots
+
+    def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
+        raise NotImplementedError(
+            "solve='cg' holds no Cholesky factor of B; its draws come from draw_weights"
+        )
+
+    def draw_weights(self, num_samples: int, generator: Optional[torch.Generator],
+                     column_noise: Optional[Tensor]) -> List[Tuple[List[int], Tensor]]:
+        r"""Posterior weight draws by sample-then-optimise (see the module docstring), one CG
+        column per draw, in the true target scale. Complex solves draw
+        :math:`\epsilon = S^{1/2}(a + i b)`, :math:`\xi = a' + i b'`, like the weight-space
+        solver's :math:`L^{-H}(a + i b)`; under ``torch.distributed``, :math:`\xi` is rank 0's."""
+        op = self.operator
+        device = generator.device if generator is not None else op.device
+        draws = []
+        with torch.no_grad():
+            for cols in self._groups:
+                k = num_samples * len(cols)
+                index = torch.full((k,), cols[0], dtype=torch.long, device=op.device)
+
+                def noise_draw(y: Tensor, s: Optional[Tensor], k: int = k,
+                               index: Tensor = index) -> Tensor:
+                    eps = _random((y.shape[0], k), op.vector_dtype, generator, device)
+                    return eps.to(op.device) * op.inverse_noise(s, index, y.shape[0]).sqrt()
+
+                rhs = op.project(noise_draw, k)
+                xi = _random((op.width, k), op.vector_dtype, generator, device).to(op.device)
+                if op.distributed:
+                    import torch.distributed as dist
+
+                    view = torch.view_as_real(xi) if xi.is_complex() else xi
+                    dist.broadcast(view, src=0, group=op.process_group)
+                sample = self.solve(rhs + xi, [cols[0]] * k, "the posterior draws").solution
+                mean = (self.mean_weights[:, cols] * self.target_scale).unsqueeze(1)
+                draws.append((cols, mean + sample.reshape(op.width, num_samples, len(cols))))
+        return draws
+
+    def log_evidence(self, column_noise: Optional[Tensor]) -> Tensor:
+        value, error = fitted_log_evidence(self)
+        self.evidence_standard_error = error
+        return value
+
+    # ------------------------------------------------------------------ state
+    def to(self, device: torch.device, dtype: torch.dtype) -> None:
+        op = self.operator
+        # Inputs keep their dtype (they are cast to the kernel's at use); the rest follows dtype.
+        op.data = [(x.to(device), _to(t, device, dtype),
+                    None if s is None else _to(s, device, dtype)) for x, t, s in op.data]
+        if op.column_noise is not None:
+            op.column_noise = op.column_noise.to(device)
+        op.dtype = dtype
+        op.clear_cache()
+        if self.mean_weights is not None:
+            self.mean_weights = _to(self.mean_weights, device, dtype)
+        for pre in self.preconditioners:
+            pre.basis = _to(pre.basis, device, dtype)
+            pre.eigenvalues = pre.eigenvalues.to(device=device, dtype=dtype)
+
+    def state(self) -> dict:
+        op = self.operator
+        return {
+            "solver": self.name,
+            "data": [tuple(batch) for batch in op.data],
+            "column_noise": op.column_noise,
+            "chunk": op.chunk,
+            "distributed": op.distributed,
+            "num_rows": self._num_rows,
+            "settings": self.settings.state(),
+            "groups": self.groups(),
+            "mean_weights": self.mean_weights,
+            "preconditioners": [(p.basis, p.eigenvalues) for p in self.preconditioners],
+            "iterations": self.iterations,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
+        data = [tuple(batch) for batch in state["data"]]
+        settings = CGSettings(**state["settings"])
+        # The feature map is bound by the model before any use (its kernel is loaded after).
+        op = FeatureOperator(None, data, complex_solve, data[0][1].dtype, int(state["chunk"]),
+                             settings.cache_bytes, None, bool(state["distributed"]))
+        op.detached = op.distributed
+        op.distributed = False
+        op.column_noise = state["column_noise"]
+        solver = cls(op, settings, complex_solve, jitter, target_scale, int(state["num_rows"]))
+        solver._groups = [list(c) for c in state["groups"]]
+        solver.mean_weights = state["mean_weights"]
+        solver.preconditioners = [NystromPreconditioner(b, e) for b, e in state["preconditioners"]]
+        solver.iterations = int(state["iterations"])
+        return solver
+
+
+def _real_product(a: Tensor, b: Tensor) -> Tensor:
+    """``Re(a * b)`` elementwise, spelled in real arithmetic: the backward pass then hands the
+    feature map real-and-imaginary gradients, never a lazily conjugated tensor."""
+    if a.is_complex():
+        return a.real * b.real - a.imag * b.imag
+    return a * b
+
+
+def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
+            device: torch.device) -> Tensor:
+    """Standard normal draws; complex ones ``a + i b`` with ``a, b ~ N(0, 1)``."""
+    real = dtype.to_real() if dtype.is_complex else dtype
+    draw = torch.randn(*shape, generator=generator, dtype=real, device=device)
+    if dtype.is_complex:
+        draw = torch.complex(draw, torch.randn(*shape, generator=generator, dtype=real,
+                                               device=device))
+    return draw
+
+
+# ====================================================================== the fitted evidence
+def _rademacher(shape, generator: Optional[torch.Generator]) -> Tensor:
+    generator = generator or torch.Generator().manual_seed(0)
+    return torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0
+
+
+def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Generator]):
+    """Per noise group: log-determinant estimates ``(P,)``, and the probe pairs ``u, r``.
+
+    ``solver`` is a factorised real-form solver (its groups and preconditioners are used).
+    """
+    op, probes = solver.operator, solver.settings.num_probes
+    groups = solver.groups()
+    v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
+    rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
+    for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):
+        block = slice(g * probes, (g + 1) * probes)
+        rhs[:, block] = pre.sqrt(v[:, block])
+        right[:, block] = pre.inverse_sqrt(v[:, block])
+        columns += [cols[0]] * probes
+    result = solver.solve(rhs, columns, "the log-determinant probes B u = P^1/2 v")
+    quadrature = lanczos_log_quadrature(result)  # (G P,)
+    estimates = [
+        pre.logdet() + op.width * quadrature[g * probes : (g + 1) * probes]
+        for g, pre in enumerate(solver.preconditioners)
+    ]
+    return estimates, result.solution, right, columns
+
+
+def probe_standard_error(estimates: List[Tensor], groups: List[List[int]]) -> float:
+    """Of ``-1/2 sum_t log|B_g(t)|``: each group's mean counts once per column."""
+    var = sum((len(cols) * float(e.std()) / math.sqrt(e.numel())) ** 2
+              for e, cols in zip(estimates, groups))
+    return 0.5 * math.sqrt(var)
+
+
+def column_logdets(estimates: List[Tensor], groups: List[List[int]], num_columns: int,
+                    like: Tensor) -> Tensor:
+    out = like.new_zeros(num_columns)
+    for e, cols in zip(estimates, groups):
+        out[cols] = float(e.mean())
+    return out
+
+
+def real_form_solver(solver: ConjugateGradientSolver) -> ConjugateGradientSolver:
+    """The solver of the real-form matrix (the evidence is the real GP's), factorised."""
+    if not solver.complex_solve:
+        return solver
+    op = solver.operator.real_view()
+    real = ConjugateGradientSolver(op, solver.settings, False, None, solver.target_scale,
+                                   solver.num_rows)
+    real.factorise(op.column_noise)
+    return real
+
+
+def fitted_log_evidence(solver: ConjugateGradientSolver,
+                        generator: Optional[torch.Generator] = None) -> Tuple[Tensor, float]:
+    """The stochastic log evidence of a fitted iterative solver and its standard error."""
+    with torch.no_grad():
+        real = real_form_solver(solver)
+        op = real.operator
+        t = op.num_columns
+        index = torch.arange(t, device=op.device)
+        h = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]), t)
+        yy = torch.zeros(t, dtype=op.dtype, device=op.device)
+        log_noise = torch.zeros_like(yy)
+        for _, targets, noise in op.data:
+            inverse = op.inverse_noise(noise, index, targets.shape[0])
+            yy += (targets.to(op.dtype).square() * inverse).sum(0)
+            log_noise -= inverse.log().sum(0)
+        yy, log_noise = op.total(yy), op.total(log_noise)
+        quad = (yy - (h * real.mean_weights).sum(0)) * real.target_scale**2
+        estimates = logdet_probes(real, generator)[0]
+        groups = real.groups()
+        logdet = column_logdets(estimates, groups, t, quad)
+        total = -0.5 * (quad + logdet + log_noise + solver.num_rows * LOG_2PI).sum()
+    return check_representable(total, real.target_scale), probe_standard_error(estimates, groups)

@@ -1,0 +1,600 @@
+r"""``RandomFeatureGP``: exact GP inference with a random-feature kernel (the public façade).
+
+For features :math:`\Phi(X) \in \mathbb{C}^{N \times D}` (rows :math:`\Phi(x_i)^\top`), real
+targets :math:`y` and a diagonal noise :math:`S`, the GP with kernel
+:math:`\hat k(x, x') = \Phi(x)^\top \overline{\Phi(x')}` has the posterior (Appendix D of
+Wacker, Kanagawa & Filippone, Eqs. 88-90, with the corrected conjugation)
+
+.. math::
+    B = \Phi^H S^{-1} \Phi + I_D, \qquad
+    \mu(x) = \mathrm{Re}\{\Phi(x)^\top B^{-1} \Phi^H S^{-1} y\}, \qquad
+    k_N(x, x') = \mathrm{Re}\{\Phi(x)^\top B^{-1} \overline{\Phi(x')}\}.
+
+The work is done by the solvers (:mod:`~rfgp.inference._solvers`, the iterative
+:mod:`~rfgp.inference._cg_solver`), the chunked statistics and the noise layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+import torch
+from gpytorch.kernels import Kernel
+from torch import Tensor
+
+from rfgp._validation import check_bool, check_choice, check_int, check_real
+from rfgp.inference._evidence import log_evidence_from_features
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_state import Batch, FitState, StaleFitError
+from rfgp.inference._fitting import SolverFactory
+from rfgp.inference._iterative import CGSettings
+from rfgp.inference._linalg import robust_cholesky
+from rfgp.inference._noise import (
+    NoiseLayout,
+    check_model_noise,
+    check_noise_usable,
+    column_noise,
+    evidence_rows,
+)
+from rfgp.inference._paths import SamplePaths
+from rfgp.inference._posterior import posterior_distribution, root_covariance
+from rfgp.inference._selection import (
+    ConvergenceWarning,
+    optimize_evidence,
+    select_noise_on_validation,
+)
+from rfgp.inference._solvers import Solver
+from rfgp.inference._stochastic_evidence import stochastic_log_evidence
+from rfgp.kernels._base import RandomFeatureKernel
+from rfgp.kernels._composition import as_feature_kernel, is_composition
+
+__all__ = ["ConvergenceWarning", "RandomFeatureGP", "StaleFitError", "robust_cholesky"]
+
+_SOLVES = ("auto", "weight", "function", "cg")
+_STATISTICS_DTYPES = (None, torch.float32, torch.float64)
+
+
+class RandomFeatureGP(torch.nn.Module):
+    r"""Gaussian-process regression with a random-feature kernel, solved in weight space.
+
+    The model is :math:`y_{it} = f_t(x_i) + \varepsilon_{it}`, :math:`\varepsilon_{it} \sim
+    N(0, \sigma_{it}^2)`, with independent outputs :math:`f_t \sim GP(0, \hat k)`. The prior mean
+    is **zero**: centre the targets (and add the mean back). With
+    :math:`B = \Phi^H S^{-1} \Phi + I`:
+    :math:`\mu(x) = \mathrm{Re}\{\Phi(x)^\top B^{-1} \Phi^H S^{-1} y\}`,
+    :math:`\mathrm{Cov}(x, x') = \mathrm{Re}\{\Phi(x)^\top B^{-1} \overline{\Phi(x')}\}`.
+
+    Complex features use this complex posterior; ``complex_posterior=False`` uses the real GP
+    with kernel :math:`\mathrm{Re}\,\hat k` (features :math:`[\mathrm{Re}\,\Phi,
+    \mathrm{Im}\,\Phi]`, what GPyTorch computes). ``fit`` accumulates :math:`\Phi^H S^{-1}\Phi`
+    over row chunks (memory ``O(D^2 + chunk D)``), or with ``solve="auto"`` uses the ``N x N``
+    solve when cheaper. Outputs of equal noise share one factorisation. ``y`` is ``(N,)``,
+    ``(N, T)`` or ``(N, p)`` (``p`` outputs per input, interleaved rows); a noise given to
+    ``fit`` is fixed, else the model noise :attr:`noise` is used and may change after fitting.
+
+    **Never stale**: a fit records every parameter and buffer of the kernel's module tree, the
+    noise, the dtype and the device; every use checks them. With the training data held (after
+    ``fit``) a change triggers a refit on first use; otherwise (``fit_stream``, a loaded
+    checkpoint) :class:`StaleFitError` names what changed. A new model noise only refactorises.
+    **Dtypes**: the fit follows ``x``'s dtype, queries are cast to it, ``.to()`` moves the
+    fitted posterior; ``statistics_dtype=torch.float64`` accumulates and factorises in float64
+    while features stay in the kernel's dtype. **Checkpoints**: ``state_dict()`` holds the
+    fitted posterior (``O(D^2)``, not the data; ``solve="cg"``: weights and data, ``O(N d)``).
+
+    Args:
+        kernel: a :class:`~rfgp.kernels.RandomFeatureKernel`, a ``ScaleKernel`` around one, or
+            a sum / product tree of them (``+``, ``*``, ``ScaleKernel``), which
+            :func:`~rfgp.kernels.as_feature_kernel` turns into one feature map sharing the
+            tree's parameters (:attr:`kernel` is then that
+            :class:`~rfgp.kernels.ComposedFeatureKernel`).
+        noise: model noise variance: a positive scalar or one value per output.
+        complex_posterior: complex posterior (default) or the real form, for complex features.
+        solve: ``"auto"``, ``"weight"`` (``D x D``), ``"function"`` (``N x N``) or ``"cg"``
+            (matrix-free conjugate gradients; ``"auto"``
+            takes it when the ``D x D`` matrices would not fit in memory).
+        jitter: value added to the diagonal before the first Cholesky (default none).
+        correct_variance: add ``kernel.variance_correction(x)`` (times the outputscale) to the
+            predictive variance, when the kernel defines it.
+        chunk_size: rows per chunk (default: about ``4 * 10^6 / D`` rows).
+        statistics_dtype: dtype of the statistics and factorisations (default: the data's).
+        cg_tolerance, max_cg_iterations, preconditioner_rank, cache_bytes: the iterative solve's
+            settings (relative residual, default ``1e-6``
+            in float64; iterations; Nyström rank, ``None`` automatic; bytes of cached features).
+
+    Attributes:
+        noise (Tensor): the model noise variance (a buffer; assignable).
+        num_data (int): number of rows the posterior is conditioned on.
+        solve_used (str): ``"weight"``, ``"function"`` or ``"cg"`` after fitting.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(200, 2, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(256, seed=0), noise=0.01).fit(x, y)
+        >>> mean, std = gp.predict(x[:5], return_std=True)
+        >>> bool((mean - y[:5]).abs().max() < 0.5), mean.shape, std.shape
+        (True, torch.Size([5]), torch.Size([5]))
+
+    References:
+        Wacker, Kanagawa, Filippone, *Improved Random Features for Dot Product Kernels*,
+        Appendix D, 2022. Rasmussen & Williams, *Gaussian Processes for Machine Learning*,
+        Sec. 2.1, 2006.
+    """
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        noise: Union[float, Tensor] = 1.0,
+        complex_posterior: bool = True,
+        solve: str = "auto",
+        jitter: Optional[float] = None,
+        correct_variance: bool = False,
+        chunk_size: Optional[int] = None,
+        statistics_dtype: Optional[torch.dtype] = None,
+        *, cg_tolerance: Optional[float] = None, max_cg_iterations: int = 1000,
+        preconditioner_rank: Optional[int] = None, cache_bytes: int = 1 << 30,
+    ) -> None:
+        super().__init__()
+        # Sums and products of feature kernels become one feature map here, once, so that the
+        # fit, its fingerprint and the sample paths all hold the same composed kernel.
+        kernel = as_feature_kernel(kernel) if is_composition(kernel) else kernel
+        FeatureMap(kernel)  # validates the kernel before anything is registered
+        self.solve = check_choice("solve", solve, _SOLVES)
+        self.complex_posterior = check_bool("complex_posterior", complex_posterior)
+        self.jitter = None if jitter is None else check_real("jitter", jitter, low=0.0)
+        self.correct_variance = bool(correct_variance)
+        self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size)
+        self.statistics_dtype = check_choice("statistics_dtype", statistics_dtype,
+                                             _STATISTICS_DTYPES)
+        self.cg_settings = CGSettings(cg_tolerance, max_cg_iterations, preconditioner_rank,
+                                      cache_bytes)
+        self.kernel = kernel
+        self.register_buffer("noise", check_model_noise(noise))
+        self._state: Optional[FitState] = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "noise" and "_buffers" in self.__dict__ and "noise" in self._buffers:
+            value = check_model_noise(value)
+        if name == "kernel" and isinstance(value, Kernel) and is_composition(value):
+            value = as_feature_kernel(value)  # a reassigned kernel tree, as at construction
+        super().__setattr__(name, value)
+
+    # ================================================================== properties
+    @property
+    def feature_map(self) -> FeatureMap:
+        """The kernel as the solvers see it (built from :attr:`kernel` at every use, so a
+        reassigned kernel is seen too)."""
+        return FeatureMap(self.kernel)
+
+    @property
+    def base_kernel(self) -> RandomFeatureKernel:
+        """The :class:`RandomFeatureKernel` (inside the ``ScaleKernel``, if any)."""
+        return self.feature_map.base
+
+    @property
+    def outputs_per_input(self) -> int:
+        """``p``: outputs per input of the kernel (1 for scalar kernels)."""
+        return self.feature_map.outputs_per_input
+
+    @property
+    def is_fitted(self) -> bool:
+        return self._state is not None
+
+    @property
+    def dtype(self) -> Optional[torch.dtype]:
+        """The dtype of the fitted features; queries are cast to it (``None`` before a fit)."""
+        return None if self._state is None else self._state.feature_dtype
+
+    @property
+    def solve_used(self) -> Optional[str]:
+        return None if self._state is None else self._state.solver.name
+
+    @property
+    def num_data(self) -> int:
+        return 0 if self._state is None else self._state.solver.num_rows // self.outputs_per_input
+
+    @property
+    def holds_training_data(self) -> bool:
+        """Whether the model keeps (references to) its training data, so it can refit itself
+        when the kernel changes (after :meth:`fit`; not after :meth:`fit_stream` or loading)."""
+        return self._state is not None and self._state.held is not None
+
+    @property
+    def factorization_groups(self) -> List[List[int]]:
+        """Output columns sharing one factorisation (equal noise), after fitting."""
+        return self._current("factorization_groups").solver.groups()
+
+    # ================================================================== data layout
+    @staticmethod
+    def _check_chunk_size(chunk_size: Optional[int]) -> Optional[int]:
+        return None if chunk_size is None else check_int("chunk_size", chunk_size)
+
+    @property
+    def _complex_solve(self) -> bool:
+        return self.feature_map.is_complex and self.complex_posterior
+
+    @property
+    def _factory(self) -> SolverFactory:
+        return SolverFactory(self.feature_map, self.solve, self._complex_solve, self.jitter,
+                             self.chunk_size, self.statistics_dtype, self.cg_settings)
+
+    def _query(self, x: Any, name: str = "x") -> Tensor:
+        """A query cast to the dtype of the fit (on its device)."""
+        x = self.feature_map.check_input(x, name)
+        state = self._state
+        if x.device != state.device:
+            raise ValueError(
+                f"{name} is on {x.device} but the fitted model is on {state.device}; move x or "
+                "the model (gp.to(device))"
+            )
+        return x.to(state.feature_dtype)
+
+    def _column_noise(self, layout: NoiseLayout) -> Optional[Tensor]:
+        return column_noise(self.noise, layout.num_columns) if layout.uses_model_noise else None
+
+    # ================================================================== fitting
+    def _fit_batches(self, batches: List[Batch], chunk: Optional[int], distributed: bool = False,
+                     process_group: Any = None, reallocate: bool = False,
+                     allocated: bool = False) -> RandomFeatureGP:
+        """Fit on batches (``fit``, a refit on held data): nothing changes if it fails.
+        ``reallocate``: allocate the kernel on these rows again; ``allocated``: an earlier fit
+        allocated it on them."""
+        allocated = allocated or reallocate or self.feature_map.needs_allocation
+        solver, layout, x0 = self._factory.fit(batches, self.noise, chunk, distributed,
+                                               process_group, reallocate)
+        self._install(solver, layout, x0, None if distributed else list(batches), chunk,
+                      allocated)
+        return self
+
+    def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor, held: Optional[List[Batch]],
+                 chunk: Optional[int], allocated_by_fit: bool = False) -> None:
+        """Factorise and make ``solver`` the fit (only once everything has succeeded)."""
+        check_noise_usable(self.noise, solver.dtype)
+        solver.factorise(self._column_noise(layout))
+        self._state = FitState(
+            solver=solver, layout=layout, fingerprint=self.feature_map.fingerprint(),
+            factor_noise=self.noise.detach().clone(), feature_dtype=x.dtype, device=x.device,
+            held=held, chunk=chunk, allocated_by_fit=allocated_by_fit,
+        )
+
+    def fit(self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None, *,
+            chunk_size: Optional[int] = None, distributed: bool = False,
+            process_group: Any = None) -> RandomFeatureGP:
+        r"""Condition on data: accumulate the statistics and factorise.
+
+        The model keeps references to ``x``, ``y`` and ``noise`` (not copies), so that it can
+        refit itself when the kernel changes (see the class docstring).
+
+        Args:
+            x: ``(N, d)`` inputs (1-D means ``d = 1``).
+            y: ``(N,)`` or ``(N, T)`` targets; ``(N, p)`` for ``p`` outputs per input.
+            noise: fixed noise variances; ``None`` uses the model noise :attr:`noise`.
+            chunk_size: rows per chunk (default: the constructor's).
+            distributed: data-parallel fit over ``torch.distributed``: every process passes its
+                shard, the statistics are all-reduced, rank 0's random weights are broadcast
+                first. The weight-space (or CG) solve; the data is not held for a refit.
+            process_group: a ``torch.distributed`` process group (implies ``distributed``).
+
+        Returns:
+            ``self``.
+        """
+        chunk = self._check_chunk_size(chunk_size)
+        distributed = distributed or process_group is not None
+        return self._fit_batches([(x, y, noise)], chunk, distributed, process_group)
+
+    def fit_stream(self, batches: Iterable[Sequence[Tensor]], progress: bool = False, *,
+                   distributed: bool = False, process_group: Any = None,
+                   total: Optional[int] = None) -> RandomFeatureGP:
+        r"""Fit on data that arrive in chunks, in ``O(D^2)`` memory (weight-space solve; with
+        ``solve="cg"`` the batches are kept instead, ``O(N d)``, as every product needs them).
+
+        Each batch is ``(x, y)`` or ``(x, y, noise)`` (all batches alike, one dtype), with the
+        shapes of :meth:`fit`. The statistics are summed over batches; the result equals
+        ``fit`` on the concatenated data. A kernel with a data-dependent allocation
+        (``needs_allocation``) must be allocated first: ``kernel.allocate(x_sample)``. The data
+        is not held: after a kernel change, call ``fit_stream`` again. If it fails, an earlier
+        fit stays in place.
+
+        Args:
+            batches: an iterable of ``(x, y[, noise])`` tuples (a generator, a DataLoader...).
+            progress: show a ``tqdm`` progress bar.
+            distributed, process_group: as in :meth:`fit` (each process streams its shard).
+            total: number of batches, for the progress bar.
+
+        Returns:
+            ``self``.
+        """
+        if self.solve == "function":
+            raise ValueError("fit_stream needs the weight-space solve; got solve='function'")
+        distributed = distributed or process_group is not None
+        iterator = iter(batches)
+        if progress:
+            from tqdm.auto import tqdm
+
+            iterator = iter(tqdm(iterator, total=total, desc="fit_stream", unit="batch"))
+        solver, layout, first = self._factory.stream(iterator, self.noise, distributed,
+                                                     process_group)
+        self._install(solver, layout, first, None, None)
+        return self
+
+    def update(self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None, *,
+               distributed: bool = False, process_group: Any = None) -> RandomFeatureGP:
+        """Condition the fitted model on more data (equals refitting on all data).
+
+        A kernel whose allocation the fit chose from its rows (optimised Maclaurin features not
+        allocated beforehand) is allocated again on all rows and refitted, as ``fit`` on them
+        would: that needs the data held (else a ``ValueError``: after ``fit_stream``, a
+        distributed fit or update, or a loaded checkpoint).
+
+        Args:
+            x, y, noise: as in :meth:`fit`; the layout (outputs, noise given or not) must match.
+            distributed, process_group: all-reduce the new statistics across processes.
+
+        Returns:
+            ``self``.
+        """
+        state = self._current("update")
+        distributed = distributed or process_group is not None
+        if state.must_reallocate(type(self.base_kernel).__name__, distributed):
+            return self._fit_batches(state.held + [(x, y, noise)], state.chunk, reallocate=True)
+        prepared = self._factory.prepare(self._query(x), y, noise, model_noise=self.noise)
+        state.layout.check_batch(prepared[1], prepared[3], noise is not None, "update")
+        solver = self._factory.extend(state.solver, prepared, distributed, process_group)
+        held = None if state.held is None or distributed else state.held + [(x, y, noise)]
+        self._install(solver, state.layout, prepared[0], held, state.chunk)
+        return self
+
+    # ================================================================== staleness
+    def _current(self, what: str) -> FitState:
+        """The fit, checked against the kernel and noise now: refit (data held), refactorise
+        (model noise changed) or raise :class:`StaleFitError`."""
+        state = self._state
+        if state is None:
+            raise RuntimeError(
+                f"RandomFeatureGP.{what}: the model is not fitted; call fit(x, y) first"
+            )
+        state.solver.bind(self.feature_map)
+        changes = state.changes(self.kernel, self.noise)
+        if changes and state.held is not None:
+            self._fit_batches(state.held, state.chunk, allocated=state.allocated_by_fit)
+            return self._state
+        if changes:
+            raise StaleFitError(
+                f"RandomFeatureGP.{what}: {'; '.join(changes)}: the kernel or noise changed "
+                "since the fit, which no longer matches it, and the training data is not held "
+                "(fit_stream or a loaded checkpoint); call fit (or fit_stream) again"
+            )
+        state.follow_model_noise(self.noise, self._column_noise(state.layout))
+        return state
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to(), .double(), .cuda() ...: the fitted posterior moves with the model.
+        super()._apply(fn, recurse)
+        state = getattr(self, "_state", None)
+        if state is not None:
+            probe = fn(torch.zeros((), dtype=state.feature_dtype, device=state.device))
+            state.move(fn, probe.device, probe.dtype, self._factory.stats_dtype(probe.dtype))
+        return self
+
+    # ================================================================== checkpoints
+    def get_extra_state(self) -> dict:
+        """The fitted posterior for ``state_dict()`` (statistics, factors, layout, fingerprint;
+        never the training data)."""
+        return {"fitted": False} if self._state is None else self._state.to_dict()
+
+    def set_extra_state(self, state: dict) -> None:
+        self._state = FitState.from_dict(state, self._complex_solve, self.jitter)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The model noise takes the checkpoint's shape (scalar or one value per output), so a
+        # freshly built model loads any checkpoint; its values are checked at use.
+        saved = state_dict.get(prefix + "noise")
+        if isinstance(saved, Tensor) and saved.shape != self.noise.shape:
+            self._buffers["noise"] = torch.empty_like(saved)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # ================================================================== prediction
+    def predict_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None,
+                              return_std: bool = False):
+        """Posterior mean (and latent standard deviation) at points whose features are ``phi``.
+
+        Args:
+            phi, variance_correction: as in :meth:`posterior_from_features`.
+            return_std: also return the latent standard deviation.
+
+        Returns:
+            As :meth:`predict`; differentiable in ``phi``.
+        """
+        state = self._current("predict_from_features")
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
+            mean, var, _ = state.solver.predict(rows, want_root=False)
+            if variance_correction is not None:
+                var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
+            mean = state.layout.shape_output(mean)
+            return (mean, state.layout.shape_output(var).sqrt()) if return_std else mean
+
+    def posterior_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None):
+        r"""The posterior at points whose features are ``phi``.
+
+        Args:
+            phi: ``(M, D)`` (or ``(M, p, D)``) features in the layout and scale of the base
+                kernel's ``features(x)`` (the ``ScaleKernel`` outputscale is applied here).
+            variance_correction: optional ``(M,)`` (or ``(M p,)``) added to the variance.
+
+        Returns:
+            ``MultivariateNormal`` over ``M`` points, or a ``MultitaskMultivariateNormal`` for
+            several outputs (interleaved rows); differentiable in ``phi``. The covariance is a
+            lazy low-rank operator :math:`\mathrm{Re}\{\Phi_* B^{-1} \Phi_*^H\}`.
+        """
+        state = self._current("posterior_from_features")
+        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
+            mean, _, roots = state.solver.predict(rows, want_root=True)
+        covs = [root_covariance(root, variance_correction, mean) for root in roots]
+        return posterior_distribution(mean, covs, state.solver.groups(), state.layout)
+
+    def posterior(self, x: Tensor):
+        """The latent posterior (without noise) at ``x``; see :meth:`posterior_from_features`.
+
+        Differentiable with respect to ``x`` when ``x.requires_grad``.
+
+        Args:
+            x: ``(M, d)`` test inputs (cast to the fit's dtype).
+
+        Returns:
+            ``MultivariateNormal`` (mean ``(M,)``) or ``MultitaskMultivariateNormal``.
+        """
+        self._current("posterior")
+        x = self._query(x)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
+            phi = self.base_kernel.features(x)
+            corr = self.feature_map.variance_correction(x) if self.correct_variance else None
+        return self.posterior_from_features(phi, corr)
+
+    def predict(self, x: Tensor, return_std: bool = False, chunk_size: Optional[int] = None):
+        """Posterior mean (and latent standard deviation) at ``x``, computed in row chunks.
+
+        Differentiable with respect to ``x`` when ``x.requires_grad``. A query in another
+        dtype is cast to the fit's dtype; ``M = 0`` rows give empty results.
+
+        Args:
+            x: ``(M, d)`` test inputs.
+            return_std: also return the latent posterior standard deviation.
+            chunk_size: rows per chunk.
+
+        Returns:
+            ``mean`` of shape ``(M,)``, ``(M, T)`` or ``(M, p)``; with ``return_std`` also
+            ``std`` of the same shape.
+        """
+        step = self._check_chunk_size(chunk_size) or self._factory.default_chunk()
+        self._current("predict")
+        x = self._query(x)
+        parts = []
+        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
+            for start in range(0, max(x.shape[0], 1), step):
+                xs = x[start : start + step]
+                corr = self.feature_map.variance_correction(xs) if self.correct_variance else None
+                parts.append(self.predict_from_features(self.base_kernel.features(xs), corr,
+                                                        return_std=True))
+        mean = torch.cat([m for m, _ in parts])
+        return (mean, torch.cat([s for _, s in parts])) if return_std else mean
+
+    def sample_functions(self, num_samples: int,
+                         generator: Optional[torch.Generator] = None) -> SamplePaths:
+        r"""Posterior function draws in weight space, evaluable (and differentiable) anywhere.
+
+        The weights are drawn once: :math:`w = \mu_w + L^{-H} z` with :math:`B = L L^H`, so
+        :math:`f(x) = \mathrm{Re}\{\Phi(x)^\top w\}` has mean :math:`\mu(x)` and covariance
+        :math:`\mathrm{Re}\,k_N(x, x')` (complex features: :math:`z = a + i b`). A real
+        function-space fit draws the same distribution by pathwise conditioning,
+        :math:`w = w_0 + \Phi^\top (K + S)^{-1}(y - \Phi w_0 - \epsilon)` with
+        :math:`w_0 \sim N(0, I)`, :math:`\epsilon \sim N(0, S)`: no ``D x D`` matrix, so
+        many features on few rows stay cheap to sample.
+
+        Args:
+            num_samples: number of functions ``S``.
+            generator: ``torch.Generator`` for reproducible draws.
+
+        Returns:
+            A :class:`~rfgp.inference.SamplePaths` module: ``paths(x) -> (S, M)``
+            (``(S, M, T)`` or ``(S, M, p)``). It owns a copy of the kernel, so it stays a draw
+            of this posterior; it moves with ``.to()`` and saves with ``torch.save``.
+        """
+        num_samples = check_int("num_samples", num_samples)
+        state = self._current("sample_functions")
+        with torch.no_grad():
+            draws = state.solver.draw_weights(num_samples, generator,
+                                              self._column_noise(state.layout))
+        return SamplePaths(self.kernel, draws, state.layout, self._complex_solve)
+
+    # ================================================================== evidence
+    def log_marginal_likelihood(self, x: Optional[Tensor] = None, y: Optional[Tensor] = None,
+                                noise: Optional[Union[float, Tensor]] = None) -> Tensor:
+        r"""Log evidence :math:`\log p(y)`, summed over outputs, computed in feature space.
+
+        With :math:`Z` the real-form features, :math:`B = Z^\top S^{-1} Z + I` and
+        :math:`h = Z^\top S^{-1} y`:
+        :math:`\log p(y) = -\tfrac12(y^\top S^{-1} y - h^\top B^{-1} h + \log|B| +
+        \sum_i \log s_i + N \log 2\pi)`, the evidence of the real GP with kernel
+        :math:`\mathrm{Re}\,\hat k` (GPyTorch's ``ExactMarginalLogLikelihood`` times ``N``),
+        also for ``complex_posterior=True``.
+
+        Args:
+            x, y, noise: without ``x`` and ``y``, the fitted data's evidence (not
+                differentiable). With them, recomputed from ``x`` and ``y`` (at least one row),
+                differentiable in the kernel hyperparameters and ``noise`` (``None``: the model
+                noise). Features of all rows are held in memory for the backward pass.
+
+        Returns:
+            A scalar tensor.
+
+        Raises:
+            ValueError: when the value is not representable (targets of extreme scale).
+        """
+        if (x is None) != (y is None):
+            raise ValueError("x and y must be given together (or both omitted)")
+        if x is None:
+            if noise is not None:
+                raise ValueError("noise needs x and y; without them the fitted noise is used")
+            state = self._current("log_marginal_likelihood")
+            with torch.no_grad():
+                return state.solver.log_evidence(self._column_noise(state.layout))
+        if self.solve == "cg" or self.solve_used == "cg":
+            return stochastic_log_evidence(self, x, y, noise)[0]
+        x_checked, rows_y, rows_noise = evidence_rows(self.feature_map, self.noise, x, y, noise)
+        z = self.feature_map.real_rows(x_checked)
+        return log_evidence_from_features(z, rows_y, rows_noise.to(rows_y), self.jitter)
+
+    # ================================================================== hyperparameters
+    def optimize_hyperparameters(
+        self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None,
+        method: str = "lbfgs", num_iterations: int = 50, lr: Optional[float] = None,
+        optimize_noise: bool = True, progress: bool = False,
+    ) -> List[float]:
+        r"""Maximise the log marginal likelihood over the kernel hyperparameters (and the noise).
+
+        Minimises :math:`-\log p(y) / (N T)` over the kernel's trainable parameters and, when
+        ``noise`` is ``None`` and ``optimize_noise``, the log of the model noise (kept within
+        :math:`\log m \pm 25`, :math:`m` the targets' mean square); then refits. The random
+        weights stay fixed. Non-finite trial points get a large finite loss (the line search
+        backs off); the best point evaluated is kept; a :class:`ConvergenceWarning` says when
+        the optimisation did not converge.
+
+        Args:
+            x, y: training data (as in :meth:`fit`).
+            noise: fixed noise (not optimised); ``None`` uses and optimises the model noise.
+            method: ``"lbfgs"`` (strong-Wolfe line search) or ``"adam"``.
+            num_iterations: optimiser steps (L-BFGS: outer iterations of up to 20 evaluations).
+            lr: a positive learning rate (default 1.0 for L-BFGS, 0.05 for Adam).
+            optimize_noise: also optimise the model noise.
+            progress: show a ``tqdm`` progress bar.
+
+        Returns:
+            The loss after each iteration.
+        """
+        return optimize_evidence(self, x, y, noise, method, num_iterations, lr, optimize_noise,
+                                 progress)
+
+    def select_noise(self, x_train: Tensor, y_train: Tensor, x_val: Tensor, y_val: Tensor,
+                     grid: Optional[Sequence[float]] = None) -> float:
+        r"""Choose the model noise from a grid by the validation MNLL, and refit.
+
+        For every noise :math:`\sigma^2` in ``grid`` (default :math:`2^{-15}, \dots, 2^{15}`)
+        the model is conditioned on the training data and scored by the mean negative log
+        likelihood of ``y_val`` under :math:`N(\mu(x), \mathrm{var}(x) + \sigma^2)`. The
+        statistics are accumulated once; each value costs one factorisation. The smallest
+        score wins (the first on ties); :attr:`noise` is then the winner.
+
+        Args:
+            x_train, y_train: training data.
+            x_val, y_val: validation data (at least one row, same output layout).
+            grid: candidate noise variances (positive).
+
+        Returns:
+            The selected noise. ``self.noise_scores_`` holds ``(grid, scores)``.
+        """
+        best, scores = select_noise_on_validation(self, x_train, y_train, x_val, y_val, grid)
+        self.noise_scores_ = (scores[0], scores[1])
+        return best

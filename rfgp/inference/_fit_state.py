@@ -1,0 +1,130 @@
+r"""The state of one fit: the solver, the noise layout and what the fit depends on.
+
+:class:`FitState` is what ``RandomFeatureGP`` holds after ``fit``: the
+:class:`~rfgp.inference._solvers.Solver`, the :class:`~rfgp.inference._noise.NoiseLayout`, the
+kernel's :class:`~rfgp.inference._fingerprint.Fingerprint`, the model noise the factorisation
+used, the dtype and device of the features, and (after ``fit``, not ``fit_stream``) references
+to the training batches, so that a changed kernel can be refitted. It moves with ``.to()`` and
+round-trips through a ``state_dict`` without the training data.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp._ops import power_of_two_scale
+from rfgp.inference._cg_solver import ConjugateGradientSolver
+from rfgp.inference._fingerprint import Fingerprint
+from rfgp.inference._noise import NoiseLayout, check_noise_usable
+from rfgp.inference._solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
+
+__all__ = ["Batch", "FitState", "StaleFitError", "power_of_two_scale"]
+
+#: ``(x, y, noise)`` as the user passed them to ``fit`` or ``update``
+Batch = Tuple[Any, Any, Any]
+
+_SOLVER_TYPES = {
+    cls.name: cls for cls in (WeightSpaceSolver, FunctionSpaceSolver, ConjugateGradientSolver)
+}
+
+
+class StaleFitError(RuntimeError):
+    """The kernel or noise changed since the fit and the model cannot refit by itself."""
+
+
+def _move_value(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    return fn(value) if isinstance(value, Tensor) else value
+
+
+@dataclass
+class FitState:
+    """Everything a fitted ``RandomFeatureGP`` holds (see the module docstring)."""
+
+    solver: Solver
+    layout: NoiseLayout
+    fingerprint: Fingerprint
+    factor_noise: Tensor
+    feature_dtype: torch.dtype
+    device: torch.device
+    held: Optional[List[Batch]] = None
+    chunk: Optional[int] = None
+    #: whether the fit chose the kernel's data-dependent allocation from its own rows (then
+    #: more rows call for a new allocation, as a fit on all of them would choose)
+    allocated_by_fit: bool = False
+
+    def changes(self, kernel: torch.nn.Module, model_noise: Tensor) -> List[str]:
+        """What changed since the fit that a refactorisation cannot follow (empty: nothing)."""
+        check_noise_usable(model_noise, self.solver.dtype)
+        changes = self.fingerprint.changes(kernel)
+        if self.layout.frozen_noise_changed(model_noise):
+            changes.append("the model noise changed since fit (its per-output values were "
+                           "folded into the statistics)")
+        return changes
+
+    def must_reallocate(self, kernel_name: str, distributed: bool) -> bool:
+        """Whether an ``update`` must allocate the kernel again on all rows and refit (the fit
+        chose the allocation from its rows); a ``ValueError`` if it cannot (data not held, or a
+        distributed update)."""
+        if self.allocated_by_fit and (self.held is None or distributed):
+            raise ValueError(
+                f"update: the fit chose {kernel_name}'s data-dependent allocation from its rows "
+                "and a fit on all rows would choose another, but the training data is not held "
+                "(or the update is distributed); call fit on all the rows, or "
+                "kernel.allocate(x_sample) before fitting"
+            )
+        return self.allocated_by_fit
+
+    def follow_model_noise(self, model_noise: Tensor, column_noise: Optional[Tensor]) -> None:
+        """Refactorise if the model noise, applied at factorisation, changed."""
+        if self.layout.uses_model_noise and not torch.equal(self.factor_noise, model_noise):
+            self.solver.factorise(column_noise)
+            self.factor_noise = model_noise.detach().clone()
+
+    def move(self, fn, device: torch.device, dtype: torch.dtype, stats_dtype: torch.dtype) -> None:
+        """Follow ``Module._apply(fn)``: features in ``dtype`` on ``device``."""
+        self.solver.to(device, stats_dtype)
+        self.fingerprint.apply(fn)
+        self.factor_noise = fn(self.factor_noise)
+        if self.layout.frozen is not None:
+            self.layout.frozen = fn(self.layout.frozen)
+        if self.held is not None:
+            self.held = [tuple(_move_value(v, fn) for v in batch) for batch in self.held]
+        self.feature_dtype, self.device = dtype, device
+
+    def to_dict(self) -> dict:
+        """Tensors and plain values only (``torch.load(weights_only=True)`` reads them)."""
+        return {
+            "fitted": True,
+            "solver": self.solver.state(),
+            "target_scale": self.solver.target_scale,
+            "layout": self.layout.state(),
+            "fingerprint": dict(self.fingerprint.tensors),
+            "factor_noise": self.factor_noise,
+            "feature_dtype": str(self.feature_dtype).replace("torch.", ""),
+            "device": str(self.device),
+            "allocated_by_fit": self.allocated_by_fit,
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict, complex_solve: bool, jitter) -> Optional[FitState]:
+        if not state.get("fitted"):
+            return None
+        solver_state = state["solver"]
+        solver = _SOLVER_TYPES[solver_state["solver"]].from_state(
+            solver_state, complex_solve, jitter, state["target_scale"]
+        )
+        return cls(
+            solver=solver,
+            layout=NoiseLayout(**state["layout"]),
+            fingerprint=Fingerprint(dict(state["fingerprint"])),
+            factor_noise=state["factor_noise"],
+            feature_dtype=getattr(torch, state["feature_dtype"]),
+            device=torch.device(state["device"]),
+            allocated_by_fit=bool(state.get("allocated_by_fit", False)),
+        )
