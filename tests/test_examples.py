@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_regression_example_rows_and_plot(monkeypatch, tmp_path):
-    regression = importlib.import_module("rfgp.demo.regression")
+    regression = importlib.import_module("rfgp.demo._regression")
     monkeypatch.setattr(regression, "TRAINING_STEPS", 3)
     rows = regression.main(str(tmp_path / "out"))
     assert (tmp_path / "out" / "regression.png").stat().st_size > 0
@@ -36,7 +36,7 @@ def _check_demo_rows(rows):
 def test_classification_example_returns_demo_rows(monkeypatch, tmp_path):
     # The models are stubbed out (the full example takes seconds): only the row format is
     # checked here; the classifier itself is tested in tests/inference/test_dirichlet.py.
-    classification = importlib.import_module("rfgp.demo.classification")
+    classification = importlib.import_module("rfgp.demo._classification")
 
     def fake_evaluate(name, results, diagrams):
         results.append({"method": "m", "data": name, "alpha_epsilon": 0.01, "accuracy": 0.9,
@@ -52,7 +52,7 @@ def test_classification_example_returns_demo_rows(monkeypatch, tmp_path):
 def test_vector_field_example_returns_demo_rows(monkeypatch, tmp_path):
     import torch
 
-    vector_field = importlib.import_module("rfgp.demo.vector_field")
+    vector_field = importlib.import_module("rfgp.demo._vector_field")
 
     class Kernel:
         curl_lengthscale = div_lengthscale = torch.tensor(1.0)
@@ -102,7 +102,7 @@ def test_plots_are_skipped_without_matplotlib(monkeypatch, tmp_path, capsys):
 
     _without(monkeypatch, "matplotlib")
     monkeypatch.setattr(rfgp.demo, "_said", {})
-    classification = importlib.import_module("rfgp.demo.classification")
+    classification = importlib.import_module("rfgp.demo._classification")
     classification.plot({}, str(tmp_path / "diagram.png"))
     assert rfgp.demo.pyplot() is None
     assert not (tmp_path / "diagram.png").exists()
@@ -115,7 +115,7 @@ def test_demo_skips_an_example_whose_extra_is_missing(monkeypatch, tmp_path, cap
     _without(monkeypatch, "sklearn")
     row = {"method": "m", "data": "d", "metrics": {"RMSE": 0.5}, "time_s": 1.0}
     for name in ("regression", "vector_field"):
-        module = importlib.import_module(f"rfgp.demo.{name}")
+        module = importlib.import_module(f"rfgp.demo._{name}")
         monkeypatch.setattr(module, "main", lambda output_dir, n=name: [{**row, "data": n}])
     monkeypatch.setenv("RFGP_DEMO_THREADS", str(__import__("torch").get_num_threads()))
     rows = rfgp.demo.main(str(tmp_path))
@@ -130,15 +130,35 @@ def test_demo_runs_as_a_module():
     assert spec is not None and spec.origin.endswith("__main__.py")
 
 
-@pytest.mark.parametrize("name", ["regression", "classification", "vector_field"])
-def test_each_example_takes_the_output_folder_from_its_command_line(name):
-    # python -m rfgp.demo.NAME [output_dir]: the __main__ block passes argv[1:2] to main.
-    import ast
-    import inspect
+def test_demo_runs_only_the_examples_named(monkeypatch, tmp_path):
+    import rfgp.demo
 
-    tree = ast.parse(inspect.getsource(importlib.import_module(f"rfgp.demo.{name}")))
-    block = next(node for node in tree.body if isinstance(node, ast.If)
-                 and "__main__" in ast.unparse(node.test))
-    calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)
-             and ast.unparse(node.func) == "main"]
-    assert [ast.unparse(call) for call in calls] == ["main(*sys.argv[1:2])"]
+    row = {"method": "m", "data": "d", "metrics": {"RMSE": 0.5}, "time_s": 1.0}
+    for name in rfgp.demo.EXAMPLES:
+        module = importlib.import_module(f"rfgp.demo._{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir, n=name: [{**row, "data": n}])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", str(__import__("torch").get_num_threads()))
+    rows = rfgp.demo.main(str(tmp_path), ["vector_field", "regression"])
+    assert [r["example"] for r in rows] == ["regression", "vector_field"]  # in demo order
+    with pytest.raises(ValueError, match="unknown example"):
+        rfgp.demo.main(str(tmp_path), ["nonexistent"])
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], ("demo_output", None)),
+    (["out"], ("out", None)),
+    (["out", "--only", "regression", "vector_field"], ("out", ["regression", "vector_field"])),
+])
+def test_the_command_line_takes_the_output_folder_and_the_examples(monkeypatch, argv,
+                                                                    expected):
+    # python -m rfgp.demo [output_dir] [--only NAME ...]
+    import runpy
+    import sys
+
+    import rfgp.demo
+
+    calls = []
+    monkeypatch.setattr(rfgp.demo, "main", lambda *args: calls.append(args))
+    monkeypatch.setattr(sys, "argv", ["rfgp.demo", *argv])
+    runpy.run_module("rfgp.demo", run_name="__main__")
+    assert calls == [expected]

@@ -5,7 +5,7 @@ Fourier features), classification with calibrated probabilities (digits and brea
 Dirichlet GPs, accuracy, MNLL and calibration error) and the Helmholtz decomposition of the
 bundled wind field. About a minute on two cores.
 
-Each example module in :data:`EXAMPLES` (a module of this package) has a function
+Each example in :data:`EXAMPLES` (an internal module ``rfgp.demo._NAME``) has a function
 ``main(output_dir) -> list[dict]`` that writes its plots into ``output_dir`` and returns summary
 rows, each a dict with ``method``, ``data``, ``metrics`` (name -> value) and ``time_s``. The
 plots need matplotlib (the ``plot`` extra) and the classification example needs scikit-learn's
@@ -13,7 +13,8 @@ bundled data sets (the ``sklearn`` extra); without them the demo says so and run
 
 Usage::
 
-    python -m rfgp.demo [output_dir]      # default output_dir: demo_output/
+    python -m rfgp.demo [output_dir]                  # default output_dir: demo_output/
+    python -m rfgp.demo [output_dir] --only NAME ...  # only the examples named
 
 Runs single-threaded unless ``RFGP_DEMO_THREADS`` says otherwise.
 
@@ -36,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 __all__ = ["EXAMPLES", "REQUIRES", "format_table", "main", "pyplot"]
 
-#: example modules run by the demo (``rfgp.demo.<name>``), in order.
+#: the examples run by the demo (internal modules ``rfgp.demo._<name>``), in order.
 EXAMPLES: List[str] = ["regression", "classification", "vector_field"]
 
 #: ``{example: (module it imports, extra that installs it)}`` for examples with extra needs.
@@ -86,9 +87,14 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(output_dir: str = "demo_output") -> List[dict]:
-    """Run every example that can run here, print the summary table and return its rows."""
+def main(output_dir: str = "demo_output", examples: Optional[List[str]] = None) -> List[dict]:
+    """Run every example that can run here (or those named in ``examples``, names from
+    :data:`EXAMPLES`), print the summary table and return its rows."""
     import torch
+
+    unknown = sorted(set(examples or []) - set(EXAMPLES))
+    if unknown:
+        raise ValueError(f"unknown example(s) {unknown}; the examples are {EXAMPLES}")
 
     # The examples are small: a second thread gains little, and on a shared machine spinning
     # OpenMP threads can make them many times slower. RFGP_DEMO_THREADS overrides.
@@ -98,12 +104,14 @@ def main(output_dir: str = "demo_output") -> List[dict]:
     rows: List[dict] = []
     start = time.perf_counter()
     for name in EXAMPLES:
+        if examples is not None and name not in examples:
+            continue
         print(f"== {name}", flush=True)
         needs = REQUIRES.get(name)
         if needs is not None and importlib.util.find_spec(needs[0]) is None:
             print(f"  skipped: it needs {needs[0]} (pip install \"rfgp[{needs[1]}]\")", flush=True)
             continue
-        module = importlib.import_module(f"rfgp.demo.{name}")
+        module = importlib.import_module(f"rfgp.demo._{name}")
         for row in module.main(str(output)):
             rows.append({"example": name, **row})
     print()

@@ -12,7 +12,7 @@
    with curl-free features against independent scalar random Fourier features, test error
    against the number of features.
 
-Run: ``python -m rfgp.demo.vector_field`` (plots, with matplotlib, and a summary table in
+Run: ``python -m rfgp.demo --only vector_field`` (plots, with matplotlib, and a summary table in
 ``demo_output/``).
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from typing import Dict, List
 
@@ -306,9 +305,3 @@ def _run(output_dir: str) -> List[Dict]:
             fh.write(f"| {row['method']} | {row['data']} | {format_metrics(row['metrics'])} | "
                      f"{row['note']} | {row['time_s']:.2f} |\n")
     return rows
-
-
-if __name__ == "__main__":
-    for row in main(*sys.argv[1:2]):
-        print(f"{row['method']:50s} {row['time_s']:6.2f}s  {row['data']}\n    "
-              f"{format_metrics(row['metrics'])}; {row['note']}")

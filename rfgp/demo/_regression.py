@@ -16,14 +16,13 @@ fit time of each model, and saves a plot of predictions against the truth.
 
 Usage::
 
-    python -m rfgp.demo.regression [output_dir]      # default output_dir: demo_output/
+    python -m rfgp.demo [output_dir] --only regression      # default output_dir: demo_output/
 
 The plot needs matplotlib (the ``plot`` extra); without it the rows are still computed.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -151,7 +150,3 @@ def main(output_dir: str = "demo_output") -> List[dict]:
     fig.savefig(output / "regression.png", dpi=100)
     plt.close(fig)
     return rows
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:2])

@@ -7,7 +7,7 @@ polynomial kernel ``((1 + x^T y) / 2)^7`` of the papers' experiments. ``alpha_ep
 a validation split with the random Fourier feature model and reused by every model (the papers'
 protocol). Prints accuracy, MNLL and expected calibration error and saves a reliability diagram.
 
-Run: ``python -m rfgp.demo.classification`` (about 20 s on 2 cores; needs scikit-learn, the
+Run: ``python -m rfgp.demo --only classification`` (about 20 s on 2 cores; needs scikit-learn, the
 ``sklearn`` extra, for the data; the plot needs matplotlib, the ``plot`` extra).
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from typing import Dict, List
 
@@ -139,7 +138,3 @@ def main(output_dir: str = "demo_output") -> List[dict]:
     return [{"method": r["method"], "data": r["data"],
              "metrics": {"accuracy": r["accuracy"], "MNLL": r["mnll"], "ECE": r["ece"]},
              "time_s": r["time_s"]} for r in results]
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:2])
