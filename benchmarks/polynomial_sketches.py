@@ -22,7 +22,8 @@ N = 10^4, float32, on one thread and on all threads in the same run: TensorSRHT 
 kernels and GEMM path) against the dense Rademacher sketch (one GEMM) and scikit-learn's
 ``PolynomialCountSketch`` at the same D, real and CtR; in inference mode (no gradient) and in
 training mode (forward with autograd on, and forward plus backward to the lengthscale and the
-bias), with the compiled path's stage breakdown.
+bias). The compiled path's stage breakdown (internal kernels timed alone) is measured by
+``tools/tensorsrht_stages.py``.
 
 Run: ``python benchmarks/polynomial_sketches.py`` (``--quick`` for a short run, ``--timing-only``
 to rerun part 2 alone and rewrite only its section of the report, ``--repeats`` rounds,
@@ -33,6 +34,7 @@ Writes docs/benchmarks/polynomial_sketches.md and two PNG plots next to it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -46,8 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rfgp.kernels import DotProductKernel, PolynomialSketchKernel  # noqa: E402
-from rfgp.kernels.sketches import _srht_numba, apply_sketch  # noqa: E402
+from rfgp.kernels import DotProductKernel, PolynomialSketchKernel, apply_sketch  # noqa: E402
 from rfgp.metrics import relative_frobenius_error  # noqa: E402
 from rfgp.variance import sketch_variance  # noqa: E402
 
@@ -192,7 +193,7 @@ def run_timing(num_rows, repeats, full=True, slow=True):
     with torch.no_grad():
         z = kernels[("tensorsrht", "real")].homogenize(x)
     for projection in ("tensorsrht", "rademacher"):
-        w = kernels[(projection, "real")]._weights()
+        w = weights(kernels[(projection, "real")])
         fns[(projection, "apply")] = lambda w=w, p=projection: apply_sketch(z, w, degree, p)
     if full:
         # the same TensorSRHT calls through the GEMM path (what runs without numba or on a GPU)
@@ -212,8 +213,8 @@ def run_timing(num_rows, repeats, full=True, slow=True):
             print(f"  timing {key}: {value:.3f} s", flush=True)
         if full:
             rows[("stages", "profiled")] = gemm_path(srht_stages)(
-                z, kernels[("tensorsrht", "real")]._weights(), degree)
-    rows[("compiled", "available")] = _srht_numba.available()
+                z, weights(kernels[("tensorsrht", "real")]), degree)
+    rows[("compiled", "available")] = compiled_available()
     rows.update(run_training_timing(x, kernels, repeats, full, slow))
     return rows
 
@@ -242,36 +243,38 @@ def run_training_timing(x, kernels, repeats, full=True, slow=True):
         if name.startswith("tensorsrht") and full and (slow or name == "tensorsrht"):
             fns[("train-forward", name + "-gemm")] = gemm_path(forward)
             fns[("train-both", name + "-gemm")] = gemm_path(forward_backward)
-    # stages of the compiled path (real features): the forward kernel alone, then the
-    # backward kernel stopped after its recomputed transforms and gathers, after the products
-    # with the incoming gradient, and complete (with the transposed transforms)
-    k = kernels[("tensorsrht", "real")]
-    w = k._weights()
-    with torch.no_grad():
-        scale = k.lengthscale.reshape(-1)
-        root = k.bias.sqrt().reshape(())
-    if _srht_numba.available():
-        fns[("stage", "forward")] = lambda: _srht_numba.tensorsrht(
-            x, w["signs"], w["indices"], False, scale, root)
-        for stage in (1, 2, 3):
-            fns[("stage", f"backward-{stage}")] = lambda stage=stage: (
-                _srht_numba.tensorsrht_backward(x, w["signs"], w["indices"], False, grad, scale,
-                                                root, stages=stage))
     rows = best_times(fns, repeats)
     for key, value in rows.items():
         print(f"  timing {key}: {value:.3f} s", flush=True)
     return rows
 
 
+def weights(kernel):
+    """A kernel's random weights by name (drawn already)."""
+    return {name: getattr(kernel, name) for name in kernel.random_weight_names}
+
+
+def compiled_available() -> bool:
+    """Whether TensorSRHT takes the compiled kernels here: numba installed and not switched off
+    by ``RFGP_DISABLE_NUMBA``."""
+    disabled = os.environ.get("RFGP_DISABLE_NUMBA", "").strip() not in ("", "0")
+    return importlib.util.find_spec("numba") is not None and not disabled
+
+
 def gemm_path(fn):
-    """``fn`` run with the compiled TensorSRHT kernel switched off."""
+    """``fn`` run with the compiled TensorSRHT kernel switched off (``RFGP_DISABLE_NUMBA=1``,
+    read at every call)."""
 
     def run(*args):
-        previous = _srht_numba.set_enabled(False)
+        previous = os.environ.get("RFGP_DISABLE_NUMBA")
+        os.environ["RFGP_DISABLE_NUMBA"] = "1"
         try:
             return fn(*args)
         finally:
-            _srht_numba.set_enabled(previous)
+            if previous is None:
+                del os.environ["RFGP_DISABLE_NUMBA"]
+            else:
+                os.environ["RFGP_DISABLE_NUMBA"] = previous
 
     return run
 
@@ -661,49 +664,6 @@ def training_lines(timings, n):
         + (" (met)" if min(both) >= 10 else " (NOT met)")
         + "; without gradient (inference table above): "
         + ", ".join(f"{v:.1f}x" for v in nograd) + ".",
-        "",
-    ]
-    if ("stage", "forward") not in timings[threads[0]]:
-        return lines
-    lines += [
-        "Where the compiled path's forward + backward goes (real TensorSRHT; the backward "
-        "kernel timed whole and stopped after each of its stages, the differences give the "
-        "stages; *other*: the rest of the forward + backward row above -- input checks, "
-        "lengthscale and bias handling, the reductions to the parameter gradients, autograd "
-        "bookkeeping; being a difference of timings, it is noisy and can even come out "
-        "negative):",
-        "",
-        "| stage | " + " | ".join(f"{t} thread(s): time (s) | share" for t in threads) + " |",
-        "|---|" + "---|---|" * len(threads),
-    ]
-    stage_rows = [
-        ("forward kernel: features (transforms, gathers, products, store)",
-         lambda tm: tm[("stage", "forward")]),
-        ("backward: transforms and gathers recomputed per tile",
-         lambda tm: tm[("stage", "backward-1")]),
-        ("backward: products of the other degrees' factors with the incoming gradient",
-         lambda tm: tm[("stage", "backward-2")] - tm[("stage", "backward-1")]),
-        ("backward: scatter, transposed transforms, signed accumulation, store",
-         lambda tm: tm[("stage", "backward-3")] - tm[("stage", "backward-2")]),
-        ("other", lambda tm: tm[("train-both", "tensorsrht")] - tm[("stage", "forward")]
-         - tm[("stage", "backward-3")]),
-    ]
-    for name, value in stage_rows:
-        cells = []
-        for t in threads:
-            tm = timings[t]
-            v = value(tm)
-            cells.append(f"{v:.3f} | {v / tm[('train-both', 'tensorsrht')]:.0%}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "The backward kernel does per tile and block what the forward does (the transforms "
-        "are recomputed, not stored), then for every degree the product of the incoming "
-        "gradient with the other degrees' factors (suffix products, then a running prefix: "
-        "no division), its scatter through the inverse permutation, and the transposed "
-        "transform: the Hadamard matrix is symmetric, so it is the same butterflies, with the "
-        "signs applied in the last pass and the result added into the tile's input gradient. "
-        "It therefore costs about twice the forward kernel.",
         "",
     ]
     return lines

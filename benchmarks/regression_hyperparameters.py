@@ -26,8 +26,8 @@ Estimators, per random 90/10 split (inputs and targets standardised with the tra
   computed exactly.
 * ``Lengthscale average``: ``fit_auto``'s step 5 with the exact kernel: 32 lengthscale vectors
   drawn from the marginal over the log lengthscales of the same Laplace approximation
-  (:func:`rfgp.inference.laplace.evidence_hessian`,
-  :func:`rfgp.inference.laplace.lengthscale_draws`) around the ML-II solution, and one GP
+  (:func:`rfgp.inference.evidence_hessian`,
+  :func:`rfgp.inference.lengthscale_draws`) around the ML-II solution, and one GP
   whose kernel is the average of the kernels at the draws (outputscale and noise at ML-II):
   a single Gaussian predictive.
 
@@ -64,8 +64,6 @@ from _pages import paired_difference, study_options, write_page  # noqa: E402
 from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference import evidence_hessian, lengthscale_draws  # noqa: E402
-from rfgp.inference.linalg import try_cholesky  # noqa: E402
-from rfgp.inference.selection import minimize_lbfgs  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.recipes import (  # noqa: E402
     initial_hyperparameters,
@@ -90,6 +88,15 @@ def _covariance(theta: torch.Tensor, x: torch.Tensor, x2: torch.Tensor) -> torch
     z, z2 = x / theta[:d].exp(), x2 / theta[:d].exp()
     sq = (z[:, None, :] - z2[None, :, :]).square().sum(-1)
     return theta[d].exp() * torch.exp(-0.5 * sq)
+
+
+def try_cholesky(matrix: torch.Tensor):
+    """The lower Cholesky factor of ``matrix`` as it is (no jitter), or ``None`` if the
+    factorisation failed or is not finite."""
+    chol, info = torch.linalg.cholesky_ex(matrix)
+    if int(info) == 0 and bool(torch.isfinite(chol.diagonal()).all()):
+        return chol
+    return None
 
 
 def _cholesky(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -122,10 +129,39 @@ def mnll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> float:
     return float((0.5 * torch.log(2 * math.pi * var) + 0.5 * (y - mean) ** 2 / var).mean())
 
 
-def _minimise(theta: torch.Tensor, loss) -> torch.Tensor:
+def _minimise(theta: torch.Tensor, loss, max_iterations: int = 300,
+              tolerance: float = 1e-5) -> torch.Tensor:
+    """L-BFGS (strong-Wolfe line search) to its tolerances, from ``theta``. A trial point whose
+    loss or gradient is not finite, or that cannot be factorised, gets a finite loss far above
+    the first one (zero gradient), so the line search backs off; the best point evaluated is
+    returned."""
     theta = theta.clone().requires_grad_(True)
-    minimize_lbfgs([theta], lambda: loss(theta), 300, 1e-5)
-    return theta.detach()
+    best = {"loss": math.inf, "theta": theta.detach().clone(), "barrier": None}
+
+    def closure():
+        theta.grad = None
+        try:
+            value = loss(theta) if bool(torch.isfinite(theta).all()) else None
+        except NotPSDError:
+            value = None
+        if value is not None and bool(torch.isfinite(value)):
+            value.backward()
+            if bool(torch.isfinite(theta.grad).all()):
+                if float(value) < best["loss"]:
+                    best["loss"], best["theta"] = float(value), theta.detach().clone()
+                return value.detach()
+        if best["barrier"] is None:
+            raise ValueError("the loss is not finite at the starting point")
+        theta.grad = torch.zeros_like(theta)
+        return torch.tensor(best["barrier"], dtype=theta.dtype)
+
+    best["barrier"] = abs(float(closure())) * 10.0 + 1e3
+    optimizer = torch.optim.LBFGS(
+        [theta], lr=1.0, max_iter=max_iterations, max_eval=int(max_iterations * 2.5),
+        tolerance_grad=tolerance, tolerance_change=tolerance**2, history_size=20,
+        line_search_fn="strong_wolfe")
+    optimizer.step(closure)
+    return best["theta"]
 
 
 # ============================================================ estimators

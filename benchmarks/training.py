@@ -37,6 +37,7 @@ Writes docs/benchmarks/training.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -58,7 +59,6 @@ from rfgp.kernels import (  # noqa: E402
     FourierFeatureKernel,
     PolynomialSketchKernel,
 )
-from rfgp.kernels.sketches import _srht_numba  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 NUM_FEATURES = 1024
@@ -144,13 +144,27 @@ def gpytorch_evaluation(kernel, x, y):
     return evaluate
 
 
+def compiled_available() -> bool:
+    """Whether TensorSRHT takes the compiled kernels here: numba installed and not switched off
+    by ``RFGP_DISABLE_NUMBA``."""
+    disabled = os.environ.get("RFGP_DISABLE_NUMBA", "").strip() not in ("", "0")
+    return importlib.util.find_spec("numba") is not None and not disabled
+
+
 def compiled_off(fn):
+    """``fn`` run with the compiled TensorSRHT kernels switched off (``RFGP_DISABLE_NUMBA=1``,
+    read at every call)."""
+
     def run():
-        previous = _srht_numba.set_enabled(False)
+        previous = os.environ.get("RFGP_DISABLE_NUMBA")
+        os.environ["RFGP_DISABLE_NUMBA"] = "1"
         try:
             return fn()
         finally:
-            _srht_numba.set_enabled(previous)
+            if previous is None:
+                del os.environ["RFGP_DISABLE_NUMBA"]
+            else:
+                os.environ["RFGP_DISABLE_NUMBA"] = previous
 
     return run
 
@@ -211,7 +225,7 @@ LABELS = {
 
 
 def report(results, train, args, n, elapsed):
-    compiled = _srht_numba.available()
+    compiled = compiled_available()
     threads = list(results)
     lines = [
         "# Hyperparameter training: time per marginal-likelihood evaluation",
