@@ -9,6 +9,12 @@ candidate lengthscale vector (the refinement's end, the local stage's best) that
 evidence chooses among them. The search's hyperparameters belong to cheaper models (a
 subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
 features cannot follow is noise to the final model, and only its own evidence says how much.
+
+Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
+are chosen, and the scales started, by the evidence of a
+:data:`~rfgp.recipes.schedule.CHOICE_FEATURES`-feature model; the ``D``-feature model's own
+scales then come from :func:`~rfgp.recipes.iterative_calibration.calibrate_by_products`, and it
+is fitted by conjugate gradients.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from torch import Tensor
 
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.feature_map import FeatureMap
+from rfgp.inference.linalg import available_memory
 from rfgp.inference.statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels.composition import as_feature_kernel
 from rfgp.recipes.averaging import lengthscale_mixture_kernel
@@ -32,6 +39,8 @@ from rfgp.recipes.calibration import (
     spectral_statistics,
 )
 from rfgp.recipes.context import RecipeContext
+from rfgp.recipes.iterative_calibration import calibrate_by_products
+from rfgp.recipes.schedule import CHOICE_FEATURES
 from rfgp.recipes.start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes.units import NOISE_FLOOR
 
@@ -76,10 +85,11 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidenc
 
 
 def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
-                  data_units: bool) -> Kernel:
+                  data_units: bool, features: int = 0) -> Kernel:
     """The final kernel at the search-unit lengthscales ``centre`` and outputscale, in the
-    search's units or (``data_units``) the data's."""
-    opts, features = ctx.options, ctx.schedule.num_features
+    search's units or (``data_units``) the data's, with ``features`` (default the
+    schedule's)."""
+    opts, features = ctx.options, features or ctx.schedule.num_features
     if data_units:
         centre, outputscale = centre * ctx.x_unit, outputscale * ctx.y_unit**2
     lengthscale = centre
@@ -95,6 +105,7 @@ def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
 def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
     """Build, calibrate and fit the final model (module docstring)."""
     report = ctx.report
+    iterative = ctx.schedule.final_solve == "cg"
     with ctx.stage("refit"):
         # The evidence is computed in the search's units: power-of-two units scale every
         # result exactly, and the final kernel is then built in the data's.
@@ -106,21 +117,31 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         best = ("search", ctx.lengthscale(), 1.0, noise)
         losses = {}
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
+        floor = NOISE_FLOOR * float(ctx.y.square().mean())
+        condition = _CONDITION[ctx.x.dtype]
+        choice = min(ctx.schedule.num_features, CHOICE_FEATURES) if iterative else 0
         for name, centre in candidates.items():
             if not ctx.options.calibrate:
                 break
-            floor = NOISE_FLOOR * float(ctx.y.square().mean())
-            evidence = feature_model_evidence(_final_kernel(ctx, centre, outputscale, False),
-                                              ctx.x, ctx.y)
+            kernel = _final_kernel(ctx, centre, outputscale, False, choice)
+            evidence = feature_model_evidence(kernel, ctx.x, ctx.y)
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
             # noise-free target), so the noise is kept above it.
-            factor, calibrated, loss = maximize_scale_evidence(
-                evidence, noise, floor, condition=_CONDITION[ctx.x.dtype])
+            factor, calibrated, loss = maximize_scale_evidence(evidence, noise, floor,
+                                                               condition=condition)
             losses[name] = loss / ctx.y.numel() + shift
             if len(losses) == 1 or losses[name] < losses[best[0]]:
                 best = (name, centre, factor, calibrated)
         name, centre, factor, calibrated = best
+        before = (factor, calibrated)
+        cache = _cache_bytes(ctx)
+        if iterative and ctx.options.calibrate:
+            result = calibrate_by_products(
+                _final_kernel(ctx, centre, outputscale, False), ctx.x, ctx.y, calibrated,
+                factor=factor, noise_floor=floor, condition=condition, cache_bytes=cache,
+                generator=torch.Generator().manual_seed(ctx.options.seed))
+            factor, calibrated = result.factor, result.noise
         kernel = _final_kernel(ctx, centre, outputscale * factor, True)
         noise_data = torch.as_tensor(calibrated, dtype=ctx.x.dtype) * ctx.y_unit**2
         if ctx.options.calibrate:
@@ -129,9 +150,27 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 "outputscale_factor": factor, "noise_before": noise * ctx.y_unit**2,
                 "noise_after": float(noise_data),
             }
-        gp = RandomFeatureGP(kernel, noise=noise_data)
+            if iterative:
+                report.calibration["iterative"] = {
+                    "choice_features": choice, "start_factor": before[0],
+                    "start_noise": before[1] * ctx.y_unit**2,
+                    "log_evidence": result.log_evidence - shift,
+                    "standard_error": result.standard_error,
+                    "gradient_standard_error": result.gradient_standard_error,
+                    "rank": result.rank, "iterations": result.iterations,
+                }
+        solve = {"solve": "cg", "cache_bytes": cache} if iterative else {}
+        gp = RandomFeatureGP(kernel, noise=noise_data, **solve)
         with torch.no_grad():
             gp.fit(ctx.x_data, ctx.y_data)
     report.lengthscale = centre * ctx.x_unit
     report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
     return gp
+
+
+def _cache_bytes(ctx: RecipeContext) -> int:
+    """Bytes of feature rows an iterative fit keeps: all of them, up to a quarter of the
+    memory (the rest are recomputed at every product)."""
+    item = ctx.x.element_size()
+    whole = ctx.num_rows * ctx.schedule.num_features * item
+    return int(min(whole, available_memory(ctx.x.device) // 4))
