@@ -117,3 +117,48 @@ def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
     torch.testing.assert_close(mean_c, mean_w, rtol=0, atol=2e-3)
     torch.testing.assert_close(std_c, std_w, rtol=0.03, atol=0)
     assert float(cg.noise) == pytest.approx(float(weight.noise), rel=0.02)
+
+
+def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kernel():
+    from rfgp.recipes import calibrated_fit, lengthscale_mixture_kernel
+
+    kernel, x, y = _problem(n=2000)
+    before = float(kernel.outputscale)
+    weight = calibrated_fit(kernel, x, y, noise=1.0, solve="weight")
+    cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg")
+    assert float(kernel.outputscale) == before
+    assert cg.solve_used == "cg" and weight.solve_used != "cg"
+    exact = feature_model_evidence(kernel, x, y)
+    from rfgp.recipes import maximize_scale_evidence
+
+    factor, noise, _ = maximize_scale_evidence(exact, 1.0)
+    assert float(weight.noise) == pytest.approx(noise, rel=1e-8)
+    # (the outputscale passes through its positive constraint: about 1e-6 of rounding)
+    assert float(weight.kernel.outputscale) == pytest.approx(before * factor, rel=1e-5)
+    assert float(cg.noise) == pytest.approx(noise, rel=0.01)
+    q = x[:40]
+    torch.testing.assert_close(cg.predict(q), weight.predict(q), rtol=0, atol=2e-3)
+    # A Laplace mixture's parts are scaled together.
+    draws = torch.tensor([[0.3, 0.5, 1.0], [0.35, 0.45, 1.2]], dtype=DT)
+    mixture = lengthscale_mixture_kernel(256, draws, torch.tensor(1.0, dtype=DT))
+    fitted = calibrated_fit(mixture, x, y, noise=1.0)
+    _, noise, _ = maximize_scale_evidence(feature_model_evidence(mixture, x, y), 1.0)
+    assert float(fitted.noise) == pytest.approx(noise, rel=1e-8)
+    assert [float(part.outputscale) for part in mixture.kernels] == [0.5, 0.5]
+
+
+def test_calibrated_fit_names_its_bad_arguments():
+    from rfgp.kernels import FourierFeatureKernel
+    from rfgp.recipes import calibrated_fit
+
+    kernel, x, y = _problem(n=100)
+    with pytest.raises(ValueError, match="solve"):
+        calibrated_fit(kernel, x, y, 1.0, solve="lu")
+    with pytest.raises(ValueError, match="noise"):
+        calibrated_fit(kernel, x, y, 0.0)
+    with pytest.raises(TypeError, match="ScaleKernel"):
+        calibrated_fit(FourierFeatureKernel(64, seed=0).double(), x, y, 1.0)
+    with pytest.raises(ValueError, match="finite|NaN|nan"):
+        calibrated_fit(kernel, x, y * float("nan"), 1.0)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        calibrated_fit(kernel, x.half(), y, 1.0)
