@@ -27,10 +27,10 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
+from rfgp._validation import check_choice, check_positive
 from rfgp.inference.feature_gp import RandomFeatureGP
 from rfgp.inference.feature_map import FeatureMap
 from rfgp.inference.linalg import available_memory
-from rfgp._validation import check_choice, check_positive
 from rfgp.inference.statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels.composition import as_feature_kernel
 from rfgp.recipes.averaging import lengthscale_mixture_kernel
