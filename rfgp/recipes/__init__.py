@@ -12,7 +12,9 @@ share; a time budget schedules the stages (:mod:`~rfgp.recipes.schedule`).
 * :mod:`~rfgp.recipes.refine`: the refinement on more rows and the local stage.
 * :mod:`~rfgp.recipes.averaging`: the Laplace average over the lengthscales.
 * :mod:`~rfgp.recipes.calibration` and :mod:`~rfgp.recipes.refit`: the final model's own
-  evidence chooses its outputscale, noise and lengthscale candidate.
+  evidence chooses its outputscale, noise and lengthscale candidate
+  (:func:`calibrated_fit` applies the rule to any lengthscales);
+  :mod:`~rfgp.recipes.iterative_calibration` does so beyond the ``D x D`` path.
 * :mod:`~rfgp.recipes.schedule`: the cost model and the budget.
 """
 
@@ -20,6 +22,7 @@ from rfgp.recipes.averaging import lengthscale_mixture_kernel
 from rfgp.recipes.calibration import maximize_scale_evidence
 from rfgp.recipes.classification import fit_classifier_auto
 from rfgp.recipes.options import ClassifierOptions, RegressionOptions
+from rfgp.recipes.refit import calibrated_fit
 from rfgp.recipes.regression import fit_auto
 from rfgp.recipes.report import ClassifierFitReport, FitReport
 from rfgp.recipes.schedule import Schedule, default_budget, measure_machine_rate
@@ -31,6 +34,7 @@ __all__ = [
     "ClassifierFitReport",
     "ClassifierOptions",
     "FitReport",
+    "calibrated_fit",
     "RegressionOptions",
     "Schedule",
     "column_scale",

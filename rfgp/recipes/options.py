@@ -68,6 +68,7 @@ _CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "lengthscale_draws": lambda name, value: check_int(name, value, minimum=0),
     "local_search": check_bool,
     "calibrate": check_bool,
+    "solve": lambda name, value: check_choice(name, value, ("auto", "weight", "cg")),
     "progress": check_bool,
     "seed": lambda name, value: check_int(name, value, minimum=0),
     "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
@@ -153,6 +154,10 @@ class RegressionOptions(RecipeOptions):
             starts, as many as the budget allows.
         calibrate: choose the final model's outputscale and noise by its own evidence (and
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
+        solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
+            ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
+            space up to 8192 features and CG beyond
+            (:func:`~rfgp.recipes.schedule.final_path`).
     """
 
     exact_rows: int = 1000
@@ -161,6 +166,7 @@ class RegressionOptions(RecipeOptions):
     lengthscale_draws: int = 32
     local_search: bool = True
     calibrate: bool = True
+    solve: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,28 @@ candidate lengthscale vector (the refinement's end, the local stage's best) that
 evidence chooses among them. The search's hyperparameters belong to cheaper models (a
 subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
 features cannot follow is noise to the final model, and only its own evidence says how much.
+
+Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
+are chosen, and the scales started, by the evidence of a
+:data:`~rfgp.recipes.schedule.CHOICE_FEATURES`-feature model; the ``D``-feature model's own
+scales then come from :func:`~rfgp.recipes.iterative_calibration.calibrate_by_products`, and it
+is fitted by conjugate gradients.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Dict
 
 import torch
-from gpytorch.kernels import AdditiveKernel, Kernel
+from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
+from rfgp._validation import check_choice, check_positive
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import as_feature_kernel
 from rfgp.recipes.averaging import lengthscale_mixture_kernel
@@ -32,10 +41,12 @@ from rfgp.recipes.calibration import (
     spectral_statistics,
 )
 from rfgp.recipes.context import RecipeContext
+from rfgp.recipes.iterative_calibration import calibrate_by_products
+from rfgp.recipes.schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes.start import make_ard_kernel, set_hyperparameters
-from rfgp.recipes.units import NOISE_FLOOR
+from rfgp.recipes.units import NOISE_FLOOR, check_recipe_data
 
-__all__ = ["feature_model_evidence", "refit_stage"]
+__all__ = ["calibrated_fit", "feature_model_evidence", "refit_stage"]
 
 # Rows of features formed at once for the Gram matrix: a few hundred MB at D = 8192.
 _CHUNK_ROWS = 4096
@@ -76,10 +87,11 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidenc
 
 
 def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
-                  data_units: bool) -> Kernel:
+                  data_units: bool, features: int = 0) -> Kernel:
     """The final kernel at the search-unit lengthscales ``centre`` and outputscale, in the
-    search's units or (``data_units``) the data's."""
-    opts, features = ctx.options, ctx.schedule.num_features
+    search's units or (``data_units``) the data's, with ``features`` (default the
+    schedule's)."""
+    opts, features = ctx.options, features or ctx.schedule.num_features
     if data_units:
         centre, outputscale = centre * ctx.x_unit, outputscale * ctx.y_unit**2
     lengthscale = centre
@@ -95,6 +107,7 @@ def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
 def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
     """Build, calibrate and fit the final model (module docstring)."""
     report = ctx.report
+    iterative = ctx.schedule.final_solve == "cg"
     with ctx.stage("refit"):
         # The evidence is computed in the search's units: power-of-two units scale every
         # result exactly, and the final kernel is then built in the data's.
@@ -106,21 +119,31 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         best = ("search", ctx.lengthscale(), 1.0, noise)
         losses = {}
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
+        floor = NOISE_FLOOR * float(ctx.y.square().mean())
+        condition = _CONDITION[ctx.x.dtype]
+        choice = min(ctx.schedule.num_features, CHOICE_FEATURES) if iterative else 0
         for name, centre in candidates.items():
             if not ctx.options.calibrate:
                 break
-            floor = NOISE_FLOOR * float(ctx.y.square().mean())
-            evidence = feature_model_evidence(_final_kernel(ctx, centre, outputscale, False),
-                                              ctx.x, ctx.y)
+            kernel = _final_kernel(ctx, centre, outputscale, False, choice)
+            evidence = feature_model_evidence(kernel, ctx.x, ctx.y)
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
             # noise-free target), so the noise is kept above it.
-            factor, calibrated, loss = maximize_scale_evidence(
-                evidence, noise, floor, condition=_CONDITION[ctx.x.dtype])
+            factor, calibrated, loss = maximize_scale_evidence(evidence, noise, floor,
+                                                               condition=condition)
             losses[name] = loss / ctx.y.numel() + shift
             if len(losses) == 1 or losses[name] < losses[best[0]]:
                 best = (name, centre, factor, calibrated)
         name, centre, factor, calibrated = best
+        before = (factor, calibrated)
+        cache = _cache_bytes(ctx.x, ctx.schedule.num_features)
+        if iterative and ctx.options.calibrate:
+            result = calibrate_by_products(
+                _final_kernel(ctx, centre, outputscale, False), ctx.x, ctx.y, calibrated,
+                factor=factor, noise_floor=floor, condition=condition, cache_bytes=cache,
+                generator=torch.Generator().manual_seed(ctx.options.seed))
+            factor, calibrated = result.factor, result.noise
         kernel = _final_kernel(ctx, centre, outputscale * factor, True)
         noise_data = torch.as_tensor(calibrated, dtype=ctx.x.dtype) * ctx.y_unit**2
         if ctx.options.calibrate:
@@ -129,9 +152,97 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 "outputscale_factor": factor, "noise_before": noise * ctx.y_unit**2,
                 "noise_after": float(noise_data),
             }
-        gp = RandomFeatureGP(kernel, noise=noise_data)
+            if iterative:
+                report.calibration["iterative"] = {
+                    "choice_features": choice, "start_factor": before[0],
+                    "start_noise": before[1] * ctx.y_unit**2,
+                    "log_evidence": result.log_evidence - shift,
+                    "standard_error": result.standard_error,
+                    "gradient_standard_error": result.gradient_standard_error,
+                    "rank": result.rank, "iterations": result.iterations,
+                }
+        solve = {"solve": "cg", "cache_bytes": cache} if iterative else {}
+        gp = RandomFeatureGP(kernel, noise=noise_data, **solve)
         with torch.no_grad():
             gp.fit(ctx.x_data, ctx.y_data)
     report.lengthscale = centre * ctx.x_unit
     report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
     return gp
+
+
+def _cache_bytes(x: Tensor, width: int) -> int:
+    """Bytes of feature rows an iterative fit keeps: all ``N x width`` of them, up to a
+    quarter of the memory (the rest are recomputed at every product)."""
+    whole = x.shape[0] * width * x.element_size()
+    return int(min(whole, available_memory(x.device) // 4))
+
+
+def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                   solve: str = "auto", noise_floor: float = 0.0,
+                   seed: int = 0) -> RandomFeatureGP:
+    r"""Fit ``kernel``'s feature model with its outputscale and noise chosen by its own
+    evidence: the rule of :func:`~rfgp.recipes.fit_auto`'s last stage, for lengthscales found
+    elsewhere. With :math:`D` features the factor :math:`a` on the outputscale and the noise
+    :math:`\sigma^2` maximise :math:`\log p(y)` of that :math:`D`-feature model; up to 8192
+    features (``solve="weight"``) exactly, from one eigendecomposition of its Gram matrix,
+    beyond (``solve="cg"``) from products with its features alone (a stochastic estimate whose
+    error is far below the evidence's curvature).
+
+    Args:
+        kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
+            :func:`~rfgp.recipes.lengthscale_mixture_kernel`); it is copied, not changed.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise: the starting noise (positive).
+        solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
+            ``"cg"``.
+        noise_floor: the noise's lower bound.
+        seed: the seed of the iterative calibration's probes.
+
+    Returns:
+        The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
+
+    Example:
+        >>> from rfgp.recipes import make_ard_kernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)
+        >>> k = make_ard_kernel(256, 1, seed=0)
+        >>> k.base_kernel.lengthscale = 0.2
+        >>> gp = calibrated_fit(k, x, y - y.mean(), noise=1.0)
+        >>> 0.005 < float(gp.noise) < 0.02
+        True
+    """
+    solve = check_choice("solve", solve, ("auto", "weight", "cg"))
+    noise = check_positive("noise", noise)
+    if not noise_floor >= 0:
+        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    x, y = check_recipe_data(x, y, "calibrated_fit")
+    kernel = copy.deepcopy(kernel)
+    parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
+    if not all(isinstance(part, ScaleKernel) for part in parts):
+        raise TypeError(
+            "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
+            f"(its outputscale is calibrated), got {type(kernel).__name__}"
+        )
+    width = FeatureMap(as_feature_kernel(kernel) if isinstance(kernel, AdditiveKernel)
+                       else kernel).num_real_features
+    path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]
+    condition = _CONDITION[x.dtype]
+    with torch.no_grad():
+        if path == "cg":
+            cache = _cache_bytes(x, width)
+            result = calibrate_by_products(kernel, x, y, noise, noise_floor=noise_floor,
+                                           condition=condition, cache_bytes=cache,
+                                           generator=torch.Generator().manual_seed(seed))
+            factor, noise = result.factor, result.noise
+            options = {"solve": "cg", "cache_bytes": cache}
+        else:
+            evidence = feature_model_evidence(kernel, x, y)
+            factor, noise, _ = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                       condition=condition)
+            options = {}
+        for part in parts:
+            part.outputscale = part.outputscale * factor
+    gp = RandomFeatureGP(kernel, noise=torch.as_tensor(noise, dtype=x.dtype), **options)
+    with torch.no_grad():
+        return gp.fit(x, y)

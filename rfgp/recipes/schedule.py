@@ -35,6 +35,7 @@ __all__ = [
     "exact_evidence_cost",
     "feature_evidence_cost",
     "final_fit_cost",
+    "iterative_fit_cost",
     "measure_machine_rate",
     "plan_regression",
 ]
@@ -50,6 +51,17 @@ MIN_FEATURES = 512
 MAX_WEIGHT_FEATURES = 8192
 #: Most features of a function-space (``N x N``) final fit, on few rows.
 MAX_FUNCTION_FEATURES = 32768
+#: Most features of an iterative (``solve="cg"``) final fit.
+MAX_ITERATIVE_FEATURES = 65536
+#: Features of the weight-space calibration that chooses among the candidates and starts the
+#: iterative calibration of a larger final model.
+CHOICE_FEATURES = 2048
+#: What the cost model expects of the iterative calibration: evaluations of its root search,
+#: preconditioned CG iterations per solve, probes, and the Nyström rank.
+CALIBRATION_EVALUATIONS = 8
+CG_ITERATIONS = 20
+CALIBRATION_PROBES = 8
+SKETCH_RANK = 256
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
 #: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
@@ -108,6 +120,53 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int) -> float:
     return features + 1.25 * n * m * m + 4 * m**3 + m**3 / 3
 
 
+def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
+                       candidates: int = 1) -> float:
+    r"""Multiply-adds of the iterative final fit with its calibration: a weight-space
+    calibration at :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then, on
+    cached features (:math:`N D (d + 4)` each for the calibration and the fit), a Nyström
+    sketch of rank :math:`r` (:math:`2 N D r`) for each, :math:`E` evaluations of
+    :math:`I` CG iterations over the target and :math:`p` probe columns
+    (:math:`2 N D (1 + p)` each) and the fit's :math:`I` iterations:
+
+    .. math::
+        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 4 r + 2 I (E (1 + p) + 1)\big).
+
+    Example:
+        >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 4
+        True
+    """
+    n, m = float(num_rows), float(num_features)
+    choice = candidates * final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim)
+    per_column = 2 * CG_ITERATIONS * (CALIBRATION_EVALUATIONS * (1 + CALIBRATION_PROBES) + 1)
+    return choice + n * m * (2 * (input_dim + 4) + 4 * SKETCH_RANK + per_column)
+
+
+def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
+               candidates: int = 1, forced: bool = False) -> tuple:
+    """``(path, multiply-adds)`` of the final fit at ``num_features``: ``"weight"`` (the
+    ``D x D`` solve, or the ``N x N`` one on fewer rows) where its matrices hold at most
+    ``MAX_WEIGHT_FEATURES**2`` numbers and ``solve`` is ``"auto"`` or ``"weight"``, else
+    ``"cg"`` up to :data:`MAX_ITERATIVE_FEATURES` where ``solve`` is ``"cg"``, or ``"auto"``
+    and ``D <= N``;
+    ``(None, inf)`` where neither. A ``forced`` (user-given) ``D`` takes the path ``solve``
+    names whatever its size.
+
+    Example:
+        >>> final_path(40000, 4096, 9, "auto")[0], final_path(40000, 16384, 9, "auto")[0]
+        ('weight', 'cg')
+    """
+    n, m = num_rows, num_features
+    fits = m <= MAX_WEIGHT_FEATURES or (
+        n < m and m <= MAX_FUNCTION_FEATURES and n * m <= MAX_WEIGHT_FEATURES**2)
+    if (solve == "weight" and (fits or forced)) or (solve == "auto" and fits):
+        return "weight", final_fit_cost(n, m, input_dim)
+    # "auto" solves by CG only where D <= N: on fewer rows the N x N path is exact for any D.
+    if solve == "cg" or (solve == "auto" and (forced or m <= min(n, MAX_ITERATIVE_FEATURES))):
+        return "cg", iterative_fit_cost(n, m, input_dim, candidates)
+    return None, math.inf
+
+
 @dataclass
 class Schedule:
     """What the recipe will run (see the module docstring).
@@ -124,6 +183,7 @@ class Schedule:
         choose_bound: whether the cross-validated choice of the bound may run.
         num_features: ``D`` of the final fit.
         predicted: predicted seconds per stage.
+        final_solve: ``"weight"`` or ``"cg"``, the final fit's path (:func:`final_path`).
     """
 
     budget: float
@@ -136,6 +196,7 @@ class Schedule:
     choose_bound: bool
     num_features: int
     predicted: Dict[str, float] = field(default_factory=dict)
+    final_solve: str = "weight"
 
 
 def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
@@ -153,15 +214,13 @@ def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
     return rows, evaluations * evaluation_cost(rows)
 
 
-def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int) -> int:
-    """The largest power of two ``D >= minimum`` whose final fit costs at most ``budget``
-    multiply-adds; beyond :data:`MAX_WEIGHT_FEATURES` only in function space, where the
-    ``N x D`` features hold no more numbers than a weight-space matrix of that size."""
+def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int,
+                    solve: str) -> int:
+    """The largest power of two ``D >= minimum`` whose final fit (:func:`final_path`) costs
+    at most ``budget`` multiply-adds."""
     best, size = minimum, minimum
-    while size <= MAX_FUNCTION_FEATURES:
-        fits = size <= MAX_WEIGHT_FEATURES or (
-            num_rows < size and num_rows * size <= MAX_WEIGHT_FEATURES**2)
-        if fits and final_fit_cost(num_rows, size, input_dim) <= budget:
+    while size <= MAX_ITERATIVE_FEATURES:
+        if final_path(num_rows, size, input_dim, solve)[1] <= budget:
             best = size
         size *= 2
     return best
@@ -188,7 +247,7 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         features = opts.num_features
     else:
         features = _final_features(n, d, FINAL_SHARE * total,
-                                   max(MIN_FEATURES, opts.search_features))
+                                   max(MIN_FEATURES, opts.search_features), opts.solve)
     search_features = min(opts.search_features, features)
     subsample = min(n, opts.subsample)
     if subsample <= opts.exact_rows:
@@ -200,7 +259,8 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     # The first search runs along two paths, one after an Adam warm-up (two_path_search).
     first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
     predicted = {"search": first / rate}
-    spent = first + final_fit_cost(n, features, d)
+    forced = opts.num_features is not None
+    spent = first + final_path(n, features, d, opts.solve, forced=forced)[1]
     # The refinement: as many rows as its share allows, never fewer than the subsample.
     refine_rows, refine = refinement_rows(
         n, subsample, opts, lambda rows: feature_evidence_cost(rows, search_features, d), total)
@@ -231,8 +291,9 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         predicted["laplace"] = hessian / rate
         spent += hessian
     # What the stages leave goes to the final fit's features.
-    while opts.num_features is None and features < MAX_WEIGHT_FEATURES:
-        extra = final_fit_cost(n, 2 * features, d) - final_fit_cost(n, features, d)
+    while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
+        extra = (final_path(n, 2 * features, d, opts.solve)[1]
+                 - final_path(n, features, d, opts.solve)[1])
         if spent + extra > total:
             break
         features, spent = 2 * features, spent + extra
@@ -254,9 +315,10 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         if choose_bound:
             predicted["select"] = choice / rate
             spent += choice
-    predicted["refit"] = final_fit_cost(n, features, d) / rate
+    path, cost = final_path(n, features, d, opts.solve, 2 if local_starts else 1, forced)
+    predicted["refit"] = cost / rate
     return Schedule(budget, rate, subsample, search_features, evidence, refine_rows, local_starts,
-                    choose_bound, features, predicted)
+                    choose_bound, features, predicted, path)
 
 
 def measure_machine_rate(size: int = 1024, repeats: int = 3,

@@ -31,8 +31,9 @@ def test_final_features_are_the_largest_power_of_two_within_the_final_share(n):
     bigger = 2 * size
     if bigger <= MAX_WEIGHT_FEATURES:
         assert final_fit_cost(n, bigger, 8) > share
-    # Beyond the weight-space limit only in function space, on few rows.
-    assert size <= MAX_WEIGHT_FEATURES or n < size
+    # Beyond the weight-space limit in function space on few rows, else by CG (D <= N).
+    assert size <= MAX_WEIGHT_FEATURES or n < size or plan.final_solve == "cg"
+    assert plan.final_solve == "weight" or MAX_WEIGHT_FEATURES < size <= n
 
 
 def test_the_schedule_is_monotone_in_the_rows():
@@ -91,3 +92,26 @@ def test_machine_rate_is_a_positive_rate():
     assert measure_machine_rate(64, 1) > 0
     with pytest.raises(TypeError, match="size"):
         measure_machine_rate(64.0)
+
+
+def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
+    from rfgp.recipes.schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+
+    # The default budget at the reference rate stays on the weight-space path ...
+    for n in ROWS:
+        assert _plan(n).final_solve == "weight"
+    # ... a larger one buys more features by CG, never more than the rows, ...
+    for n in (20000, 40000, 100000):
+        plan = _plan(n, time_budget=2000.0)
+        assert plan.final_solve == "cg"
+        assert MAX_WEIGHT_FEATURES < plan.num_features <= min(n, MAX_ITERATIVE_FEATURES)
+        # ... where the weight-space path alone stops at its limit.
+        assert _plan(n, time_budget=2000.0, solve="weight").num_features <= MAX_WEIGHT_FEATURES
+    # The iterative cost grows linearly in D (beyond its fixed weight-space choice).
+    base = iterative_fit_cost(40000, 8192, 8) - iterative_fit_cost(40000, 4096, 8)
+    assert iterative_fit_cost(40000, 16384, 8) - iterative_fit_cost(40000, 8192, 8) == \
+        pytest.approx(2 * base)
+    # A given D takes the path that solve names.
+    assert final_path(1000, 256, 4, "cg", forced=True)[0] == "cg"
+    assert final_path(1000, 16384, 4, "weight", forced=True)[0] == "weight"
+    assert _plan(3000, num_features=256, solve="cg").final_solve == "cg"

@@ -1,0 +1,239 @@
+r"""Calibration beyond the ``D x D`` path: the outputscale and noise of a large-``D`` model by
+its own evidence, from products with its features alone.
+
+The same rule as :mod:`~rfgp.recipes.calibration`: the final model's outputscale factor
+:math:`a` and noise :math:`\sigma^2` maximise the evidence of that ``D``-feature model. With
+:math:`G = \Phi^\top \Phi` (features at the kernel's outputscale), :math:`b_t = \Phi^\top y_t`
+and :math:`c = a / \sigma^2`, the noise that maximises the evidence for a fixed :math:`c` is
+:math:`\sigma^2(c) = Q(c) / (N T)`, :math:`Q(c) = \sum_t y_t^\top y_t - c\, b_t^\top (I + c
+G)^{-1} b_t`, which leaves the profile
+
+.. math::
+    -2 \log p(y \mid c) = N T + T \log|I + c G| + N T \log\frac{Q(c)}{N T} + N T \log 2\pi,
+    \qquad
+    \frac{\partial}{\partial \log c} = T\big(D - \mathrm{tr}(I + c G)^{-1}\big)
+        - N T\, \frac{c \sum_t \|u_t\|^2}{Q(c)},\quad u_t = (I + c G)^{-1} b_t .
+
+Its root in :math:`\log c` is found by bracketing and the Illinois rule. Each evaluation is one
+preconditioned CG solve on :math:`I + c G` whose right-hand sides are the :math:`b_t` and
+Rademacher probes :math:`P^{1/2} v`: the trace is estimated by Hutchinson's method with the
+Nyström preconditioner :math:`P` as a control variate,
+:math:`\mathrm{tr}\,M = \mathrm{tr}\,P^{-1} + \mathbb E[v^\top P^{-1/2} M P^{1/2} v - v^\top
+P^{-1} v]` (:math:`\mathrm{tr}\,P^{-1}` is exact), and the same CG run gives the
+log-determinant by Lanczos quadrature. The probes are drawn once, so the root is that of one
+smooth function; its standard error is reported. One Nyström sketch of :math:`G` serves every
+:math:`c` (its eigenvalues scale with :math:`c`).
+
+Internal: not part of the public API (see :mod:`rfgp.recipes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+from gpytorch.kernels import AdditiveKernel, Kernel
+from torch import Tensor
+
+from rfgp._validation import check_int, check_positive
+from rfgp.inference._cg_solver import FeatureOperator
+from rfgp.inference._evidence import LOG_2PI
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._iterative import (
+    NystromPreconditioner,
+    conjugate_gradients,
+    lanczos_log_quadrature,
+)
+from rfgp.kernels._composition import as_feature_kernel
+
+__all__ = ["IterativeCalibration", "calibrate_by_products"]
+
+# Rows of features formed at once.
+_CHUNK_ROWS = 4096
+# The root in log c is kept to this width (1% in c); at most this many evaluations.
+_ROOT_WIDTH = 0.01
+_MAX_EVALUATIONS = 14
+
+
+@dataclass
+class IterativeCalibration:
+    """The outcome of :func:`calibrate_by_products`.
+
+    Attributes:
+        factor: the outputscale factor :math:`a` (relative to the kernel's outputscale).
+        noise: :math:`\\sigma^2`.
+        log_evidence: the estimated log evidence per datum at the root.
+        standard_error: the standard error of ``log_evidence``.
+        gradient_standard_error: the standard error of the profile's derivative at the root
+            (of the trace estimate, times ``T``) relative to its scale ``N T``.
+        rank: the Nyström rank.
+        iterations: CG iterations per evaluation.
+        ratios: :math:`c = a / \\sigma^2` per evaluation.
+    """
+
+    factor: float
+    noise: float
+    log_evidence: float
+    standard_error: float
+    gradient_standard_error: float
+    rank: int
+    iterations: List[int] = field(default_factory=list)
+    ratios: List[float] = field(default_factory=list)
+
+
+def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                          factor: float = 1.0, noise_floor: float = 0.0,
+                          condition: float = 0.0, num_probes: int = 8,
+                          rank: Optional[int] = None, cache_bytes: int = 1 << 30,
+                          tolerance: float = 1e-6,
+                          generator: Optional[torch.Generator] = None) -> IterativeCalibration:
+    r"""The outputscale factor and noise that maximise the evidence of ``kernel``'s feature
+    model on ``(x, y)`` (module docstring), started at ``(factor, noise)``.
+
+    Args:
+        kernel: a random-feature kernel (or a ``ScaleKernel`` around one) with its
+            hyperparameters set; its outputscale is the reference of ``factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` targets.
+        noise: the starting noise :math:`\sigma^2` (positive); factor: the starting factor.
+        noise_floor: the noise's lower bound :math:`\sigma_0^2`.
+        condition: :math:`c\,\lambda_{\max}(G) \le 1 / \mathrm{condition}` (0: unbounded), the
+            weight-space calibration's bound on the solve's condition number.
+        num_probes: Rademacher probes of the trace and log-determinant.
+        rank: the Nyström rank (``None``: chosen from the spectrum at the start).
+        cache_bytes: bytes of feature rows kept across the CG products.
+        tolerance: the CG's relative residual.
+        generator: the probes' and the sketch's random draws.
+
+    Returns:
+        An :class:`IterativeCalibration`.
+
+    Example:
+        >>> from rfgp.recipes.start import make_ard_kernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(2000, 2, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(2000, generator=g, dtype=torch.float64)
+        >>> k = make_ard_kernel(256, 2, seed=0)
+        >>> out = calibrate_by_products(k, x, y - y.mean(), 0.1, generator=g)
+        >>> 0.005 < out.noise < 0.02
+        True
+    """
+    noise = check_positive("noise", noise)
+    factor = check_positive("factor", factor)
+    num_probes = check_int("num_probes", num_probes, minimum=2)
+    if not noise_floor >= 0:
+        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    if isinstance(kernel, AdditiveKernel):
+        kernel = as_feature_kernel(kernel)
+    generator = generator or torch.Generator().manual_seed(0)
+    n = x.shape[0]
+    columns = y.reshape(n, -1).to(torch.float64)
+    t = columns.shape[1]
+    op = FeatureOperator(FeatureMap(kernel), [(x, columns, None)], False, torch.float64,
+                         _CHUNK_ROWS, cache_bytes)
+    op.column_noise = torch.ones(t, dtype=torch.float64, device=x.device)
+    width = op.width
+    with torch.no_grad():
+        b = op.project(lambda targets, _: targets, t)  # (W, T)
+        target_squares = float(columns.square().sum())
+
+        def gram(v: Tensor) -> Tensor:
+            return op.gram(v, [0] * v.shape[1])
+
+        start = factor / noise
+        sketch = NystromPreconditioner.sketch(lambda v: start * gram(v), width, torch.float64,
+                                              op.device, rank, generator)
+        basis, spectrum = sketch.basis, sketch.eigenvalues / start  # eigenvalues of G
+        probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
+                                dtype=torch.float64) * 2.0 - 1.0).to(op.device)
+        top = float(spectrum.max()) if spectrum.numel() else 0.0
+        log_ceiling = math.log(1.0 / (condition * top)) if condition > 0 and top > 0 else math.inf
+        records: dict = {}
+
+        def evaluate(log_c: float) -> float:
+            c = math.exp(log_c)
+            pre = NystromPreconditioner(basis, c * spectrum)
+            rhs = torch.cat([b, pre.sqrt(probes)], 1)
+            result = conjugate_gradients(lambda v: v + c * gram(v), rhs, pre.inverse,
+                                         tolerance, 1000, "the calibration's I + c G")
+            u, solved = result.solution[:, :t], result.solution[:, t:]
+            quad = target_squares - c * float((b * u).sum())
+            # Hutchinson's trace of (I + cG)^-1 with tr P^-1 as the control variate.
+            exact = width - pre.rank + float((1.0 / (1.0 + c * spectrum)).sum())
+            samples = ((pre.inverse_sqrt(probes) * solved).sum(0)
+                       - (probes * pre.inverse(probes)).sum(0))
+            trace = exact + float(samples.mean())
+            trace_error = float(samples.std()) / math.sqrt(num_probes)
+            logdets = pre.logdet() + width * lanczos_log_quadrature(
+                result, list(range(t, t + num_probes)))
+            slope = t * (width - trace) - n * t * c * float(u.square().sum()) / max(quad, 1e-300)
+            records[log_c] = dict(quad=quad, slope=slope, trace_error=trace_error,
+                                  logdet=float(logdets.mean()),
+                                  logdet_error=float(logdets.std()) / math.sqrt(num_probes),
+                                  iterations=result.iterations, ratio=c)
+            return slope
+
+        log_c = min(math.log(start), log_ceiling)
+        root = _find_root(evaluate, log_c, log_ceiling)
+    chosen = records[root]
+    noise_out = max(chosen["quad"] / (n * t), noise_floor)
+    # -2 log p at the root (the profile; at the floor the quadratic term is Q / sigma^2).
+    total = (chosen["quad"] / noise_out + t * chosen["logdet"]
+             + n * t * (math.log(noise_out) + LOG_2PI))
+    ordered = list(records.values())
+    return IterativeCalibration(
+        factor=math.exp(root) * noise_out, noise=noise_out,
+        log_evidence=-0.5 * total / (n * t),
+        standard_error=0.5 * t * chosen["logdet_error"] / (n * t),
+        gradient_standard_error=t * chosen["trace_error"] / (n * t),
+        rank=sketch.rank,
+        iterations=[r["iterations"] for r in ordered],
+        ratios=[r["ratio"] for r in ordered],
+    )
+
+
+
+def _find_root(slope_at, start: float, ceiling: float) -> float:
+    """The root of the increasing-through-zero ``slope_at`` in ``log c`` near ``start``:
+    steps of ``log 4`` bracket it (at most ``ceiling``), then the Illinois rule narrows the
+    bracket to :data:`_ROOT_WIDTH`. Returns the evaluated point nearest the root."""
+    evaluations = 0
+
+    def f(point: float) -> float:
+        nonlocal evaluations
+        evaluations += 1
+        return slope_at(point)
+
+    low, f_low = start, f(start)
+    high, f_high = low, f_low
+    step = math.log(4.0)
+    # Bracket: the slope is negative below the maximum and positive above it.
+    while f_low > 0 and evaluations < _MAX_EVALUATIONS:
+        high, f_high = low, f_low
+        low = low - step
+        f_low = f(low)
+    while f_high < 0 and evaluations < _MAX_EVALUATIONS:
+        if high >= ceiling:
+            return high  # the maximum lies beyond the condition bound: stop there
+        low, f_low = high, f_high
+        high = min(high + step, ceiling)
+        f_high = f(high)
+    if f_low > 0 or f_high < 0:
+        return low if abs(f_low) < abs(f_high) else high
+    side = 0
+    while high - low > _ROOT_WIDTH and evaluations < _MAX_EVALUATIONS:
+        point = (low * f_high - high * f_low) / (f_high - f_low)
+        point = min(max(point, low + 0.05 * (high - low)), high - 0.05 * (high - low))
+        value = f(point)
+        if value < 0:
+            low, f_low = point, value
+            if side == -1:
+                f_high /= 2
+            side = -1
+        else:
+            high, f_high = point, value
+            if side == 1:
+                f_low /= 2
+            side = 1
+    return low if abs(f_low) < abs(f_high) else high

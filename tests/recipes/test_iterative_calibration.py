@@ -1,0 +1,164 @@
+"""Calibration beyond the D x D path: the scales from products alone are the maximum of the
+same evidence that the weight-space calibration maximises exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes.iterative_calibration import calibrate_by_products
+from rfgp.recipes.refit import feature_model_evidence
+from rfgp.recipes.start import make_ard_kernel
+from tests.helpers import DT, gen
+
+
+def _problem(n=3000, d=3, width=512, seed=0, columns=1):
+    g = gen(seed)
+    x = torch.rand(n, d, generator=g, dtype=DT)
+    f = torch.sin(6 * x[:, 0]) + x[:, 1] ** 2
+    y = torch.stack([f * (1 + t) + 0.1 * torch.randn(n, generator=g, dtype=DT)
+                     for t in range(columns)], -1)
+    y = (y - y.mean(0)).squeeze(-1)
+    kernel = make_ard_kernel(width, d, seed=seed)
+    kernel.base_kernel.lengthscale = torch.tensor([[0.3, 0.5, 1.0]], dtype=DT)
+    return kernel, x, y
+
+
+def _exact_profile(evidence, log_c):
+    """The profile's value -log p / (N T) and its derivative in log c, from the exact
+    eigendecomposition (module docstring of rfgp.recipes.iterative_calibration)."""
+    lam, proj = evidence.eigenvalues, evidence.projections
+    n, t = evidence.num_data, evidence.num_columns
+    c = math.exp(log_c)
+    quad = evidence.target_squares - c * float((proj / (1 + c * lam)).sum())
+    trace = float((1 / (1 + c * lam)).sum())
+    norm = float((proj / (1 + c * lam) ** 2).sum())
+    slope = t * (lam.numel() - trace) - n * t * c * norm / quad
+    value = 0.5 * (n * t + t * float(torch.log1p(c * lam).sum())
+                   + n * t * (math.log(quad / (n * t)) + math.log(2 * math.pi)))
+    return value / (n * t), slope / (n * t)
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_the_scales_are_a_root_of_the_exact_profile_within_its_standard_error(columns):
+    kernel, x, y = _problem(columns=columns)
+    exact = feature_model_evidence(kernel, x, y)
+    out = calibrate_by_products(kernel, x, y, 0.05, generator=gen(1))
+    log_c = math.log(out.factor / out.noise)
+    value, slope = _exact_profile(exact, log_c)
+    # The returned point is the evaluated one nearest the root of the estimated slope: the
+    # estimate is off by its standard error, and the bracket is 0.01 wide in log c.
+    curvature = abs(_exact_profile(exact, log_c + 1e-3)[1]
+                    - _exact_profile(exact, log_c - 1e-3)[1]) / 2e-3
+    assert abs(slope) <= 4 * out.gradient_standard_error + 0.01 * curvature
+    # The noise is the profile's sigma^2(c), and the evidence the exact one at that point.
+    assert out.log_evidence == pytest.approx(-value, abs=4 * out.standard_error + 1e-9)
+    assert out.gradient_standard_error > 0 and out.standard_error > 0
+
+
+def test_the_scales_agree_with_the_weight_space_maximum():
+    from rfgp.recipes.calibration import maximize_scale_evidence
+
+    kernel, x, y = _problem(seed=2)
+    exact = feature_model_evidence(kernel, x, y)
+    factor, noise, loss = maximize_scale_evidence(exact, 0.05)
+    out = calibrate_by_products(kernel, x, y, 0.05, generator=gen(3))
+    # The evidence is flat along the factor; at the two points it agrees to the estimate's
+    # error, and the noise (the better determined scale) to a percent.
+    assert out.noise == pytest.approx(noise, rel=0.01)
+    assert -out.log_evidence == pytest.approx(loss / y.numel(), abs=4 * out.standard_error
+                                              + 1e-4)
+
+
+def test_the_condition_bound_caps_the_ratio():
+    kernel, x, _ = _problem()
+    # A target the features fit exactly drives the noise down without bound.
+    with torch.no_grad():
+        y = kernel.base_kernel.features(x) @ torch.randn(512, generator=gen(4), dtype=DT)
+    y = y - y.mean()
+    gram = feature_model_evidence(kernel, x, y)
+    top = float(gram.eigenvalues.max())
+    out = calibrate_by_products(kernel, x, y, 1.0, condition=1e-8, generator=gen(5))
+    # The sketch's top eigenvalue is at most the true one, so the bound holds up to it.
+    assert out.factor / out.noise <= 1.0 / (1e-8 * top) * 1.05
+
+
+def test_bad_arguments_are_named():
+    kernel, x, y = _problem(n=200)
+    with pytest.raises(ValueError, match="noise"):
+        calibrate_by_products(kernel, x, y, -1.0)
+    with pytest.raises(ValueError, match="noise_floor"):
+        calibrate_by_products(kernel, x, y, 0.1, noise_floor=float("nan"))
+    with pytest.raises(ValueError, match="num_probes"):
+        calibrate_by_products(kernel, x, y, 0.1, num_probes=1)
+
+
+def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
+    g = gen(6)
+    x = torch.rand(1500, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(1500, generator=g, dtype=DT)
+    y = y - y.mean()
+    options = dict(num_features=512, seed=0, local_search=False, lengthscale_draws=0,
+                   cv_folds=0)
+    weight_report, cg_report = FitReport(), FitReport()
+    weight = fit_auto(x, y, solve="weight", report=weight_report, **options)
+    cg = fit_auto(x, y, solve="cg", report=cg_report, **options)
+    assert weight.solve_used != "cg" and cg.solve_used == "cg"
+    assert cg_report.schedule.final_solve == "cg"
+    assert cg_report.calibration["iterative"]["choice_features"] == 512
+    # The same kernel, and scales that maximise the same evidence (to the estimate's error):
+    # the predictions agree closely.
+    q = torch.rand(50, 2, generator=g, dtype=DT)
+    mean_w, std_w = weight.predict(q, return_std=True)
+    mean_c, std_c = cg.predict(q, return_std=True)
+    torch.testing.assert_close(mean_c, mean_w, rtol=0, atol=2e-3)
+    torch.testing.assert_close(std_c, std_w, rtol=0.03, atol=0)
+    assert float(cg.noise) == pytest.approx(float(weight.noise), rel=0.02)
+
+
+def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kernel():
+    from rfgp.recipes import calibrated_fit, lengthscale_mixture_kernel
+
+    kernel, x, y = _problem(n=2000)
+    before = float(kernel.outputscale)
+    weight = calibrated_fit(kernel, x, y, noise=1.0, solve="weight")
+    cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg")
+    assert float(kernel.outputscale) == before
+    assert cg.solve_used == "cg" and weight.solve_used != "cg"
+    exact = feature_model_evidence(kernel, x, y)
+    from rfgp.recipes import maximize_scale_evidence
+
+    factor, noise, _ = maximize_scale_evidence(exact, 1.0)
+    assert float(weight.noise) == pytest.approx(noise, rel=1e-8)
+    # (the outputscale passes through its positive constraint: about 1e-6 of rounding)
+    assert float(weight.kernel.outputscale) == pytest.approx(before * factor, rel=1e-5)
+    assert float(cg.noise) == pytest.approx(noise, rel=0.01)
+    q = x[:40]
+    torch.testing.assert_close(cg.predict(q), weight.predict(q), rtol=0, atol=2e-3)
+    # A Laplace mixture's parts are scaled together.
+    draws = torch.tensor([[0.3, 0.5, 1.0], [0.35, 0.45, 1.2]], dtype=DT)
+    mixture = lengthscale_mixture_kernel(256, draws, torch.tensor(1.0, dtype=DT))
+    fitted = calibrated_fit(mixture, x, y, noise=1.0)
+    _, noise, _ = maximize_scale_evidence(feature_model_evidence(mixture, x, y), 1.0)
+    assert float(fitted.noise) == pytest.approx(noise, rel=1e-8)
+    assert [float(part.outputscale) for part in mixture.kernels] == [0.5, 0.5]
+
+
+def test_calibrated_fit_names_its_bad_arguments():
+    from rfgp.kernels import FourierFeatureKernel
+    from rfgp.recipes import calibrated_fit
+
+    kernel, x, y = _problem(n=100)
+    with pytest.raises(ValueError, match="solve"):
+        calibrated_fit(kernel, x, y, 1.0, solve="lu")
+    with pytest.raises(ValueError, match="noise"):
+        calibrated_fit(kernel, x, y, 0.0)
+    with pytest.raises(TypeError, match="ScaleKernel"):
+        calibrated_fit(FourierFeatureKernel(64, seed=0).double(), x, y, 1.0)
+    with pytest.raises(ValueError, match="finite|NaN|nan"):
+        calibrated_fit(kernel, x, y * float("nan"), 1.0)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        calibrated_fit(kernel, x.half(), y, 1.0)
