@@ -203,7 +203,7 @@ def main() -> None:
         "problems (their noise fixed by the transform, `alpha_epsilon = 0.01`) at 512 "
         "orthogonal random Fourier features on up to 2000 rows, by L-BFGS with the gradient in "
         "closed form; then the classifier is refitted on all rows with D chosen from N and C "
-        "(the schedule of `rfgp.recipes.classification.plan_classifier`). The old default, an "
+        "(the schedule of `rfgp.recipes._classification.plan_classifier`). The old default, an "
         "RBF kernel with lengthscale 1 "
         "and 256 iid features without any fit, is `optimizer=None, num_features=256`.",
         "",

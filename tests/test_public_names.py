@@ -112,11 +112,6 @@ PUBLIC_MODULES = {
     "rfgp.botorch",
 }
 
-#: Modules of rfgp.recipes are not prefixed yet (they are being renamed separately); remove
-#: this allowance once they are.
-RECIPES_NOT_YET_PREFIXED = "rfgp.recipes."
-
-
 def _package_modules(path=None, prefix="rfgp."):
     """Every module and package below rfgp, listed from the folders (nothing is imported:
     the optional extras need not be installed)."""
@@ -140,7 +135,6 @@ def test_every_module_outside_the_public_list_is_underscore_prefixed():
     offenders = [
         name for name in _package_modules()
         if name not in PUBLIC_MODULES
-        and not name.startswith(RECIPES_NOT_YET_PREFIXED)
         and not any(part.startswith("_") for part in name.split(".")[1:])
     ]
     assert offenders == []
@@ -223,6 +217,6 @@ def test_api_pages_document_public_paths(page):
         module, _, name = path.rpartition(".")
         public = path in PUBLIC_MODULES or (
             module in PUBLIC_MODULES and name in _declared_all(module))
-        if not public and not path.startswith(RECIPES_NOT_YET_PREFIXED):
+        if not public:
             problems.append(path)
     assert problems == []

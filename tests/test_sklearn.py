@@ -110,7 +110,7 @@ def test_default_feature_counts_inside_and_outside_the_recipe():
     # The recipe's refit goes past 8192 features on few rows (function space); a fit outside
     # the recipe (here a fixed-hyperparameter RBF fit) keeps at most 8192.
     from rfgp.recipes import RegressionOptions
-    from rfgp.recipes.schedule import plan_regression
+    from rfgp.recipes._schedule import plan_regression
 
     X, y = _regression_data(60)
     recipe = RandomFeatureGPRegressor(random_state=0, cv_folds=0).fit(X, y)
@@ -190,7 +190,7 @@ def test_bad_arguments():
         RandomFeatureGPClassifier().fit(X, np.zeros(20))
     with pytest.raises(ValueError, match="proba_method"):
         RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
-    # The recipe's options are checked by the recipe's own table (rfgp.recipes.options), as
+    # The recipe's options are checked by the recipe's own table (rfgp.recipes._options), as
     # InvalidParameterError (a ValueError and a TypeError) naming the estimator's parameter.
     for bad in (0.0, -2.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="max_lengthscale must be a finite real number > 0"):

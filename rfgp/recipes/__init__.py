@@ -1,34 +1,51 @@
-"""The default fitting recipes: :func:`fit_auto` (regression) and :func:`fit_classifier_auto`.
+r"""The default fitting recipes: :func:`fit_auto` (regression) and :func:`fit_classifier_auto`.
 
-Each recipe is a short pipeline of stages, one module each, over one
-:class:`~rfgp.recipes.context.RecipeContext` and one options table
-(:class:`RegressionOptions`, :class:`ClassifierOptions`) that the scikit-learn estimators
-share; a time budget schedules the stages (:mod:`~rfgp.recipes.schedule`).
+Each recipe is a short pipeline of stages, one internal module each, over one context and one
+options table (:class:`RegressionOptions`, :class:`ClassifierOptions`) that the scikit-learn
+estimators share; a time budget schedules the stages.
 
-* :mod:`~rfgp.recipes.units`: the units the search works in.
-* :mod:`~rfgp.recipes.start`: the data-driven start and the search's kernel.
-* :mod:`~rfgp.recipes.search`: the evidence search over one objective interface.
-* :mod:`~rfgp.recipes.choice`: the bounded alternative, chosen by cross-validation.
-* :mod:`~rfgp.recipes.refine`: the refinement on more rows and the local stage.
-* :mod:`~rfgp.recipes.averaging`: the Laplace average over the lengthscales.
-* :mod:`~rfgp.recipes.calibration` and :mod:`~rfgp.recipes.refit`: the final model's own
-  evidence chooses its outputscale, noise and lengthscale candidate
-  (:func:`calibrated_fit` applies the rule to any lengthscales);
-  :mod:`~rfgp.recipes.iterative_calibration` does so beyond the ``D x D`` path.
-* :mod:`~rfgp.recipes.schedule`: the cost model and the budget.
+**The stages of** :func:`fit_auto`:
+
+* *Units and start.* The search works in power-of-two units near each input column's spread
+  and the targets' (every result then scales exactly back); the start comes from the data
+  (:func:`initial_hyperparameters`).
+* *Search.* The evidence of an ARD random Fourier feature model (:func:`make_ard_kernel`) is
+  maximised on a subsample: the exact kernel's evidence on at most ``exact_rows`` rows, else
+  the evidence of ``search_features`` features, along two paths (L-BFGS, and L-BFGS after an
+  Adam warm-up), the higher kept (:func:`maximize_evidence`).
+* *Model choice.* Where the search held every row, cross-validation chooses between the
+  unbounded lengthscales and lengthscales bounded by ``max_lengthscale`` column spreads.
+* *Refinement and the local stage.* A few L-BFGS iterations on more rows; then the exact
+  evidences of k-d blocks of neighbouring rows from further starts, each shortening one
+  lengthscale, as many as the budget allows.
+* *Laplace average.* The final kernel averages ``lengthscale_draws`` lengthscale vectors
+  drawn from the Laplace approximation of the last stage's evidence
+  (:func:`lengthscale_mixture_kernel`).
+* *Calibration and refit.* The final ``D``-feature model's outputscale and noise maximise its
+  own evidence, and that evidence chooses among the stages' candidate lengthscales: exactly
+  (one eigendecomposition of its Gram matrix, :func:`maximize_scale_evidence`) on the
+  weight-space path, from feature products alone on the conjugate-gradient path beyond 8192
+  features. :func:`calibrated_fit` applies the rule to lengthscales found elsewhere.
+
+**The budget.** A cost model converts ``time_budget`` seconds at ``machine_rate``
+multiply-adds a second into a :class:`Schedule`: the final fit gets the most features that fit
+40% of the budget (weight space up to 8192 features, conjugate gradients beyond while
+:math:`D \le N`), the refinement's rows and the local stage's starts what is left, and what
+they leave doubles ``D``. The default budget (:func:`default_budget`) is linear in the rows;
+:func:`measure_machine_rate` measures this machine's rate.
 """
 
-from rfgp.recipes.averaging import lengthscale_mixture_kernel
-from rfgp.recipes.calibration import maximize_scale_evidence
-from rfgp.recipes.classification import fit_classifier_auto
-from rfgp.recipes.options import ClassifierOptions, RegressionOptions
-from rfgp.recipes.refit import calibrated_fit
-from rfgp.recipes.regression import fit_auto
-from rfgp.recipes.report import ClassifierFitReport, FitReport
-from rfgp.recipes.schedule import Schedule, default_budget, measure_machine_rate
-from rfgp.recipes.search import maximize_evidence
-from rfgp.recipes.start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes.units import column_scale, column_unit
+from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.recipes._calibration import maximize_scale_evidence
+from rfgp.recipes._classification import fit_classifier_auto
+from rfgp.recipes._options import ClassifierOptions, RegressionOptions
+from rfgp.recipes._refit import calibrated_fit
+from rfgp.recipes._regression import fit_auto
+from rfgp.recipes._report import ClassifierFitReport, FitReport
+from rfgp.recipes._schedule import Schedule, default_budget, measure_machine_rate
+from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
+from rfgp.recipes._units import column_scale, column_unit
 
 __all__ = [
     "ClassifierFitReport",

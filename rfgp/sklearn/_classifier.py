@@ -19,7 +19,7 @@ from rfgp.recipes import (
     ClassifierOptions,
     fit_classifier_auto,
 )
-from rfgp.recipes.classification import plan_classifier
+from rfgp.recipes._classification import plan_classifier
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     as_tensor,
@@ -61,7 +61,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         kernel: a name in :data:`KERNELS` or a :class:`~rfgp.kernels.RandomFeatureKernel`,
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            and classes (:func:`rfgp.recipes.classification.plan_classifier`).
+            and classes (:func:`rfgp.recipes._classification.plan_classifier`).
         lengthscale: lengthscale of a named kernel (not used by the recipe).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
             ``"structured"``; the recipe uses orthogonal frequencies).

@@ -11,7 +11,7 @@ from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels._composition import as_feature_kernel
 from rfgp.recipes import FitReport, fit_auto, maximize_scale_evidence
-from rfgp.recipes.calibration import kernel_spectral_statistics, spectral_statistics
+from rfgp.recipes._calibration import kernel_spectral_statistics, spectral_statistics
 from tests.helpers import DT, gen
 
 

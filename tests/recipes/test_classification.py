@@ -20,8 +20,8 @@ from rfgp.recipes import (
     fit_classifier_auto,
     make_ard_kernel,
 )
-from rfgp.recipes.classification import plan_classifier
-from rfgp.recipes.search import dirichlet_objective
+from rfgp.recipes._classification import plan_classifier
+from rfgp.recipes._search import dirichlet_objective
 from tests.classification.data import THREE_CENTRES, blobs
 
 DTYPE = torch.float64

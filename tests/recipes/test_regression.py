@@ -18,7 +18,7 @@ from rfgp.recipes import (
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.recipes.search import two_path_search
+from rfgp.recipes._search import two_path_search
 from tests.helpers import DT, gen
 
 

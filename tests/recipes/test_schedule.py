@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
-from rfgp.recipes.schedule import (
+from rfgp.recipes._schedule import (
     FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
@@ -95,7 +95,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes.schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:

@@ -22,7 +22,7 @@ from rfgp.recipes import (
     fit_auto,
     make_ard_kernel,
 )
-from rfgp.recipes.search import bounded_lengthscale
+from rfgp.recipes._search import bounded_lengthscale
 from tests.helpers import DT, gen
 
 

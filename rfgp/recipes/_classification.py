@@ -13,7 +13,7 @@ regressions,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
 with the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`
-(:func:`~rfgp.recipes.search.dirichlet_objective` as the objective), and fits the classifier
+(:func:`~rfgp.recipes._search.dirichlet_objective` as the objective), and fits the classifier
 with the schedule's ``D`` features on all rows. The noise is the transform's, so there is no
 calibration stage. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
 on a validation split at the found hyperparameters
@@ -40,11 +40,11 @@ from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
-from rfgp.recipes.context import RecipeContext
-from rfgp.recipes.options import ClassifierOptions
-from rfgp.recipes.refine import record_search
-from rfgp.recipes.report import ClassifierFitReport
-from rfgp.recipes.schedule import (
+from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._options import ClassifierOptions
+from rfgp.recipes._refine import record_search
+from rfgp.recipes._report import ClassifierFitReport
+from rfgp.recipes._schedule import (
     FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
@@ -54,9 +54,9 @@ from rfgp.recipes.schedule import (
     feature_evidence_cost,
     refinement_rows,
 )
-from rfgp.recipes.search import dirichlet_objective, search_evidence
-from rfgp.recipes.start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes.units import SUPPORTED_DTYPES, column_unit
+from rfgp.recipes._search import dirichlet_objective, search_evidence
+from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
+from rfgp.recipes._units import SUPPORTED_DTYPES, column_unit
 
 __all__ = ["classifier_fit_cost", "fit_classifier_auto", "plan_classifier"]
 
@@ -76,8 +76,8 @@ def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> f
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
                     options: ClassifierOptions) -> Schedule:
-    """The schedule of :func:`fit_classifier_auto` (see :mod:`~rfgp.recipes.schedule`): the
-    final ``D`` from :data:`~rfgp.recipes.schedule.FINAL_SHARE` of the budget, the search on
+    """The schedule of :func:`fit_classifier_auto` (see :mod:`~rfgp.recipes._schedule`): the
+    final ``D`` from :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, the search on
     the subsample, the refinement's rows from its share.
 
     Example:
@@ -114,13 +114,22 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
 
 def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitReport] = None,
                         **options: Any) -> DirichletGPClassifier:
-    r"""Fit a :class:`~rfgp.DirichletGPClassifier` by the default recipe (module docstring).
+    r"""Fit a :class:`~rfgp.DirichletGPClassifier` by the default recipe.
+
+    The Dirichlet transform turns ``C``-class labels into ``C`` GP regressions with a fixed
+    noise per point and class on centred targets; the recipe learns the shared ARD
+    lengthscales and the outputscale by maximising the evidence of the ``C`` regressions, with
+    the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`, and fits
+    the classifier with the schedule's ``D`` features on all rows. The noise is the
+    transform's, so there is no calibration stage. ``alpha_epsilon`` is kept unless
+    ``select_alpha=True``: then it is chosen on a validation split at the found
+    hyperparameters (:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
         labels: ``(N,)`` integer class ids (see :func:`~rfgp.classification.encode_labels`).
         report: a :class:`~rfgp.recipes.ClassifierFitReport` to fill in (cleared first).
-        **options: any of :class:`~rfgp.recipes.options.ClassifierOptions` (``spectral``,
+        **options: any of :class:`~rfgp.recipes.ClassifierOptions` (``spectral``,
             ``num_features``, ``alpha_epsilon``, ``select_alpha``, ``time_budget``, ``seed``,
             ...).
 

@@ -68,7 +68,7 @@ SEARCH_EVALUATIONS = 60
 EVALUATIONS_PER_ITERATION = 1.25
 #: L-BFGS iterations of each start of the local stage.
 LOCAL_ITERATIONS = 40
-#: Adam steps of the first search's warm-up path (rfgp.recipes.search.WARM_UP_STEPS).
+#: Adam steps of the first search's warm-up path (rfgp.recipes._search.WARM_UP_STEPS).
 WARM_UP_STEPS = 100
 
 
@@ -169,7 +169,8 @@ def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
 
 @dataclass
 class Schedule:
-    """What the recipe will run (see the module docstring).
+    """What the recipe will run: which stages, on how many rows and features (the budget's
+    rule is in :mod:`rfgp.recipes`).
 
     Attributes:
         budget: seconds available.
@@ -228,10 +229,10 @@ def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int,
 
 def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     """The schedule of :func:`~rfgp.recipes.fit_auto` for ``num_rows`` rows of ``input_dim``
-    inputs under checked :class:`~rfgp.recipes.options.RegressionOptions`.
+    inputs under checked :class:`~rfgp.recipes.RegressionOptions`.
 
     Example:
-        >>> from rfgp.recipes.options import RegressionOptions
+        >>> from rfgp.recipes._options import RegressionOptions
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
         >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
         (4096, 2000, 'features', True)

@@ -154,7 +154,15 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
                             factor_start: float = 1.0,
                             condition: float = 0.0) -> tuple[float, float, float]:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 > \sigma^2_0` that maximise
-    the evidence (module docstring), by Newton's method from ``(factor_start, noise)``.
+    the evidence of a feature model, by Newton's method from ``(factor_start, noise)``. With
+    :math:`\Phi^\top\Phi = Q \Lambda Q^\top` and :math:`\tilde b = Q^\top \Phi^\top y`,
+
+    .. math::
+        -2 \log p(y) = \frac{y^\top y - \sum_i \tilde b_i^2 / (\lambda_i + \sigma^2/a)}
+            {\sigma^2} + \sum_i \log\big(1 + a \lambda_i / \sigma^2\big)
+            + N \log(2 \pi \sigma^2),
+
+    :math:`O(D)` per evaluation once the Gram matrix is factorised.
 
     Args:
         evidence: from :func:`spectral_statistics`.

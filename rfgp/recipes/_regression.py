@@ -7,14 +7,12 @@ outputscale and noise, and among the search's candidate lengthscales, by its own
 that its intervals are honest about what ``D`` features can fit.
 
 **Its budget.** ``time_budget`` seconds (default :math:`20 + N/400`) are shared among the
-stages by a cost model (:mod:`~rfgp.recipes.schedule`): the final fit takes up to 40% and gets
+stages by a cost model (the schedule): the final fit takes up to 40% and gets
 the most features that fit there; the refinement's rows and the local stage's starts take what
 is left. ``report.timing()`` sets each stage's predicted seconds against the measured ones.
 
-The stages, each a module of :mod:`rfgp.recipes`: units and start (:mod:`~.units`,
-:mod:`~.start`), search (:mod:`~.search`), model choice (:mod:`~.choice`), refinement and the
-local stage (:mod:`~.refine`), the Laplace average (:mod:`~.averaging`), calibration and
-refit (:mod:`~.calibration`, :mod:`~.refit`).
+The stages, each an internal module of :mod:`rfgp.recipes`: units and start, search, model
+choice, refinement and the local stage, the Laplace average, calibration and refit.
 """
 
 from __future__ import annotations
@@ -28,17 +26,17 @@ import torch
 from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._selection import ConvergenceWarning
-from rfgp.recipes.averaging import laplace_stage
-from rfgp.recipes.choice import choose_bound
-from rfgp.recipes.context import RecipeContext
-from rfgp.recipes.options import RegressionOptions
-from rfgp.recipes.refine import local_stage, record_search, refine_stage
-from rfgp.recipes.refit import refit_stage
-from rfgp.recipes.report import FitReport
-from rfgp.recipes.schedule import plan_regression
-from rfgp.recipes.search import two_path_search
-from rfgp.recipes.start import initial_hyperparameters, search_model
-from rfgp.recipes.units import (
+from rfgp.recipes._averaging import laplace_stage
+from rfgp.recipes._choice import choose_bound
+from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._options import RegressionOptions
+from rfgp.recipes._refine import local_stage, record_search, refine_stage
+from rfgp.recipes._refit import refit_stage
+from rfgp.recipes._report import FitReport
+from rfgp.recipes._schedule import plan_regression
+from rfgp.recipes._search import two_path_search
+from rfgp.recipes._start import initial_hyperparameters, search_model
+from rfgp.recipes._units import (
     check_recipe_data,
     check_variances_representable,
     column_unit,
@@ -50,7 +48,16 @@ __all__ = ["fit_auto"]
 
 def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
              **options: Any) -> RandomFeatureGP:
-    r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe (module docstring).
+    r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe.
+
+    It fits a GP with an ARD random Fourier feature kernel: the evidence is maximised cheaply
+    (on a subsample, with few features, or with the exact kernel where the rows are few),
+    corrected on more rows, and the final ``D``-feature model then chooses its own outputscale
+    and noise, and among the search's candidate lengthscales, by its own evidence, so that its
+    intervals are honest about what ``D`` features can fit. ``time_budget`` seconds (default
+    :math:`\max(30, 20 + N/400)`) are shared among the stages by a cost model (see
+    :mod:`rfgp.recipes`); ``report.timing()`` sets each stage's predicted seconds against the
+    measured ones.
 
     The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
     predictions. Inputs need no scaling: the search runs in units near each column's spread.
@@ -59,7 +66,7 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
         x: ``(N, d)`` float32 or float64 inputs.
         y: ``(N,)`` or ``(N, T)`` centred targets.
         report: a :class:`~rfgp.recipes.FitReport` to fill in (cleared first).
-        **options: any of :class:`~rfgp.recipes.options.RegressionOptions` (``spectral``,
+        **options: any of :class:`~rfgp.recipes.RegressionOptions` (``spectral``,
             ``num_features``, ``time_budget``, ``seed``, ``progress``, ...).
 
     Returns:
@@ -113,7 +120,7 @@ def _prepare(x: Any, y: Any, opts: RegressionOptions,
 
 def _search_stage(ctx: RecipeContext) -> None:
     """The evidence search on the subsample, with the schedule's evidence, along the two
-    paths of :func:`~rfgp.recipes.search.two_path_search`."""
+    paths of :func:`~rfgp.recipes._search.two_path_search`."""
     opts = ctx.options
     with ctx.stage("search"):
         xs, ys, ctx.rows = ctx.head(ctx.schedule.subsample)

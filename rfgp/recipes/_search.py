@@ -29,8 +29,8 @@ from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
-from rfgp.recipes.start import make_ard_kernel  # noqa: F401  (the examples use it)
-from rfgp.recipes.units import NOISE_FLOOR
+from rfgp.recipes._start import make_ard_kernel  # noqa: F401  (the examples use it)
+from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = [
     "EvidenceObjective",
@@ -155,7 +155,7 @@ def regression_objective(
 ) -> EvidenceObjective:
     r"""The objective :math:`-\log p(y) / (N T)` of ``gp`` over its kernel's trainable
     parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, the floor :math:`\sigma^2_0` being
-    :data:`~rfgp.recipes.units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
+    :data:`~rfgp.recipes._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
     the model noise to the point reached (the GP is not refitted).
 
     Args:
@@ -164,7 +164,7 @@ def regression_objective(
         exact: the evidence of the exact kernel the features approximate (:math:`O(N^3)`;
             needs a ``ScaleKernel`` around a :class:`~rfgp.kernels.FourierFeatureKernel`).
         blocks: with ``exact``, row-index tensors that partition the rows
-            (:func:`~rfgp.inference.blocks.kd_blocks`): the sum of the blocks' exact
+            (k-d blocks of neighbouring rows): the sum of the blocks' exact
             evidences, that of the kernel matrix with its cross-block entries set to zero.
     """
     x, y = check_rows(x, y)

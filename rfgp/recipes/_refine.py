@@ -9,12 +9,12 @@ evaluation.
 **Local stage.** The :math:`D_s`-feature evidence cannot follow a short lengthscale: a fine
 variation along one input must be called noise, so its landscape hides maxima out there. The
 refinement's rows are cut into blocks of at most ``exact_rows`` neighbouring rows
-(:func:`~rfgp.inference.blocks.kd_blocks`), and the sum of the blocks' exact evidences is
+(k-d blocks), and the sum of the blocks' exact evidences is
 maximised from the refinement's end and from starts that each shorten one lengthscale to a
 tenth, the most relevant inputs (shortest lengthscale per unit of spread) first, as many
 starts as the schedule affords. The highest block evidence is kept as a *candidate*: the
 final model's own evidence decides between it and the refinement's end
-(:mod:`~rfgp.recipes.refit`), since a lengthscale the exact kernel can follow may be one the
+(:mod:`~rfgp.recipes._refit`), since a lengthscale the exact kernel can follow may be one the
 final ``D`` features cannot.
 """
 
@@ -23,11 +23,11 @@ from __future__ import annotations
 import math
 
 from rfgp.inference._blocks import kd_blocks
-from rfgp.recipes.context import RecipeContext
-from rfgp.recipes.schedule import LOCAL_ITERATIONS
-from rfgp.recipes.search import SearchResult, maximize_evidence
-from rfgp.recipes.start import search_model
-from rfgp.recipes.units import column_scale
+from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._schedule import LOCAL_ITERATIONS
+from rfgp.recipes._search import SearchResult, maximize_evidence
+from rfgp.recipes._start import search_model
+from rfgp.recipes._units import column_scale
 
 __all__ = ["LOCAL_SHORT_START", "local_stage", "record_search", "refine_stage"]
 

@@ -1,7 +1,7 @@
 r"""Calibration beyond the ``D x D`` path: the outputscale and noise of a large-``D`` model by
 its own evidence, from products with its features alone.
 
-The same rule as :mod:`~rfgp.recipes.calibration`: the final model's outputscale factor
+The same rule as :mod:`~rfgp.recipes._calibration`: the final model's outputscale factor
 :math:`a` and noise :math:`\sigma^2` maximise the evidence of that ``D``-feature model. With
 :math:`G = \Phi^\top \Phi` (features at the kernel's outputscale), :math:`b_t = \Phi^\top y_t`
 and :math:`c = a / \sigma^2`, the noise that maximises the evidence for a fixed :math:`c` is
@@ -110,7 +110,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         An :class:`IterativeCalibration`.
 
     Example:
-        >>> from rfgp.recipes.start import make_ard_kernel
+        >>> from rfgp.recipes._start import make_ard_kernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(2000, 2, generator=g, dtype=torch.float64)
         >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(2000, generator=g, dtype=torch.float64)

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.recipes.report import FitReport
-from rfgp.recipes.schedule import Schedule
+from rfgp.recipes._report import FitReport
+from rfgp.recipes._schedule import Schedule
 
 __all__ = ["RecipeContext"]
 

@@ -94,9 +94,9 @@ class RecipeOptions:
         max_iterations: L-BFGS iterations of the first search stage.
         tolerance: L-BFGS gradient tolerance on the loss per datum.
         time_budget: seconds the whole fit may take at ``machine_rate``; ``None``: the default,
-            which grows linearly with the rows (:func:`~rfgp.recipes.schedule.default_budget`).
+            which grows linearly with the rows (:func:`~rfgp.recipes.default_budget`).
         machine_rate: multiply-adds per second the schedule's cost model assumes
-            (:data:`REFERENCE_RATE`; :func:`~rfgp.recipes.schedule.measure_machine_rate`
+            (:data:`REFERENCE_RATE`; :func:`~rfgp.recipes.measure_machine_rate`
             measures this machine's).
         progress: show the stages as they run (tqdm).
         seed: seed of the random frequencies, the subsample and every other draw.
@@ -156,8 +156,7 @@ class RegressionOptions(RecipeOptions):
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
         solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
             ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
-            space up to 8192 features and CG beyond
-            (:func:`~rfgp.recipes.schedule.final_path`).
+            space up to 8192 features and CG beyond, while ``D`` is at most the rows.
     """
 
     exact_rows: int = 1000
