@@ -129,10 +129,9 @@ def measure(spec: dict) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
     out = {"set": spec["set"], "D": spec["D"], "solve": spec["solve"], "rank": spec["rank"],
            "seconds": seconds, "peak_mb": peak}
-    solver = gp._state.solver
     if spec["solve"] == "cg":
-        out["iterations"] = solver.iterations
-        out["preconditioner_rank"] = [p.rank for p in solver.preconditioners]
+        out["iterations"] = gp.cg_info["iterations"]
+        out["preconditioner_rank"] = gp.cg_info["preconditioner_ranks"]
     if spec.get("scores", True):
         with torch.no_grad():
             mean = gp.predict(xte)

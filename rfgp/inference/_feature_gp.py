@@ -191,6 +191,26 @@ class RandomFeatureGP(torch.nn.Module):
         return None if self._state is None else self._state.solver.name
 
     @property
+    def cg_info(self) -> Optional[dict]:
+        """Of a ``solve="cg"`` fit: ``{"iterations": ..., "preconditioner_ranks": [...]}``, the
+        CG iterations of the last solve for the mean weights and the Nyström rank of each
+        noise group's preconditioner; ``None`` for the other solves or before a fit.
+
+        Example:
+            >>> from rfgp.kernels import FourierFeatureKernel
+            >>> x = torch.rand(100, 1, dtype=torch.float64)
+            >>> gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=0.1,
+            ...                      solve="cg").fit(x, torch.sin(6 * x[:, 0]))
+            >>> sorted(gp.cg_info)
+            ['iterations', 'preconditioner_ranks']
+        """
+        if self._state is None or self._state.solver.name != "cg":
+            return None
+        solver = self._state.solver
+        return {"iterations": solver.iterations,
+                "preconditioner_ranks": [p.rank for p in solver.preconditioners]}
+
+    @property
     def num_data(self) -> int:
         return 0 if self._state is None else self._state.solver.num_rows // self.outputs_per_input
 
