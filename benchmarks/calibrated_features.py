@@ -110,6 +110,16 @@ def measure(name, size, solve, model, data, mnll_rows) -> dict:
             "mnll": float(nll.mean()), "coverage": float(inside)}
 
 
+def latest(records: list) -> list:
+    """The last record of each (set, D, solve), and of each set's recipe fit."""
+    kept = {}
+    for r in records:
+        key = (r["set"], "recipe") if r.get("kind") == "recipe" else (r["set"], r["D"],
+                                                                       r["solve"])
+        kept[key] = r
+    return list(kept.values())
+
+
 def plot(records: list, path: Path) -> None:
     import matplotlib
 
@@ -198,7 +208,8 @@ def main() -> None:
                 print(json.dumps(out), flush=True)
                 with records_path.open("a") as f:
                     f.write(json.dumps(out) + "\n")
-    records = [json.loads(line) for line in records_path.read_text().splitlines() if line]
+    records = latest([json.loads(line) for line in records_path.read_text().splitlines()
+                      if line])
     plot(records, folder / "calibrated_features.png")
     write_markdown(records, folder / "calibrated_features.md")
     print(f"wrote {folder / 'calibrated_features.md'}")

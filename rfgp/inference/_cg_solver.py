@@ -365,6 +365,12 @@ class ConjugateGradientSolver(Solver):
         self.mean_weights, self.iterations = result.solution, result.iterations
 
     # ------------------------------------------------------------------ posterior
+    def predict_mean(self, rows: Tensor) -> Tensor:
+        """The mean alone: one product with the mean weights, no CG (a variance costs one)."""
+        feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
+        mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale
+        return mean.to(rows.real.dtype)
+
     def predict(self, rows: Tensor, want_root: bool):
         out_dtype = rows.real.dtype
         feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)

@@ -429,6 +429,8 @@ class RandomFeatureGP(torch.nn.Module):
         state = self._current("predict_from_features")
         rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
+            if not return_std:
+                return state.layout.shape_output(state.solver.predict_mean(rows))
             mean, var, _ = state.solver.predict(rows, want_root=False)
             if variance_correction is not None:
                 var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
@@ -495,9 +497,12 @@ class RandomFeatureGP(torch.nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
             for start in range(0, max(x.shape[0], 1), step):
                 xs = x[start : start + step]
-                corr = self.feature_map.variance_correction(xs) if self.correct_variance else None
+                corr = (self.feature_map.variance_correction(xs)
+                        if self.correct_variance and return_std else None)
                 parts.append(self.predict_from_features(self.base_kernel.features(xs), corr,
-                                                        return_std=True))
+                                                        return_std=True)
+                             if return_std else
+                             (self.predict_from_features(self.base_kernel.features(xs)), None))
         mean = torch.cat([m for m, _ in parts])
         return (mean, torch.cat([s for _, s in parts])) if return_std else mean
 

@@ -121,6 +121,10 @@ class Solver(ABC):
     def predict(self, rows: Tensor, want_root: bool):
         """Mean ``(M, T)``, variance ``(M, T)`` and per-group covariance roots at feature rows."""
 
+    def predict_mean(self, rows: Tensor) -> Tensor:
+        """The mean ``(M, T)`` alone (a solver whose variances cost more overrides it)."""
+        return self.predict(rows, want_root=False)[0]
+
     @abstractmethod
     def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
         """The weight-space factors (the sampling distribution of the weights)."""

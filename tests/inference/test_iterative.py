@@ -595,3 +595,20 @@ def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
         assert _relative(res["stream"], stream.predict(xt)) < 1e-8
         # Same probes on every process: the same estimate, up to the CG tolerance.
         assert abs(float(res["lml"] - single.log_marginal_likelihood())) < 1e-6
+
+
+def test_a_mean_prediction_runs_no_cg_solve_and_equals_the_full_one(monkeypatch):
+    # A variance of a CG fit is a CG solve per query row; a mean is one product with the
+    # weights. Asking for means only must not pay for variances.
+    x, y, _ = _data()
+    _, gp = _pair(_fourier)
+    gp.fit(x, y)
+    full_mean, _ = gp.predict(x[:40], return_std=True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a mean prediction ran a CG solve")
+
+    monkeypatch.setattr(cg_solver.ConjugateGradientSolver, "solve", refuse)
+    torch.testing.assert_close(gp.predict(x[:40]), full_mean, rtol=0, atol=0)
+    torch.testing.assert_close(gp.predict_from_features(gp.base_kernel.features(x[:40])),
+                               full_mean, rtol=0, atol=0)
