@@ -46,7 +46,7 @@ from rfgp.inference._selection import (
 from rfgp.inference._solvers import Solver
 from rfgp.inference._stochastic_evidence import stochastic_log_evidence
 from rfgp.kernels._base import RandomFeatureKernel
-from rfgp.kernels._composition import as_feature_kernel, is_composition
+from rfgp.kernels._composition import feature_kernel
 
 __all__ = ["ConvergenceWarning", "RandomFeatureGP", "StaleFitError", "robust_cholesky"]
 
@@ -138,7 +138,7 @@ class RandomFeatureGP(torch.nn.Module):
         super().__init__()
         # Sums and products of feature kernels become one feature map here, once, so that the
         # fit, its fingerprint and the sample paths all hold the same composed kernel.
-        kernel = as_feature_kernel(kernel) if is_composition(kernel) else kernel
+        kernel = feature_kernel(kernel)
         FeatureMap(kernel)  # validates the kernel before anything is registered
         self.solve = check_choice("solve", solve, _SOLVES)
         self.complex_posterior = check_bool("complex_posterior", complex_posterior)
@@ -156,8 +156,8 @@ class RandomFeatureGP(torch.nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "noise" and "_buffers" in self.__dict__ and "noise" in self._buffers:
             value = check_model_noise(value)
-        if name == "kernel" and isinstance(value, Kernel) and is_composition(value):
-            value = as_feature_kernel(value)  # a reassigned kernel tree, as at construction
+        if name == "kernel" and isinstance(value, Kernel):
+            value = feature_kernel(value)  # a reassigned kernel tree, as at construction
         super().__setattr__(name, value)
 
     # ================================================================== properties
@@ -497,14 +497,15 @@ class RandomFeatureGP(torch.nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
             for start in range(0, max(x.shape[0], 1), step):
                 xs = x[start : start + step]
-                corr = (self.feature_map.variance_correction(xs)
-                        if self.correct_variance and return_std else None)
-                parts.append(self.predict_from_features(self.base_kernel.features(xs), corr,
-                                                        return_std=True)
-                             if return_std else
-                             (self.predict_from_features(self.base_kernel.features(xs)), None))
-        mean = torch.cat([m for m, _ in parts])
-        return (mean, torch.cat([s for _, s in parts])) if return_std else mean
+                features = self.base_kernel.features(xs)
+                if not return_std:  # a mean costs no variance (on solve="cg", no CG)
+                    parts.append(self.predict_from_features(features))
+                    continue
+                corr = self.feature_map.variance_correction(xs) if self.correct_variance else None
+                parts.append(self.predict_from_features(features, corr, return_std=True))
+        if not return_std:
+            return torch.cat(parts)
+        return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
 
     def sample_functions(self, num_samples: int,
                          generator: Optional[torch.Generator] = None) -> SamplePaths:

@@ -430,6 +430,21 @@ def is_feature_composition(kernel: Kernel) -> bool:
     return is_composition(kernel) and all_leaves_random(kernel)
 
 
+def feature_kernel(kernel: Kernel) -> Kernel:
+    """The kernel a feature map is built from: a sum or product tree turned into one
+    feature kernel (:func:`as_feature_kernel`), anything else as it is (a ``ScaleKernel``
+    around a feature kernel stays one, so that its outputscale remains its own parameter).
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> type(feature_kernel(FourierFeatureKernel(8) + FourierFeatureKernel(8))).__name__
+        'ComposedFeatureKernel'
+        >>> type(feature_kernel(ScaleKernel(FourierFeatureKernel(8)))).__name__
+        'ScaleKernel'
+    """
+    return as_feature_kernel(kernel) if is_composition(kernel) else kernel
+
+
 def as_feature_kernel(
     kernel: Kernel, product: str = "elementwise", seed: Optional[int] = None
 ) -> RandomFeatureKernel:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
-from gpytorch.kernels import AdditiveKernel, Kernel
+from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive
@@ -46,7 +46,7 @@ from rfgp.inference._iterative import (
     conjugate_gradients,
     lanczos_log_quadrature,
 )
-from rfgp.kernels._composition import as_feature_kernel
+from rfgp.kernels._composition import feature_kernel
 
 __all__ = ["IterativeCalibration", "calibrate_by_products"]
 
@@ -70,7 +70,6 @@ class IterativeCalibration:
             (of the trace estimate, times ``T``) relative to its scale ``N T``.
         rank: the Nyström rank.
         iterations: CG iterations per evaluation.
-        ratios: :math:`c = a / \\sigma^2` per evaluation.
     """
 
     factor: float
@@ -80,7 +79,6 @@ class IterativeCalibration:
     gradient_standard_error: float
     rank: int
     iterations: List[int] = field(default_factory=list)
-    ratios: List[float] = field(default_factory=list)
 
 
 def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
@@ -124,14 +122,12 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     num_probes = check_int("num_probes", num_probes, minimum=2)
     if not noise_floor >= 0:
         raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
-    if isinstance(kernel, AdditiveKernel):
-        kernel = as_feature_kernel(kernel)
     generator = generator or torch.Generator().manual_seed(0)
     n = x.shape[0]
     columns = y.reshape(n, -1).to(torch.float64)
     t = columns.shape[1]
-    op = FeatureOperator(FeatureMap(kernel), [(x, columns, None)], False, torch.float64,
-                         _CHUNK_ROWS, cache_bytes)
+    op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
+                         torch.float64, _CHUNK_ROWS, cache_bytes)
     op.column_noise = torch.ones(t, dtype=torch.float64, device=x.device)
     width = op.width
     with torch.no_grad():
@@ -168,10 +164,10 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             logdets = pre.logdet() + width * lanczos_log_quadrature(
                 result, list(range(t, t + num_probes)))
             slope = t * (width - trace) - n * t * c * float(u.square().sum()) / max(quad, 1e-300)
-            records[log_c] = dict(quad=quad, slope=slope, trace_error=trace_error,
+            records[log_c] = dict(quad=quad, trace_error=trace_error,
                                   logdet=float(logdets.mean()),
                                   logdet_error=float(logdets.std()) / math.sqrt(num_probes),
-                                  iterations=result.iterations, ratio=c)
+                                  iterations=result.iterations)
             return slope
 
         log_c = min(math.log(start), log_ceiling)
@@ -181,15 +177,13 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     # -2 log p at the root (the profile; at the floor the quadratic term is Q / sigma^2).
     total = (chosen["quad"] / noise_out + t * chosen["logdet"]
              + n * t * (math.log(noise_out) + LOG_2PI))
-    ordered = list(records.values())
     return IterativeCalibration(
         factor=math.exp(root) * noise_out, noise=noise_out,
         log_evidence=-0.5 * total / (n * t),
         standard_error=0.5 * t * chosen["logdet_error"] / (n * t),
         gradient_standard_error=t * chosen["trace_error"] / (n * t),
         rank=sketch.rank,
-        iterations=[r["iterations"] for r in ordered],
-        ratios=[r["ratio"] for r in ordered],
+        iterations=[r["iterations"] for r in records.values()],
     )
 
 

@@ -32,7 +32,7 @@ from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
-from rfgp.kernels._composition import as_feature_kernel
+from rfgp.kernels._composition import feature_kernel
 from rfgp.recipes._averaging import lengthscale_mixture_kernel
 from rfgp.recipes._calibration import (
     ScaleEvidence,
@@ -67,9 +67,7 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidenc
         >>> tuple(ev.eigenvalues.shape), ev.weight_space
         ((64,), True)
     """
-    if isinstance(kernel, AdditiveKernel):
-        kernel = as_feature_kernel(kernel)
-    feature_map = FeatureMap(kernel)
+    feature_map = FeatureMap(feature_kernel(kernel))
     width = feature_map.num_real_features
     n = x.shape[0]
     columns = y.reshape(n, -1).to(torch.float64)
@@ -137,7 +135,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 best = (name, centre, factor, calibrated)
         name, centre, factor, calibrated = best
         before = (factor, calibrated)
-        cache = _cache_bytes(ctx.x, ctx.schedule.num_features)
+        cache = _cache_bytes(ctx.x, ctx.schedule.num_features) if iterative else 0
         if iterative and ctx.options.calibrate:
             result = calibrate_by_products(
                 _final_kernel(ctx, centre, outputscale, False), ctx.x, ctx.y, calibrated,
@@ -224,8 +222,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
             f"(its outputscale is calibrated), got {type(kernel).__name__}"
         )
-    width = FeatureMap(as_feature_kernel(kernel) if isinstance(kernel, AdditiveKernel)
-                       else kernel).num_real_features
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
     path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]
     condition = _CONDITION[x.dtype]
     with torch.no_grad():
