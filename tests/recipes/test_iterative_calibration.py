@@ -162,3 +162,11 @@ def test_calibrated_fit_names_its_bad_arguments():
         calibrated_fit(kernel, x, y * float("nan"), 1.0)
     with pytest.raises(TypeError, match="float32 or float64"):
         calibrated_fit(kernel, x.half(), y, 1.0)
+    bad_x = x.clone()
+    bad_x[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="finite|inf"):
+        calibrated_fit(kernel, bad_x, y, 1.0)
+    with pytest.raises(ValueError):
+        calibrated_fit(kernel, x[:0], y[:0], 1.0)
+    with pytest.raises(ValueError):
+        calibrated_fit(kernel, torch.tensor(1.0, dtype=DT), torch.tensor(1.0, dtype=DT), 1.0)
