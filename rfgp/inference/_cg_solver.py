@@ -35,14 +35,13 @@ from torch import Tensor
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
-    MAX_AUTO_RANK,
     CGResult,
     CGSettings,
     NystromPreconditioner,
     conjugate_gradients,
     lanczos_log_quadrature,
+    rank_memory_cap,
 )
-from rfgp.inference._linalg import available_memory
 from rfgp.inference._noise import equal_noise_columns
 from rfgp.inference._solvers import Solver, WeightFactor, _to
 from rfgp.kernels._base import real_form
@@ -130,6 +129,11 @@ class FeatureOperator:
     @property
     def num_columns(self) -> int:
         return self.data[0][1].shape[1]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of targets held (this process's, when distributed)."""
+        return sum(int(targets.shape[0]) for _, targets, _ in self.data)
 
     @property
     def fixed_noise(self) -> bool:
@@ -325,11 +329,7 @@ class ConjugateGradientSolver(Solver):
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
         """One Nyström preconditioner per noise group of ``operator``'s matrix."""
         rank = self.settings.preconditioner_rank
-        # The automatic rank is capped so that a group's basis and its image (2 W r entries)
-        # take at most a tenth of the device's memory.
-        item = torch.empty((), dtype=operator.vector_dtype).element_size()
-        memory_cap = available_memory(operator.device) // (20 * operator.width * item)
-        max_rank = max(1, min(MAX_AUTO_RANK, memory_cap))
+        max_rank = rank_memory_cap(operator.width, operator.vector_dtype, operator.device)
         out = []
         for cols in self._groups:
             def gram(v: Tensor, col: int = cols[0]) -> Tensor:
@@ -340,10 +340,11 @@ class ConjugateGradientSolver(Solver):
                                     device=operator.device)
                 out.append(NystromPreconditioner(empty, empty.real.new_zeros(0)))
             else:
-                out.append(NystromPreconditioner.sketch(gram, operator.width,
-                                                        operator.vector_dtype,
-                                                        operator.device, rank,
-                                                        max_rank=max_rank))
+                # The sketch serves this group's columns' mean solves.
+                out.append(NystromPreconditioner.sketch(
+                    gram, operator.width, operator.vector_dtype, operator.device, rank,
+                    max_rank=max_rank, solves=len(cols), rows=operator.num_rows,
+                    tolerance=self.tolerance()))
         return out
 
     def factorise(self, column_noise: Optional[Tensor]) -> None:

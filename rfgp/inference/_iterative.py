@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_int, check_real
+from rfgp.inference._linalg import available_memory
 from rfgp.inference._selection import ConvergenceWarning
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
     "CGSettings",
     "NystromPreconditioner",
     "cg_fit_cost",
+    "cg_iterations_bound",
+    "doubling_pays",
+    "rank_memory_cap",
     "cg_fit_seconds",
     "cg_num_features",
     "conjugate_gradients",
@@ -52,6 +56,12 @@ RANK_STOP_EIGENVALUE = 4.0
 # The automatic rank starts here and doubles up to MAX_AUTO_RANK (a D x r basis per noise group).
 START_RANK = 32
 MAX_AUTO_RANK = 512
+# Beyond MAX_AUTO_RANK the rank doubles only while that costs fewer products than it saves
+# over the solves the preconditioner serves (NystromPreconditioner.sketch's ``solves``), up to
+# this rank.
+MAX_PAYING_RANK = 4096
+# Multiply-adds of the Nyström factorisation (QR of the new block, Cholesky, SVD) per W r^2.
+_NYSTROM_FACTOR_COST = 8.0
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -71,7 +81,8 @@ class CGSettings:
         max_iterations: iterations before giving up with a :class:`ConvergenceWarning`.
         preconditioner_rank: rank ``r`` of the Nyström preconditioner; ``None`` chooses it from
             the spectrum (doubling from 32 until the ``r``-th eigenvalue estimate of
-            :math:`B - I` is below 4, at most 512); ``0`` disables it.
+            :math:`B - I` is below 4, at most 512, and beyond 512 while a doubling saves more
+            products than it costs, :func:`doubling_pays`); ``0`` disables it.
         cache_bytes: bytes of training features kept between products; the rest are recomputed
             from the inputs at every product.
         num_probes: Rademacher probes of the stochastic log-determinant.
@@ -314,17 +325,29 @@ class NystromPreconditioner:
     @staticmethod
     def sketch(gram_product: Product, width: int, dtype: torch.dtype, device: torch.device,
                rank: Optional[int], generator: Optional[torch.Generator] = None,
-               max_rank: int = MAX_AUTO_RANK) -> NystromPreconditioner:
+               max_rank: int = MAX_AUTO_RANK, solves: float = 0.0,
+               rows: Optional[int] = None,
+               tolerance: float = 1e-6) -> NystromPreconditioner:
         r"""Build from ``gram_product`` (``V -> (B - I) V``), with a fixed ``rank`` or, for
         ``None``, a rank doubled from :data:`START_RANK` until the smallest eigenvalue estimate
-        is below :data:`RANK_STOP_EIGENVALUE` (or ``min(width, max_rank)`` is reached). Each new
-        block of test vectors costs one product; earlier blocks are kept.
+        is below :data:`RANK_STOP_EIGENVALUE`, up to :data:`MAX_AUTO_RANK`; beyond it, while
+        doubling pays for itself over ``solves`` column solves (:func:`doubling_pays`), up to
+        :data:`MAX_PAYING_RANK`; never beyond ``min(width, max_rank)``. Each new block of
+        test vectors costs one product; earlier blocks are kept.
 
         The test matrix is drawn on the CPU from ``generator`` (seed 0 without one), so that
         every process of a distributed fit draws the same one.
+
+        Args:
+            solves: how many column solves (right-hand sides times systems) the
+                preconditioner will serve; 0 stops at :data:`MAX_AUTO_RANK`.
+            rows: ``N``, the rows behind one product (weighs the preconditioner's own
+                :math:`O(W r)` cost against a product's :math:`O(N W)`); ``None``: ignored.
+            tolerance: the solves' relative residual.
         """
         generator = generator or torch.Generator().manual_seed(0)
-        limit = min(width, rank if rank is not None else max_rank)
+        paying = max(MAX_AUTO_RANK, MAX_PAYING_RANK) if solves > 0 else MAX_AUTO_RANK
+        limit = min(width, rank if rank is not None else min(max_rank, paying))
         target = limit if rank is not None else min(START_RANK, limit)
         basis = torch.zeros(width, 0, dtype=dtype, device=device)
         image = torch.zeros_like(basis)
@@ -339,7 +362,59 @@ class NystromPreconditioner:
             smallest = float(result.eigenvalues.min()) if result.rank else 0.0
             if rank is not None or target >= limit or smallest < RANK_STOP_EIGENVALUE:
                 return result
+            if target >= MAX_AUTO_RANK and not doubling_pays(
+                    result.eigenvalues, solves, width, rows, tolerance):
+                return result
             target = min(2 * target, limit)
+
+
+def rank_memory_cap(width: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The largest automatic Nyström rank whose basis and image (``2 W r`` entries of
+    ``dtype``) take at most a tenth of ``device``'s memory (at least 1)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return max(1, available_memory(device) // (20 * width * item))
+
+
+def cg_iterations_bound(condition: float, tolerance: float) -> float:
+    r"""CG's iterations to reduce the error by ``tolerance`` on a spectrum of condition number
+    :math:`\kappa`: :math:`\tfrac12 \sqrt{\kappa} \ln(2 / \epsilon)`."""
+    return 0.5 * math.sqrt(max(condition, 1.0)) * math.log(2.0 / tolerance)
+
+
+def doubling_pays(eigenvalues: Tensor, solves: float, width: int, rows: Optional[int],
+                  tolerance: float) -> bool:
+    r"""Whether doubling a Nyström rank :math:`r` costs fewer products with one vector than it
+    saves over ``solves`` column solves.
+
+    With the eigenvalue estimates :math:`\lambda_1 \ge \dots \ge \lambda_r` of
+    :math:`B - I`, the preconditioned condition number is about :math:`1 + \lambda_r` now and
+    :math:`1 + \hat\lambda_{2r}` after, :math:`\hat\lambda_{2r} = \lambda_r^2 /
+    \lambda_{r/2}` (the decay over the last doubling, continued). A column solve takes
+    :math:`I(\kappa)` iterations (:func:`cg_iterations_bound`), each a product plus the
+    preconditioner's :math:`4 W r` multiply-adds (:math:`2 r / N` products). Doubling costs
+    :math:`r` products for the new test vectors and the factorisation's
+    :math:`8 W (2r)^2` multiply-adds; it pays where
+
+    .. math::
+        r + \frac{16 r^2}{N} + s\, I(1 + \hat\lambda_{2r}) \Big(1 + \frac{4r}{N}\Big)
+        < s\, I(1 + \lambda_r) \Big(1 + \frac{2r}{N}\Big).
+
+    Example:
+        >>> slow = 1e4 * 0.999 ** torch.arange(512.0)  # a flat spectrum: CG is slow
+        >>> doubling_pays(slow, 100, 8192, 10**4, 1e-6), doubling_pays(slow, 1, 8192, 10**4, 1e-6)
+        (True, False)
+    """
+    r = int(eigenvalues.shape[0])
+    if r < 2 or solves <= 0:
+        return False
+    ordered = eigenvalues.sort(descending=True).values
+    last, half = float(ordered[-1]), float(ordered[r // 2 - 1])
+    predicted = last * min(1.0, last / half) if half > 0 else 0.0
+    per_product = 0.0 if not rows else 2.0 * r / rows
+    cost = r + (_NYSTROM_FACTOR_COST * 2 * r * r / rows if rows else 0.0)
+    now = solves * cg_iterations_bound(1 + last, tolerance) * (1 + per_product)
+    after = solves * cg_iterations_bound(1 + predicted, tolerance) * (1 + 2 * per_product)
+    return cost + after < now
 
 
 def _gaussian(shape, dtype: torch.dtype, generator: torch.Generator) -> Tensor:

@@ -45,8 +45,10 @@ from rfgp.inference._iterative import (
     NystromPreconditioner,
     conjugate_gradients,
     lanczos_log_quadrature,
+    rank_memory_cap,
 )
 from rfgp.kernels._composition import feature_kernel
+from rfgp.recipes._schedule import CALIBRATION_EVALUATIONS
 
 __all__ = ["IterativeCalibration", "calibrate_by_products"]
 
@@ -99,7 +101,9 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         condition: :math:`c\,\lambda_{\max}(G) \le 1 / \mathrm{condition}` (0: unbounded), the
             weight-space calibration's bound on the solve's condition number.
         num_probes: Rademacher probes of the trace and log-determinant.
-        rank: the Nyström rank (``None``: chosen from the spectrum at the start).
+        rank: the Nyström rank (``None``: chosen from the spectrum at the start, and grown
+            beyond 512 while that saves more products over the evaluations' solves than it
+            costs).
         cache_bytes: bytes of feature rows kept across the CG products.
         tolerance: the CG's relative residual.
         generator: the probes' and the sketch's random draws.
@@ -138,8 +142,12 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             return op.gram(v, [0] * v.shape[1])
 
         start = factor / noise
-        sketch = NystromPreconditioner.sketch(lambda v: start * gram(v), width, torch.float64,
-                                              op.device, rank, generator)
+        # One sketch serves every evaluation's solves (target and probe columns), so its rank
+        # grows while that saves more products than it costs.
+        sketch = NystromPreconditioner.sketch(
+            lambda v: start * gram(v), width, torch.float64, op.device, rank, generator,
+            max_rank=rank_memory_cap(width, torch.float64, op.device),
+            solves=CALIBRATION_EVALUATIONS * (t + num_probes), rows=n, tolerance=tolerance)
         basis, spectrum = sketch.basis, sketch.eigenvalues / start  # eigenvalues of G
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(op.device)

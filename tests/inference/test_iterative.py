@@ -12,11 +12,14 @@ from rfgp import RandomFeatureGP
 from rfgp.inference import ConvergenceWarning
 from rfgp.inference import _cg_solver as cg_solver
 from rfgp.inference._iterative import (
+    MAX_AUTO_RANK,
     NystromPreconditioner,
     cg_fit_cost,
+    cg_iterations_bound,
     cg_fit_seconds,
     cg_num_features,
     conjugate_gradients,
+    doubling_pays,
     lanczos_log_quadrature,
 )
 from rfgp.inference._stochastic_evidence import stochastic_log_evidence
@@ -399,6 +402,52 @@ def test_nystrom_preconditioner_reduces_iterations_on_a_known_spectrum():
     # With the full rank, P = B exactly: one iteration.
     exact = NystromPreconditioner.sketch(lambda v: gram @ v, width, DT, torch.device("cpu"), width)
     assert conjugate_gradients(product, rhs, exact.inverse, tolerance=1e-8).iterations == 1
+
+
+def test_rank_grows_beyond_the_automatic_cap_only_where_it_pays():
+    # A slowly decaying spectrum (lambda_512 ~ 7.7e3): at rank 512 CG still needs hundreds of
+    # iterations, so a sketch that serves many solves should grow, and one solve should not.
+    width = 2048
+    g = torch.Generator().manual_seed(2)
+    basis = torch.linalg.qr(torch.randn(width, width, generator=g, dtype=DT))[0]
+    spectrum = 1e5 * 0.995 ** torch.arange(width, dtype=DT)
+    gram = (basis * spectrum) @ basis.T
+    rhs = torch.randn(width, 4, generator=g, dtype=DT)
+
+    def sketch(solves):
+        return NystromPreconditioner.sketch(lambda v: gram @ v, width, DT, torch.device("cpu"),
+                                            None, torch.Generator().manual_seed(0),
+                                            max_rank=width, solves=solves, rows=10**5)
+
+    capped, single, shared = sketch(0.0), sketch(1.0), sketch(1000.0)
+    assert capped.rank == MAX_AUTO_RANK and single.rank == MAX_AUTO_RANK
+    assert shared.rank > MAX_AUTO_RANK
+
+    def iterations(pre):
+        out = conjugate_gradients(lambda v: gram @ v + v, rhs, pre.inverse, tolerance=1e-6,
+                                  max_iterations=5000)
+        assert out.converged
+        return out.iterations
+
+    # The grown rank leaves a condition number near 1 + lambda_r: fewer iterations, within
+    # CG's bound for that condition number.
+    grown = iterations(shared)
+    assert grown < iterations(capped)
+    assert grown <= cg_iterations_bound(1 + float(spectrum[shared.rank - 1]) * 1.5, 1e-6)
+
+
+def test_doubling_pays_weighs_the_sketch_against_the_saved_iterations():
+    fast = 1e4 * 0.5 ** torch.arange(600, dtype=DT)  # lambda_r already tiny: nothing to save
+    slow = 1e4 * 0.9999 ** torch.arange(600, dtype=DT)  # flat: doubling barely moves kappa
+    steep = 1e8 * torch.arange(1, 601, dtype=DT) ** -2.0  # kappa / 4 per doubling
+    assert not doubling_pays(fast, 1e6, 4096, None, 1e-6)
+    assert not doubling_pays(steep, 1.0, 4096, None, 1e-6)
+    assert doubling_pays(steep, 100.0, 4096, None, 1e-6)
+    # A flat spectrum's extrapolation predicts no gain worth 600 products over 10 solves.
+    assert not doubling_pays(slow, 10.0, 4096, None, 1e-6)
+    # The preconditioner's own cost counts: on few rows per product it stops paying.
+    assert doubling_pays(steep, 100.0, 4096, 10**6, 1e-6)
+    assert not doubling_pays(steep, 100.0, 4096, 100, 1e-6)
 
 
 def test_cg_from_a_starting_guess():
