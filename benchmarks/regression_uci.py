@@ -414,6 +414,13 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def _paired_gap(default, other) -> float:
+    """Mean over the splits both ran of the default's MNLL minus the other method's."""
+    theirs = {r["split"]: r["mnll"] for r in other}
+    diffs = [r["mnll"] - theirs[r["split"]] for r in default if r["split"] in theirs]
+    return float(np.mean(diffs)) if diffs else 0.0
+
+
 def targets(rows):
     """Per set: the default's MNLL against SGPR M = 512's and the best method's, its coverage
     and its time against SGPR M = 512's."""
@@ -426,11 +433,14 @@ def targets(rows):
             continue
         n = default[0]["n_train"]
         means = {m: _mean(table[(name, m)], "mnll") for m in METHODS if (name, m) in table}
-        best = min(means, key=means.get)
+        # The gap to each method over the splits both ran (a method run on fewer splits is
+        # compared on those only): the best is the method with the largest gap.
+        gaps = {m: _paired_gap(default, table[(name, m)]) for m in means}
+        best = max(gaps, key=gaps.get)
         sgpr = table.get((name, "SGPR 512"))
         cov = _mean(default, "cov95")
         verdict = []
-        if means["rfgp default"] <= means[best] + 0.05:
+        if gaps[best] <= 0.05:
             verdict.append("within 0.05 of the best: met")
         else:
             verdict.append("within 0.05 of the best: **missed**")
@@ -444,8 +454,12 @@ def targets(rows):
                 "met" if 0.93 <= cov <= 0.97 else "**missed**"))
             verdict.append("time <= SGPR 512: " + ("met" if ratio_value <= 1 else "**missed**"))
         splits = sorted({r["split"] for r in default})
+        fewer = len(table[(name, best)]) < len(default)
+        shown = (f"{means[best]:.3f} ({best}" + (f", {len(table[(name, best)])} split(s); "
+                                                 f"gap there {gaps[best]:+.3f})" if fewer
+                                                 else ")"))
         out.append(f"| {name} | {n} | {means['rfgp default']:.3f} | "
-                   f"{means.get('SGPR 512', float('nan')):.3f} | {means[best]:.3f} ({best}) | "
+                   f"{means.get('SGPR 512', float('nan')):.3f} | {shown} | "
                    f"{cov:.3f} | {ratio} | {'; '.join(verdict)} ({len(splits)} split(s)) |")
     return out
 
