@@ -279,6 +279,9 @@ class ConjugateGradientSolver(Solver):
         self._num_rows = num_rows
         self.mean_weights: Optional[Tensor] = None
         self.preconditioners: List[NystromPreconditioner] = []
+        #: a preconditioner of B computed by the caller (one noise group): the first
+        #: factorisation takes it instead of a sketch
+        self.given_preconditioner: Optional[NystromPreconditioner] = None
         self._groups: List[List[int]] = []
         #: CG iterations of the last solve for the mean weights
         self.iterations = 0
@@ -329,6 +332,12 @@ class ConjugateGradientSolver(Solver):
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
         """One Nyström preconditioner per noise group of ``operator``'s matrix."""
         rank = self.settings.preconditioner_rank
+        given, self.given_preconditioner = self.given_preconditioner, None
+        if (given is not None and rank is None and len(self._groups) == 1
+                and given.basis.shape[0] == operator.width
+                and given.basis.dtype == operator.vector_dtype
+                and given.basis.device == operator.device):
+            return [given]
         max_rank = rank_memory_cap(operator.width, operator.vector_dtype, operator.device)
         out = []
         for cols in self._groups:

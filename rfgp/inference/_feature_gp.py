@@ -256,13 +256,14 @@ class RandomFeatureGP(torch.nn.Module):
     # ================================================================== fitting
     def _fit_batches(self, batches: List[Batch], chunk: Optional[int], distributed: bool = False,
                      process_group: Any = None, reallocate: bool = False,
-                     allocated: bool = False) -> RandomFeatureGP:
+                     allocated: bool = False, reuse: Any = None) -> RandomFeatureGP:
         """Fit on batches (``fit``, a refit on held data): nothing changes if it fails.
         ``reallocate``: allocate the kernel on these rows again; ``allocated``: an earlier fit
-        allocated it on them."""
+        allocated it on them; ``reuse``: what the caller already computed for this fit (see
+        ``SolverFactory.build``)."""
         allocated = allocated or reallocate or self.feature_map.needs_allocation
         solver, layout, x0 = self._factory.fit(batches, self.noise, chunk, distributed,
-                                               process_group, reallocate)
+                                               process_group, reallocate, reuse)
         self._install(solver, layout, x0, None if distributed else list(batches), chunk,
                       allocated)
         return self

@@ -22,7 +22,7 @@ from torch import Tensor
 from rfgp._ops import power_of_two_scale
 from rfgp.inference._cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
 from rfgp.inference._feature_map import FeatureMap
-from rfgp.inference._iterative import CGSettings
+from rfgp.inference._iterative import CGSettings, NystromPreconditioner
 from rfgp.inference._linalg import available_memory, check_memory
 from rfgp.inference._noise import (
     NoiseLayout,
@@ -175,15 +175,50 @@ class SolverFactory:
     def weight_solver(self, stats: FeatureStatistics, scale: float) -> WeightSpaceSolver:
         return WeightSpaceSolver(stats, self.complex_solve, self.jitter, scale)
 
+    def given_statistics(self, prepared: List[Prepared], scale: float,
+                         products: Tuple[Tensor, Tensor]) -> FeatureStatistics:
+        """The statistics of homoscedastic batches from products computed elsewhere:
+        ``(Z^T Z, Z^T Y)`` of the real-form features and the targets as given."""
+        gram, rhs = products
+        width, p = self.feature_map.num_real_features, self.feature_map.outputs_per_input
+        targets = torch.cat([b[1] for b in prepared])
+        if (p != 1 or prepared[0][2] is not None or gram.shape != (width, width)
+                or rhs.shape != (width, targets.shape[1])):
+            raise ValueError(
+                f"products must be (Z^T Z, Z^T Y) of shapes ({width}, {width}) and "
+                f"({width}, {targets.shape[1]}) for one output per input and the model noise, "
+                f"got {tuple(gram.shape)} and {tuple(rhs.shape)}"
+            )
+        # One row's features draw any lazily sampled weights, as a pass over the rows would,
+        # before the fit records the kernel's fingerprint.
+        with torch.no_grad():
+            self.feature_map.real_rows(prepared[0][0][:1])
+        stats = self.new_statistics(targets.shape[1], False, prepared[0][0])
+        stats.grams[0] = gram.to(device=stats.device, dtype=stats.dtype).clone()
+        stats.rhs = (rhs / scale).to(device=stats.device, dtype=stats.dtype)
+        stats.yy = (targets.to(stats.dtype) / scale).square().sum(0)
+        stats.count = targets.shape[0]
+        return stats
+
     def build(self, prepared: List[Prepared], scale: float, chunk: Optional[int],
-              distributed: bool, process_group: Any) -> Solver:
-        """The cheaper solver for the batches (always weight space when distributed)."""
+              distributed: bool, process_group: Any, reuse: Any = None) -> Solver:
+        """The cheaper solver for the batches (always weight space when distributed).
+
+        ``reuse``: what the caller already computed for this fit. A weight-space solver takes
+        products ``(Z^T Z, Z^T Y)`` (see :meth:`given_statistics`) instead of a pass over the
+        rows; an iterative one takes a :class:`NystromPreconditioner` of its ``B`` as its
+        first preconditioner instead of a sketch."""
         rows = sum(b[1].shape[0] for b in prepared)
         if not distributed and self.use_function_space(rows):
             return self.function_solver(prepared, scale)
         if self.use_iterative(prepared[0][0]):
             data = [self.kept(b, scale) for b in prepared]
-            return self.iterative_solver(data, scale, chunk, distributed, process_group)
+            solver = self.iterative_solver(data, scale, chunk, distributed, process_group)
+            if isinstance(reuse, NystromPreconditioner):
+                solver.given_preconditioner = reuse
+            return solver
+        if isinstance(reuse, tuple) and not distributed:
+            return self.weight_solver(self.given_statistics(prepared, scale, reuse), scale)
         stats = self.new_statistics(prepared[0][1].shape[1], prepared[0][2] is not None,
                                     prepared[0][0])
         for batch in prepared:
@@ -194,8 +229,8 @@ class SolverFactory:
 
     # ------------------------------------------------------------------ whole fits
     def fit(self, batches: List[Tuple[Any, Any, Any]], model_noise: Tensor, chunk: Optional[int],
-            distributed: bool, process_group: Any,
-            reallocate: bool = False) -> Tuple[Solver, NoiseLayout, Tensor]:
+            distributed: bool, process_group: Any, reallocate: bool = False,
+            reuse: Any = None) -> Tuple[Solver, NoiseLayout, Tensor]:
         """A solver for ``(x, y, noise)`` batches (the kernel allocated on all of them first if
         it needs an allocation, or ``reallocate``), its noise layout and the first batch's
         checked ``x``."""
@@ -215,7 +250,7 @@ class SolverFactory:
             layout.check_batch(rows_y, ndim, batches[index + 1][2] is not None, "update")
         scale = agreed_scale(power_of_two_scale(torch.cat([b[1] for b in prepared])),
                              prepared[0][1], distributed, process_group)
-        solver = self.build(prepared, scale, chunk, distributed, process_group)
+        solver = self.build(prepared, scale, chunk, distributed, process_group, reuse)
         return solver, layout, prepared[0][0]
 
     def stream(self, batches: Iterable[Any], model_noise: Tensor, distributed: bool,

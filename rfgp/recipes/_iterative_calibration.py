@@ -72,6 +72,8 @@ class IterativeCalibration:
             (of the trace estimate, times ``T``) relative to its scale ``N T``.
         rank: the Nyström rank.
         iterations: CG iterations per evaluation.
+        preconditioner: the Nyström preconditioner of :math:`I + c G` at the root, which is
+            the ``B`` of the calibrated model's fit (pass it on so the fit need not sketch).
     """
 
     factor: float
@@ -81,6 +83,7 @@ class IterativeCalibration:
     gradient_standard_error: float
     rank: int
     iterations: List[int] = field(default_factory=list)
+    preconditioner: Optional[NystromPreconditioner] = None
 
 
 def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
@@ -192,6 +195,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         gradient_standard_error=t * chosen["trace_error"] / (n * t),
         rank=sketch.rank,
         iterations=[r["iterations"] for r in records.values()],
+        preconditioner=NystromPreconditioner(basis, math.exp(root) * spectrum),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
@@ -55,10 +55,12 @@ _CHUNK_ROWS = 4096
 _CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
-def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidence:
+def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor,
+                           products: Optional[list] = None) -> ScaleEvidence:
     """The spectral statistics of ``kernel``'s feature model on ``(x, y)``: its Gram matrix
     accumulated over row chunks in float64 and factorised (the kernel matrix on fewer rows
-    than features).
+    than features). A ``products`` list receives ``(Z^T Z, Z^T Y)`` (weight space only), so
+    that the fit of the same features need not form them again.
 
     Example:
         >>> k = make_ard_kernel(64, 2, seed=0)
@@ -81,7 +83,10 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor) -> ScaleEvidenc
             z = feature_map.real_rows(x[start:start + _CHUNK_ROWS]).to(torch.float64)
             accumulate_gram(gram, z)
             rhs += z.transpose(0, 1) @ columns[start:start + _CHUNK_ROWS]
-    return spectral_statistics(symmetrize_upper(gram), rhs, float(columns.square().sum()), n)
+        gram = symmetrize_upper(gram)
+    if products is not None:
+        products.append((gram, rhs))
+    return spectral_statistics(gram, rhs, float(columns.square().sum()), n)
 
 
 def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
@@ -115,6 +120,9 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         candidates: Dict[str, Tensor] = (dict(ctx.candidates) if ctx.options.calibrate
                                          else {}) or {"search": ctx.lengthscale()}
         best = ("search", ctx.lengthscale(), 1.0, noise)
+        # The best candidate's Gram matrix and projections, kept for the final fit (weight
+        # space): its features are those of the evidence, rescaled exactly.
+        kept: list = []
         losses = {}
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
         floor = NOISE_FLOOR * float(ctx.y.square().mean())
@@ -124,7 +132,10 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             if not ctx.options.calibrate:
                 break
             kernel = _final_kernel(ctx, centre, outputscale, False, choice)
-            evidence = feature_model_evidence(kernel, ctx.x, ctx.y)
+            products: list = []
+            evidence = feature_model_evidence(kernel, ctx.x, ctx.y,
+                                              None if iterative else products)
+            products = [(*p, _outputscale(kernel)) for p in products]
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
             # noise-free target), so the noise is kept above it.
@@ -132,7 +143,8 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                                                                condition=condition)
             losses[name] = loss / ctx.y.numel() + shift
             if len(losses) == 1 or losses[name] < losses[best[0]]:
-                best = (name, centre, factor, calibrated)
+                best, kept = (name, centre, factor, calibrated), products
+            del products, evidence
         name, centre, factor, calibrated = best
         before = (factor, calibrated)
         cache = _cache_bytes(ctx.x, ctx.schedule.num_features) if iterative else 0
@@ -162,10 +174,31 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         solve = {"solve": "cg", "cache_bytes": cache} if iterative else {}
         gp = RandomFeatureGP(kernel, noise=noise_data, **solve)
         with torch.no_grad():
-            gp.fit(ctx.x_data, ctx.y_data)
+            if kept:
+                # The final features are the evidence's times sqrt(ratio), the ratio of their
+                # outputscales (factor y_unit^2; the input units are powers of two: exact), so
+                # the products scale with it, and the fit takes them instead of a second pass.
+                gram, rhs, before = kept[0]
+                ratio = _outputscale(kernel) / before
+                gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None,
+                                reuse=(gram.mul_(ratio), rhs * (math.sqrt(ratio) * ctx.y_unit)))
+            elif iterative and ctx.options.calibrate:
+                # B - I of the fit is c G of the calibration (the units cancel in a / noise):
+                # its preconditioner at the root serves the fit.
+                gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None,
+                                reuse=result.preconditioner)
+            else:
+                gp.fit(ctx.x_data, ctx.y_data)
     report.lengthscale = centre * ctx.x_unit
     report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
     return gp
+
+
+def _outputscale(kernel: Kernel) -> float:
+    """The outputscale of ``kernel``'s first ``ScaleKernel`` part (the recipe scales every
+    part by one factor)."""
+    part = kernel.kernels[0] if isinstance(kernel, AdditiveKernel) else kernel
+    return float(part.outputscale.detach())
 
 
 def _cache_bytes(x: Tensor, width: int) -> int:
@@ -225,6 +258,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     width = FeatureMap(feature_kernel(kernel)).num_real_features
     path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]
     condition = _CONDITION[x.dtype]
+    products: list = []
     with torch.no_grad():
         if path == "cg":
             cache = _cache_bytes(x, width)
@@ -233,13 +267,21 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                                            generator=torch.Generator().manual_seed(seed))
             factor, noise = result.factor, result.noise
             options = {"solve": "cg", "cache_bytes": cache}
+            reuse = result.preconditioner
         else:
-            evidence = feature_model_evidence(kernel, x, y)
+            evidence = feature_model_evidence(kernel, x, y, products)
             factor, noise, _ = maximize_scale_evidence(evidence, noise, noise_floor,
                                                        condition=condition)
-            options = {}
+            options, reuse, before = {}, None, _outputscale(kernel)
         for part in parts:
             part.outputscale = part.outputscale * factor
+        if products:
+            # The calibrated features are the evidence's times the square root of the ratio
+            # of their outputscales (factor, to the outputscale constraint's rounding).
+            ratio = _outputscale(kernel) / before
+            reuse = (products[0][0].mul_(ratio), products[0][1] * math.sqrt(ratio))
     gp = RandomFeatureGP(kernel, noise=torch.as_tensor(noise, dtype=x.dtype), **options)
     with torch.no_grad():
-        return gp.fit(x, y)
+        # What the calibration computed serves the fit: the Gram matrix (weight space) or
+        # the preconditioner of the fit's B at its root (CG).
+        return gp._fit_batches([(x, y, None)], None, reuse=reuse)

@@ -58,12 +58,13 @@ MAX_ITERATIVE_FEATURES = 65536
 CHOICE_FEATURES = 2048
 #: What the cost model expects of the iterative calibration: evaluations of its root search,
 #: preconditioned CG iterations per solve, probes, and the Nyström rank. The iterations grow
-#: with the signal-to-noise ratio: 8 to 9 were measured on 57,247 noisy rows, 80 to 150 on
-#: 13,500 rows of noise 0.007 (automatic rank, 512); the model takes the larger.
+#: with the signal-to-noise ratio: 8 to 9 were measured on 57,247 noisy rows; on 13,500 rows
+#: of noise 0.007 at 8,192 features, 59 to 114 at rank 512 and 35 to 67 at the rank 1,024
+#: that the sketch's cost rule chose there. The model takes the larger rank and iterations.
 CALIBRATION_EVALUATIONS = 8
-CG_ITERATIONS = 100
+CG_ITERATIONS = 70
 CALIBRATION_PROBES = 8
-SKETCH_RANK = 512
+SKETCH_RANK = 1024
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
 #: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
@@ -109,39 +110,49 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
     return n**3 / 3 + 3 * n * n * input_dim
 
 
-def final_fit_cost(num_rows: int, num_features: int, input_dim: int) -> float:
-    r"""Multiply-adds of the final fit with its calibration: in weight space, the Gram matrix
-    twice (calibration and refit, :math:`\frac58 N D^2` each as a blocked product of its upper
-    triangle), its eigendecomposition (about :math:`4 D^3`) and the Cholesky factor; in
-    function space (``N < D``), the kernel matrix :math:`N^2 D`, its eigendecomposition and
-    factor. The features themselves cost :math:`N D d`."""
-    n, m = float(num_rows), float(num_features)
-    features = 2 * n * m * input_dim
+def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
+                   candidates: int = 1) -> float:
+    r"""Multiply-adds of the final fit with its calibration: in weight space, per candidate
+    lengthscale the features (:math:`N D d`), the Gram matrix (:math:`\frac58 N D^2` as a
+    blocked product of its upper triangle) and its eigendecomposition (about :math:`4 D^3`),
+    then the Cholesky factor of the chosen one (the fit reuses its Gram matrix); in function
+    space (``N < D``), the features, the kernel matrix :math:`N^2 D` and its
+    eigendecomposition per candidate, and the fit's features, kernel matrix and factor.
+
+    Example:
+        >>> final_fit_cost(10**4, 2048, 8, 2) > final_fit_cost(10**4, 2048, 8)
+        True
+    """
+    n, m, k = float(num_rows), float(num_features), max(1, candidates)
+    features = n * m * input_dim
     if n < m:
-        return features + 2 * n * n * m + 4 * n**3 + n**3 / 3
-    return features + 1.25 * n * m * m + 4 * m**3 + m**3 / 3
+        return (k + 1) * (features + n * n * m) + 4 * k * n**3 + n**3 / 3
+    return k * (features + 0.625 * n * m * m + 4 * m**3) + m**3 / 3
 
 
 def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
                        candidates: int = 1) -> float:
     r"""Multiply-adds of the iterative final fit with its calibration: a weight-space
     calibration at :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then, on
-    cached features (:math:`N D (d + 4)` each for the calibration and the fit), a Nyström
-    sketch of rank :math:`r` (:math:`2 N D r`) for each, :math:`E` evaluations of
-    :math:`I` CG iterations over the target and :math:`p` probe columns
-    (:math:`2 N D (1 + p)` each) and the fit's :math:`I` iterations:
+    cached features (:math:`N D (d + 4)` each for the calibration and the fit), one Nyström
+    sketch of rank :math:`r` (:math:`2 N D r`, and :math:`8 D r^2` to factorise it), which
+    the fit reuses at the root, :math:`E` evaluations of :math:`I` CG iterations over the
+    target and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the fit's :math:`I`
+    iterations:
 
     .. math::
-        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 4 r + 2 I (E (1 + p) + 1)\big).
+        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 2 r + 8 r^2 / N
+            + 2 I (E (1 + p) + 1)\big).
 
     Example:
-        >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 4
+        >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
         True
     """
     n, m = float(num_rows), float(num_features)
-    choice = candidates * final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim)
+    choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
     per_column = 2 * CG_ITERATIONS * (CALIBRATION_EVALUATIONS * (1 + CALIBRATION_PROBES) + 1)
-    return choice + n * m * (2 * (input_dim + 4) + 4 * SKETCH_RANK + per_column)
+    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n
+    return choice + n * m * (2 * (input_dim + 4) + sketch + per_column)
 
 
 def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
@@ -162,7 +173,7 @@ def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
     fits = m <= MAX_WEIGHT_FEATURES or (
         n < m and m <= MAX_FUNCTION_FEATURES and n * m <= MAX_WEIGHT_FEATURES**2)
     if (solve == "weight" and (fits or forced)) or (solve == "auto" and fits):
-        return "weight", final_fit_cost(n, m, input_dim)
+        return "weight", final_fit_cost(n, m, input_dim, candidates)
     # "auto" solves by CG only where D <= N: on fewer rows the N x N path is exact for any D.
     if solve == "cg" or (solve == "auto" and (forced or m <= min(n, MAX_ITERATIVE_FEATURES))):
         return "cg", iterative_fit_cost(n, m, input_dim, candidates)
@@ -282,21 +293,25 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     if refine_rows and opts.local_search and opts.exact_rows >= 2:
         blocks = exact_evidence_cost(refine_rows, d, opts.exact_rows)
         per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
-        # After a local stage the Hessian is that of its block evidence.
+        # After a local stage the Hessian is that of its block evidence, and the final
+        # model's evidence chooses between two candidates (a second Gram matrix).
         block_hessian = (d + 3) * blocks if opts.lengthscale_draws else 0.0
-        local_starts = int(max(0.0, total - spent - block_hessian) // per_start)
+        second = (final_path(n, features, d, opts.solve, 2, forced)[1]
+                  - final_path(n, features, d, opts.solve, 1, forced)[1])
+        local_starts = int(max(0.0, total - spent - block_hessian - second) // per_start)
         local_starts = min(local_starts, d + 1)
         if local_starts:
             predicted["local"] = local_starts * per_start / rate
-            spent += local_starts * per_start
+            spent += local_starts * per_start + second
             hessian = block_hessian
     if hessian:
         predicted["laplace"] = hessian / rate
         spent += hessian
     # What the stages leave goes to the final fit's features.
+    candidates = 2 if local_starts else 1
     while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
-        extra = (final_path(n, 2 * features, d, opts.solve)[1]
-                 - final_path(n, features, d, opts.solve)[1])
+        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
+                 - final_path(n, features, d, opts.solve, candidates)[1])
         if spent + extra > total:
             break
         features, spent = 2 * features, spent + extra
@@ -318,7 +333,7 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         if choose_bound:
             predicted["select"] = choice / rate
             spent += choice
-    path, cost = final_path(n, features, d, opts.solve, 2 if local_starts else 1, forced)
+    path, cost = final_path(n, features, d, opts.solve, candidates, forced)
     predicted["refit"] = cost / rate
     return Schedule(budget, rate, subsample, search_features, evidence, refine_rows, local_starts,
                     choose_bound, features, predicted, path)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
+from rfgp import RandomFeatureGP
 from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels._composition import as_feature_kernel
@@ -100,6 +102,30 @@ def test_fit_auto_ends_at_the_final_models_evidence_maximum():
     (grad,) = torch.autograd.grad(nll / y.numel(), theta)
     assert float(grad.abs().max()) < 1e-6
     assert report.calibration["chosen"] in report.calibration["evidence"]
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_the_final_fit_reuses_the_calibrations_products_exactly(columns):
+    # The final weight-space fit takes the Gram matrix the calibration formed (rescaled from
+    # the search's units) instead of a second pass: its posterior must be that of a plain fit
+    # of the same kernel and noise. Inputs and targets far from unit scale, so the units and
+    # the outputscale factor are not 1.
+    x, y = _sine_data(500, 9)
+    x = 1000.0 * x
+    y = 1e-3 * (y if columns == 1 else torch.stack([y, -2 * y], -1))
+    gp = fit_auto(x, y, num_features=48, seed=0)
+    assert gp.solve_used == "weight"
+    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone())
+    plain.fit(x, y)
+    xt = x[:50] * 1.01
+    fitted = gp._state
+    mean, std = gp.predict(xt, return_std=True)
+    assert gp._state is fitted  # the posterior predicted from is the reused one, not a refit
+    mean0, std0 = plain.predict(xt, return_std=True)
+    torch.testing.assert_close(mean, mean0, rtol=1e-8, atol=1e-8 * float(y.abs().max()))
+    torch.testing.assert_close(std, std0, rtol=1e-8, atol=0.0)
+    torch.testing.assert_close(gp.log_marginal_likelihood(), plain.log_marginal_likelihood(),
+                               rtol=1e-10, atol=1e-8)
 
 
 def test_calibration_makes_the_few_feature_model_honest():

@@ -170,3 +170,39 @@ def test_calibrated_fit_names_its_bad_arguments():
         calibrated_fit(kernel, x[:0], y[:0], 1.0)
     with pytest.raises(ValueError):
         calibrated_fit(kernel, torch.tensor(1.0, dtype=DT), torch.tensor(1.0, dtype=DT), 1.0)
+
+
+def test_the_fits_reuse_what_the_calibration_computed(monkeypatch):
+    from rfgp import RandomFeatureGP
+    from rfgp.inference import _iterative
+    from rfgp.recipes import calibrated_fit
+
+    kernel, x, y = _problem(n=2000)
+    # Weight space: the fit takes the calibration's Gram matrix, rescaled by the outputscale
+    # factor; its posterior is that of a plain fit of the calibrated kernel and noise.
+    weight = calibrated_fit(kernel, x, y, noise=1.0, solve="weight")
+    plain = RandomFeatureGP(weight.kernel, noise=weight.noise.detach().clone()).fit(x, y)
+    fitted, q = weight._state, x[:30] + 0.01
+    mean, std = weight.predict(q, return_std=True)
+    assert weight._state is fitted  # no refit on the first prediction
+    mean0, std0 = plain.predict(q, return_std=True)
+    torch.testing.assert_close(mean, mean0, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(std, std0, rtol=1e-9, atol=0.0)
+    # CG: the calibration's Nyström preconditioner at its root is the fit's (one sketch in
+    # all), and the fit converges with it to the weight-space model.
+    sketches = []
+    original = _iterative.NystromPreconditioner.sketch
+
+    def counted(*args, **kwargs):
+        sketches.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_iterative.NystromPreconditioner, "sketch", staticmethod(counted))
+    cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg")
+    assert len(sketches) == 1 and cg.cg_info["preconditioner_ranks"][0] > 0
+    assert cg.cg_info["iterations"] < 50
+    torch.testing.assert_close(cg.predict(q), mean, rtol=0, atol=2e-3)
+    # A refit after a new noise sketches its own preconditioner again.
+    cg.noise = cg.noise * 2
+    cg.predict(q)
+    assert len(sketches) == 2
