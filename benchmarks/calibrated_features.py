@@ -19,6 +19,7 @@ Usage::
 
     python benchmarks/calibrated_features.py --sets pol bike          # CPU, about 30 minutes
     python benchmarks/calibrated_features.py --quick                  # a minute, temp folder
+    python benchmarks/calibrated_features.py --sets pol --sizes 8192 --reuse-model  # the fits alone
 
 Records are appended to docs/benchmarks/calibrated_features.jsonl; the page
 docs/benchmarks/calibrated_features.md is written from them.
@@ -185,6 +186,9 @@ def main() -> None:
     parser.add_argument("--mnll-rows", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--reuse-model", action="store_true",
+                        help="take each set's last recorded recipe lengthscales instead of "
+                             "running fit_auto again (to remeasure the fits alone)")
     args = parser.parse_args()
     if args.quick:
         args.sets, args.sizes, args.both, args.rows, args.mnll_rows = (
@@ -196,11 +200,17 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for name in args.sets:
         data = load(name, args.rows)
-        model = recipe_model(data[0], data[1])
-        record = dict(model, kind="recipe", set=name, rows=data[0].shape[0],
-                      threads=args.threads, machine=platform.processor() or platform.machine())
-        with records_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if args.reuse_model:
+            recorded = [json.loads(line) for line in records_path.read_text().splitlines()
+                        if line]
+            model = [r for r in recorded if r.get("kind") == "recipe" and r["set"] == name][-1]
+        else:
+            model = recipe_model(data[0], data[1])
+            record = dict(model, kind="recipe", set=name, rows=data[0].shape[0],
+                          threads=args.threads,
+                          machine=platform.processor() or platform.machine())
+            with records_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
         for size in args.sizes:
             solves = ["weight", "cg"] if size in args.both else ["auto"]
             for solve in solves:

@@ -539,8 +539,11 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--page-only", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of the records and the page (default docs/benchmarks)")
     args = parser.parse_args()
-    out = OUT
+    out = args.out or OUT
+    out.mkdir(parents=True, exist_ok=True)
     if args.quick:
         out = Path(tempfile.mkdtemp())
         args.sets, args.splits, args.methods = ["concrete"], 1, ["rfgp default", "SGPR 512"]

@@ -25,13 +25,16 @@ estimators share; a time budget schedules the stages.
   own evidence, and that evidence chooses among the stages' candidate lengthscales: exactly
   (one eigendecomposition of its Gram matrix, :func:`maximize_scale_evidence`) on the
   weight-space path, from feature products alone on the conjugate-gradient path beyond 8192
-  features. :func:`calibrated_fit` applies the rule to lengthscales found elsewhere.
+  features. The fit then reuses what the calibration computed (the chosen candidate's Gram
+  matrix, or the Nyström preconditioner at the root) instead of another pass over the rows.
+  :func:`calibrated_fit` applies the rule to lengthscales found elsewhere.
 
 **The budget.** A cost model converts ``time_budget`` seconds at ``machine_rate``
 multiply-adds a second into a :class:`Schedule`: the final fit gets the most features that fit
 40% of the budget (weight space up to 8192 features, conjugate gradients beyond while
-:math:`D \le N`), the refinement's rows and the local stage's starts what is left, and what
-they leave doubles ``D``. The default budget (:func:`default_budget`) is linear in the rows;
+:math:`D \le N`), the refinement's rows and the local stage's starts what is left (the local
+stage also gives the final model a second candidate to compare, at up to 2048 features), and what they
+leave doubles ``D``. The default budget (:func:`default_budget`) is linear in the rows;
 :func:`measure_machine_rate` measures this machine's rate.
 """
 

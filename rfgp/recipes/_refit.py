@@ -5,8 +5,10 @@ where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the
 data as given. **Rule:** its outputscale and noise maximise the evidence of that
 ``D``-feature model itself (:mod:`~rfgp.recipes._calibration`: one eigendecomposition of its
 Gram matrix, then :math:`O(D)` per evaluation), and where the search stages left more than one
-candidate lengthscale vector (the refinement's end, the local stage's best) that model's
-evidence chooses among them. The search's hyperparameters belong to cheaper models (a
+candidate lengthscale vector (the refinement's end, the local stage's best) the evidence of
+the same model with at most :data:`~rfgp.recipes._schedule.CHOICE_FEATURES` features (each
+calibrated) chooses among them. The fit then reuses the chosen model's Gram matrix. The
+search's hyperparameters belong to cheaper models (a
 subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
 features cannot follow is noise to the final model, and only its own evidence says how much.
 
@@ -127,14 +129,20 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
         floor = NOISE_FLOOR * float(ctx.y.square().mean())
         condition = _CONDITION[ctx.x.dtype]
-        choice = min(ctx.schedule.num_features, CHOICE_FEATURES) if iterative else 0
+        # Several candidates are compared at no more than CHOICE_FEATURES features (the
+        # chosen one then calibrates at the final D): on the iterative path always, on the
+        # weight path where D is larger.
+        features = ctx.schedule.num_features
+        several = ctx.options.calibrate and len(candidates) > 1
+        choice = (min(features, CHOICE_FEATURES)
+                  if iterative or (several and features > CHOICE_FEATURES) else 0)
         for name, centre in candidates.items():
             if not ctx.options.calibrate:
                 break
             kernel = _final_kernel(ctx, centre, outputscale, False, choice)
             products: list = []
             evidence = feature_model_evidence(kernel, ctx.x, ctx.y,
-                                              None if iterative else products)
+                                              None if iterative or choice else products)
             products = [(*p, _outputscale(kernel)) for p in products]
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
@@ -146,6 +154,16 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 best, kept = (name, centre, factor, calibrated), products
             del products, evidence
         name, centre, factor, calibrated = best
+        if choice and not iterative:
+            # The chosen lengthscales' D-feature model calibrates itself, from the search's
+            # scales as every candidate did (the fewer features' outputscale factor can be
+            # far from its own); its Gram matrix then serves the fit.
+            kernel = _final_kernel(ctx, centre, outputscale, False)
+            evidence = feature_model_evidence(kernel, ctx.x, ctx.y, kept)
+            kept = [(*p, _outputscale(kernel)) for p in kept]
+            factor, calibrated, _ = maximize_scale_evidence(evidence, noise, floor,
+                                                            condition=condition)
+            del evidence
         before = (factor, calibrated)
         cache = _cache_bytes(ctx.x, ctx.schedule.num_features) if iterative else 0
         if iterative and ctx.options.calibrate:
@@ -159,6 +177,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         if ctx.options.calibrate:
             report.calibration = {
                 "candidates": list(losses), "evidence": losses, "chosen": name,
+                "choice_features": choice or features,
                 "outputscale_factor": factor, "noise_before": noise * ctx.y_unit**2,
                 "noise_after": float(noise_data),
             }

@@ -112,10 +112,12 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
 
 def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
                    candidates: int = 1) -> float:
-    r"""Multiply-adds of the final fit with its calibration: in weight space, per candidate
-    lengthscale the features (:math:`N D d`), the Gram matrix (:math:`\frac58 N D^2` as a
-    blocked product of its upper triangle) and its eigendecomposition (about :math:`4 D^3`),
-    then the Cholesky factor of the chosen one (the fit reuses its Gram matrix); in function
+    r"""Multiply-adds of the final fit with its calibration. In weight space, one calibration
+    costs the features (:math:`N D d`), the Gram matrix (:math:`\frac58 N D^2` as a blocked
+    product of its upper triangle) and its eigendecomposition (about :math:`4 D^3`); there is
+    one per candidate lengthscale at :math:`\min(D, D_c)` features
+    (:data:`CHOICE_FEATURES`), one more at :math:`D` where several candidates were compared
+    at fewer, and the Cholesky factor (the fit reuses the chosen Gram matrix). In function
     space (``N < D``), the features, the kernel matrix :math:`N^2 D` and its
     eigendecomposition per candidate, and the fit's features, kernel matrix and factor.
 
@@ -124,10 +126,16 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
         True
     """
     n, m, k = float(num_rows), float(num_features), max(1, candidates)
-    features = n * m * input_dim
     if n < m:
+        features = n * m * input_dim
         return (k + 1) * (features + n * n * m) + 4 * k * n**3 + n**3 / 3
-    return k * (features + 0.625 * n * m * m + 4 * m**3) + m**3 / 3
+
+    def calibration(width: float) -> float:
+        return n * width * input_dim + 0.625 * n * width * width + 4 * width**3
+
+    if k > 1 and m > CHOICE_FEATURES:
+        return k * calibration(CHOICE_FEATURES) + calibration(m) + m**3 / 3
+    return k * calibration(m) + m**3 / 3
 
 
 def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
@@ -229,12 +237,12 @@ def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
 
 
 def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int,
-                    solve: str) -> int:
-    """The largest power of two ``D >= minimum`` whose final fit (:func:`final_path`) costs
-    at most ``budget`` multiply-adds."""
+                    solve: str, candidates: int = 1) -> int:
+    """The largest power of two ``D >= minimum`` whose final fit (:func:`final_path`, with
+    ``candidates`` lengthscales to choose among) costs at most ``budget`` multiply-adds."""
     best, size = minimum, minimum
     while size <= MAX_ITERATIVE_FEATURES:
-        if final_path(num_rows, size, input_dim, solve)[1] <= budget:
+        if final_path(num_rows, size, input_dim, solve, candidates)[1] <= budget:
             best = size
         size *= 2
     return best
@@ -256,14 +264,18 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
     rate = opts.machine_rate
     total = budget * rate
-    # The final fit first: its share decides D.
+    # The final fit first: its share decides D, for the candidates it may have to choose
+    # among (the refinement's end and, where a local stage can run, its best).
+    subsample = min(n, opts.subsample)
+    local_possible = (n > subsample and opts.refine_iterations > 0 and opts.local_search
+                      and opts.exact_rows >= 2)
     if opts.num_features is not None:
         features = opts.num_features
     else:
         features = _final_features(n, d, FINAL_SHARE * total,
-                                   max(MIN_FEATURES, opts.search_features), opts.solve)
+                                   max(MIN_FEATURES, opts.search_features), opts.solve,
+                                   2 if local_possible else 1)
     search_features = min(opts.search_features, features)
-    subsample = min(n, opts.subsample)
     if subsample <= opts.exact_rows:
         evidence, search = "exact", exact_evidence_cost(subsample, d)
     elif subsample == n and opts.exact_rows >= 2:

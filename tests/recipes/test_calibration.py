@@ -170,3 +170,30 @@ def test_the_condition_keeps_the_solve_factorisable_on_a_noise_free_target():
     assert math.isfinite(factor) and factor * top / noise <= 1.01e10
     matrix = factor * phi.T @ phi / noise + torch.eye(30, dtype=DT)
     torch.linalg.cholesky(matrix)  # factorises
+
+
+def test_candidates_are_compared_at_fewer_features_then_the_final_model_calibrates(
+        monkeypatch):
+    # Two candidates (the refinement's end and the local stage's best) compared at 16
+    # features; the chosen lengthscales' 64-feature model then sits at its own evidence
+    # maximum in its outputscale and noise, and its fit is a plain fit of that model.
+    from rfgp.recipes import _refit
+
+    monkeypatch.setattr(_refit, "CHOICE_FEATURES", 16)
+    x, y = _sine_data(1500, 10)
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=32, seed=0, report=report, subsample=300,
+                  refine_rows=1500, exact_rows=300, time_budget=600, lengthscale_draws=0)
+    assert len(report.calibration["candidates"]) == 2
+    assert report.calibration["choice_features"] == 16
+    with torch.no_grad():
+        z = FeatureMap(gp.kernel).real_rows(x)
+    theta = torch.zeros(2, dtype=DT, requires_grad=True)
+    nll = negative_log_evidence(z * (theta[0] / 2).exp(), y.unsqueeze(-1),
+                                gp.noise.detach() * theta[1].exp())
+    (grad,) = torch.autograd.grad(nll / y.numel(), theta)
+    assert float(grad.abs().max()) < 1e-6
+    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone()).fit(x, y)
+    fitted = gp._state
+    torch.testing.assert_close(gp.predict(x[:20]), plain.predict(x[:20]), rtol=1e-8, atol=1e-10)
+    assert gp._state is fitted
