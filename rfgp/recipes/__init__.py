@@ -33,9 +33,9 @@ estimators share; a time budget schedules the stages.
 multiply-adds a second into a :class:`Schedule`: the final fit gets the most features that fit
 40% of the budget (weight space up to 8192 features, conjugate gradients beyond while
 :math:`D \le N`), the refinement's rows and the local stage's starts what is left (the local
-stage also gives the final model a second candidate to compare, at up to 2048 features), and what they
-leave doubles ``D``. The default budget (:func:`default_budget`) is linear in the rows;
-:func:`measure_machine_rate` measures this machine's rate.
+stage also gives the final model a second candidate to compare, at up to 2048 features),
+and what they leave doubles ``D``. The default budget (:func:`default_budget`) is linear in
+the rows; :func:`measure_machine_rate` measures this machine's rate.
 """
 
 from rfgp.recipes._averaging import lengthscale_mixture_kernel
