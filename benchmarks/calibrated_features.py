@@ -105,7 +105,10 @@ def measure(name, size, solve, model, data, mnll_rows) -> dict:
     var = std.square() + noise
     nll = 0.5 * torch.log(2 * math.pi * var) + 0.5 * (yte[:m] - mu).square() / var
     inside = ((yte[:m] - mu).abs() <= Z95 * var.sqrt()).double().mean()
+    info = gp.cg_info or {}
     return {"set": name, "D": size, "solve": gp.solve_used, "seconds": seconds,
+            "cg_iterations": info.get("iterations"),
+            "preconditioner_ranks": info.get("preconditioner_ranks"),
             "variance_seconds": variance_seconds, "mnll_rows": m, "noise": noise,
             "rmse": float((mean - yte).square().mean().sqrt()),
             "mnll": float(nll.mean()), "coverage": float(inside)}
@@ -165,12 +168,17 @@ def write_markdown(records: list, path: Path) -> None:
                      f"{model['threads']} thread(s)): the default fit took "
                      f"{model['seconds']:.0f} s at D = {model['num_features']}.")
     lines += ["", "| set | D | solve | calibration + fit s | noise | RMSE | MNLL | coverage | "
-              "test rows (MNLL) | variance s |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "test rows (MNLL) | variance s | fit's CG iterations (Nyström rank) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in records if "D" in r), key=lambda r: (r["set"], r["D"],
                                                                         r["solve"])):
+        cg = "-"
+        if r.get("cg_iterations") is not None:
+            cg = f"{r['cg_iterations']} ({', '.join(map(str, r['preconditioner_ranks']))})"
         lines.append(f"| {r['set']} | {r['D']:,} | {r['solve']} | {r['seconds']:.1f} | "
                      f"{r['noise']:.4g} | {r['rmse']:.4f} | {r['mnll']:.4f} | "
-                     f"{r['coverage']:.3f} | {r['mnll_rows']} | {r['variance_seconds']:.1f} |")
+                     f"{r['coverage']:.3f} | {r['mnll_rows']} | {r['variance_seconds']:.1f} | "
+                     f"{cg} |")
     write_page(path, "\n".join(lines) + "\n")
 
 
