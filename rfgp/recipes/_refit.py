@@ -61,8 +61,9 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor,
                            products: Optional[list] = None) -> ScaleEvidence:
     """The spectral statistics of ``kernel``'s feature model on ``(x, y)``: its Gram matrix
     accumulated over row chunks in float64 and factorised (the kernel matrix on fewer rows
-    than features). A ``products`` list receives ``(Z^T Z, Z^T Y)`` (weight space only), so
-    that the fit of the same features need not form them again.
+    than features). A ``products`` list receives ``(Z^T Z, Z^T Y, outputscale)`` (weight
+    space only; the outputscale ``Z`` was formed at), so that a fit of the same features at
+    another outputscale need not form them again (:func:`_rescaled_products`).
 
     Example:
         >>> k = make_ard_kernel(64, 2, seed=0)
@@ -87,7 +88,7 @@ def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor,
             rhs += z.transpose(0, 1) @ columns[start:start + _CHUNK_ROWS]
         gram = symmetrize_upper(gram)
     if products is not None:
-        products.append((gram, rhs))
+        products.append((gram, rhs, _outputscale(kernel)))
     return spectral_statistics(gram, rhs, float(columns.square().sum()), n)
 
 
@@ -143,7 +144,6 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             products: list = []
             evidence = feature_model_evidence(kernel, ctx.x, ctx.y,
                                               None if iterative or choice else products)
-            products = [(*p, _outputscale(kernel)) for p in products]
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
             # noise-free target), so the noise is kept above it.
@@ -160,11 +160,10 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             # far from its own); its Gram matrix then serves the fit.
             kernel = _final_kernel(ctx, centre, outputscale, False)
             evidence = feature_model_evidence(kernel, ctx.x, ctx.y, kept)
-            kept = [(*p, _outputscale(kernel)) for p in kept]
             factor, calibrated, _ = maximize_scale_evidence(evidence, noise, floor,
                                                             condition=condition)
             del evidence
-        before = (factor, calibrated)
+        start = (factor, calibrated)
         cache = _cache_bytes(ctx.x, ctx.schedule.num_features) if iterative else 0
         if iterative and ctx.options.calibrate:
             result = calibrate_by_products(
@@ -183,8 +182,8 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             }
             if iterative:
                 report.calibration["iterative"] = {
-                    "choice_features": choice, "start_factor": before[0],
-                    "start_noise": before[1] * ctx.y_unit**2,
+                    "choice_features": choice, "start_factor": start[0],
+                    "start_noise": start[1] * ctx.y_unit**2,
                     "log_evidence": result.log_evidence - shift,
                     "standard_error": result.standard_error,
                     "gradient_standard_error": result.gradient_standard_error,
@@ -193,24 +192,26 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         solve = {"solve": "cg", "cache_bytes": cache} if iterative else {}
         gp = RandomFeatureGP(kernel, noise=noise_data, **solve)
         with torch.no_grad():
-            if kept:
-                # The final features are the evidence's times sqrt(ratio), the ratio of their
-                # outputscales (factor y_unit^2; the input units are powers of two: exact), so
-                # the products scale with it, and the fit takes them instead of a second pass.
-                gram, rhs, before = kept[0]
-                ratio = _outputscale(kernel) / before
-                gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None,
-                                reuse=(gram.mul_(ratio), rhs * (math.sqrt(ratio) * ctx.y_unit)))
-            elif iterative and ctx.options.calibrate:
-                # B - I of the fit is c G of the calibration (the units cancel in a / noise):
-                # its preconditioner at the root serves the fit.
-                gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None,
-                                reuse=result.preconditioner)
-            else:
-                gp.fit(ctx.x_data, ctx.y_data)
+            # The final features are the evidence's in the data's units (the input units are
+            # powers of two: exact); on the CG path, B - I of the fit is c G of the
+            # calibration (the units cancel in a / noise), so its preconditioner serves.
+            reuse = (_rescaled_products(kept, kernel, ctx.y_unit) if kept else
+                     result.preconditioner if iterative and ctx.options.calibrate else None)
+            gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None, reuse=reuse)
     report.lengthscale = centre * ctx.x_unit
     report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
     return gp
+
+
+def _rescaled_products(kept: list, kernel: Kernel, target_unit: float = 1.0) -> tuple:
+    """``(Z^T Z, Z^T Y)`` of ``kernel``'s features and the targets times ``target_unit``,
+    from ``kept[0] = feature_model_evidence``'s products of the same features at another
+    outputscale: the features scale by the square root of the outputscales' ratio (read from
+    the kernels, so the outputscale constraint's rounding is followed). The Gram matrix is
+    scaled in place."""
+    gram, rhs, outputscale = kept[0]
+    ratio = _outputscale(kernel) / outputscale
+    return gram.mul_(ratio), rhs * (math.sqrt(ratio) * target_unit)
 
 
 def _outputscale(kernel: Kernel) -> float:
@@ -291,14 +292,11 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             evidence = feature_model_evidence(kernel, x, y, products)
             factor, noise, _ = maximize_scale_evidence(evidence, noise, noise_floor,
                                                        condition=condition)
-            options, reuse, before = {}, None, _outputscale(kernel)
+            options, reuse = {}, None
         for part in parts:
             part.outputscale = part.outputscale * factor
         if products:
-            # The calibrated features are the evidence's times the square root of the ratio
-            # of their outputscales (factor, to the outputscale constraint's rounding).
-            ratio = _outputscale(kernel) / before
-            reuse = (products[0][0].mul_(ratio), products[0][1] * math.sqrt(ratio))
+            reuse = _rescaled_products(products, kernel)
     gp = RandomFeatureGP(kernel, noise=torch.as_tensor(noise, dtype=x.dtype), **options)
     with torch.no_grad():
         # What the calibration computed serves the fit: the Gram matrix (weight space) or
