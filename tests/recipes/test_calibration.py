@@ -12,7 +12,7 @@ from rfgp import RandomFeatureGP
 from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels._composition import as_feature_kernel
-from rfgp.recipes import FitReport, fit_auto, maximize_scale_evidence
+from rfgp.recipes import FitReport, fit_auto, make_ard_kernel, maximize_scale_evidence
 from rfgp.recipes._calibration import kernel_spectral_statistics, spectral_statistics
 from tests.helpers import DT, gen
 
@@ -197,3 +197,17 @@ def test_candidates_are_compared_at_fewer_features_then_the_final_model_calibrat
     fitted = gp._state
     torch.testing.assert_close(gp.predict(x[:20]), plain.predict(x[:20]), rtol=1e-8, atol=1e-10)
     assert gp._state is fitted
+
+
+def test_reused_products_of_the_wrong_shape_are_refused():
+    # The fit's internal reuse hook checks what it is given instead of fitting a wrong model.
+    x, y = _sine_data(200, 11)
+    gp = RandomFeatureGP(make_ard_kernel(32, x.shape[1], seed=0), noise=0.1)
+    width = 64  # real features of 32 random Fourier features
+    with pytest.raises(ValueError, match="products must be"):
+        gp._fit_batches([(x, y, None)], None,
+                        reuse=(torch.eye(width - 2, dtype=DT), torch.zeros(width, 1, dtype=DT)))
+    with pytest.raises(ValueError, match="products must be"):
+        gp._fit_batches([(x, y, None)], None,
+                        reuse=(torch.eye(width, dtype=DT), torch.zeros(width, 2, dtype=DT)))
+    assert not gp.is_fitted
