@@ -2,14 +2,14 @@ r"""The schedule: which stages run, on how many rows and features, within a time
 
 Each stage's cost is predicted in multiply-adds from the rows ``N``, the inputs ``d`` and the
 feature counts (the leading terms of its matrix products and factorisations) and converted to
-seconds at ``machine_rate``. The final fit takes at most :data:`FINAL_SHARE` of the budget: its
-feature count ``D`` is the largest power of two whose fit (the Gram matrix, its
-eigendecomposition for the calibration, the refit) fits there, because the features' error
-shrinks only as :math:`D^{-1/2}` while the fit grows as :math:`N D^2`. The evidence search on
-the subsample always runs; the refinement's rows, the local stage's starts and the
-cross-validated choice of the bound take what the budget leaves, in that order, and what is
-left then doubles the final ``D`` while it fits. The default budget, :func:`default_budget`,
-grows linearly with ``N``.
+seconds at ``machine_rate``. The final fit takes at most :data:`FINAL_SHARE` of the budget, or
+what the first search leaves where that is less: its feature count ``D`` is the largest power
+of two whose fit (the Gram matrix, its eigendecomposition for the calibration, the refit) fits
+there, because the features' error shrinks only as :math:`D^{-1/2}` while the fit grows as
+:math:`N D^2`. The evidence search on the subsample always runs; the refinement's rows, the
+local stage's starts and the cross-validated choice of the bound take what the budget leaves,
+in that order, and what is left then doubles the final ``D`` while it fits. The default
+budget, :func:`default_budget`, grows linearly with ``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
 fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
@@ -65,6 +65,12 @@ CALIBRATION_EVALUATIONS = 8
 CG_ITERATIONS = 70
 CALIBRATION_PROBES = 8
 SKETCH_RANK = 1024
+#: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
+#: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
+#: on 400 to 1,000 rows of 4 to 32 inputs, where the Cholesky factor's term alone fell short
+#: by up to three times.
+EXACT_ELEMENTWISE_COST = 100.0
+EXACT_DISTANCE_COST = 8.0
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
 #: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
@@ -99,15 +105,24 @@ def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> f
 
 def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
     r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
-    rows, :math:`n^3 / 3 + 3 n^2 d` (the Cholesky factor and the distances; the gradient's
-    solves run at matrix-product speed), or summed over blocks of at most ``block_rows``
-    rows."""
+    rows, :math:`n^3 + c_2 n^2 + c_d n^2 d`, or summed over the blocks that
+    :func:`~rfgp.inference.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
+
+    The cubic term is the Cholesky factor and the inverse the gradient needs
+    (:math:`n^3 / 3 + 2 n^3 / 3`); :math:`c_d n^2 d` (:data:`EXACT_DISTANCE_COST`) the
+    distances and the lengthscales' gradient sums; :math:`c_2 n^2`
+    (:data:`EXACT_ELEMENTWISE_COST`) the elementwise passes over the ``n x n`` matrices,
+    which run at memory speed, not at a product's.
+
+    Example:
+        >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
+        True
+    """
     if block_rows and num_rows > block_rows:
-        blocks = math.ceil(num_rows / block_rows)
-        size = num_rows / blocks
-        return blocks * exact_evidence_cost(math.ceil(size), input_dim)
+        blocks = 2 ** math.ceil(math.log2(num_rows / block_rows))
+        return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)
     n = float(num_rows)
-    return n**3 / 3 + 3 * n * n * input_dim
+    return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
 
 
 def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
@@ -236,6 +251,18 @@ def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
     return rows, evaluations * evaluation_cost(rows)
 
 
+def _search_evidence(num_rows: int, subsample: int, search_features: int, input_dim: int,
+                     exact_rows: int) -> tuple:
+    """``(evidence, multiply-adds of one evaluation)`` of the first search: the exact
+    evidence on a subsample of at most ``exact_rows`` rows, the blocks' where the subsample
+    is every row, else the features'."""
+    if subsample <= exact_rows:
+        return "exact", exact_evidence_cost(subsample, input_dim)
+    if subsample == num_rows and exact_rows >= 2:
+        return "blocks", exact_evidence_cost(subsample, input_dim, exact_rows)
+    return "features", feature_evidence_cost(subsample, search_features, input_dim)
+
+
 def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int,
                     solve: str, candidates: int = 1) -> int:
     """The largest power of two ``D >= minimum`` whose final fit (:func:`final_path`, with
@@ -269,20 +296,22 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     subsample = min(n, opts.subsample)
     local_possible = (n > subsample and opts.refine_iterations > 0 and opts.local_search
                       and opts.exact_rows >= 2)
+    minimum = max(MIN_FEATURES, opts.search_features)
+    # The first search always runs, along two paths, one after an Adam warm-up
+    # (two_path_search); where it holds every row, the Laplace Hessian is of its evidence.
+    evidence, search = _search_evidence(n, subsample, min(opts.search_features, minimum), d,
+                                        opts.exact_rows)
+    first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
     if opts.num_features is not None:
         features = opts.num_features
     else:
-        features = _final_features(n, d, FINAL_SHARE * total,
-                                   max(MIN_FEATURES, opts.search_features), opts.solve,
-                                   2 if local_possible else 1)
+        # The final share, or what the first search leaves where that is less (an exact
+        # search on a couple of thousand rows can take most of a small budget).
+        leaves = total - first - ((d + 3) * search if opts.lengthscale_draws else 0.0)
+        features = _final_features(n, d, min(FINAL_SHARE * total, leaves), minimum,
+                                   opts.solve, 2 if local_possible else 1)
     search_features = min(opts.search_features, features)
-    if subsample <= opts.exact_rows:
-        evidence, search = "exact", exact_evidence_cost(subsample, d)
-    elif subsample == n and opts.exact_rows >= 2:
-        evidence, search = "blocks", exact_evidence_cost(subsample, d, opts.exact_rows)
-    else:
-        evidence, search = "features", feature_evidence_cost(subsample, search_features, d)
-    # The first search runs along two paths, one after an Adam warm-up (two_path_search).
+    evidence, search = _search_evidence(n, subsample, search_features, d, opts.exact_rows)
     first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
     predicted = {"search": first / rate}
     forced = opts.num_features is not None

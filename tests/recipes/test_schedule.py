@@ -4,12 +4,17 @@ that grow with the data and the budget, and the default budget linear in the row
 from __future__ import annotations
 
 import pytest
+import torch
 
+from rfgp.inference import kd_blocks
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
 from rfgp.recipes._schedule import (
+    EXACT_DISTANCE_COST,
+    EXACT_ELEMENTWISE_COST,
     FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
+    exact_evidence_cost,
     final_fit_cost,
     plan_regression,
 )
@@ -122,3 +127,22 @@ def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
     assert final_path(1000, 256, 4, "cg", forced=True)[0] == "cg"
     assert final_path(1000, 16384, 4, "weight", forced=True)[0] == "weight"
     assert _plan(3000, num_features=256, solve="cg").final_solve == "cg"
+
+
+@pytest.mark.parametrize("n", [999, 1000, 1001, 1439, 3000, 7373, 8611, 10000, 16001])
+def test_the_block_evidence_cost_counts_the_blocks_that_kd_blocks_cuts(n):
+    # The cost of a block evidence is that of the blocks the local stage evaluates: as many
+    # as kd_blocks cuts, each of their size (not ceil(N / max_rows) blocks of max_rows).
+    blocks = kd_blocks(torch.randn(n, 3, generator=torch.Generator().manual_seed(n)), 1000)
+    sizes = sorted({len(b) for b in blocks})
+    assert exact_evidence_cost(n, 5, 1000) == len(blocks) * exact_evidence_cost(sizes[-1], 5)
+    # Each block's cost: the Cholesky factor and its inverse (n^3) and the n x n passes.
+    m = sizes[-1]
+    assert exact_evidence_cost(m, 5) == pytest.approx(
+        m**3 + (EXACT_ELEMENTWISE_COST + 5 * EXACT_DISTANCE_COST) * m * m)
+
+
+def test_the_block_evidence_cost_grows_with_the_inputs_and_the_block_size():
+    assert exact_evidence_cost(8000, 32, 1000) > exact_evidence_cost(8000, 4, 1000)
+    assert exact_evidence_cost(8000, 8, 1000) < exact_evidence_cost(8000, 8, 2000)
+    assert exact_evidence_cost(8000, 8, 1000) < exact_evidence_cost(8000, 8)
