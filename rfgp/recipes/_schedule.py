@@ -67,8 +67,8 @@ CALIBRATION_PROBES = 8
 SKETCH_RANK = 1024
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
-#: on 400 to 1,000 rows of 4 to 32 inputs, where the Cholesky factor's term alone fell short
-#: by up to three times.
+#: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
+#: distances alone fell short by 2 to 5 times.
 EXACT_ELEMENTWISE_COST = 100.0
 EXACT_DISTANCE_COST = 8.0
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
