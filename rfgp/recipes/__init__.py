@@ -45,7 +45,12 @@ from rfgp.recipes._options import ClassifierOptions, RegressionOptions
 from rfgp.recipes._refit import calibrated_fit
 from rfgp.recipes._regression import fit_auto
 from rfgp.recipes._report import ClassifierFitReport, FitReport
-from rfgp.recipes._schedule import Schedule, default_budget, measure_machine_rate
+from rfgp.recipes._schedule import (
+    Schedule,
+    default_budget,
+    exact_evidence_cost,
+    measure_machine_rate,
+)
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_scale, column_unit
@@ -60,6 +65,7 @@ __all__ = [
     "column_scale",
     "column_unit",
     "default_budget",
+    "exact_evidence_cost",
     "fit_auto",
     "fit_classifier_auto",
     "initial_hyperparameters",
