@@ -15,7 +15,21 @@ from torch import Tensor
 
 from rfgp._validation import check_int, check_tensor
 
-__all__ = ["check_blocks", "kd_blocks", "widest_column"]
+__all__ = ["check_blocks", "kd_blocks", "kd_levels", "widest_column"]
+
+
+def kd_levels(num_rows: int, max_rows: int) -> int:
+    """The halvings :func:`kd_blocks` makes of ``num_rows`` rows: the smallest ``k`` with
+    ``ceil(num_rows / 2^k) <= max_rows`` (``2^k`` blocks).
+
+    Example:
+        >>> kd_levels(10000, 1000), kd_levels(1000, 1000)
+        (4, 0)
+    """
+    levels = 0
+    while -(-num_rows // 2**levels) > max_rows:  # ceil(n / 2^levels)
+        levels += 1
+    return levels
 
 
 def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
@@ -46,9 +60,7 @@ def kd_blocks(x: Tensor, max_rows: int) -> List[Tensor]:
     x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
     max_rows = check_int("max_rows", max_rows, minimum=1)
     n = x.shape[0]
-    levels = 0
-    while -(-n // 2**levels) > max_rows:  # ceil(n / 2^levels)
-        levels += 1
+    levels = kd_levels(n, max_rows)
     blocks = [torch.arange(n, device=x.device)]
     for _ in range(levels):
         halves = []

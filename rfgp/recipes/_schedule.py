@@ -25,6 +25,7 @@ from typing import Dict
 import torch
 
 from rfgp._validation import check_int
+from rfgp.inference._blocks import kd_levels
 
 __all__ = [
     "FINAL_SHARE",
@@ -119,7 +120,7 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
         True
     """
     if block_rows and num_rows > block_rows:
-        blocks = 2 ** math.ceil(math.log2(num_rows / block_rows))
+        blocks = 2 ** kd_levels(num_rows, block_rows)
         return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)
     n = float(num_rows)
     return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
@@ -296,11 +297,12 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     subsample = min(n, opts.subsample)
     local_possible = (n > subsample and opts.refine_iterations > 0 and opts.local_search
                       and opts.exact_rows >= 2)
-    minimum = max(MIN_FEATURES, opts.search_features)
+    # The search's features: never more than the final fit's, which the schedule chooses at
+    # least as many as the search's unless the user fixed them.
+    search_features = min(opts.search_features, opts.num_features or opts.search_features)
     # The first search always runs, along two paths, one after an Adam warm-up
     # (two_path_search); where it holds every row, the Laplace Hessian is of its evidence.
-    evidence, search = _search_evidence(n, subsample, min(opts.search_features, minimum), d,
-                                        opts.exact_rows)
+    evidence, search = _search_evidence(n, subsample, search_features, d, opts.exact_rows)
     first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
     if opts.num_features is not None:
         features = opts.num_features
@@ -308,11 +310,9 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         # The final share, or what the first search leaves where that is less (an exact
         # search on a couple of thousand rows can take most of a small budget).
         leaves = total - first - ((d + 3) * search if opts.lengthscale_draws else 0.0)
-        features = _final_features(n, d, min(FINAL_SHARE * total, leaves), minimum,
-                                   opts.solve, 2 if local_possible else 1)
-    search_features = min(opts.search_features, features)
-    evidence, search = _search_evidence(n, subsample, search_features, d, opts.exact_rows)
-    first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
+        features = _final_features(n, d, min(FINAL_SHARE * total, leaves),
+                                   max(MIN_FEATURES, opts.search_features), opts.solve,
+                                   2 if local_possible else 1)
     predicted = {"search": first / rate}
     forced = opts.num_features is not None
     spent = first + final_path(n, features, d, opts.solve, forced=forced)[1]
