@@ -20,6 +20,8 @@ Usage::
     python benchmarks/calibrated_features.py --sets pol bike          # CPU, about 30 minutes
     python benchmarks/calibrated_features.py --quick                  # a minute, temp folder
     python benchmarks/calibrated_features.py --sets pol --sizes 8192 --reuse-model  # the fits alone
+    python benchmarks/calibrated_features.py --sets pol --reuse-model --device cuda \
+        --records out.jsonl --models docs/benchmarks/calibrated_features.jsonl --deadline 200
 
 Records are appended to docs/benchmarks/calibrated_features.jsonl; the page
 docs/benchmarks/calibrated_features.md is written from them.
@@ -47,6 +49,7 @@ from _pages import write_page  # noqa: E402
 
 from rfgp import fit_auto  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
+from rfgp.kernels import RandomFeatureKernel  # noqa: E402
 from rfgp.recipes import (  # noqa: E402
     FitReport,
     calibrated_fit,
@@ -89,24 +92,33 @@ def kernel_at(model: dict, size: int, dim: int):
     return kernel
 
 
-def measure(name, size, solve, model, data, mnll_rows) -> dict:
-    xtr, ytr, xte, yte = data
+def measure(name, size, solve, model, data, mnll_rows, device="cpu") -> dict:
+    xtr, ytr, xte, yte = (t.to(device) for t in data)
     kernel = kernel_at(model, size, xtr.shape[1])
+    # The weights are drawn on the CPU from the seed, so every device fits the same features.
+    for part in kernel.modules():
+        if isinstance(part, RandomFeatureKernel):
+            part.features(data[0][:1])
+    kernel = kernel.to(device)
+    synchronize(device)
     started = time.perf_counter()
     gp = calibrated_fit(kernel, xtr, ytr, model["noise"], solve=solve)
+    synchronize(device)
     seconds = time.perf_counter() - started
     with torch.no_grad():
         mean = gp.predict(xte)
         m = min(mnll_rows, xte.shape[0])
         started = time.perf_counter()
         mu, std = gp.predict(xte[:m], return_std=True)
+        synchronize(device)
         variance_seconds = time.perf_counter() - started
     noise = float(gp.noise)
     var = std.square() + noise
     nll = 0.5 * torch.log(2 * math.pi * var) + 0.5 * (yte[:m] - mu).square() / var
     inside = ((yte[:m] - mu).abs() <= Z95 * var.sqrt()).double().mean()
     info = gp.cg_info or {}
-    return {"set": name, "D": size, "solve": gp.solve_used, "seconds": seconds,
+    return {"set": name, "D": size, "solve": gp.solve_used, "device": device_name(device),
+            "seconds": seconds,
             "cg_iterations": info.get("iterations"),
             "preconditioner_ranks": info.get("preconditioner_ranks"),
             "variance_seconds": variance_seconds, "mnll_rows": m, "noise": noise,
@@ -114,12 +126,29 @@ def measure(name, size, solve, model, data, mnll_rows) -> dict:
             "mnll": float(nll.mean()), "coverage": float(inside)}
 
 
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+def device_name(device: str) -> str:
+    """The processor or GPU that ran the fit."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
+
+
+def device_of(record: dict) -> str:
+    """The device a record was measured on (the earliest records, all CPU, do not say)."""
+    return record.get("device", "x86_64")
+
+
 def latest(records: list) -> list:
-    """The last record of each (set, D, solve), and of each set's recipe fit."""
+    """The last record of each (set, D, solve, device), and of each set's recipe fit."""
     kept = {}
     for r in records:
-        key = (r["set"], "recipe") if r.get("kind") == "recipe" else (r["set"], r["D"],
-                                                                       r["solve"])
+        key = ((r["set"], "recipe") if r.get("kind") == "recipe"
+               else (r["set"], r["D"], r["solve"], device_of(r)))
         kept[key] = r
     return list(kept.values())
 
@@ -167,15 +196,16 @@ def write_markdown(records: list, path: Path) -> None:
         lines.append(f"- {model['set']} ({model['rows']} training rows, {model['machine']}, "
                      f"{model['threads']} thread(s)): the default fit took "
                      f"{model['seconds']:.0f} s at D = {model['num_features']}.")
-    lines += ["", "| set | D | solve | calibration + fit s | noise | RMSE | MNLL | coverage | "
-              "test rows (MNLL) | variance s | fit's CG iterations (Nyström rank) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in records if "D" in r), key=lambda r: (r["set"], r["D"],
-                                                                        r["solve"])):
+    lines += ["", "| set | D | solve | device | calibration + fit s | noise | RMSE | MNLL | "
+              "coverage | test rows (MNLL) | variance s | fit's CG iterations (Nyström rank) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in records if "D" in r), key=lambda r: (
+            r["set"], r["D"], r["solve"], device_of(r))):
         cg = "-"
         if r.get("cg_iterations") is not None:
             cg = f"{r['cg_iterations']} ({', '.join(map(str, r['preconditioner_ranks']))})"
-        lines.append(f"| {r['set']} | {r['D']:,} | {r['solve']} | {r['seconds']:.1f} | "
+        lines.append(f"| {r['set']} | {r['D']:,} | {r['solve']} | "
+                     f"{device_of(r)} | {r['seconds']:.1f} | "
                      f"{r['noise']:.4g} | {r['rmse']:.4f} | {r['mnll']:.4f} | "
                      f"{r['coverage']:.3f} | {r['mnll_rows']} | {r['variance_seconds']:.1f} | "
                      f"{cg} |")
@@ -197,20 +227,31 @@ def main() -> None:
     parser.add_argument("--reuse-model", action="store_true",
                         help="take each set's last recorded recipe lengthscales instead of "
                              "running fit_auto again (to remeasure the fits alone)")
+    parser.add_argument("--device", default="cpu", help="where the fits run (the recipe fit "
+                        "that finds the lengthscales always runs on the CPU)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="the JSON-lines file the results are appended to (default: "
+                             "calibrated_features.jsonl in the output folder)")
+    parser.add_argument("--models", type=Path, default=None,
+                        help="with --reuse-model, the records to take the lengthscales from "
+                             "(default: --records)")
+    parser.add_argument("--deadline", type=float, default=math.inf,
+                        help="seconds after which no further fit starts")
     args = parser.parse_args()
     if args.quick:
         args.sets, args.sizes, args.both, args.rows, args.mnll_rows = (
             ["pol"], [256, 512], [512], 1500, 50)
     folder = args.out or (Path(tempfile.gettempdir()) if args.quick else OUT)
     folder.mkdir(parents=True, exist_ok=True)
-    records_path = folder / "calibrated_features.jsonl"
+    records_path = args.records or folder / "calibrated_features.jsonl"
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    started = time.perf_counter()
     for name in args.sets:
         data = load(name, args.rows)
         if args.reuse_model:
-            recorded = [json.loads(line) for line in records_path.read_text().splitlines()
-                        if line]
+            recorded = [json.loads(line) for line in
+                        (args.models or records_path).read_text().splitlines() if line]
             model = [r for r in recorded if r.get("kind") == "recipe" and r["set"] == name][-1]
         else:
             model = recipe_model(data[0], data[1])
@@ -222,7 +263,9 @@ def main() -> None:
         for size in args.sizes:
             solves = ["weight", "cg"] if size in args.both else ["auto"]
             for solve in solves:
-                out = measure(name, size, solve, model, data, args.mnll_rows)
+                if time.perf_counter() - started > args.deadline:
+                    break
+                out = measure(name, size, solve, model, data, args.mnll_rows, args.device)
                 print(json.dumps(out), flush=True)
                 with records_path.open("a") as f:
                     f.write(json.dumps(out) + "\n")

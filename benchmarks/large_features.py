@@ -16,9 +16,10 @@ preconditioned conjugate gradients) takes over. Per data set:
 * for each ``D`` in ``--sizes`` (1024 ... 65536): a CG fit (relative residual 1e-6, automatic
   Nyström rank) and, while ``D <= --cholesky-max``, a Cholesky fit (``solve="weight"``); test
   RMSE on every test row, MNLL (latent variance plus noise) on the first ``--mnll-rows`` test
-  rows (each variance is a CG solve); fit time and peak memory (each fit in its own process:
-  the growth of the peak resident set during the fit on the CPU,
-  ``torch.cuda.max_memory_allocated`` on a GPU);
+  rows (each variance is a CG solve); fit time and peak memory (in a spawned process: on the
+  CPU a fresh one per fit, and the growth of its peak resident set during the fit; on a GPU
+  ``torch.cuda.max_memory_allocated`` during the fit); the wall time of the whole measurement
+  (data, fit and scores);
 * CG iterations to the 1e-6 residual with the preconditioner and, while
   ``D <= --plain-max``, without (``preconditioner_rank=0``, at most 5000 iterations).
 
@@ -27,6 +28,13 @@ Usage::
     python benchmarks/large_features.py                 # full run (hours on 2 cores; use a GPU)
     python benchmarks/large_features.py --device cuda   # on a GPU
     python benchmarks/large_features.py --quick         # about a minute, into a temporary folder
+
+On a machine lent for minutes, search the hyperparameters beforehand on any machine and keep
+each result as it comes::
+
+    python benchmarks/large_features.py --sets bike synthetic --hyper-only hyper.json
+    python benchmarks/large_features.py --device cuda --sets bike synthetic --hyper hyper.json \
+        --records out.jsonl --deadline 300
 
 Writes docs/benchmarks/large_features.md, .json and .png (RMSE and fit time against ``D``).
 """
@@ -144,18 +152,45 @@ def measure(spec: dict) -> dict:
     return out
 
 
-def run(spec: dict) -> dict:
-    """:func:`measure` in a fresh process (spawned: its peak memory is its own), or in this one
-    for ``--quick`` (the memory column is then not the fit's alone)."""
-    if spec["inline"]:
-        return measure(spec)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
+class Worker:
+    """A spawned process that runs :func:`measure` (its peak memory is the fits', not this
+    process's), stopped and replaced when a fit outlasts its time, or this process itself for
+    ``--quick`` (the memory column is then not the fit's alone)."""
+
+    def __init__(self, inline: bool, device: str):
+        self.inline = inline
+        # On the CPU the peak resident set is the process's, so each fit gets a fresh one; on
+        # a GPU the allocator's peak is reset per fit and one process serves them all.
+        self.fits_per_process = 1 if device == "cpu" else None
+        self.pool = None
+
+    def run(self, spec: dict, timeout: float) -> dict:
+        if self.inline:
+            return measure(spec)
+        if self.pool is None:
+            self.pool = multiprocessing.get_context("spawn").Pool(
+                1, maxtasksperchild=self.fits_per_process)
+        head = {"set": spec["set"], "D": spec["D"], "solve": spec["solve"], "rank": spec["rank"]}
         try:
-            return pool.apply(measure, (spec,))
+            return self.pool.apply_async(measure, (spec,)).get(timeout)
+        except multiprocessing.TimeoutError:
+            self.close()
+            return dict(head, error=f"stopped after {timeout:.0f} s (--deadline)")
         except Exception as err:  # a fit that does not fit in memory is a result too
-            return {"set": spec["set"], "D": spec["D"], "solve": spec["solve"],
-                    "rank": spec["rank"], "error": f"{type(err).__name__}: {err}"[:200]}
+            return dict(head, error=f"{type(err).__name__}: {err}"[:200])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+
+def device_name(device: str) -> str:
+    """The processor or GPU that ran the fits."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
 
 
 # ====================================================================== pages
@@ -241,6 +276,15 @@ def main() -> None:
     parser.add_argument("--mnll-rows", type=int, default=1000)
     parser.add_argument("--search-rows", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--hyper", type=Path, default=None,
+                        help="read each set's hyperparameters from this JSON file (written by "
+                             "--hyper-only) instead of searching")
+    parser.add_argument("--hyper-only", type=Path, default=None,
+                        help="search the sets' hyperparameters, write them here and stop")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="append each result to this JSON-lines file as it is measured")
+    parser.add_argument("--deadline", type=float, default=math.inf,
+                        help="seconds after which no fit starts and a running one is stopped")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.rows, args.mnll_rows, args.search_rows = [256, 512], 1000, 100, 300
@@ -250,21 +294,39 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
+    if args.hyper_only is not None:
+        found = {name: hyperparameters(name, args.rows, args.search_rows) for name in args.sets}
+        args.hyper_only.write_text(json.dumps(found, indent=1))
+        print(f"wrote {args.hyper_only} ({time.perf_counter() - started:.0f} s)")
+        return
+    given = json.loads(args.hyper.read_text()) if args.hyper is not None else {}
     results, hyper = [], {}
+    worker = Worker(args.quick, args.device)
     for name in args.sets:
-        hyper[name] = hyperparameters(name, args.rows, args.search_rows)
+        hyper[name] = given.get(name) or hyperparameters(name, args.rows, args.search_rows)
         for size in args.sizes:
             spec = {"set": name, "D": size, "rows": args.rows, "hyper": hyper[name],
                     "device": args.device, "threads": args.threads, "rank": None,
-                    "max_iterations": 5000, "mnll_rows": args.mnll_rows, "inline": args.quick}
+                    "max_iterations": 5000, "mnll_rows": args.mnll_rows}
             plan = [dict(spec, solve="cg")]
             if size <= args.cholesky_max:
                 plan.append(dict(spec, solve="weight"))
             if size <= args.plain_max:
                 plan.append(dict(spec, solve="cg", rank=0, scores=False))
             for item in plan:
-                results.append(run(item))
-                print(json.dumps(results[-1]), flush=True)
+                left = args.deadline - (time.perf_counter() - started)
+                if left <= 0:
+                    break
+                began = time.perf_counter()
+                result = worker.run(item, left)
+                result["wall_seconds"] = time.perf_counter() - began  # scores and start-up too
+                result["device_name"] = device_name(args.device)
+                results.append(result)
+                print(json.dumps(result), flush=True)
+                if args.records is not None:
+                    with args.records.open("a") as f:
+                        f.write(json.dumps(result) + "\n")
+    worker.close()
     seconds = time.perf_counter() - started
     (folder / "large_features.json").write_text(
         json.dumps({"hyperparameters": hyper, "results": results, "seconds": seconds},

@@ -6,8 +6,9 @@ The ``cuda`` cases run only where a GPU is present; the ``cpu`` cases keep the t
 import pytest
 import torch
 
-from rfgp import RandomFeatureGP
+from rfgp import RandomFeatureGP, fit_auto
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
+from rfgp.recipes import calibrated_fit, make_ard_kernel
 
 DEVICES = [
     "cpu",
@@ -56,3 +57,61 @@ def test_float32_fit_on_device_is_close_to_float64(device):
     assert mean32.dtype == torch.float32
     # float32 round-off through a D x D Cholesky of a well-conditioned (noise 0.1) system
     assert (mean32.cpu().double() - mean64).abs().max() < 1e-3
+
+
+def _ard_kernel(x, num_features=128):
+    """An ARD Fourier-feature kernel whose weights are drawn on the CPU from its seed."""
+    kernel = make_ard_kernel(num_features, x.shape[1], seed=0)
+    kernel.base_kernel.lengthscale = torch.tensor([1.0, 1.5, 2.0, 1.0], dtype=torch.float64)
+    kernel.base_kernel.features(x[:1])
+    return kernel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("solve", ["weight", "cg"])
+def test_calibrated_fit_on_device_matches_cpu(device, solve):
+    # The calibration's probes and sketches are drawn on the CPU from its seed, so both
+    # devices run the same arithmetic up to round-off.
+    x, y, x_test = _data(torch.Generator().manual_seed(2))
+    y = y - y.mean()
+    reference = calibrated_fit(_ard_kernel(x), x, y, 0.5, solve=solve)
+    gp = calibrated_fit(_ard_kernel(x).to(device), x.to(device), y.to(device), 0.5, solve=solve)
+    assert gp.solve_used == reference.solve_used == solve
+    mean, std = gp.predict(x_test.to(device), return_std=True)
+    assert mean.device.type == device
+    ref_mean, ref_std = reference.predict(x_test, return_std=True)
+    # CG stops at a 1e-6 residual on each device, so agreement is to that order, not 1e-8.
+    tol = 1e-8 if solve == "weight" else 1e-5
+    torch.testing.assert_close(float(gp.noise), float(reference.noise), rtol=tol, atol=0)
+    torch.testing.assert_close(mean.cpu(), ref_mean, rtol=tol, atol=tol)
+    torch.testing.assert_close(std.cpu(), ref_std, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cg_function_samples_on_device(device):
+    # Sample-then-optimise on the device: the sample mean over many draws is the posterior
+    # mean, within 4 standard errors of the posterior's own standard deviation.
+    x, y, x_test = _data(torch.Generator().manual_seed(3))
+    gp = RandomFeatureGP(_ard_kernel(x).to(device), noise=0.1, solve="cg").fit(
+        x.to(device), y.to(device))
+    paths = gp.sample_functions(400, generator=torch.Generator().manual_seed(0))
+    samples = paths(x_test.to(device))
+    assert samples.device.type == device and samples.shape == (400, x_test.shape[0])
+    mean, std = gp.predict(x_test.to(device), return_std=True)
+    error = (samples.mean(0) - mean).abs() / (std / 20.0)
+    assert bool(error.max() < 4.5), float(error.max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fit_auto_on_device(device):
+    # A fixed schedule (features given, no draws, no local stage): the same search on each
+    # device reaches the same optimum of the same evidence, up to the optimiser's tolerance.
+    x, y, x_test = _data(torch.Generator().manual_seed(4))
+    options = dict(num_features=128, search_features=128, lengthscale_draws=0,
+                   local_search=False, cv_folds=0, seed=0)
+    reference = fit_auto(x, y, **options)
+    gp = fit_auto(x.to(device), y.to(device), **options)
+    mean = gp.predict(x_test.to(device))
+    assert mean.device.type == device and bool(torch.isfinite(mean).all())
+    torch.testing.assert_close(float(gp.noise), float(reference.noise), rtol=1e-3, atol=0)
+    torch.testing.assert_close(mean.cpu(), reference.predict(x_test), rtol=1e-3, atol=1e-3)
