@@ -22,6 +22,7 @@ Usage::
     python benchmarks/calibrated_features.py --sets pol --sizes 8192 --reuse-model  # the fits alone
     python benchmarks/calibrated_features.py --sets pol --reuse-model --device cuda \
         --records out.jsonl --models docs/benchmarks/calibrated_features.jsonl --deadline 200
+    python benchmarks/calibrated_features.py --page-only  # after appending out.jsonl's records
 
 Records are appended to docs/benchmarks/calibrated_features.jsonl; the page
 docs/benchmarks/calibrated_features.md is written from them.
@@ -237,6 +238,9 @@ def main() -> None:
                              "(default: --records)")
     parser.add_argument("--deadline", type=float, default=math.inf,
                         help="seconds after which no further fit starts")
+    parser.add_argument("--page-only", action="store_true",
+                        help="rebuild the page and plot from the records (after appending "
+                             "another machine's records) without fitting")
     args = parser.parse_args()
     if args.quick:
         args.sets, args.sizes, args.both, args.rows, args.mnll_rows = (
@@ -247,7 +251,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
-    for name in args.sets:
+    for name in [] if args.page_only else args.sets:
         data = load(name, args.rows)
         if args.reuse_model:
             recorded = [json.loads(line) for line in

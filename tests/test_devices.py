@@ -80,11 +80,17 @@ def test_calibrated_fit_on_device_matches_cpu(device, solve):
     mean, std = gp.predict(x_test.to(device), return_std=True)
     assert mean.device.type == device
     ref_mean, ref_std = reference.predict(x_test, return_std=True)
-    # CG stops at a 1e-6 residual on each device, so agreement is to that order, not 1e-8.
-    tol = 1e-8 if solve == "weight" else 1e-5
-    torch.testing.assert_close(float(gp.noise), float(reference.noise), rtol=tol, atol=0)
-    torch.testing.assert_close(mean.cpu(), ref_mean, rtol=tol, atol=tol)
-    torch.testing.assert_close(std.cpu(), ref_std, rtol=tol, atol=tol)
+    if solve == "weight":  # one eigendecomposition and Cholesky: round-off alone
+        noise_tol = prediction_tol = 1e-8
+    else:
+        # Each device's CG stops at a relative residual of 1e-6. The calibrated noise, a
+        # stationary point of the estimated evidence, moves at that order; the weights are
+        # determined only to the residual times the condition number of B (about 1.4e4 here,
+        # 1e-2 at worst), and a device path that went wrong would be off by O(1).
+        noise_tol, prediction_tol = 1e-5, 1e-3
+    torch.testing.assert_close(float(gp.noise), float(reference.noise), rtol=noise_tol, atol=0)
+    torch.testing.assert_close(mean.cpu(), ref_mean, rtol=prediction_tol, atol=prediction_tol)
+    torch.testing.assert_close(std.cpu(), ref_std, rtol=prediction_tol, atol=prediction_tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,7 +17,7 @@ features recomputed from its inputs, or kept up to ``cache_bytes``. Memory is
 * the evidence by stochastic Lanczos quadrature (:mod:`~rfgp.inference._stochastic_evidence`).
 
 Each noise group (outputs of equal noise) has a Nyström preconditioner
-(:class:`~rfgp.inference._iterative.NystromPreconditioner`). Under ``torch.distributed`` each
+(:class:`~rfgp.inference._nystrom.NystromPreconditioner`). Under ``torch.distributed`` each
 process holds its shard; products are all-reduced, so every process runs the same iterations
 and the quantities that need products (variances, draws, evidence) are collective calls.
 
@@ -37,12 +37,11 @@ from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
     CGResult,
     CGSettings,
-    NystromPreconditioner,
     conjugate_gradients,
     lanczos_log_quadrature,
-    rank_memory_cap,
 )
 from rfgp.inference._noise import equal_noise_columns
+from rfgp.inference._nystrom import NystromPreconditioner, rank_memory_cap
 from rfgp.inference._solvers import Solver, WeightFactor, _to
 from rfgp.kernels._base import real_form
 

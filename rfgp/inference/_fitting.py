@@ -22,7 +22,7 @@ from torch import Tensor
 from rfgp._ops import power_of_two_scale
 from rfgp.inference._cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
 from rfgp.inference._feature_map import FeatureMap
-from rfgp.inference._iterative import CGSettings, NystromPreconditioner
+from rfgp.inference._iterative import CGSettings
 from rfgp.inference._linalg import available_memory, check_memory
 from rfgp.inference._noise import (
     NoiseLayout,
@@ -30,6 +30,7 @@ from rfgp.inference._noise import (
     model_noise_rows,
     targets_as_rows,
 )
+from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.inference._solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference._statistics import FeatureStatistics
 

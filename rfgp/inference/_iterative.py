@@ -1,4 +1,4 @@
-r"""Matrix-free linear algebra of the iterative solve: conjugate gradients, Nyström, cost model.
+r"""Matrix-free linear algebra of the iterative solve: conjugate gradients and its cost model.
 
 The iterative solver (:mod:`~rfgp.inference._cg_solver`) never forms the ``D x D`` matrix
 :math:`B = \Phi^H S^{-1}\Phi + I`; it only applies it to blocks of vectors. This module holds
@@ -9,10 +9,9 @@ what works on such products alone:
   iteration. It is written here rather than taken from ``linear_operator`` because the latter's
   CG is real-only, and complex features need Hermitian systems with conjugate transposes.
   It records the CG coefficients, from which the Lanczos tridiagonal follows
-  (:func:`lanczos_log_quadrature`).
-* :class:`NystromPreconditioner`: :math:`P = U \Lambda U^H + I \approx B`, from the randomized
-  Nyström approximation of :math:`B - I` (one product with a ``D x r`` test matrix), inverted in
-  closed form.
+  (:func:`lanczos_log_quadrature`, :func:`lanczos_condition`).
+* :func:`cg_iterations_bound`: the iterations CG needs at a given condition number (the
+  Nyström preconditioner of :mod:`~rfgp.inference._nystrom` aims at a small one).
 * :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit, and
   :func:`cg_num_features`, the largest ``D`` within a time budget.
 
@@ -30,38 +29,23 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_int, check_real
-from rfgp.inference._linalg import available_memory
 from rfgp.inference._selection import ConvergenceWarning
 
 __all__ = [
     "CGResult",
     "CGSettings",
-    "NystromPreconditioner",
     "cg_fit_cost",
     "cg_iterations_bound",
-    "doubling_pays",
-    "rank_memory_cap",
     "cg_fit_seconds",
     "cg_num_features",
     "conjugate_gradients",
+    "lanczos_condition",
     "lanczos_log_quadrature",
 ]
 
 #: a product ``V -> A V`` of a Hermitian positive definite operator on ``(W, k)`` blocks
 Product = Callable[[Tensor], Tensor]
 
-# The automatic rank stops growing once the r-th eigenvalue estimate of B - I falls below this:
-# the preconditioned matrix then has condition number about 1 + that value.
-RANK_STOP_EIGENVALUE = 4.0
-# The automatic rank starts here and doubles up to MAX_AUTO_RANK (a D x r basis per noise group).
-START_RANK = 32
-MAX_AUTO_RANK = 512
-# Beyond MAX_AUTO_RANK the rank doubles only while that costs fewer products than it saves
-# over the solves the preconditioner serves (NystromPreconditioner.sketch's ``solves``), up to
-# this rank.
-MAX_PAYING_RANK = 4096
-# Multiply-adds of the Nyström factorisation (QR of the new block, Cholesky, SVD) per W r^2.
-_NYSTROM_FACTOR_COST = 8.0
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -226,6 +210,23 @@ def conjugate_gradients(
     return CGResult(solution, iterations, relative, converged, steps, ratios, actives)
 
 
+def _lanczos_tridiagonals(result: CGResult, columns: Optional[List[int]]) -> List[Tensor]:
+    """Per column, the Lanczos tridiagonal of its CG run (``(0, 0)`` where it took no step)."""
+    steps = torch.stack(result.steps).double().cpu() if result.steps else torch.zeros(0, 0)
+    ratios = torch.stack(result.ratios).double().cpu() if result.ratios else torch.zeros(0, 0)
+    active = torch.stack(result.active).cpu() if result.active else torch.zeros(0, 0, dtype=bool)
+    columns = list(range(result.solution.shape[1])) if columns is None else columns
+    out = []
+    for col in columns:
+        length = int(active[:, col].sum()) if active.numel() else 0
+        alpha, beta = steps[:length, col], ratios[:length, col]
+        diag = 1.0 / alpha
+        diag[1:] += beta[:-1] / alpha[:-1]
+        off = beta[:-1].sqrt() / alpha[:-1]
+        out.append(torch.diag(diag) + torch.diag(off, 1) + torch.diag(off, -1))
+    return out
+
+
 def lanczos_log_quadrature(result: CGResult, columns: Optional[List[int]] = None) -> Tensor:
     r"""Gauss quadrature of :math:`e_1^\top \log(T) e_1` from a CG run, per column.
 
@@ -244,201 +245,43 @@ def lanczos_log_quadrature(result: CGResult, columns: Optional[List[int]] = None
     Returns:
         ``(len(columns),)`` quadratures, float64 on the CPU.
     """
-    steps = torch.stack(result.steps).double().cpu() if result.steps else torch.zeros(0, 0)
-    ratios = torch.stack(result.ratios).double().cpu() if result.ratios else torch.zeros(0, 0)
-    active = torch.stack(result.active).cpu() if result.active else torch.zeros(0, 0, dtype=bool)
-    columns = list(range(result.solution.shape[1])) if columns is None else columns
     values = []
-    for col in columns:
-        length = int(active[:, col].sum()) if active.numel() else 0
-        if length == 0:
+    for tri in _lanczos_tridiagonals(result, columns):
+        if tri.numel() == 0:
             values.append(0.0)
             continue
-        alpha, beta = steps[:length, col], ratios[:length, col]
-        diag = 1.0 / alpha
-        diag[1:] += beta[:-1] / alpha[:-1]
-        off = beta[:-1].sqrt() / alpha[:-1]
-        tri = torch.diag(diag) + torch.diag(off, 1) + torch.diag(off, -1)
         theta, vectors = torch.linalg.eigh(tri)
         values.append(float((vectors[0].square() * theta.clamp_min(1e-300).log()).sum()))
     return torch.tensor(values, dtype=torch.float64)
 
 
-class NystromPreconditioner:
-    r"""The randomized Nyström preconditioner :math:`P = U \Lambda U^H + I \approx B`.
+def lanczos_condition(result: CGResult, columns: Optional[List[int]] = None) -> float:
+    r"""The condition number of the (preconditioned) matrix a CG run met: the largest Ritz
+    value of the columns' Lanczos tridiagonals over the smallest.
 
-    For a positive semi-definite :math:`A = B - I = \Phi^H S^{-1}\Phi` and an orthonormal test
-    matrix :math:`\Omega` (``W x r``), :math:`A \approx (A\Omega)(\Omega^H A \Omega)^{-1}
-    (A\Omega)^H = U \Lambda U^H` (computed stably with a small shift :math:`\nu`, removed from
-    :math:`\Lambda`). Since :math:`U` has orthonormal columns, Woodbury gives
-
-    .. math::
-        P^{-1} = I + U\,\mathrm{diag}\!\left(\tfrac{1}{1 + \lambda_i} - 1\right) U^H, \qquad
-        P^{\pm 1/2} = I + U\,\mathrm{diag}\!\left((1 + \lambda_i)^{\pm 1/2} - 1\right) U^H,
-        \qquad \log|P| = \textstyle\sum_i \log(1 + \lambda_i).
-
-    The eigenvalues of :math:`P^{-1} B` lie in :math:`[1, 1 + \lambda_{r+1}]` for an exact
-    rank-``r`` capture, so CG needs about :math:`\sqrt{1 + \lambda_{r+1}}` times fewer iterations
-    than on a spectrum reaching :math:`1 + \lambda_1`.
-
-    Args:
-        basis: ``U`` ``(W, r)`` with orthonormal columns.
-        eigenvalues: :math:`\Lambda` ``(r,)``, non-negative.
+    The extreme Ritz values converge first, from inside the spectrum, so this is a lower bound
+    that is close once a run has taken more than a few iterations; 1.0 where no column took a
+    step.
 
     Example:
-        >>> a = torch.diag(torch.tensor([100.0, 10.0, 0.0], dtype=torch.float64))
-        >>> p = NystromPreconditioner.sketch(lambda v: a @ v, 3, a.dtype, a.device, 2,
-        ...                                  torch.Generator().manual_seed(0))
-        >>> torch.allclose(p.inverse(a + torch.eye(3, dtype=a.dtype)), torch.eye(3, dtype=a.dtype))
+        >>> a = torch.diag(torch.linspace(1.0, 100.0, 50, dtype=torch.float64))
+        >>> run = conjugate_gradients(lambda v: a @ v, torch.ones(50, 1, dtype=torch.float64),
+        ...                           None, 1e-10)
+        >>> 90.0 < lanczos_condition(run) <= 100.0
         True
     """
-
-    def __init__(self, basis: Tensor, eigenvalues: Tensor) -> None:
-        self.basis = basis
-        self.eigenvalues = eigenvalues
-
-    @property
-    def rank(self) -> int:
-        return int(self.eigenvalues.shape[0])
-
-    def _power(self, v: Tensor, exponent: float) -> Tensor:
-        coeff = (1.0 + self.eigenvalues).pow(exponent) - 1.0  # (r,)
-        basis = self.basis.to(v.dtype)
-        return v + basis @ (coeff.to(v.dtype).unsqueeze(-1) * (basis.transpose(0, 1).conj() @ v))
-
-    def inverse(self, v: Tensor) -> Tensor:
-        """:math:`P^{-1} V`."""
-        return self._power(v, -1.0)
-
-    def sqrt(self, v: Tensor) -> Tensor:
-        """:math:`P^{1/2} V`."""
-        return self._power(v, 0.5)
-
-    def inverse_sqrt(self, v: Tensor) -> Tensor:
-        """:math:`P^{-1/2} V`."""
-        return self._power(v, -0.5)
-
-    def logdet(self) -> float:
-        """:math:`\\log|P|`."""
-        return float(torch.log1p(self.eigenvalues.double()).sum())
-
-    @staticmethod
-    def sketch(gram_product: Product, width: int, dtype: torch.dtype, device: torch.device,
-               rank: Optional[int], generator: Optional[torch.Generator] = None,
-               max_rank: int = MAX_AUTO_RANK, solves: float = 0.0,
-               rows: Optional[int] = None,
-               tolerance: float = 1e-6) -> NystromPreconditioner:
-        r"""Build from ``gram_product`` (``V -> (B - I) V``), with a fixed ``rank`` or, for
-        ``None``, a rank doubled from :data:`START_RANK` until the smallest eigenvalue estimate
-        is below :data:`RANK_STOP_EIGENVALUE`, up to :data:`MAX_AUTO_RANK`; beyond it, while
-        doubling pays for itself over ``solves`` column solves (:func:`doubling_pays`), up to
-        :data:`MAX_PAYING_RANK`; never beyond ``min(width, max_rank)``. Each new block of
-        test vectors costs one product; earlier blocks are kept.
-
-        The test matrix is drawn on the CPU from ``generator`` (seed 0 without one), so that
-        every process of a distributed fit draws the same one.
-
-        Args:
-            solves: how many column solves (right-hand sides times systems) the
-                preconditioner will serve; 0 stops at :data:`MAX_AUTO_RANK`.
-            rows: ``N``, the rows behind one product (weighs the preconditioner's own
-                :math:`O(W r)` cost against a product's :math:`O(N W)`); ``None``: ignored.
-            tolerance: the solves' relative residual.
-        """
-        generator = generator or torch.Generator().manual_seed(0)
-        paying = max(MAX_AUTO_RANK, MAX_PAYING_RANK) if solves > 0 else MAX_AUTO_RANK
-        limit = min(width, rank if rank is not None else min(max_rank, paying))
-        target = limit if rank is not None else min(START_RANK, limit)
-        basis = torch.zeros(width, 0, dtype=dtype, device=device)
-        image = torch.zeros_like(basis)
-        while True:
-            block = _gaussian((width, target - basis.shape[1]), dtype, generator).to(device)
-            for _ in range(2):  # twice: orthogonal to the kept block to working precision
-                block = block - basis @ (basis.transpose(0, 1).conj() @ block)
-            block = torch.linalg.qr(block)[0]
-            basis = torch.cat([basis, block], 1)
-            image = torch.cat([image, gram_product(block)], 1)
-            result = _nystrom(basis, image)
-            smallest = float(result.eigenvalues.min()) if result.rank else 0.0
-            if rank is not None or target >= limit or smallest < RANK_STOP_EIGENVALUE:
-                return result
-            if target >= MAX_AUTO_RANK and not doubling_pays(
-                    result.eigenvalues, solves, width, rows, tolerance):
-                return result
-            target = min(2 * target, limit)
-
-
-def rank_memory_cap(width: int, dtype: torch.dtype, device: torch.device) -> int:
-    """The largest automatic Nyström rank whose basis and image (``2 W r`` entries of
-    ``dtype``) take at most a tenth of ``device``'s memory (at least 1)."""
-    item = torch.empty((), dtype=dtype).element_size()
-    return max(1, available_memory(device) // (20 * width * item))
+    largest, smallest = 0.0, math.inf
+    for tri in _lanczos_tridiagonals(result, columns):
+        if tri.numel():
+            theta = torch.linalg.eigvalsh(tri)
+            largest, smallest = max(largest, float(theta[-1])), min(smallest, float(theta[0]))
+    return largest / smallest if largest > 0 and smallest > 0 else 1.0
 
 
 def cg_iterations_bound(condition: float, tolerance: float) -> float:
     r"""CG's iterations to reduce the error by ``tolerance`` on a spectrum of condition number
     :math:`\kappa`: :math:`\tfrac12 \sqrt{\kappa} \ln(2 / \epsilon)`."""
     return 0.5 * math.sqrt(max(condition, 1.0)) * math.log(2.0 / tolerance)
-
-
-def doubling_pays(eigenvalues: Tensor, solves: float, width: int, rows: Optional[int],
-                  tolerance: float) -> bool:
-    r"""Whether doubling a Nyström rank :math:`r` costs fewer products with one vector than it
-    saves over ``solves`` column solves.
-
-    With the eigenvalue estimates :math:`\lambda_1 \ge \dots \ge \lambda_r` of
-    :math:`B - I`, the preconditioned condition number is about :math:`1 + \lambda_r` now and
-    :math:`1 + \hat\lambda_{2r}` after, :math:`\hat\lambda_{2r} = \lambda_r^2 /
-    \lambda_{r/2}` (the decay over the last doubling, continued). A column solve takes
-    :math:`I(\kappa)` iterations (:func:`cg_iterations_bound`), each a product plus the
-    preconditioner's :math:`4 W r` multiply-adds (:math:`2 r / N` products). Doubling costs
-    :math:`r` products for the new test vectors and the factorisation's
-    :math:`8 W (2r)^2` multiply-adds; it pays where
-
-    .. math::
-        r + \frac{16 r^2}{N} + s\, I(1 + \hat\lambda_{2r}) \Big(1 + \frac{4r}{N}\Big)
-        < s\, I(1 + \lambda_r) \Big(1 + \frac{2r}{N}\Big).
-
-    Example:
-        >>> slow = 1e4 * 0.999 ** torch.arange(512.0)  # a flat spectrum: CG is slow
-        >>> doubling_pays(slow, 100, 8192, 10**4, 1e-6), doubling_pays(slow, 1, 8192, 10**4, 1e-6)
-        (True, False)
-    """
-    r = int(eigenvalues.shape[0])
-    if r < 2 or solves <= 0:
-        return False
-    ordered = eigenvalues.sort(descending=True).values
-    last, half = float(ordered[-1]), float(ordered[r // 2 - 1])
-    predicted = last * min(1.0, last / half) if half > 0 else 0.0
-    per_product = 0.0 if not rows else 2.0 * r / rows
-    cost = r + (_NYSTROM_FACTOR_COST * 2 * r * r / rows if rows else 0.0)
-    now = solves * cg_iterations_bound(1 + last, tolerance) * (1 + per_product)
-    after = solves * cg_iterations_bound(1 + predicted, tolerance) * (1 + 2 * per_product)
-    return cost + after < now
-
-
-def _gaussian(shape, dtype: torch.dtype, generator: torch.Generator) -> Tensor:
-    if dtype.is_complex:
-        real = torch.randn(*shape, 2, generator=generator, dtype=torch.float64)
-        return torch.view_as_complex(real).to(dtype)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
-
-
-def _nystrom(basis: Tensor, image: Tensor) -> NystromPreconditioner:
-    """The Nyström approximation from an orthonormal ``basis`` and ``image = A basis``."""
-    if basis.shape[1] == 0:
-        return NystromPreconditioner(basis, basis.new_zeros(0).real)
-    eps = torch.finfo(image.real.dtype).eps
-    # The shift keeps the small core matrix numerically positive definite; it is removed below.
-    shift = eps * math.sqrt(basis.shape[0]) * float(torch.linalg.matrix_norm(image, 2))
-    shifted = image + shift * basis
-    core = basis.transpose(0, 1).conj() @ shifted
-    core = 0.5 * (core + core.transpose(0, 1).conj())
-    chol = torch.linalg.cholesky(core)
-    factor = torch.linalg.solve_triangular(chol, shifted.transpose(0, 1).conj(), upper=False)
-    vectors, singular, _ = torch.linalg.svd(factor.transpose(0, 1).conj(), full_matrices=False)
-    eigenvalues = (singular.square() - shift).clamp_min(0)
-    return NystromPreconditioner(vectors, eigenvalues)
 
 
 # ====================================================================== cost model

@@ -42,11 +42,11 @@ from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
-    NystromPreconditioner,
     conjugate_gradients,
+    lanczos_condition,
     lanczos_log_quadrature,
-    rank_memory_cap,
 )
+from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
 from rfgp.recipes._schedule import CALIBRATION_EVALUATIONS
 
@@ -104,9 +104,10 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         condition: :math:`c\,\lambda_{\max}(G) \le 1 / \mathrm{condition}` (0: unbounded), the
             weight-space calibration's bound on the solve's condition number.
         num_probes: Rademacher probes of the trace and log-determinant.
-        rank: the Nyström rank (``None``: chosen from the spectrum at the start, and grown
+        rank: the Nyström rank (``None``: chosen from the spectrum at the start, grown
             beyond 512 while that saves more products over the evaluations' solves than it
-            costs).
+            costs, and grown again where an evaluation's solve meets a condition number above
+            the target, :meth:`~rfgp.inference._nystrom.NystromSketch.refine`).
         cache_bytes: bytes of feature rows kept across the CG products.
         tolerance: the CG's relative residual.
         generator: the probes' and the sketch's random draws.
@@ -147,10 +148,12 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         start = factor / noise
         # One sketch serves every evaluation's solves (target and probe columns), so its rank
         # grows while that saves more products than it costs.
-        sketch = NystromPreconditioner.sketch(
-            lambda v: start * gram(v), width, torch.float64, op.device, rank, generator,
-            max_rank=rank_memory_cap(width, torch.float64, op.device),
-            solves=CALIBRATION_EVALUATIONS * (t + num_probes), rows=n, tolerance=tolerance)
+        solves = CALIBRATION_EVALUATIONS * (t + num_probes)
+        max_rank = rank_memory_cap(width, torch.float64, op.device)
+        sketcher = NystromSketch(lambda v: start * gram(v), width, torch.float64, op.device,
+                                 generator)
+        sketch = (sketcher.grow(rank) if rank is not None
+                  else sketcher.adapt(max_rank, solves, n, tolerance))
         basis, spectrum = sketch.basis, sketch.eigenvalues / start  # eigenvalues of G
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(op.device)
@@ -159,6 +162,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         records: dict = {}
 
         def evaluate(log_c: float) -> float:
+            nonlocal basis, spectrum
             c = math.exp(log_c)
             pre = NystromPreconditioner(basis, c * spectrum)
             rhs = torch.cat([b, pre.sqrt(probes)], 1)
@@ -179,6 +183,13 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                                   logdet=float(logdets.mean()),
                                   logdet_error=float(logdets.std()) / math.sqrt(num_probes),
                                   iterations=result.iterations)
+            # The sketch was made at the start's c; the search moves c by factors of 4, and the
+            # estimates behind the sketch's rank fall short on slowly decaying spectra. The
+            # condition this solve met tells; the rank grows from it for what follows.
+            if rank is None and sketcher.refine(lanczos_condition(result), c / start,
+                                                max_rank, solves, n, tolerance):
+                basis, spectrum = sketcher.preconditioner.basis, (
+                    sketcher.preconditioner.eigenvalues / start)
             return slope
 
         log_c = min(math.log(start), log_ceiling)
@@ -193,7 +204,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         log_evidence=-0.5 * total / (n * t),
         standard_error=0.5 * t * chosen["logdet_error"] / (n * t),
         gradient_standard_error=t * chosen["trace_error"] / (n * t),
-        rank=sketch.rank,
+        rank=sketcher.rank,
         iterations=[r["iterations"] for r in records.values()],
         preconditioner=NystromPreconditioner(basis, math.exp(root) * spectrum),
     )

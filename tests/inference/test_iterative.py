@@ -12,15 +12,20 @@ from rfgp import RandomFeatureGP
 from rfgp.inference import ConvergenceWarning
 from rfgp.inference import _cg_solver as cg_solver
 from rfgp.inference._iterative import (
-    MAX_AUTO_RANK,
-    NystromPreconditioner,
     cg_fit_cost,
     cg_fit_seconds,
     cg_iterations_bound,
     cg_num_features,
     conjugate_gradients,
-    doubling_pays,
+    lanczos_condition,
     lanczos_log_quadrature,
+)
+from rfgp.inference._nystrom import (
+    MAX_AUTO_RANK,
+    RANK_STOP_EIGENVALUE,
+    NystromPreconditioner,
+    NystromSketch,
+    doubling_pays,
 )
 from rfgp.inference._stochastic_evidence import stochastic_log_evidence
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
@@ -434,6 +439,81 @@ def test_rank_grows_beyond_the_automatic_cap_only_where_it_pays():
     grown = iterations(shared)
     assert grown < iterations(capped)
     assert grown <= cg_iterations_bound(1 + float(spectrum[shared.rank - 1]) * 1.5, 1e-6)
+
+
+def test_lanczos_condition_is_the_spectrum_cg_met():
+    # The extreme Ritz values of a CG run approach the matrix's extreme eigenvalues from
+    # inside: a lower bound on the condition number, close once the run is long.
+    g = torch.Generator().manual_seed(5)
+    width = 300
+    basis = torch.linalg.qr(torch.randn(width, width, generator=g, dtype=DT))[0]
+    spectrum = torch.logspace(0, 3, width, dtype=DT)
+    a = (basis * spectrum) @ basis.T
+    run = conjugate_gradients(lambda v: a @ v, torch.randn(width, 3, generator=g, dtype=DT),
+                              None, 1e-10, 2000)
+    assert run.converged and run.iterations > 30
+    assert 0.95e3 <= lanczos_condition(run) <= 1e3 * (1 + 1e-9)
+    # Preconditioned by the exact inverse: one step, condition 1.
+    exact = conjugate_gradients(lambda v: a @ v, torch.randn(width, 1, generator=g, dtype=DT),
+                                lambda v: torch.linalg.solve(a, v), 1e-10)
+    assert lanczos_condition(exact) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_sketch_grows_by_blocks_without_repeating_a_product():
+    g = torch.Generator().manual_seed(6)
+    width = 200
+    basis = torch.linalg.qr(torch.randn(width, width, generator=g, dtype=DT))[0]
+    gram = (basis * 1e4 * 0.9 ** torch.arange(width, dtype=DT)) @ basis.T
+    columns = []
+
+    def product(v):
+        columns.append(v.shape[1])
+        return gram @ v
+
+    sketch = NystromSketch(product, width, DT, torch.device("cpu"))
+    sketch.grow(32)
+    grown = sketch.grow(64)
+    assert columns == [32, 32] and grown.rank == 64
+    # The blocks form one orthonormal test matrix, and the approximation is the Nyström
+    # approximation (A O)(O^T A O)^-1 (A O)^T of all of it.
+    test = sketch.test
+    torch.testing.assert_close(test.T @ test, torch.eye(64, dtype=DT), rtol=0, atol=1e-12)
+    image = gram @ test
+    nystrom = image @ torch.linalg.solve(test.T @ image, image.T)
+    approx = (grown.basis * grown.eigenvalues) @ grown.basis.T
+    torch.testing.assert_close(approx, nystrom, rtol=0, atol=1e-9 * float(gram.norm()))
+
+
+def test_refine_grows_the_rank_to_the_condition_a_solve_met():
+    # A sketch adapted at scale 1 serves I + 1000 A: its condition number there is about
+    # 1 + 1000 lambda_r, far above the target. Measured by the solve, it makes the rank grow
+    # until the preconditioned condition number is near the target again.
+    g = torch.Generator().manual_seed(7)
+    width = 1024
+    basis = torch.linalg.qr(torch.randn(width, width, generator=g, dtype=DT))[0]
+    spectrum = 1e4 * torch.arange(1, width + 1, dtype=DT) ** -2.0
+    gram = (basis * spectrum) @ basis.T
+    sketch = NystromSketch(lambda v: gram @ v, width, DT, torch.device("cpu"))
+    first = sketch.adapt(width, 100.0, 10**6, 1e-6)
+    scale = 1000.0
+    b = scale * gram + torch.eye(width, dtype=DT)
+    rhs = torch.randn(width, 4, generator=g, dtype=DT)
+
+    def solve(pre):
+        scaled = NystromPreconditioner(pre.basis, scale * pre.eigenvalues)
+        return conjugate_gradients(lambda v: b @ v, rhs, scaled.inverse, 1e-8, 2000)
+
+    before = solve(first)
+    assert lanczos_condition(before) > 1 + 2 * RANK_STOP_EIGENVALUE
+    assert sketch.refine(lanczos_condition(before), scale, width, 100.0, 10**6, 1e-6)
+    after = solve(sketch.preconditioner)
+    assert sketch.rank > first.rank
+    assert lanczos_condition(after) <= 1 + 2 * RANK_STOP_EIGENVALUE
+    assert after.iterations < before.iterations / 2
+    # Within the target, nothing grows.
+    rank = sketch.rank
+    assert not sketch.refine(lanczos_condition(after), scale, width, 100.0, 10**6, 1e-6)
+    assert sketch.rank == rank
 
 
 def test_doubling_pays_weighs_the_sketch_against_the_saved_iterations():

@@ -73,6 +73,35 @@ def test_the_scales_agree_with_the_weight_space_maximum():
                                               + 1e-4)
 
 
+@pytest.mark.parametrize("rank", [None, 32])
+def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
+    # Started at a noise 10^4 times the root's, the search multiplies c by 4 per step, and a
+    # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
+    # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
+    # the preconditioner handed to the fit keeps B's condition near the target.
+    from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
+    from rfgp.recipes._calibration import maximize_scale_evidence
+
+    kernel, x, y = _problem(seed=2)
+    exact = feature_model_evidence(kernel, x, y)
+    _, noise, _ = maximize_scale_evidence(exact, 100.0)
+    out = calibrate_by_products(kernel, x, y, 100.0, rank=rank, generator=gen(3))
+    assert out.noise == pytest.approx(noise, rel=0.01)
+    c = out.factor / out.noise
+    with torch.no_grad():
+        phi = kernel.base_kernel.features(x) * kernel.outputscale.sqrt()
+    b = c * phi.T @ phi + torch.eye(phi.shape[1], dtype=DT)
+    root = out.preconditioner.inverse_sqrt(torch.eye(phi.shape[1], dtype=DT))
+    spectrum = torch.linalg.eigvalsh(root @ b @ root)
+    condition = float(spectrum[-1] / spectrum[0])
+    if rank is None:
+        # Refinement stops once a solve meets at most 1 + 2 x the stop eigenvalue; the Ritz
+        # values it measures by are a lower bound, close after the handful of iterations.
+        assert condition <= 1.5 * (1 + 2 * RANK_STOP_EIGENVALUE)
+    else:
+        assert out.rank == 32 and condition > 1 + 2 * RANK_STOP_EIGENVALUE
+
+
 def test_the_condition_bound_caps_the_ratio():
     kernel, x, _ = _problem()
     # A target the features fit exactly drives the noise down without bound.
@@ -174,7 +203,7 @@ def test_calibrated_fit_names_its_bad_arguments():
 
 def test_the_fits_reuse_what_the_calibration_computed(monkeypatch):
     from rfgp import RandomFeatureGP
-    from rfgp.inference import _iterative
+    from rfgp.inference import _nystrom
     from rfgp.recipes import calibrated_fit
 
     kernel, x, y = _problem(n=2000)
@@ -191,13 +220,13 @@ def test_the_fits_reuse_what_the_calibration_computed(monkeypatch):
     # CG: the calibration's Nyström preconditioner at its root is the fit's (one sketch in
     # all), and the fit converges with it to the weight-space model.
     sketches = []
-    original = _iterative.NystromPreconditioner.sketch
+    original = _nystrom.NystromSketch.__init__
 
-    def counted(*args, **kwargs):
+    def counted(self, *args, **kwargs):
         sketches.append(1)
-        return original(*args, **kwargs)
+        original(self, *args, **kwargs)
 
-    monkeypatch.setattr(_iterative.NystromPreconditioner, "sketch", staticmethod(counted))
+    monkeypatch.setattr(_nystrom.NystromSketch, "__init__", counted)
     cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg")
     assert len(sketches) == 1 and cg.cg_info["preconditioner_ranks"][0] > 0
     assert cg.cg_info["iterations"] < 50
