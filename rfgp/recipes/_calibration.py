@@ -209,11 +209,14 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
     for _ in range(_MAX_NEWTON):
         grad = torch.autograd.functional.jacobian(loss, params)
         hess = torch.autograd.functional.hessian(loss, params)
-        # A Newton step where the Hessian is positive definite, else a gradient step; halved
-        # until the loss falls (the loss is smooth and bounded below on the domain).
-        eig_min = torch.linalg.eigvalsh(hess)[0]
-        step = (-torch.linalg.solve(hess, grad) if eig_min > 1e-12
-                else -grad / max(float(hess.abs().max()), 1.0))
+        # Newton on |H|: the Newton step where the Hessian is positive definite; along a
+        # direction of negative or vanishing curvature, the gradient over the curvature's
+        # magnitude (a long step where the loss is flat, as it is along the factor when the
+        # evidence wants a larger outputscale: a plain gradient step there crawls). Always a
+        # descent direction; clamped, then halved until the loss falls.
+        curvature, vectors = torch.linalg.eigh(hess)
+        magnitude = curvature.abs().clamp_min(1e-12 * max(float(curvature.abs().max()), 1.0))
+        step = -(vectors @ ((vectors.transpose(0, 1) @ grad) / magnitude))
         step = step.clamp(-5.0, 5.0)
         for _ in range(60):
             trial = params + step

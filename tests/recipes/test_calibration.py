@@ -54,6 +54,37 @@ def test_the_maximum_is_a_stationary_point_of_the_gaussian_evidence():
     assert value == pytest.approx(float(nll.detach()), rel=1e-10)
 
 
+@pytest.mark.parametrize("true_factor", [1.0, 1e2, 1e3])
+def test_the_maximum_is_reached_from_a_start_far_below_the_factor(true_factor):
+    # A slowly decaying spectrum (lambda_i ~ i^-1.5) whose targets want a factor up to 1,000
+    # times the start's: the evidence is nearly flat along the factor and its Hessian turns
+    # indefinite on the way. The maximum is still reached: the derivative of the profile
+    # -log p(c, sigma^2(c)) in log c (sigma^2(c) its closed-form best noise) vanishes there,
+    # and no point of a fine grid of c is better.
+    from rfgp.recipes._calibration import ScaleEvidence
+
+    g = gen(11)
+    n, width, noise = 20000, 2000, 0.01
+    lam = 1e4 * torch.arange(1, width + 1, dtype=DT) ** -1.5
+    weights = torch.randn(width, generator=g, dtype=DT) * math.sqrt(true_factor)
+    errors = torch.randn(width, generator=g, dtype=DT) * math.sqrt(noise)
+    projections = (lam * weights + lam.sqrt() * errors) ** 2
+    squares = float((projections / lam).sum()) + (n - width) * noise
+    evidence = ScaleEvidence(lam, projections, squares, n, 1)
+
+    def profile(log_c):
+        c = math.exp(log_c)
+        quad = squares - c * float((projections / (1 + c * lam)).sum())
+        return 0.5 * (float(torch.log1p(c * lam).sum()) + n * math.log(quad / n)) / n
+
+    factor, fitted_noise, _ = maximize_scale_evidence(evidence, noise=1.0, condition=1e-10)
+    at = math.log(factor / fitted_noise)
+    slope = (profile(at + 1e-4) - profile(at - 1e-4)) / 2e-4
+    curvature = (profile(at + 1e-2) - 2 * profile(at) + profile(at - 1e-2)) / 1e-4
+    assert abs(slope) < 1e-3 * curvature + 1e-9
+    assert profile(at) <= min(profile(at + 0.05 * k) for k in range(-200, 201)) + 1e-12
+
+
 def test_the_scales_are_recovered_within_their_standard_errors():
     # y = sqrt(a) Phi w + eps with a = 4 and noise 0.25 on N = 20000 rows of D = 50 features:
     # the noise MLE's relative standard error is about sqrt(2 / (N - D)) = 1%, the factor's
