@@ -172,7 +172,9 @@ class Worker:
                 1, maxtasksperchild=self.fits_per_process)
         head = {"set": spec["set"], "D": spec["D"], "solve": spec["solve"], "rank": spec["rank"]}
         try:
-            return self.pool.apply_async(measure, (spec,)).get(timeout)
+            # An infinite deadline waits without limit (get() takes no infinite timeout).
+            return self.pool.apply_async(measure, (spec,)).get(
+                timeout if math.isfinite(timeout) else None)
         except multiprocessing.TimeoutError:
             self.close()
             return dict(head, error=f"stopped after {timeout:.0f} s (--deadline)")
