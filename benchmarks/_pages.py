@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import platform
 import tempfile
 import time
 import warnings
@@ -72,3 +73,10 @@ def best_of(fn: Callable[[], object], repeats: int, warmup: bool = False) -> flo
         fn()
         times.append(time.perf_counter() - started)
     return min(times)
+
+
+def device_name(device: str) -> str:
+    """The processor or GPU behind ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``), for records."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _pages import write_page  # noqa: E402
+from _pages import device_name, write_page  # noqa: E402
 
 from rfgp import fit_auto  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
@@ -130,13 +130,6 @@ def measure(name, size, solve, model, data, mnll_rows, device="cpu") -> dict:
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(torch.device(device))
-
-
-def device_name(device: str) -> str:
-    """The processor or GPU that ran the fit."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return platform.processor() or platform.machine()
 
 
 def device_of(record: dict) -> str:

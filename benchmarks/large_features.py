@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _pages import write_page  # noqa: E402
+from _pages import device_name, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SETS = ["keggundirected", "tamielectric", "bike", "synthetic"]
@@ -186,13 +186,6 @@ class Worker:
             self.pool.terminate()
             self.pool.join()
             self.pool = None
-
-
-def device_name(device: str) -> str:
-    """The processor or GPU that ran the fits."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return platform.processor() or platform.machine()
 
 
 # ====================================================================== pages
