@@ -152,26 +152,33 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         max_rank = rank_memory_cap(width, torch.float64, op.device)
         sketcher = NystromSketch(lambda v: start * gram(v), width, torch.float64, op.device,
                                  generator)
-        sketch = (sketcher.grow(rank) if rank is not None
-                  else sketcher.adapt(max_rank, solves, n, tolerance))
-        basis, spectrum = sketch.basis, sketch.eigenvalues / start  # eigenvalues of G
+        if rank is not None:
+            sketcher.grow(rank)
+        else:
+            sketcher.adapt(max_rank, solves, n, tolerance)
+
+        def at(c: float) -> NystromPreconditioner:
+            """The sketch's preconditioner of I + c G (the sketch is of start * G)."""
+            return NystromPreconditioner(sketcher.preconditioner.basis,
+                                         (c / start) * sketcher.preconditioner.eigenvalues)
+
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(op.device)
+        spectrum = sketcher.preconditioner.eigenvalues / start  # estimates of G's eigenvalues
         top = float(spectrum.max()) if spectrum.numel() else 0.0
         log_ceiling = math.log(1.0 / (condition * top)) if condition > 0 and top > 0 else math.inf
         records: dict = {}
 
         def evaluate(log_c: float) -> float:
-            nonlocal basis, spectrum
             c = math.exp(log_c)
-            pre = NystromPreconditioner(basis, c * spectrum)
+            pre = at(c)
             rhs = torch.cat([b, pre.sqrt(probes)], 1)
             result = conjugate_gradients(lambda v: v + c * gram(v), rhs, pre.inverse,
                                          tolerance, 1000, "the calibration's I + c G")
             u, solved = result.solution[:, :t], result.solution[:, t:]
             quad = target_squares - c * float((b * u).sum())
             # Hutchinson's trace of (I + cG)^-1 with tr P^-1 as the control variate.
-            exact = width - pre.rank + float((1.0 / (1.0 + c * spectrum)).sum())
+            exact = width - pre.rank + float((1.0 / (1.0 + pre.eigenvalues)).sum())
             samples = ((pre.inverse_sqrt(probes) * solved).sum(0)
                        - (probes * pre.inverse(probes)).sum(0))
             trace = exact + float(samples.mean())
@@ -186,10 +193,9 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             # The sketch was made at the start's c; the search moves c by factors of 4, and the
             # estimates behind the sketch's rank fall short on slowly decaying spectra. The
             # condition this solve met tells; the rank grows from it for what follows.
-            if rank is None and sketcher.refine(lanczos_condition(result), c / start,
-                                                max_rank, solves, n, tolerance):
-                basis, spectrum = sketcher.preconditioner.basis, (
-                    sketcher.preconditioner.eigenvalues / start)
+            if rank is None:
+                sketcher.refine(lanczos_condition(result), c / start, max_rank, solves, n,
+                                tolerance)
             return slope
 
         log_c = min(math.log(start), log_ceiling)
@@ -206,7 +212,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         gradient_standard_error=t * chosen["trace_error"] / (n * t),
         rank=sketcher.rank,
         iterations=[r["iterations"] for r in records.values()],
-        preconditioner=NystromPreconditioner(basis, math.exp(root) * spectrum),
+        preconditioner=at(math.exp(root)),
     )
 
 
