@@ -26,6 +26,8 @@ def kd_levels(num_rows: int, max_rows: int) -> int:
         >>> kd_levels(10000, 1000), kd_levels(1000, 1000)
         (4, 0)
     """
+    num_rows = check_int("num_rows", num_rows)
+    max_rows = check_int("max_rows", max_rows)  # at least 1: the halving then ends
     levels = 0
     while -(-num_rows // 2**levels) > max_rows:  # ceil(n / 2^levels)
         levels += 1

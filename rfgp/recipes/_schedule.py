@@ -115,10 +115,20 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
     (:data:`EXACT_ELEMENTWISE_COST`) the elementwise passes over the ``n x n`` matrices,
     which run at memory speed, not at a product's.
 
+    Args:
+        num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
+        block_rows: the most rows of a block (0: one block of every row).
+
+    Raises:
+        TypeError / ValueError: for a non-integer or out-of-range argument.
+
     Example:
         >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
         True
     """
+    num_rows = check_int("num_rows", num_rows)
+    input_dim = check_int("input_dim", input_dim, minimum=0)
+    block_rows = check_int("block_rows", block_rows, minimum=0)
     if block_rows and num_rows > block_rows:
         blocks = 2 ** kd_levels(num_rows, block_rows)
         return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)

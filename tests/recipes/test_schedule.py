@@ -146,3 +146,14 @@ def test_the_block_evidence_cost_grows_with_the_inputs_and_the_block_size():
     assert exact_evidence_cost(8000, 32, 1000) > exact_evidence_cost(8000, 4, 1000)
     assert exact_evidence_cost(8000, 8, 1000) < exact_evidence_cost(8000, 8, 2000)
     assert exact_evidence_cost(8000, 8, 1000) < exact_evidence_cost(8000, 8)
+
+
+@pytest.mark.parametrize("args, error", [
+    ((float("nan"), 3), TypeError), ((2.5, 3), TypeError), ((0, 3), ValueError),
+    ((-5, 2), ValueError), ((100, -1), ValueError), ((100, 2.0), TypeError),
+    ((100, 2, -3), ValueError), ((100, 2, True), TypeError),
+])
+def test_exact_evidence_cost_names_its_bad_arguments(args, error):
+    # A negative block size used to halve forever; a NaN row count returned NaN.
+    with pytest.raises(error, match="num_rows|input_dim|block_rows"):
+        exact_evidence_cost(*args)
