@@ -80,3 +80,10 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return platform.processor() or platform.machine()
+
+
+def synchronize(device) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA), so that a timer sees all of it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _pages import device_name, write_page  # noqa: E402
+from _pages import device_name, synchronize, write_page  # noqa: E402
 
 from rfgp import fit_auto  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
@@ -125,11 +125,6 @@ def measure(name, size, solve, model, data, mnll_rows, device="cpu") -> dict:
             "variance_seconds": variance_seconds, "mnll_rows": m, "noise": noise,
             "rmse": float((mean - yte).square().mean().sqrt()),
             "mnll": float(nll.mean()), "coverage": float(inside)}
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(torch.device(device))
 
 
 def device_of(record: dict) -> str:

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _pages import device_name, write_page  # noqa: E402
+from _pages import device_name, synchronize, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SETS = ["keggundirected", "tamielectric", "bike", "synthetic"]
@@ -122,13 +122,12 @@ def measure(spec: dict) -> dict:
     options = {} if spec["solve"] == "weight" else {"preconditioner_rank": spec["rank"],
                                                     "max_cg_iterations": spec["max_iterations"]}
     gp = RandomFeatureGP(kernel, noise=hyper["noise"], solve=spec["solve"], **options)
+    synchronize(device)
     if device.type == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     gp.fit(xtr, ytr)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     seconds = time.perf_counter() - started
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
