@@ -11,6 +11,9 @@ calibrated) chooses among them. The fit then reuses the chosen model's Gram matr
 search's hyperparameters belong to cheaper models (a
 subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
 features cannot follow is noise to the final model, and only its own evidence says how much.
+The lengthscales themselves are not moved at ``D``: each evaluation of that evidence's
+gradient costs :math:`2 N D^2`, more than the whole calibration, and a few such steps buy less
+than the same time spent on more features or on the local stage.
 
 Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
 are chosen, and the scales started, by the evidence of a

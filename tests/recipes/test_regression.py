@@ -426,6 +426,37 @@ def test_sklearn_default_is_the_recipe():
     assert reg.n_iter_ > 3
 
 
+def test_sklearn_recipe_targets_are_the_documented_standardisation(monkeypatch):
+    # The recipe's searches can end on their iteration caps, where the last bit of a target
+    # may move the fit: the estimator's targets must be exactly the documented ones.
+    import rfgp.sklearn._regressor as regressor_module
+    from rfgp.sklearn import RandomFeatureGPRegressor
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(x, y, **options):
+        seen["x"], seen["y"] = x, y
+        raise Stop
+
+    monkeypatch.setattr(regressor_module, "fit_auto", capture)
+    g = np.random.default_rng(3)
+    x = g.normal(size=(517, 3))
+    for y in (1e3 + 3.7 * g.normal(size=517), g.normal(size=(517, 2)) * [1e-90, 1e90]):
+        with pytest.raises(Stop):
+            RandomFeatureGPRegressor(random_state=0).fit(x, y)
+        expected = (y - y.mean(axis=0)) / y.std(axis=0)
+        assert np.array_equal(seen["y"].numpy().reshape(expected.shape), expected)
+        assert np.array_equal(seen["x"].numpy(), x)
+    # Beyond the squares' range the statistics are taken on y / max|y|: finite, unit spread.
+    with pytest.raises(Stop):
+        RandomFeatureGPRegressor(random_state=0).fit(x, 1e160 * g.normal(size=517))
+    assert np.isfinite(seen["y"].numpy()).all()
+    assert abs(float(seen["y"].std(unbiased=False)) - 1.0) < 1e-12
+
+
 # ----------------------------------------------------------------------------- exact search
 @pytest.mark.parametrize("nu", [None, 0.5, 1.5, 2.5])
 def test_stationary_kernel_is_gpytorch_kernel(nu):
