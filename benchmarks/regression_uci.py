@@ -32,10 +32,14 @@ Usage::
     python benchmarks/regression_uci.py --page-only       # rewrite the page from the records
     python benchmarks/regression_uci.py --quick           # concrete, one split, to a temp dir
     python benchmarks/regression_uci.py --retime --methods "SGPR 512" --splits 1 --big-splits 1
+    python benchmarks/regression_uci.py --seeds 1 2       # the default's spread over seeds
 
-The last re-times a baseline in the session of the default's records (the machine's speed
+``--retime`` re-times a baseline in the session of the default's records (the machine's speed
 drifts between sessions) into ``regression_uci_retimed.jsonl``; the time target is then
-judged on the splits re-timed.
+judged on the splits re-timed. ``--seeds`` fits the default again with other
+``random_state`` values on split 0 (other random features, another subsample and other
+starts) into ``regression_uci_seeds.jsonl``; the page sets that spread beside the one over
+splits.
 
 Writes docs/benchmarks/regression_uci.md and regression_uci.png (MNLL against time per set).
 """
@@ -102,10 +106,10 @@ def scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray,
 
 
 # ====================================================================== methods
-def rfgp_default(xtr, ytr, xte, **params):
+def rfgp_default(xtr, ytr, xte, seed=0, **params):
     from rfgp.sklearn import RandomFeatureGPRegressor
 
-    reg = RandomFeatureGPRegressor(random_state=0, **params).fit(xtr.numpy(), ytr.numpy())
+    reg = RandomFeatureGPRegressor(random_state=seed, **params).fit(xtr.numpy(), ytr.numpy())
     mean, std = reg.predict(xte.numpy(), return_std=True)
     report = reg.fit_report_
     schedule = report.schedule
@@ -329,6 +333,56 @@ def done_keys(records: Path) -> set:
     return {(r["set"], r["split"], r["method"]) for r in rows}
 
 
+def run_seeds(args, records: Path) -> None:
+    """The default on split 0 with each of ``args.seeds`` as its ``random_state``."""
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    done = ({(r["set"], r["seed"]) for r in load_rows(records)} if records.exists() else set())
+    for name in args.sets:
+        x, y = load_uci(name)
+        xtr, ytr, xte, yte = standardised_split(x, y, 0)
+        for seed in args.seeds:
+            if (name, seed) in done:
+                continue
+            start = time.perf_counter()
+            mean, var, info = rfgp_default(xtr, ytr, xte, seed=seed)
+            seconds = time.perf_counter() - start
+            row = {"set": name, "n_train": xtr.shape[0], "split": 0, "seed": seed,
+                   "method": "rfgp default", "time": seconds, "threads": args.threads,
+                   **scores(yte.numpy(), mean, var), "info": info}
+            with records.open("a") as handle:
+                handle.write(json.dumps(row, default=float) + "\n")
+            print(f"{name:18s} seed {seed} rmse {row['rmse']:.3f} mnll {row['mnll']:7.3f} "
+                  f"cov95 {row['cov95']:.3f} time {seconds:7.1f}s", flush=True)
+
+
+def seed_spread(rows, seeded) -> list:
+    """The page's section on the default's spread over seeds (split 0), against its spread
+    over splits (seed 0)."""
+    if not seeded:
+        return []
+    out = ["", "## The default's spread over seeds", "",
+           "Split 0 fitted with `random_state` 0 (the table above) and the others listed: "
+           "other random features, subsample and starts. Entries: mean ± standard deviation "
+           "over the seeds; the last column is the MNLL's standard deviation over the splits "
+           "(seed 0) for comparison.", "",
+           "| data set | N | seeds | RMSE | MNLL | MNLL per seed | 95% coverage | time (s) | "
+           "MNLL sd over splits |", "|---|---|---|---|---|---|---|---|---|"]
+    table = summarise(rows)
+    for name in dict.fromkeys(r["set"] for r in seeded):
+        base = [r for r in table.get((name, "rfgp default"), []) if r["split"] == 0]
+        rs = base[:1] + sorted((r for r in seeded if r["set"] == name),
+                               key=lambda r: r["seed"])
+        splits = [r["mnll"] for r in table.get((name, "rfgp default"), [])]
+        per_seed = ", ".join(f"{r['mnll']:.3f}" for r in rs)
+        seeds = ", ".join(str(r.get("seed", 0)) for r in rs)
+        out.append(f"| {name} | {rs[0]['n_train']} | {seeds} | {_fmt([r['rmse'] for r in rs])} "
+                   f"| {_fmt([r['mnll'] for r in rs])} | {per_seed} "
+                   f"| {_fmt([r['cov95'] for r in rs])} | {_fmt([r['time'] for r in rs], 1)} "
+                   f"| {np.std(splits):.3f} |")
+    return out
+
+
 def run(args, records: Path) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -479,7 +533,7 @@ def targets(rows, retimed=()):
     return out
 
 
-def write_markdown(rows, args, path, retimed=()):
+def write_markdown(rows, args, path, retimed=(), seeded=()):
     table = summarise(rows)
     sets = list(dict.fromkeys(r["set"] for r in rows))
     threads = sorted({r["threads"] for r in rows})
@@ -527,6 +581,7 @@ def write_markdown(rows, args, path, retimed=()):
                 missing.append(f"{name} / {method}")
     if missing:
         out += ["", "Not run (no record): " + ", ".join(missing) + "."]
+    out += seed_spread(rows, seeded)
     out += ["", "## The default's stages: predicted against measured seconds", "",
             "| data set | split | D | budget (s) | refinement rows | local starts | "
             "stages: measured (predicted) s | calibration |", "|---|---|---|---|---|---|---|---|"]
@@ -559,6 +614,9 @@ def main():
                              "time baselines in the same session as the default's records")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder of the records and the page (default docs/benchmarks)")
+    parser.add_argument("--seeds", type=int, nargs="*", default=None,
+                        help="fit the default on split 0 with these random_state values into "
+                             "regression_uci_seeds.jsonl")
     args = parser.parse_args()
     out = args.out or OUT
     out.mkdir(parents=True, exist_ok=True)
@@ -570,12 +628,16 @@ def main():
         args.sets = sorted(UCI_DATASETS, key=lambda n: sizes[n])
     records = out / "regression_uci.jsonl"
     retimed_path = out / "regression_uci_retimed.jsonl"
-    if not args.page_only:
+    seeds_path = out / "regression_uci_seeds.jsonl"
+    if args.seeds and not args.page_only:
+        run_seeds(args, seeds_path)
+    if (not args.seeds or args.quick) and not args.page_only:
         run(args, retimed_path if args.retime else records)
     rows = load_rows(records)
     retimed = load_rows(retimed_path) if retimed_path.exists() else []
+    seeded = load_rows(seeds_path) if seeds_path.exists() else []
     plot(rows, out / "regression_uci.png")
-    write_markdown(rows, args, out / "regression_uci.md", retimed)
+    write_markdown(rows, args, out / "regression_uci.md", retimed, seeded)
     print(f"wrote {out / 'regression_uci.md'}")
 
 
