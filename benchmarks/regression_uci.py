@@ -371,7 +371,8 @@ def seed_spread(rows, seeded) -> list:
     table = summarise(rows)
     for name in dict.fromkeys(r["set"] for r in seeded):
         base = [r for r in table.get((name, "rfgp default"), []) if r["split"] == 0]
-        rs = base[:1] + sorted((r for r in seeded if r["set"] == name),
+        # Seed 0 is the main table's split 0 (a seed-0 record here would count it twice).
+        rs = base[:1] + sorted((r for r in seeded if r["set"] == name and r["seed"] != 0),
                                key=lambda r: r["seed"])
         splits = [r["mnll"] for r in table.get((name, "rfgp default"), [])]
         per_seed = ", ".join(f"{r['mnll']:.3f}" for r in rs)
