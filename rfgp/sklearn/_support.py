@@ -256,25 +256,23 @@ _HUGE_TARGET = 1e100
 def target_scaling(y: np.ndarray, normalize: bool):
     """``(offset, scale)`` per column such that ``(y - offset) / scale`` is of order one.
 
-    With ``normalize`` they are ``y.mean(axis=0)`` and ``y.std(axis=0)`` (1 where it is 0), so
-    that the estimator's targets are bit for bit ``(y - y.mean()) / y.std()``, the targets its
-    docstring tells :func:`rfgp.fit_auto` to be given; where ``max|y|`` is so large or so small
-    that the squares would overflow or underflow (beyond :data:`_HUGE_TARGET` either way), they
-    are computed on ``y / max|y|``. Without it the offset is 0 and the scale 1, unless the
-    targets are so large that their squares overflow: then the scale is ``max|y|`` (the
-    posterior mean is linear in ``y``, so this changes no prediction).
+    With ``normalize`` they are the mean and standard deviation (1 where it is 0) of each
+    column, computed on ``y / u`` and multiplied back by ``u``: ``u = 1`` (exact, so the
+    estimator's targets are bit for bit ``(y - y.mean()) / y.std()``, the targets its docstring
+    tells :func:`rfgp.fit_auto` to be given) unless ``max|y|`` is beyond :data:`_HUGE_TARGET`
+    or below its inverse, where the squares would overflow or underflow and ``u = max|y|``.
+    Without it the offset is 0 and the scale 1, unless the targets are so large that their
+    squares overflow: then the scale is ``max|y|`` (the posterior mean is linear in ``y``, so
+    this changes no prediction).
     """
     with np.errstate(over="ignore"):
         peak = np.max(np.abs(y), axis=0) if y.shape[0] else np.zeros(y.shape[1:])
     peak = np.where(peak > 0, peak, 1.0)
     if normalize:
-        if np.all((peak < _HUGE_TARGET) & (peak > 1.0 / _HUGE_TARGET)):
-            std = y.std(axis=0)
-            return y.mean(axis=0), np.where(std > 0, std, 1.0)
-        unit = y / peak
-        mean = unit.mean(axis=0)
-        std = unit.std(axis=0)
-        return mean * peak, np.where(std > 0, std, 1.0) * peak
+        unit = np.where((peak < _HUGE_TARGET) & (peak > 1.0 / _HUGE_TARGET), 1.0, peak)
+        scaled = y / unit
+        std = scaled.std(axis=0)
+        return scaled.mean(axis=0) * unit, np.where(std > 0, std, 1.0) * unit
     scale = np.where(peak > _HUGE_TARGET, peak, 1.0)
     return np.zeros(y.shape[1:]), scale
 
