@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -333,6 +334,20 @@ def done_keys(records: Path) -> set:
     return {(r["set"], r["split"], r["method"]) for r in rows}
 
 
+def record_fit(records: Path, head: dict, fit, xtr, yte, threads: int, label: str) -> None:
+    """Time ``fit()`` (returning test means, variances and an info dict), score it against
+    ``yte``, append the record ``head`` + results to ``records`` and print a line."""
+    start = time.perf_counter()
+    mean, var, info = fit()
+    seconds = time.perf_counter() - start
+    row = {**head, "n_train": xtr.shape[0], "d": xtr.shape[1], "time": seconds,
+           "threads": threads, **scores(yte.numpy(), mean, var), "info": info}
+    with records.open("a") as handle:
+        handle.write(json.dumps(row, default=float) + "\n")
+    print(f"{head['set']:18s} {label:15s} rmse {row['rmse']:.3f} mnll {row['mnll']:7.3f} "
+          f"cov95 {row['cov95']:.3f} time {seconds:7.1f}s", flush=True)
+
+
 def run_seeds(args, records: Path) -> None:
     """The default on split 0 with each of ``args.seeds`` as its ``random_state``."""
     torch.set_num_threads(args.threads)
@@ -344,16 +359,10 @@ def run_seeds(args, records: Path) -> None:
         for seed in args.seeds:
             if (name, seed) in done:
                 continue
-            start = time.perf_counter()
-            mean, var, info = rfgp_default(xtr, ytr, xte, seed=seed)
-            seconds = time.perf_counter() - start
-            row = {"set": name, "n_train": xtr.shape[0], "split": 0, "seed": seed,
-                   "method": "rfgp default", "time": seconds, "threads": args.threads,
-                   **scores(yte.numpy(), mean, var), "info": info}
-            with records.open("a") as handle:
-                handle.write(json.dumps(row, default=float) + "\n")
-            print(f"{name:18s} seed {seed} rmse {row['rmse']:.3f} mnll {row['mnll']:7.3f} "
-                  f"cov95 {row['cov95']:.3f} time {seconds:7.1f}s", flush=True)
+            record_fit(records, {"set": name, "split": 0, "seed": seed,
+                                 "method": "rfgp default"},
+                       partial(rfgp_default, xtr, ytr, xte, seed=seed), xtr, yte, args.threads,
+                       f"seed {seed}")
 
 
 def seed_spread(rows, seeded) -> list:
@@ -398,18 +407,9 @@ def run(args, records: Path) -> None:
                     continue
                 if method == "exact GP" and xtr.shape[0] > EXACT_MAX:
                     continue
-                start = time.perf_counter()
-                mean, var, info = run_method(method, xtr, ytr, xte)
-                seconds = time.perf_counter() - start
-                row = {"set": name, "n_train": xtr.shape[0], "d": xtr.shape[1],
-                       "split": split, "method": method, "time": seconds,
-                       "threads": args.threads, **scores(yte.numpy(), mean, var),
-                       "info": info}
-                with records.open("a") as handle:
-                    handle.write(json.dumps(row, default=float) + "\n")
-                print(f"{name:18s} {split} {method:12s} rmse {row['rmse']:.3f} mnll "
-                      f"{row['mnll']:7.3f} cov95 {row['cov95']:.3f} time {seconds:7.1f}s",
-                      flush=True)
+                record_fit(records, {"set": name, "split": split, "method": method},
+                           partial(run_method, method, xtr, ytr, xte), xtr, yte, args.threads,
+                           f"{split} {method}")
 
 
 # ====================================================================== report
