@@ -1,5 +1,5 @@
-r"""Random Fourier features for shift-invariant kernels: i.i.d., orthogonal (ORF) and structured
-(SORF) frequencies.
+r"""Random Fourier features for shift-invariant kernels: i.i.d., orthogonal (ORF), structured
+(SORF) and randomised quasi-Monte Carlo frequencies.
 
 Bochner's theorem writes a stationary kernel as an expectation over its spectral density,
 :math:`k(x - y) = \mathbb{E}_{\omega \sim p}[\cos(\omega^\top (x - y))]`, so with
@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel
+from scipy import special, stats
 from torch import Tensor
+from torch.quasirandom import SobolEngine
 
-from rfgp._ops import fwht, gaussian, next_power_of_two, rademacher
+from rfgp._ops import fwht, gaussian, generator_device, next_power_of_two, rademacher
 from rfgp._validation import check_choice, check_int, check_tensor
 from rfgp.kernels._base import RandomFeatureKernel
 
@@ -29,6 +32,7 @@ __all__ = [
     "MATERN_NU",
     "SAMPLINGS",
     "sample_frequencies",
+    "radial_quantile",
     "haar_orthogonal",
     "cos_sin_features",
     "stationary_kernel",
@@ -42,7 +46,9 @@ MATERN_NU: Dict[str, Optional[float]] = {
     "matern32": 1.5,
     "matern52": 2.5,
 }
-SAMPLINGS = ("iid", "orthogonal", "structured")
+SAMPLINGS = ("iid", "orthogonal", "structured", "qmc", "qmc_orthogonal")
+#: The samplings that store the frequencies as a dense ``(M, d)`` matrix.
+DENSE_SAMPLINGS = ("iid", "orthogonal", "qmc", "qmc_orthogonal")
 _NO_BATCH = torch.Size()
 
 
@@ -52,6 +58,55 @@ def _student_scale(shape, nu: float, generator) -> Tensor:
     dof = int(round(2 * nu))
     chi2 = gaussian((*shape, dof), generator).pow(2).sum(-1)
     return torch.sqrt(2 * nu / chi2)
+
+
+def radial_quantile(u: Tensor, input_dim: int, nu: Optional[float] = None) -> Tensor:
+    r"""Inverse CDF of the norm :math:`\|\omega\|` of a spectral sample (unit lengthscale).
+
+    For the RBF kernel :math:`\omega \sim N(0, I_d)`, so :math:`\|\omega\| \sim \chi_d`. For
+    Matérn-:math:`\nu`, :math:`\omega` is multivariate Student t with :math:`2\nu` degrees of
+    freedom, so :math:`\|\omega\|^2 / d \sim F(d, 2\nu)` and
+    :math:`\|\omega\| = \sqrt{d\, F^{-1}_{d, 2\nu}(u)}`.
+
+    Args:
+        u: probabilities in ``(0, 1)``, any shape.
+        input_dim: ``d``.
+        nu: ``None`` (RBF) or the Matérn smoothness.
+
+    Returns:
+        Radii, float64, the shape and device of ``u``.
+
+    Example:
+        >>> r = radial_quantile(torch.tensor([0.5]), 1)   # median of |N(0, 1)|
+        >>> round(float(r), 4)
+        0.6745
+    """
+    prob = u.detach().to("cpu", torch.float64).numpy()
+    if nu is None:
+        radius = stats.chi.ppf(prob, input_dim)
+    else:
+        radius = np.sqrt(input_dim * special.fdtri(input_dim, 2.0 * nu, prob))
+    return torch.from_numpy(np.ascontiguousarray(radius)).to(u.device)
+
+
+def _scrambled_sobol(batch_shape, num_points: int, dim: int, generator) -> Tensor:
+    # One independently scrambled Sobol sequence per batch element. SobolEngine takes an integer
+    # seed, not a generator: the seeds are drawn from the generator so that the kernel's seed or
+    # generator (never the global state, unless the caller passes none) fixes the points.
+    if dim > SobolEngine.MAXDIM:
+        raise ValueError(
+            f"input_dim must be at most {SobolEngine.MAXDIM - 1} for quasi-Monte Carlo sampling "
+            f"(a Sobol point has d + 1 coordinates), got {dim - 1}"
+        )
+    count = math.prod(batch_shape)
+    seeds = torch.randint(0, 2**62, (count,), generator=generator,
+                          device=generator_device(generator))
+    points = [SobolEngine(dim, scramble=True, seed=int(seed)).draw(num_points, dtype=torch.float64)
+              for seed in seeds.tolist()]
+    u = torch.stack(points).reshape(*batch_shape, num_points, dim)
+    # The scrambled points lie on the grid k / 2^30 (0 included); the cell midpoints keep the
+    # inverse CDFs finite and are still uniform on the 2^30 cells.
+    return (u + 2.0**-31).to(generator_device(generator))
 
 
 def haar_orthogonal(shape, d: int, generator) -> Tensor:
@@ -80,8 +135,14 @@ def sample_frequencies(
     ``"iid"``: rows drawn independently from the spectral density. ``"orthogonal"``: rows of
     independent Haar-orthogonal ``d x d`` blocks, each row rescaled by an independent draw of the
     norm of a spectral sample (chi_d for the RBF kernel, chi_d times the Student-t scale for
-    Matérn), so every row is marginally exact. Structured sampling is not a dense matrix; see
-    :class:`FourierFeatureKernel`.
+    Matérn), so every row is marginally exact. ``"qmc"``: row ``i`` from the scrambled Sobol
+    point :math:`u_i \in (0, 1)^{d+1}`, direction :math:`z / \|z\|` with
+    :math:`z = \Phi^{-1}(u_{i,1:d})` and radius :math:`F_R^{-1}(u_{i,d+1})`, the inverse CDF of
+    the spectral norm (:func:`radial_quantile`). ``"qmc_orthogonal"``: the directions of
+    ``"orthogonal"`` with the radii :math:`F_R^{-1}(v_i)` of a scrambled one-dimensional Sobol
+    sequence :math:`v` (stratified radii). Every scrambled point is uniform, so in all four
+    schemes every row follows the spectral density and the kernel estimate is unbiased.
+    Structured sampling is not a dense matrix; see :class:`FourierFeatureKernel`.
 
     Returns:
         ``(*batch_shape, num_frequencies, input_dim)`` tensor.
@@ -94,9 +155,22 @@ def sample_frequencies(
         True
     """
     check_choice("spectral", spectral, MATERN_NU)
-    check_choice("sampling", sampling, ("iid", "orthogonal"))
+    check_choice("sampling", sampling, DENSE_SAMPLINGS)
     nu = MATERN_NU[spectral]
     shape = (*batch_shape, num_frequencies)
+    if sampling == "qmc":
+        u = _scrambled_sobol(batch_shape, num_frequencies, input_dim + 1, generator)
+        z = torch.special.ndtri(u[..., :input_dim])  # (*batch, M, d)
+        radius = radial_quantile(u[..., input_dim], input_dim, nu)  # (*batch, M)
+        return z * (radius / z.norm(dim=-1)).unsqueeze(-1)
+    if sampling == "qmc_orthogonal":
+        num_blocks = math.ceil(num_frequencies / input_dim)
+        q = haar_orthogonal((*batch_shape, num_blocks), input_dim, generator)
+        q = q.reshape(*batch_shape, num_blocks * input_dim, input_dim)[..., :num_frequencies, :]
+        # Consecutive runs of 2^k Sobol points are stratified, so with d a power of two every
+        # block's radii and all radii together cover the radial law evenly.
+        v = _scrambled_sobol(batch_shape, num_frequencies, 1, generator)[..., 0]
+        return q * radial_quantile(v, input_dim, nu).unsqueeze(-1)
     if sampling == "iid":
         w = gaussian((*shape, input_dim), generator)
     else:
@@ -194,7 +268,7 @@ def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
 
 
 class FourierFeatureKernel(RandomFeatureKernel):
-    r"""Random Fourier features for the RBF and Matérn kernels (i.i.d., ORF or SORF frequencies).
+    r"""Random Fourier features for RBF and Matérn kernels (i.i.d., ORF, SORF or QMC frequencies).
 
     Approximates GPyTorch's ``RBFKernel`` (``exp(-||x - y||^2 / (2 l^2))``) or
     ``MaternKernel(nu)`` with the same lengthscale ``l``:
@@ -219,13 +293,25 @@ class FourierFeatureKernel(RandomFeatureKernel):
       ``O(M log d)`` time and ``O(M)`` memory. Rows have the fixed norm ``sqrt(d')``, so for RBF
       it is nearly unbiased (bias ``O(z^4 / d)``, Lemma 5 of the paper); for Matérn each row is
       further multiplied by an independent Student-t scale ``sqrt(2 nu / chi2_{2 nu})``.
+    * ``"qmc"``: randomised quasi-Monte Carlo. Frequency ``i`` comes from a scrambled Sobol
+      point ``u_i`` in ``(0, 1)^{d+1}``: direction ``z / |z|`` with ``z = Phi^{-1}(u_i[:d])``
+      (the Gaussian inverse CDF), radius ``F_R^{-1}(u_i[d])`` with ``F_R`` the law of the norm
+      of a spectral sample (``chi_d`` for RBF, ``sqrt(d F(d, 2 nu))`` for Matérn). Each scrambled
+      point is uniform, so each row follows the spectral density: unbiased; the points' even
+      spread lowers the variance.
+    * ``"qmc_orthogonal"``: ORF's Haar-orthogonal directions with radii ``F_R^{-1}(v_i)`` from a
+      scrambled one-dimensional Sobol sequence ``v`` (stratified radii). Unbiased.
+
+    The Sobol sequences are seeded by integers drawn from the kernel's generator (``seed`` or the
+    generator passed to :meth:`resample`).
 
     With ARD lengthscales the inputs are scaled (``x / l``), never the orthogonal frequencies.
 
     Args:
         num_features: ``D``, the number of feature columns (even: cos and sin per frequency).
         spectral: ``"rbf"``, ``"matern12"``, ``"matern32"`` or ``"matern52"``.
-        sampling: ``"iid"``, ``"orthogonal"`` or ``"structured"``.
+        sampling: ``"iid"``, ``"orthogonal"``, ``"structured"``, ``"qmc"`` or
+            ``"qmc_orthogonal"``.
         input_dim: ``d``; inferred from the first input when ``None``.
         seed: seed of the initial draw; the same seed gives the same features.
         pad_to: structured sampling only: zero-pad the inputs to at least this dimension
@@ -256,6 +342,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
     References:
         Rahimi & Recht, *Random Features for Large-Scale Kernel Machines*, NIPS 2007.
         Yu, Suresh, Choromanski, Holtmann-Rice, Kumar, *Orthogonal Random Features*, NIPS 2016.
+        Owen, *Scrambling Sobol' and Niederreiter-Xing points*, J. Complexity 1998.
     """
 
     has_lengthscale = True
@@ -303,7 +390,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     def _sample_weights(self, input_dim: int, generator) -> Dict[str, Tensor]:
         m = self.num_frequencies
-        if self.sampling != "structured":
+        if self.sampling in DENSE_SAMPLINGS:
             w = sample_frequencies(m, input_dim, self.spectral, self.sampling, self.batch_shape,
                                    generator)
             return {"frequencies": w}
@@ -330,7 +417,7 @@ class FourierFeatureKernel(RandomFeatureKernel):
             0.0
         """
         self.ensure_weights(x)
-        if self.sampling != "structured":
+        if self.sampling in DENSE_SAMPLINGS:
             return x @ self.frequencies.to(x.dtype).transpose(-1, -2)
         input_dim = x.shape[-1]
         if input_dim <= self.structured_dense_max_dim and x.shape[-2] > input_dim:

@@ -33,6 +33,8 @@ FEATURE_KERNELS: Dict[str, Factory] = {
         32, spectral="matern52", sampling="orthogonal", **kw),
     "fourier-structured-matern12": lambda **kw: FourierFeatureKernel(
         32, spectral="matern12", sampling="structured", **kw),
+    "fourier-qmc-matern32": lambda **kw: FourierFeatureKernel(
+        32, spectral="matern32", sampling="qmc", **kw),
     "sketch-gaussian-real": lambda **kw: PolynomialSketchKernel(
         3, 16, bias=1.0, projection="gaussian", **kw),
     "sketch-rademacher-real": lambda **kw: PolynomialSketchKernel(2, 16, **kw),

@@ -411,7 +411,7 @@ def test_unknown_spectral_and_sampling():
     with pytest.raises(ValueError, match=r"spectral must be one of .*'matern'"):
         FourierFeatureKernel(8, spectral="matern")
     with pytest.raises(ValueError, match=r"sampling must be one of .*'qmc'"):
-        FourierFeatureKernel(8, sampling="qmc")
+        FourierFeatureKernel(8, sampling="halton")
     with pytest.raises(ValueError, match=r"sampling must be one of"):
         sample_frequencies(4, 2, sampling="structured")
     with pytest.raises(ValueError, match=r"spectral must be one of"):
