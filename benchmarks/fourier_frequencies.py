@@ -254,6 +254,29 @@ def write_markdown(rows, path: Path) -> None:
             "| score | " + " | ".join(schemes) + " |", "|---|" + "---|" * len(schemes)]
     for key, label in (("mnll_gap", "MNLL gap"), ("kl", "KL")):
         out.append(f"| {label} | " + " | ".join(str(wins[key][s]) for s in schemes) + " |")
+    if "orthogonal" in schemes:
+        others = [s for s in schemes if s != "orthogonal"]
+        out += ["", "Against `orthogonal` (today's ORF): rows (set, D) where a scheme's mean is "
+                "lower / higher by more than two standard errors of the difference of the means "
+                "(independent seeds), out of the rows measured:", "",
+                "| score | " + " | ".join(others) + " |", "|---|" + "---|" * len(others)]
+        for key, label in (("mnll_gap", "MNLL gap"), ("kl", "KL")):
+            counts = []
+            for scheme in others:
+                better = worse = total = 0
+                for name in sets:
+                    for num_features in features:
+                        a = cell(name, scheme, num_features, key)
+                        b = cell(name, "orthogonal", num_features, key)
+                        if len(a) < 2 or len(b) < 2:
+                            continue
+                        total += 1
+                        diff = np.mean(a) - np.mean(b)
+                        se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+                        better += diff < -2 * se
+                        worse += diff > 2 * se
+                counts.append(f"{better} / {worse} of {total}")
+            out.append(f"| {label} | " + " | ".join(counts) + " |")
     write_page(path, "\n".join(out) + "\n")
 
 
