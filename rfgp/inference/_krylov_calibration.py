@@ -89,7 +89,7 @@ __all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
            "krylov_scale_calibration"]
 
 #: A root farther than this from every solved point (in log c) gets a run of its own.
-ACCEPT_RADIUS = math.log(1.05)
+ACCEPT_RADIUS = math.log(1.5)
 #: The root is searched within this distance (in log c) of the solved points.
 SEARCH_RADIUS = math.log(1e3)
 #: The log-determinant is carried from the cold run nearest the root; a root farther than

@@ -18,8 +18,8 @@ than the same time spent on more features or on the local stage.
 Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
 are chosen, and the scales started, by the evidence of a
 :data:`~rfgp.recipes._schedule.CHOICE_FEATURES`-feature model; the ``D``-feature model's own
-scales then come from :func:`~rfgp.recipes._iterative_calibration.calibrate_by_products`, and it
-is fitted by conjugate gradients.
+scales then come from :func:`~rfgp.inference._krylov_calibration.calibrate_by_krylov` (one
+Galerkin subspace of CG runs serves every scale), and it is fitted by conjugate gradients.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from torch import Tensor
 from rfgp._validation import check_choice, check_positive
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._krylov_calibration import calibrate_by_krylov
 from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
@@ -46,7 +47,6 @@ from rfgp.recipes._calibration import (
     spectral_statistics,
 )
 from rfgp.recipes._context import RecipeContext
-from rfgp.recipes._iterative_calibration import calibrate_by_products
 from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data
@@ -169,7 +169,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         start = (factor, calibrated)
         cache = _cache_bytes(ctx.x, ctx.schedule.num_features) if iterative else 0
         if iterative and ctx.options.calibrate:
-            result = calibrate_by_products(
+            result = calibrate_by_krylov(
                 _final_kernel(ctx, centre, outputscale, False), ctx.x, ctx.y, calibrated,
                 factor=factor, noise_floor=floor, condition=condition, cache_bytes=cache,
                 generator=torch.Generator().manual_seed(ctx.options.seed))
@@ -191,6 +191,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                     "standard_error": result.standard_error,
                     "gradient_standard_error": result.gradient_standard_error,
                     "rank": result.rank, "iterations": result.iterations,
+                    "products": result.products,
                 }
         solve = {"solve": "cg", "cache_bytes": cache} if iterative else {}
         gp = RandomFeatureGP(kernel, noise=noise_data, **solve)
@@ -285,7 +286,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     with torch.no_grad():
         if path == "cg":
             cache = _cache_bytes(x, width)
-            result = calibrate_by_products(kernel, x, y, noise, noise_floor=noise_floor,
+            result = calibrate_by_krylov(kernel, x, y, noise, noise_floor=noise_floor,
                                            condition=condition, cache_bytes=cache,
                                            generator=torch.Generator().manual_seed(seed))
             factor, noise = result.factor, result.noise

@@ -138,3 +138,17 @@ def test_the_scales_agree_at_a_larger_width(columns):
     assert out.noise == pytest.approx(sigma2, rel=0.01)
     at_point = _exact_log_evidence(exact, out.factor, out.noise)
     assert out.log_evidence == pytest.approx(at_point, abs=_SPREAD * out.standard_error)
+
+
+def test_the_condition_bound_caps_the_ratio():
+    # A target the features fit exactly drives the noise down without bound; the bound
+    # holds c lambda_max(G) at 1 / condition (with the sketch's top eigenvalue, at most the
+    # true one).
+    kernel, x, _ = _problem()
+    with torch.no_grad():
+        y = kernel.base_kernel.features(x) @ torch.randn(512, generator=gen(4), dtype=DT)
+    y = y - y.mean()
+    top = float(feature_model_evidence(kernel, x, y).eigenvalues.max())
+    out = calibrate_by_krylov(kernel, x, y, 1.0, condition=1e-8, generator=gen(5))
+    assert out.factor / out.noise <= 1.0 / (1e-8 * top) * 1.05
+    assert math.isfinite(out.log_evidence) and out.noise > 0
