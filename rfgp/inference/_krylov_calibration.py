@@ -98,6 +98,9 @@ COLD_RADIUS = math.log(2.0)
 #: Column solves the sketch's rank is sized for (per right-hand side): a first run and, at
 #: most, one warm-started one.
 SKETCH_SOLVES = 2
+#: The probe columns' relative CG residual: their forms' error stays far below the
+#: Hutchinson spread they carry.
+PROBE_TOLERANCE = 1e-5
 # Rows of features formed at once.
 _CHUNK_ROWS = 4096
 # Subspace directions whose Gram eigenvalue falls below this fraction of the largest (after
@@ -143,11 +146,12 @@ class KrylovCalibration:
 
 
 def _recorded_cg(gram: Callable[[Tensor], Tensor], scale: float, rhs: Tensor,
-                 precondition: Callable[[Tensor], Tensor], tolerance: float,
+                 precondition: Callable[[Tensor], Tensor], tolerance: Tensor,
                  max_iterations: int, initial: Optional[Tensor] = None
                  ) -> Tuple[CGResult, List[Tensor], List[Tensor]]:
     """Preconditioned CG on :math:`(I + c G) X = R` (``c = scale``), every column its own
-    system, keeping each iteration's search directions and their images under ``G``.
+    system stopped at its own relative residual (``tolerance``, ``(k,)``), keeping each
+    iteration's search directions and their images under ``G``.
 
     Returns ``(result, directions, images)``: the :class:`CGResult` (its coefficients give
     the Lanczos tridiagonals of a cold start) and per iteration the ``(W, k')`` directions
@@ -172,8 +176,11 @@ def _recorded_cg(gram: Callable[[Tensor], Tensor], scale: float, rhs: Tensor,
         if not bool(active.any()):
             break
         iterations += 1
-        image = gram(direction)  # (W, k)
-        directions.append(direction[:, active])
+        # Only the active columns are multiplied: a converged column costs nothing more.
+        moving = direction[:, active]
+        image = torch.zeros_like(direction)  # (W, k)
+        image[:, active] = gram(moving)
+        directions.append(moving)
         images.append(image[:, active])
         full = direction + scale * image
         curvature = (direction * full).sum(0)
@@ -264,6 +271,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
                              factor: float = 1.0, noise_floor: float = 0.0,
                              condition: float = 0.0, num_probes: int = 8,
                              rank: Optional[int] = None, tolerance: float = 1e-8,
+                             probe_tolerance: float = PROBE_TOLERANCE,
                              max_runs: int = 4, max_iterations: int = 1000,
                              max_rank: Optional[int] = None,
                              generator: Optional[torch.Generator] = None) -> KrylovCalibration:
@@ -285,7 +293,9 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         num_probes: Rademacher probes (at least 2).
         rank: a fixed Nyström rank (``None``: the sketch's automatic rule, sized for the
             runs' column solves, and grown where a run meets a worse condition).
-        tolerance: the CG runs' relative residual.
+        tolerance: the CG runs' relative residual on the target columns.
+        probe_tolerance: the relative residual on the probe columns (at least
+            ``tolerance``).
         max_runs: the most CG runs (at least 1).
         max_iterations: CG iterations per run.
         max_rank: a cap on the automatic rank (default: the memory cap).
@@ -319,6 +329,9 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
     condition = check_real("condition", condition, low=0.0)
     num_probes = check_int("num_probes", num_probes, minimum=2)
     max_runs = check_int("max_runs", max_runs)
+    tolerance = check_real("tolerance", tolerance, low=0.0, high=1.0, low_inclusive=False)
+    probe_tolerance = check_real("probe_tolerance", probe_tolerance, low=0.0, high=1.0,
+                                 low_inclusive=False)
     max_iterations = check_int("max_iterations", max_iterations)
     if rank is not None:
         rank = check_int("rank", rank, minimum=0)
@@ -358,6 +371,11 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(device)
         subspace = _Subspace()
+        # The targets' quadratic forms enter Q(c), whose relative error the CG residual bounds;
+        # the probes' forms carry the Hutchinson spread, far above a looser solve's error.
+        tolerances = torch.full((t + num_probes,), tolerance, dtype=torch.float64,
+                                device=device)
+        tolerances[t:] = max(tolerance, probe_tolerance)
         phase[0] = "runs"
         runs: List[float] = []
         iterations: List[int] = []
@@ -393,7 +411,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
                 initial = subspace.solution(basis_map, coefficients)
             columns = forms[:, :t + num_probes]  # the right-hand sides [b, P^{1/2} v]
             result, directions, images = _recorded_cg(counted, c, columns, pre.inverse,
-                                                      tolerance, max_iterations, initial)
+                                                      tolerances, max_iterations, initial)
             if initial is not None:
                 counts["runs"] += columns.shape[1]  # the starting residual's product
             runs.append(log_c)
@@ -506,8 +524,9 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                         factor: float = 1.0, noise_floor: float = 0.0,
                         condition: float = 0.0, num_probes: int = 8,
                         rank: Optional[int] = None, cache_bytes: int = 1 << 30,
-                        tolerance: float = 1e-8, max_runs: int = 4,
-                        generator: Optional[torch.Generator] = None) -> KrylovCalibration:
+                        tolerance: float = 1e-8, probe_tolerance: float = PROBE_TOLERANCE,
+                        max_runs: int = 4, generator: Optional[torch.Generator] = None
+                        ) -> KrylovCalibration:
     r"""The outputscale factor and noise that maximise the evidence of ``kernel``'s feature
     model on ``(x, y)``, by :func:`krylov_scale_calibration` on products with its features
     over row chunks (the ``N x D`` matrix is kept only as far as ``cache_bytes`` allows).
@@ -516,8 +535,8 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         kernel: a random-feature kernel (or a ``ScaleKernel`` around one, or a sum of such)
             with its hyperparameters set; its outputscale is the reference of ``factor``.
         x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
-        noise, factor, noise_floor, condition, num_probes, rank, tolerance, max_runs,
-            generator: as in :func:`krylov_scale_calibration`.
+        noise, factor, noise_floor, condition, num_probes, rank, tolerance,
+            probe_tolerance, max_runs, generator: as in :func:`krylov_scale_calibration`.
         cache_bytes: bytes of feature rows kept across the products.
 
     Returns:
@@ -553,4 +572,5 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     return krylov_scale_calibration(
         lambda v: op.gram(v, [0] * v.shape[1]), b, float(columns.square().sum()), n, noise,
         factor=factor, noise_floor=noise_floor, condition=condition, num_probes=num_probes,
-        rank=rank, tolerance=tolerance, max_runs=max_runs, generator=generator)
+        rank=rank, tolerance=tolerance, probe_tolerance=probe_tolerance, max_runs=max_runs,
+        generator=generator)

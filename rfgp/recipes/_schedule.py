@@ -6,10 +6,16 @@ seconds at ``machine_rate``. The final fit takes at most :data:`FINAL_SHARE` of 
 what the first search leaves where that is less: its feature count ``D`` is the largest power
 of two whose fit (the Gram matrix, its eigendecomposition for the calibration, the refit) fits
 there, because the features' error shrinks only as :math:`D^{-1/2}` while the fit grows as
-:math:`N D^2`. The evidence search on the subsample always runs; the refinement's rows, the
-local stage's starts and the cross-validated choice of the bound take what the budget leaves,
-in that order, and what is left then doubles the final ``D`` while it fits. The default
-budget, :func:`default_budget`, grows linearly with ``N``.
+:math:`N D^2`. The evidence search on the subsample always runs; the refinement's rows take
+at most :data:`REFINE_SHARE` of the budget and the local stage's starts at most
+:data:`LOCAL_SHARE` (its later starts rarely move the lengthscales, while the final model
+stays feature-limited until ``D`` approaches the rows); the rest buys the final ``D``: the
+largest whose fit, on its cheapest path, the budget less those shares pays for (beyond the
+weight-space limit the CG path with the Krylov calibration,
+:mod:`~rfgp.inference._krylov_calibration`, costs a few CG fits). Every stage's share grows
+with the budget, so more budget never buys fewer features, rows or starts. The
+cross-validated choice of the bound takes what is left. The default budget,
+:func:`default_budget`, grows linearly with ``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
 fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
@@ -57,15 +63,25 @@ MAX_ITERATIVE_FEATURES = 65536
 #: Features of the weight-space calibration that chooses among the candidates and starts the
 #: iterative calibration of a larger final model.
 CHOICE_FEATURES = 2048
-#: What the cost model expects of the iterative calibration: evaluations of its root search,
-#: preconditioned CG iterations per solve, probes, and the Nyström rank. The iterations grow
-#: with the signal-to-noise ratio: 8 to 9 were measured on 57,247 noisy rows; on 13,500 rows
-#: of noise 0.007 at 8,192 features, 59 to 114 at rank 512 and 35 to 67 at the rank 1,024
-#: that the sketch's cost rule chose there. The model takes the larger rank and iterations.
+#: What the cost model expects of the iterative calibration
+#: (:mod:`~rfgp.inference._krylov_calibration`), in full-length CG runs over the target and
+#: probe columns (a cold run where the recipe starts it and, where the root lies beyond the
+#: accepted radius, a warm-started one, shorter), preconditioned CG iterations per run,
+#: probes, and the Nyström rank (the sketch's automatic rule stops at 512 unless doubling
+#: pays over the runs' few solves). The iterations grow with the signal-to-noise ratio: 8 to
+#: 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at 8,192 features
+#: the sketch's rule chose rank 1,024 and the runs took 100 and 70 iterations, about twice
+#: the model, whose constants are those of the typical, noisier set.
+#: ``CALIBRATION_EVALUATIONS`` is the evaluations of the root search that solves at every c.
+CALIBRATION_RUNS = 1.5
 CALIBRATION_EVALUATIONS = 8
-CG_ITERATIONS = 70
+CG_ITERATIONS = 40
 CALIBRATION_PROBES = 8
-SKETCH_RANK = 1024
+SKETCH_RANK = 512
+#: Share of the budget the local stage's starts may take: beyond it the budget buys features
+#: (the local stage's later starts rarely move the lengthscales; the features' error falls
+#: as D^{-1/2} until D reaches the rows).
+LOCAL_SHARE = 0.2
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
 #: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
@@ -170,13 +186,14 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     calibration at :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then, on
     cached features (:math:`N D (d + 4)` each for the calibration and the fit), one Nyström
     sketch of rank :math:`r` (:math:`2 N D r`, and :math:`8 D r^2` to factorise it), which
-    the fit reuses at the root, :math:`E` evaluations of :math:`I` CG iterations over the
-    target and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the fit's :math:`I`
-    iterations:
+    the fit reuses at the root, :math:`R` Krylov runs of :math:`I` CG iterations over the
+    target and :math:`p` probe columns (:math:`2 N D (1 + p)` each), the Galerkin projection
+    onto their :math:`s = r + R I (1 + p)` directions (:math:`2 D s^2`) and the fit's
+    :math:`I` iterations:
 
     .. math::
-        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 2 r + 8 r^2 / N
-            + 2 I (E (1 + p) + 1)\big).
+        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 2 r + 8 r^2 / N + 2 s^2 / N
+            + 2 I (R (1 + p) + 1)\big).
 
     Example:
         >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
@@ -184,8 +201,9 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     """
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    per_column = 2 * CG_ITERATIONS * (CALIBRATION_EVALUATIONS * (1 + CALIBRATION_PROBES) + 1)
-    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n
+    per_column = 2 * CG_ITERATIONS * (CALIBRATION_RUNS * (1 + CALIBRATION_PROBES) + 1)
+    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * (1 + CALIBRATION_PROBES)
+    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
     return choice + n * m * (2 * (input_dim + 4) + sketch + per_column)
 
 
@@ -294,7 +312,7 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         >>> from rfgp.recipes._options import RegressionOptions
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
         >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
-        (4096, 2000, 'features', True)
+        (16384, 2000, 'features', True)
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
@@ -349,7 +367,13 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         block_hessian = (d + 3) * blocks if opts.lengthscale_draws else 0.0
         second = (final_path(n, features, d, opts.solve, 2, forced)[1]
                   - final_path(n, features, d, opts.solve, 1, forced)[1])
-        local_starts = int(max(0.0, total - spent - block_hessian - second) // per_start)
+        # Its starts come from its own share of the budget (the second candidate's
+        # calibration counted at the choice's features, its most), so that more budget
+        # never buys fewer starts.
+        choice_second = (final_fit_cost(n, CHOICE_FEATURES, d, 2)
+                         - final_fit_cost(n, CHOICE_FEATURES, d, 1))
+        local_starts = int(max(0.0, LOCAL_SHARE * total - block_hessian - choice_second)
+                           // per_start)
         local_starts = min(local_starts, d + 1)
         if local_starts:
             predicted["local"] = local_starts * per_start / rate
@@ -358,14 +382,37 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     if hessian:
         predicted["laplace"] = hessian / rate
         spent += hessian
-    # What the stages leave goes to the final fit's features.
-    candidates = 2 if local_starts else 1
-    while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
-        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
-                 - final_path(n, features, d, opts.solve, candidates)[1])
-        if spent + extra > total:
-            break
-        features, spent = 2 * features, spent + extra
+    # What the stages leave goes to the final fit's features: the largest D whose fit (on
+    # its cheapest path: a CG fit beyond the weight-space limit can cost less than the
+    # weight-space fit below it) the rest of the budget pays for. It only grows with the
+    # budget, as every other stage's share does.
+    # The rest is the budget less the first search, the most the Hessian can cost, and the
+    # refinement's and the local stage's shares (or what they cost at their most rows and
+    # starts, where less): bounds that grow with the budget, unlike the stages' costs, which
+    # jump as their rows double.
+    candidates = 2 if local_possible else 1
+    if opts.num_features is None:
+        most_rows = min(n, opts.refine_rows) if opts.refine_iterations else subsample
+        most_hessian = 0.0
+        if opts.lengthscale_draws:
+            most_hessian = (d + 3) * max(
+                search, feature_evidence_cost(most_rows, search_features, d),
+                exact_evidence_cost(most_rows, d, opts.exact_rows) if local_possible else 0.0)
+        rest = total - first - most_hessian
+        if refine_rows:
+            evaluations = opts.refine_iterations * EVALUATIONS_PER_ITERATION
+            rest -= min(REFINE_SHARE * total,
+                        evaluations * feature_evidence_cost(most_rows, search_features, d))
+        if local_possible:
+            blocks = exact_evidence_cost(most_rows, d, opts.exact_rows)
+            most_local = ((d + 1) * LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
+                          + final_fit_cost(n, CHOICE_FEATURES, d, 2)
+                          - final_fit_cost(n, CHOICE_FEATURES, d, 1))
+            rest -= min(LOCAL_SHARE * total, most_local)
+        current = final_path(n, features, d, opts.solve, candidates)[1]
+        larger = _final_features(n, d, max(rest, current), features, opts.solve, candidates)
+        spent += final_path(n, larger, d, opts.solve, candidates)[1] - current
+        features = larger
     # The bound's cross-validated choice: where the search holds every row, two searches
     # per fold on the other rows.
     choose_bound = False

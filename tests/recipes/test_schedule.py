@@ -54,8 +54,10 @@ def test_the_schedule_is_monotone_in_the_rows():
     assert budgets == sorted(budgets)
     assert [p.subsample for p in plans] == sorted(p.subsample for p in plans)
     assert [p.refine_rows for p in plans] == sorted(p.refine_rows for p in plans)
-    # At a fixed budget, more rows never buy more features.
-    fixed = [_plan(n, time_budget=60.0).num_features for n in ROWS]
+    # At a fixed budget, more rows never buy more features on one path (the CG path beyond
+    # the weight-space limit opens only where the rows are at least the features, so there
+    # a larger set may afford more features than a smaller one is allowed).
+    fixed = [_plan(n, time_budget=60.0, solve="weight").num_features for n in ROWS]
     assert fixed == sorted(fixed, reverse=True)
 
 
@@ -109,9 +111,14 @@ def test_machine_rate_is_a_positive_rate():
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
     from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
-    # The default budget at the reference rate stays on the weight-space path ...
+    # The default budget at the reference rate stays on the weight-space path below
+    # 2 * 10^4 rows, and beyond takes at least 16,384 features by CG (4 * 10^4 rows of 9
+    # inputs on two cores: the Krylov calibration costs a few CG fits) ...
     for n in ROWS:
-        assert _plan(n).final_solve == "weight"
+        assert _plan(n).final_solve == "weight" or n >= 20000
+    default = _plan(40000, d=9)
+    assert default.final_solve == "cg" and default.num_features >= 16384
+    assert sum(default.predicted.values()) <= default.budget
     # ... a larger one buys more features by CG, never more than the rows, ...
     for n in (20000, 40000, 100000):
         plan = _plan(n, time_budget=2000.0)
@@ -157,3 +164,31 @@ def test_exact_evidence_cost_names_its_bad_arguments(args, error):
     # A negative block size used to halve forever; a NaN row count returned NaN.
     with pytest.raises(error, match="num_rows|input_dim|block_rows"):
         exact_evidence_cost(*args)
+
+
+BUDGET_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+
+
+@pytest.mark.parametrize("solve", ["auto", "cg", "weight"])
+@pytest.mark.parametrize("d", [4, 9, 26])
+def test_more_budget_never_buys_less(solve, d):
+    # The plan is a function of the budget in which every stage's share only grows: the
+    # final D, the refinement's rows and the local stage's starts.
+    for n in ROWS:
+        plans = [_plan(n, d=d, solve=solve, time_budget=factor * default_budget(n))
+                 for factor in BUDGET_FACTORS]
+        for field in ("num_features", "refine_rows", "local_starts", "subsample"):
+            values = [getattr(p, field) for p in plans]
+            assert values == sorted(values), (n, field, values)
+
+
+def test_more_budget_goes_to_features_while_they_are_below_the_rows():
+    # Past the first local starts the budget buys features, not more starts: at 2x the
+    # default the final model on 4 * 10^4 rows has more features than at 1x, and the local
+    # stage takes at most its share.
+    from rfgp.recipes._schedule import LOCAL_SHARE
+
+    one, two = _plan(40000, d=9), _plan(40000, d=9, time_budget=2 * default_budget(40000))
+    assert two.num_features > one.num_features
+    for plan in (one, two):
+        assert plan.predicted.get("local", 0.0) <= LOCAL_SHARE * plan.budget
