@@ -192,3 +192,43 @@ def test_more_budget_goes_to_features_while_they_are_below_the_rows():
     assert two.num_features > one.num_features
     for plan in (one, two):
         assert plan.predicted.get("local", 0.0) <= LOCAL_SHARE * plan.budget
+
+
+@pytest.mark.slow
+def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
+    # On 400 rows the plan buys 512 features at half a second and 16,384 (function space) at
+    # one; the searches are the same, so the two final models differ in D alone. The larger
+    # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
+    # feature draws (three standard deviations of five draws).
+    from rfgp.recipes import FitReport, fit_auto, make_ard_kernel
+    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.recipes._refit import feature_model_evidence
+    from rfgp.recipes._start import set_hyperparameters
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(400, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0]) * torch.cos(3 * x[:, 1])
+    y = y + 0.1 * torch.randn(400, generator=g, dtype=torch.float64)
+    options = dict(seed=0, local_search=False, lengthscale_draws=0, cv_folds=0)
+    reports = []
+    for budget in (0.5, 1.0):
+        report = FitReport()
+        fit_auto(x, y, time_budget=budget, report=report, **options)
+        reports.append(report)
+    small, large = reports
+    assert (small.num_features, large.num_features) == (512, 16384)
+    assert torch.allclose(small.lengthscale, large.lengthscale)
+
+    def evidence(report):
+        return -report.calibration["evidence"][report.calibration["chosen"]]
+
+    draws = []
+    centred = y - y.mean()
+    for seed in range(5):
+        kernel = make_ard_kernel(512, 2, seed=seed)
+        set_hyperparameters(kernel, small.lengthscale, torch.tensor(1.0, dtype=torch.float64))
+        _, _, loss = maximize_scale_evidence(feature_model_evidence(kernel, x, centred), 0.1)
+        draws.append(-loss / 400)
+    spread = float(torch.tensor(draws).std())
+    assert evidence(large) >= evidence(small) - 3 * spread, (evidence(large), evidence(small),
+                                                             spread)
