@@ -42,8 +42,9 @@ image :math:`G \Omega` the sketch holds. A preconditioner breaks the shift invar
 Krylov space itself, not that of a Galerkin projection: the projection is exact at
 :math:`c_0` to the solve's tolerance and degrades slowly away from it, so the root search
 runs on the projection, and where the root lies farther than :data:`ACCEPT_RADIUS` (in
-:math:`\log c`) from every solved point, one more run there (warm-started from the
-projection, so it takes few iterations) adds its directions.
+:math:`\log c`) from every solved point, one more run there adds its directions
+(warm-started from the projection within :data:`COLD_RADIUS` of the anchor below, cold
+beyond it or where the sketch has grown since).
 
 The trace is Hutchinson's with the preconditioner as control variate,
 
@@ -52,8 +53,10 @@ The trace is Hutchinson's with the preconditioner as control variate,
         + \mathbb E\big[w_j^\top A_c^{-1} z_j - v_j^\top P_c^{-1} v_j\big],
     \qquad w_j = P_{c_0}^{-1/2} v_j,
 
-(:math:`\mathrm{tr}\,P_c^{-1}` and :math:`v^\top P_c^{-1} v` are exact), and the
-log-determinant is Lanczos quadrature at :math:`c_0` (the first run's CG coefficients:
+(:math:`\mathrm{tr}\,P_c^{-1}` and :math:`v^\top P_c^{-1} v` are exact; :math:`P_{c_0}`
+is the preconditioner of the anchor, the latest cold run, whose probes are
+:math:`z_j`), and the log-determinant is Lanczos quadrature at the anchor's :math:`c_0`
+(its CG coefficients:
 :math:`\log|A_{c_0}| = \log|P_{c_0}| + \mathbb E[v^\top \log(P_{c_0}^{-1/2} A_{c_0}
 P_{c_0}^{-1/2}) v]`), carried to any :math:`c` by
 
@@ -92,8 +95,9 @@ __all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
 ACCEPT_RADIUS = math.log(1.5)
 #: The root is searched within this distance (in log c) of the solved points.
 SEARCH_RADIUS = math.log(1e3)
-#: The log-determinant is carried from the cold run nearest the root; a root farther than
-#: this from every cold run gets a cold run (its own Lanczos quadrature).
+#: The log-determinant is carried from the latest cold run (the anchor); a run farther than
+#: this from the anchor is cold itself (its own Lanczos quadrature), nearer ones are
+#: warm-started from the projection.
 COLD_RADIUS = math.log(2.0)
 #: Column solves the sketch's rank is sized for (per right-hand side): a first run and, at
 #: most, one warm-started one.
