@@ -14,6 +14,11 @@ G)^{-1} b_t`, which leaves the profile
     \frac{\partial}{\partial \log c} = T\big(D - \mathrm{tr}(I + c G)^{-1}\big)
         - N T\, \frac{c \sum_t \|u_t\|^2}{Q(c)},\quad u_t = (I + c G)^{-1} b_t .
 
+Where :math:`\sigma^2(c)` falls below the floor :math:`\sigma_0^2`, the constrained maximum
+holds the noise at the floor, and the profile's derivative is the same with :math:`Q(c) / (N
+T)` replaced by :math:`\sigma_0^2` (the derivative of :math:`Q(c)/\sigma_0^2` in
+:math:`\log c` is :math:`-c \sum_t \|u_t\|^2 / \sigma_0^2`): the noise in the slope is
+:math:`\max(Q(c)/(N T), \sigma_0^2)`, continuous in :math:`c`.
 Its root in :math:`\log c` is found by bracketing and the Illinois rule. Each evaluation is one
 preconditioned CG solve on :math:`I + c G` whose right-hand sides are the :math:`b_t` and
 Rademacher probes :math:`P^{1/2} v`: the trace is estimated by Hutchinson's method with the
@@ -185,7 +190,12 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             trace_error = float(samples.std()) / math.sqrt(num_probes)
             logdets = pre.logdet() + width * lanczos_log_quadrature(
                 result, list(range(t, t + num_probes)))
-            slope = t * (width - trace) - n * t * c * float(u.square().sum()) / max(quad, 1e-300)
+            # The slope of the profile over the noise held at or above its floor: where the
+            # unconstrained noise Q / (N T) falls below the floor, the maximum is over the
+            # factor at the floor's noise, and Q / sigma^2's derivative in log c is
+            # -c ||u||^2 / sigma^2 with sigma^2 the floor (continuous across the switch).
+            noise_at = max(quad / (n * t), noise_floor, 1e-300)
+            slope = t * (width - trace) - c * float(u.square().sum()) / noise_at
             records[log_c] = dict(quad=quad, trace_error=trace_error,
                                   logdet=float(logdets.mean()),
                                   logdet_error=float(logdets.std()) / math.sqrt(num_probes),
