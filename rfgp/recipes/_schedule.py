@@ -18,13 +18,14 @@ fit is reproducible; the report compares each stage's predicted seconds with its
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict
 
 import torch
 
-from rfgp._validation import check_int
+from rfgp._validation import check_dtype, check_int
 from rfgp.inference._blocks import kd_levels
 
 __all__ = [
@@ -119,21 +120,31 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
         num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
         block_rows: the most rows of a block (0: one block of every row).
 
+    Returns:
+        The multiply-adds as a float; ``math.inf`` where they exceed the float range.
+
     Raises:
         TypeError / ValueError: for a non-integer or out-of-range argument.
 
     Example:
         >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
         True
+        >>> exact_evidence_cost(10**200, 4)
+        inf
     """
     num_rows = check_int("num_rows", num_rows)
     input_dim = check_int("input_dim", input_dim, minimum=0)
     block_rows = check_int("block_rows", block_rows, minimum=0)
-    if block_rows and num_rows > block_rows:
-        blocks = 2 ** kd_levels(num_rows, block_rows)
-        return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)
-    n = float(num_rows)
-    return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
+    try:
+        if block_rows and num_rows > block_rows:
+            blocks = 2 ** kd_levels(num_rows, block_rows)
+            # ceil(num_rows / blocks) in integers: a float quotient of huge counts overflows.
+            return blocks * exact_evidence_cost(-(-num_rows // blocks), input_dim)
+        n = float(num_rows)
+        return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
+    except OverflowError:
+        # A count of multiply-adds beyond the float range: more than any budget holds.
+        return math.inf
 
 
 def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
@@ -301,7 +312,10 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     n, d, opts = num_rows, input_dim, options
     budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
     rate = opts.machine_rate
-    total = budget * rate
+    # Multiply-adds beyond the float range (a budget of 1e300 s) are an unbounded budget: held
+    # at the largest float, so that what the stages leave stays a number (inf - inf is NaN,
+    # and NaN compares false with every cost).
+    total = min(budget * rate, sys.float_info.max)
     # The final fit first: its share decides D, for the candidates it may have to choose
     # among (the refinement's end and, where a local stage can run, its best).
     subsample = min(n, opts.subsample)
@@ -361,9 +375,11 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     # What the stages leave goes to the final fit's features.
     candidates = 2 if local_starts else 1
     while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
-        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
-                 - final_path(n, features, d, opts.solve, candidates)[1])
-        if spent + extra > total:
+        path, cost = final_path(n, 2 * features, d, opts.solve, candidates)
+        extra = cost - final_path(n, features, d, opts.solve, candidates)[1]
+        # No path at 2 D (beyond every cap the solve allows) ends the doubling whatever the
+        # budget; so does a cost beyond what is left (NaN included: "not <=").
+        if path is None or not extra <= total - spent:
             break
         features, spent = 2 * features, spent + extra
     # The bound's cross-validated choice: where the search holds every row, two searches
@@ -393,7 +409,8 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
 def measure_machine_rate(size: int = 1024, repeats: int = 3,
                          dtype: torch.dtype = torch.float64) -> float:
     """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
-    of ``repeats``): pass it as ``machine_rate`` to budget in this machine's seconds.
+    of ``repeats``) in the floating ``dtype`` (a ``torch.dtype`` or its name, e.g.
+    ``"float32"``): pass it as ``machine_rate`` to budget in this machine's seconds.
 
     Example:
         >>> measure_machine_rate(64, 1) > 0
@@ -401,6 +418,8 @@ def measure_machine_rate(size: int = 1024, repeats: int = 3,
     """
     size = check_int("size", size, minimum=2)
     repeats = check_int("repeats", repeats)
+    # A floating dtype (the products the fits run); integer and unknown dtypes are refused.
+    dtype = check_dtype("dtype", dtype)
     a = torch.randn(size, size, dtype=dtype)
     best = math.inf
     for _ in range(repeats + 1):  # the first product warms the library up
