@@ -22,6 +22,7 @@ from torch import Tensor
 from rfgp._validation import all_finite, check_int, check_tensor
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._options import check_seed
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
 __all__ = ["laplace_stage", "lengthscale_mixture_kernel"]
@@ -121,7 +122,7 @@ def lengthscale_mixture_kernel(
         )
     if not float(outputscale) > 0:
         raise ValueError(f"outputscale must be positive, got {float(outputscale)}")
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     frequencies = num_features // 2
     parts = min(lengthscales.shape[0], frequencies)
     sizes = [frequencies // parts + (i < frequencies % parts) for i in range(parts)]

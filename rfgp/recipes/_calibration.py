@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_tensor
+from rfgp._validation import check_int, check_positive, check_real, check_tensor
 
 __all__ = ["ScaleEvidence", "kernel_spectral_statistics", "maximize_scale_evidence",
            "spectral_statistics"]
@@ -187,10 +187,17 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
         >>> abs(noise - 0.25) < 0.02, 4 < factor < 20
         (True, True)
     """
+    if not isinstance(evidence, ScaleEvidence):
+        raise TypeError(
+            "evidence must be a ScaleEvidence (from spectral_statistics or "
+            f"kernel_spectral_statistics), got {type(evidence).__name__}"
+        )
     noise = check_positive("noise", noise)
     factor_start = check_positive("factor_start", factor_start)
-    if not noise_floor >= 0:
-        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    # A negative c would lower the noise below its floor (to negative values), and NaN or inf
+    # make every noise non-finite: only finite c >= 0 bound the condition number.
+    condition = check_real("condition", condition, low=0.0)
     # Parameters: log a and log(sigma^2 - floor), started inside the domain.
     start_noise = max(noise - noise_floor, noise * 1e-3, 1e-300)
     params = torch.tensor([math.log(factor_start), math.log(start_noise)],

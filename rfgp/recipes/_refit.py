@@ -32,7 +32,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_positive
+from rfgp._validation import check_choice, check_positive, check_real
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._linalg import available_memory
@@ -47,6 +47,7 @@ from rfgp.recipes._calibration import (
 )
 from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._iterative_calibration import calibrate_by_products
+from rfgp.recipes._options import check_seed
 from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data
@@ -268,8 +269,8 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     """
     solve = check_choice("solve", solve, ("auto", "weight", "cg"))
     noise = check_positive("noise", noise)
-    if not noise_floor >= 0:
-        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    seed = check_seed("seed", seed)
     x, y = check_recipe_data(x, y, "calibrated_fit")
     kernel = copy.deepcopy(kernel)
     parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]

@@ -34,7 +34,8 @@ NOISE_FLOOR = 1e-6
 
 def check_recipe_data(x: Any, y: Any, caller: str) -> Tuple[Tensor, Tensor]:
     """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)``, finite, in float32 or float64,
-    detached from any autograd graph (the recipes differentiate their own parameters only)."""
+    detached from any autograd graph (the recipes differentiate their own parameters only),
+    and ``y`` not zero in every entry (the evidence has no maximum there)."""
     for name, value in (("x", x), ("y", y)):
         if isinstance(value, Tensor) and value.is_floating_point() and (
                 value.dtype not in SUPPORTED_DTYPES):
@@ -44,6 +45,17 @@ def check_recipe_data(x: Any, y: Any, caller: str) -> Tuple[Tensor, Tensor]:
                 f"{name}.double()"
             )
     x, y = check_rows(x, y)
+    if y.numel() and not bool((y != 0).any()):
+        # Targets without variation carry no signal and no noise to measure: the evidence
+        # grows without bound as the outputscale and the noise shrink to zero together, so
+        # the scales the recipes choose by it do not exist.
+        raise ValueError(
+            f"{caller}: y must not be zero in every entry, got {y.shape[0]} "
+            f"row{'s' * (y.shape[0] != 1)} of zeros "
+            "(centred constant targets): the evidence that chooses the outputscale and the "
+            "noise has no maximum (it grows without bound as both shrink to zero); a constant "
+            "target's model is its mean, with nothing left to fit"
+        )
     return x.detach(), y.detach()
 
 

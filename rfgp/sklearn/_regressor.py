@@ -181,6 +181,17 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         y_t = as_tensor((y - self._y_mean) / self._y_std)
         self.fit_report_ = None
         if recipe:
+            if not np.any(y - self._y_mean):
+                # The recipe's evidence has no maximum on targets without variation; say so
+                # in the estimator's terms (fit_auto would see the centred zeros).
+                got = ("every target column is constant (zero once normalize_y centres it)"
+                       if self.normalize_y else "every target is zero")
+                raise ValueError(
+                    f"y must vary, got {X.shape[0]} sample{'s' * (X.shape[0] != 1)} where "
+                    f"{got}: the evidence by which "
+                    "optimizer='auto' chooses the outputscale and the noise has no maximum "
+                    "(it grows without bound as both shrink to zero)"
+                )
             gp = self._fit_recipe(x_t, y_t, options)
         else:
             kernel = kernel_from(self, seed, X.shape[0])

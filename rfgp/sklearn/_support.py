@@ -25,6 +25,7 @@ from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
 from rfgp.recipes import (
     RegressionOptions,
 )
+from rfgp.recipes._options import check_seed
 from rfgp.recipes._schedule import plan_regression
 
 __all__ = [
@@ -190,14 +191,27 @@ def make_kernel(
     return kernel
 
 
-def seed_from(random_state: Any) -> int:
-    """The seed of a fit: a non-negative integer ``random_state`` is the seed itself (so that
-    ``random_state=s`` fits as the recipe's ``seed=s``); ``None`` or a ``RandomState`` draws
-    one."""
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and (
-            0 <= random_state < 2**63):
-        return int(random_state)
-    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+def seed_from(random_state: Any, name: str = "random_state") -> int:
+    """The seed of a fit: an integer ``random_state`` is the seed itself, under the recipes'
+    one rule (:func:`~rfgp.recipes._options.check_seed`: ``[0, 2**64 - 1]``), so that
+    ``random_state=s`` fits as the recipe's ``seed=s``; ``None`` or a ``RandomState`` draws
+    one. Anything else raises :class:`InvalidParameterError` naming ``name``.
+
+    Example:
+        >>> seed_from(2**40)
+        1099511627776
+    """
+    if random_state is None or isinstance(random_state, np.random.RandomState):
+        return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+    try:
+        return check_seed(name, random_state)
+    except TypeError as error:
+        raise InvalidParameterError(
+            f"{name} must be None, a numpy RandomState or an integer in [0, 2**64 - 1] (a "
+            f"torch.Generator's seeds), got {type(random_state).__name__} {random_state!r}"
+        ) from error
+    except ValueError as error:
+        raise InvalidParameterError(str(error)) from error
 
 
 def recipe_options(options_type, estimator: BaseEstimator, names, **fixed: Any):
@@ -257,7 +271,8 @@ def target_scaling(y: np.ndarray, normalize: bool):
     """``(offset, scale)`` per column such that ``(y - offset) / scale`` is of order one.
 
     With ``normalize`` they are the mean and standard deviation (1 where it is 0) of each
-    column, computed on ``y / u`` and multiplied back by ``u``: ``u = 1`` (exact, so the
+    column (a constant column's value, exactly, and 1), computed on ``y / u`` and multiplied
+    back by ``u``: ``u = 1`` (exact, so the
     estimator's targets are bit for bit ``(y - y.mean()) / y.std()``, the targets its docstring
     tells :func:`rfgp.fit_auto` to be given) unless ``max|y|`` is beyond :data:`_HUGE_TARGET`
     or below its inverse, where the squares would overflow or underflow and ``u = max|y|``.
@@ -272,7 +287,13 @@ def target_scaling(y: np.ndarray, normalize: bool):
         unit = np.where((peak < _HUGE_TARGET) & (peak > 1.0 / _HUGE_TARGET), 1.0, peak)
         scaled = y / unit
         std = scaled.std(axis=0)
-        return scaled.mean(axis=0) * unit, np.where(std > 0, std, 1.0) * unit
+        mean, scale = scaled.mean(axis=0) * unit, np.where(std > 0, std, 1.0) * unit
+        # A constant column's computed mean can differ from its value in the last digit, and
+        # its standard deviation is then that rounding: (y - mean) / std would be +-1 in every
+        # row, a signal made of rounding. Its offset is its value, exactly, and its scale 1.
+        constant = np.all(y == y[:1], axis=0) if y.shape[0] else np.zeros(y.shape[1:], bool)
+        return np.where(constant, y[0] if y.shape[0] else 0.0, mean), np.where(
+            constant, 1.0, scale)
     scale = np.where(peak > _HUGE_TARGET, peak, 1.0)
     return np.zeros(y.shape[1:]), scale
 
