@@ -154,7 +154,10 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
                             factor_start: float = 1.0,
                             condition: float = 0.0) -> tuple[float, float, float]:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 > \sigma^2_0` that maximise
-    the evidence of a feature model, by Newton's method from ``(factor_start, noise)``. With
+    the evidence of a feature model, by Newton's method from ``(factor_start, noise)`` and from
+    a start in the data's own units (half the targets' mean square as noise, half as signal),
+    the better end kept; the search runs in those units, so that targets scaled by
+    :math:`s` give :math:`s^2` times both scales at any :math:`s` float64 holds. With
     :math:`\Phi^\top\Phi = Q \Lambda Q^\top` and :math:`\tilde b = Q^\top \Phi^\top y`,
 
     .. math::

@@ -19,7 +19,9 @@ holds the noise at the floor, and the profile's derivative is the same with :mat
 T)` replaced by :math:`\sigma_0^2` (the derivative of :math:`Q(c)/\sigma_0^2` in
 :math:`\log c` is :math:`-c \sum_t \|u_t\|^2 / \sigma_0^2`): the noise in the slope is
 :math:`\max(Q(c)/(N T), \sigma_0^2)`, continuous in :math:`c`.
-Its root in :math:`\log c` is found by bracketing and the Illinois rule. Each evaluation is one
+Its root in :math:`\log c` is found by bracketing (steps that double, from a start kept within
+:math:`10^8` of the data's own :math:`c_0 = N / \mathrm{tr}\,G`), bisection and the Illinois
+rule. Each evaluation is one
 preconditioned CG solve on :math:`I + c G` whose right-hand sides are the :math:`b_t` and
 Rademacher probes :math:`P^{1/2} v`: the trace is estimated by Hutchinson's method with the
 Nyström preconditioner :math:`P` as a control variate,
