@@ -483,3 +483,36 @@ def test_a_constant_column_is_scaled_by_its_value_exactly():
     reg = RandomFeatureGPRegressor(num_features=16, random_state=0).fit(X, y)
     # The zero column's posterior mean is zero: its prediction is its value, exactly.
     assert np.all(reg.predict(X[:4])[:, 0] == 0.1)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("lengthscale", "x"), ("lengthscale", float("nan")), ("lengthscale", -1.0),
+    ("lengthscale", None), ("sampling", "sobol"), ("sampling", None), ("sampling", 1),
+    ("degree", 0), ("degree", 2.0), ("degree", True), ("bias", -1.0), ("bias", float("inf")),
+    ("bias", "1"), ("projection", "srht"), ("projection", float("nan")),
+])
+@pytest.mark.parametrize("estimator", [RandomFeatureGPRegressor, RandomFeatureGPClassifier])
+def test_kernel_parameters_are_checked_on_every_path(estimator, name, value):
+    # The default recipe does not use them; an invalid one is still refused, not ignored.
+    X, y = _regression_data(20)
+    target = y if estimator is RandomFeatureGPRegressor else (y > 0).astype(int)
+    with pytest.raises((ValueError, TypeError), match=f"^{name} must be"):
+        estimator(num_features=16, random_state=0, **{name: value}).fit(X, target)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1, "yes", None])
+def test_normalize_y_must_be_a_bool(value):
+    # bool(nan) and bool("yes") are True: such a value was taken as a truth value.
+    X, y = _regression_data(20)
+    with pytest.raises(TypeError, match="normalize_y must be a bool"):
+        RandomFeatureGPRegressor(num_features=16, normalize_y=value).fit(X, y)
+
+
+def test_counts_beyond_torchs_sizes_are_named():
+    X, y = _regression_data(20)
+    with pytest.raises(ValueError, match="num_features must be a positive integer of at most"):
+        RandomFeatureGPRegressor(num_features=2**64).fit(X, y)
+    with pytest.raises(ValueError, match="lengthscale_draws must be an integer in"):
+        RandomFeatureGPRegressor(num_features=16, lengthscale_draws=2**64).fit(X, y)
+    with pytest.raises(ValueError, match="mc_samples must be a positive integer of at most"):
+        RandomFeatureGPClassifier(num_features=16, mc_samples=2**64).fit(X, (y > 0).astype(int))

@@ -23,6 +23,8 @@ from rfgp.recipes._classification import plan_classifier
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     as_tensor,
+    check_count,
+    check_kernel_params,
     check_positive_int,
     check_positive_param,
     kernel_from,
@@ -155,12 +157,13 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
             )
-        check_positive_int("mc_samples", self.mc_samples)
+        check_count("mc_samples", self.mc_samples)
         check_positive_int("max_iter", self.max_iter)
         alpha = check_positive_param("alpha_epsilon", self.alpha_epsilon)
         num_features = self.num_features
         if num_features is not None:
-            num_features = check_positive_int("num_features", num_features)
+            num_features = check_count("num_features", num_features)
+        check_kernel_params(self)
         seed = seed_from(self.random_state)
         x_t, labels = as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
         num_classes = len(self.classes_)

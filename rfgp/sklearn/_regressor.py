@@ -22,7 +22,10 @@ from rfgp.recipes import (
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     REGRESSION_DEFAULTS,
+    InvalidParameterError,
     as_tensor,
+    check_count,
+    check_kernel_params,
     check_positive_int,
     check_positive_param,
     kernel_from,
@@ -165,7 +168,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             )
         check_positive_int("max_iter", self.max_iter)
         if self.num_features is not None:
-            check_positive_int("num_features", self.num_features)
+            check_count("num_features", self.num_features)
+        check_kernel_params(self)
+        if not isinstance(self.normalize_y, (bool, np.bool_)):
+            # bool(nan) is True: a non-bool would be taken as a truth value silently.
+            raise InvalidParameterError(
+                f"normalize_y must be a bool, got {self.normalize_y!r} "
+                f"({type(self.normalize_y).__name__})"
+            )
         seed = seed_from(self.random_state)
         recipe = (self.optimizer == "auto" and isinstance(self.kernel, str)
                   and self.kernel in RECIPE_KERNELS)

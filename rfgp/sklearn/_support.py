@@ -22,10 +22,12 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
+from rfgp.kernels._fourier import SAMPLINGS
+from rfgp.kernels._sketches.sampling import PROJECTIONS
 from rfgp.recipes import (
     RegressionOptions,
 )
-from rfgp.recipes._options import check_seed
+from rfgp.recipes._options import MAX_COUNT, check_seed
 from rfgp.recipes._schedule import plan_regression
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "RECIPE_KERNELS",
     "REGRESSION_DEFAULTS",
     "as_tensor",
+    "check_count",
+    "check_kernel_params",
     "check_positive_int",
     "check_positive_param",
     "kernel_from",
@@ -140,6 +144,37 @@ def check_positive_int(name: str, value: Any) -> int:
     if value < 1:
         raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def check_count(name: str, value: Any) -> int:
+    """:func:`check_positive_int` with the recipes' ``MAX_COUNT`` (2**62) as its upper end."""
+    value = check_positive_int(name, value)
+    if value > MAX_COUNT:
+        raise InvalidParameterError(
+            f"{name} must be a positive integer of at most 2**62 (torch's sizes), got {value}"
+        )
+    return value
+
+
+def check_kernel_params(estimator: BaseEstimator) -> None:
+    """Check the named kernels' hyperparameters (``lengthscale``, ``sampling``, ``degree``,
+    ``bias``, ``projection``) whatever the path: a value that a path does not use is still
+    refused when it is invalid, not ignored (scikit-learn validates every parameter at
+    ``fit``). Raises :class:`InvalidParameterError` naming the parameter."""
+    check_positive_param("lengthscale", estimator.lengthscale)
+    for name, choices in (("sampling", SAMPLINGS), ("projection", PROJECTIONS)):
+        value = getattr(estimator, name)
+        if not isinstance(value, str) or value not in choices:
+            raise InvalidParameterError(
+                f"{name} must be one of {list(choices)}, got {value!r} ({type(value).__name__})"
+            )
+    check_positive_int("degree", estimator.degree)
+    bias = estimator.bias
+    if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
+            math.isfinite(bias) and bias >= 0):
+        raise InvalidParameterError(
+            f"bias must be a finite float >= 0, got {bias!r} ({type(bias).__name__})"
+        )
 
 
 def make_kernel(

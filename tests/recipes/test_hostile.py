@@ -92,6 +92,10 @@ def test_initial_hyperparameters_of_huge_targets_are_finite_or_refused():
     ({"machine_rate": -1.0}, ValueError), ({"calibrate": 1}, TypeError),
     ({"progress": "yes"}, TypeError), ({"num_features": 33}, ValueError),
     ({"search_features": 2.0}, TypeError), ({"no_such_option": 1}, TypeError),
+    # Counts beyond torch's int64 sizes, and a tolerance whose square overflows.
+    ({"num_features": 2**64}, ValueError), ({"search_features": 2**64}, ValueError),
+    ({"lengthscale_draws": 2**64}, ValueError), ({"tolerance": 1e308}, ValueError),
+    ({"tolerance": 2.0}, ValueError),
 ])
 def test_options_are_refused_by_name_before_any_work(options, error):
     x, y = _data()
