@@ -250,11 +250,17 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
             ``"cg"``.
-        noise_floor: the noise's lower bound.
-        seed: the seed of the iterative calibration's probes.
+        noise_floor: the noise's lower bound (a finite number >= 0); where it binds, the
+            outputscale maximises the evidence with the noise held at it.
+        seed: the seed of the iterative calibration's probes, an integer in
+            ``[0, 2**64 - 1]``.
 
     Returns:
         The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
+
+    Raises:
+        ValueError: for ``y`` zero in every entry (the evidence then has no maximum), and for
+            any argument out of its range, naming it; TypeError for one of the wrong type.
 
     Example:
         >>> from rfgp.recipes import make_ard_kernel
