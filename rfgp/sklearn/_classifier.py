@@ -80,7 +80,8 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         proba_method: ``"mc"``, ``"mean_field"`` or ``"lognormal"`` (see
             :func:`rfgp.classification.softmax_expectation`).
         mc_samples: Monte Carlo samples of ``"mc"``.
-        random_state: seed (int, ``RandomState`` or ``None``) of the features and draws.
+        random_state: seed (an int in ``[0, 2**64 - 1]``, ``RandomState`` or ``None``) of the
+            features and draws.
 
     Attributes:
         classes_ (ndarray): the class labels (any type ``np.unique`` sorts).

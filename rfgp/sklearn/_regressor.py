@@ -78,11 +78,13 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             hyperparameters).
         max_iter: optimiser iterations (``"auto"``: L-BFGS iterations of the evidence search;
             ``"lbfgs"``: outer iterations of up to 20 evaluations).
-        normalize_y: standardise the targets (mean and standard deviation per column);
-            otherwise only the zero prior mean is used.
-        random_state: seed (a non-negative int is the seed itself; a ``RandomState`` or
-            ``None`` draws one) of the random features. A given kernel keeps its own weights
-            when ``None``.
+        normalize_y: (a bool) standardise the targets (mean and standard deviation per
+            column); otherwise only the zero prior mean is used. With ``"auto"``, targets
+            without variation (constant columns, or zeros) are refused naming ``y``: the
+            evidence that chooses the scales has no maximum there.
+        random_state: seed (an int in ``[0, 2**64 - 1]`` is the seed itself, the recipes'
+            ``seed``; a ``RandomState`` or ``None`` draws one) of the random features. A given
+            kernel keeps its own weights when ``None``.
         time_budget: ``"auto"`` only: the recipe's time budget in seconds (``None``: its
             default, linear in the rows).
         max_lengthscale: ``"auto"`` only: the recipe's candidate bound on the lengthscales, in
