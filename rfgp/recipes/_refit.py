@@ -3,7 +3,7 @@ r"""The final fit: the hyperparameters belong to the model that predicts.
 The final kernel has the schedule's ``D`` features (the Laplace average of the lengthscales
 where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the
 data as given. **Rule:** its outputscale and noise maximise the evidence of that
-``D``-feature model itself (:mod:`~rfgp.recipes._calibration`: one eigendecomposition of its
+``D``-feature model itself (:mod:`~rfgp.inference._calibration`: one eigendecomposition of its
 Gram matrix, then :math:`O(D)` per evaluation), and where the search stages left more than one
 candidate lengthscale vector (the refinement's end, the local stage's best) the evidence of
 the same model with at most :data:`~rfgp.recipes._schedule.CHOICE_FEATURES` features (each
@@ -18,7 +18,7 @@ than the same time spent on more features or on the local stage.
 Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
 are chosen, and the scales started, by the evidence of a
 :data:`~rfgp.recipes._schedule.CHOICE_FEATURES`-feature model; the ``D``-feature model's own
-scales then come from :func:`~rfgp.recipes._iterative_calibration.calibrate_by_products`, and it
+scales then come from :func:`~rfgp.inference._iterative_calibration.calibrate_by_products`, and it
 is fitted by conjugate gradients.
 """
 
@@ -39,14 +39,14 @@ from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
 from rfgp.recipes._averaging import lengthscale_mixture_kernel
-from rfgp.recipes._calibration import (
+from rfgp.inference._calibration import (
     ScaleEvidence,
     kernel_spectral_statistics,
     maximize_scale_evidence,
     spectral_statistics,
 )
 from rfgp.recipes._context import RecipeContext
-from rfgp.recipes._iterative_calibration import calibrate_by_products
+from rfgp.inference._iterative_calibration import calibrate_by_products
 from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data

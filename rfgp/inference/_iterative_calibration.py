@@ -1,7 +1,7 @@
 r"""Calibration beyond the ``D x D`` path: the outputscale and noise of a large-``D`` model by
 its own evidence, from products with its features alone.
 
-The same rule as :mod:`~rfgp.recipes._calibration`: the final model's outputscale factor
+The same rule as :mod:`~rfgp.inference._calibration`: the final model's outputscale factor
 :math:`a` and noise :math:`\sigma^2` maximise the evidence of that ``D``-feature model. With
 :math:`G = \Phi^\top \Phi` (features at the kernel's outputscale), :math:`b_t = \Phi^\top y_t`
 and :math:`c = a / \sigma^2`, the noise that maximises the evidence for a fixed :math:`c` is
