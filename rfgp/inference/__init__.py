@@ -11,9 +11,20 @@ from rfgp.inference._evidence import (
     negative_log_evidence,
 )
 from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._fit_cost import (
+    CHOICE_FEATURES,
+    MAX_ITERATIVE_FEATURES,
+    MAX_WEIGHT_FEATURES,
+    cg_fit_cost,
+    cg_fit_seconds,
+    cg_num_features,
+    final_fit_cost,
+    final_path,
+    iterative_fit_cost,
+    largest_features_within,
+)
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
-from rfgp.inference._iterative import cg_fit_cost, cg_fit_seconds, cg_num_features
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._selection import ConvergenceWarning
@@ -21,6 +32,9 @@ from rfgp.inference._stochastic_evidence import stochastic_log_evidence
 from rfgp.inference._vector_field import helmholtz_components
 
 __all__ = [
+    "CHOICE_FEATURES",
+    "MAX_ITERATIVE_FEATURES",
+    "MAX_WEIGHT_FEATURES",
     "ConvergenceWarning",
     "RandomFeatureGP",
     "SamplePaths",
@@ -30,11 +44,15 @@ __all__ = [
     "cg_num_features",
     "cross_validate",
     "evidence_hessian",
+    "final_fit_cost",
+    "final_path",
     "fourier_kernel_negative_log_evidence",
     "held_out_log_density",
     "heteroscedastic_negative_log_evidence",
     "helmholtz_components",
+    "iterative_fit_cost",
     "kd_blocks",
+    "largest_features_within",
     "lengthscale_draws",
     "negative_log_evidence",
     "stochastic_log_evidence",

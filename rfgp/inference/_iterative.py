@@ -1,4 +1,4 @@
-r"""Matrix-free linear algebra of the iterative solve: conjugate gradients and its cost model.
+r"""Matrix-free linear algebra of the iterative solve: conjugate gradients and Lanczos quadrature.
 
 The iterative solver (:mod:`~rfgp.inference._cg_solver`) never forms the ``D x D`` matrix
 :math:`B = \Phi^H S^{-1}\Phi + I`; it only applies it to blocks of vectors. This module holds
@@ -12,8 +12,8 @@ what works on such products alone:
   (:func:`lanczos_log_quadrature`, :func:`lanczos_condition`).
 * :func:`cg_iterations_bound`: the iterations CG needs at a given condition number (the
   Nyström preconditioner of :mod:`~rfgp.inference._nystrom` aims at a small one).
-* :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit, and
-  :func:`cg_num_features`, the largest ``D`` within a time budget.
+
+The cost model of an iterative fit (``cg_fit_cost``) is :mod:`~rfgp.inference._fit_cost`'s.
 
 Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
@@ -34,10 +34,7 @@ from rfgp.inference._selection import ConvergenceWarning
 __all__ = [
     "CGResult",
     "CGSettings",
-    "cg_fit_cost",
     "cg_iterations_bound",
-    "cg_fit_seconds",
-    "cg_num_features",
     "conjugate_gradients",
     "lanczos_condition",
     "lanczos_log_quadrature",
@@ -282,111 +279,3 @@ def cg_iterations_bound(condition: float, tolerance: float) -> float:
     r"""CG's iterations to reduce the error by ``tolerance`` on a spectrum of condition number
     :math:`\kappa`: :math:`\tfrac12 \sqrt{\kappa} \ln(2 / \epsilon)`."""
     return 0.5 * math.sqrt(max(condition, 1.0)) * math.log(2.0 / tolerance)
-
-
-# ====================================================================== cost model
-def cg_fit_cost(num_rows: int, num_features: int, input_dim: int, iterations: int = 100,
-                rank: int = 0, num_columns: int = 1, feature_cost: float = 4.0,
-                cached: bool = False) -> float:
-    r"""Multiply-adds of an iterative (``solve="cg"``) fit, a model for choosing ``D``.
-
-    With :math:`N` rows, :math:`D` features, :math:`d` input dimensions, :math:`T` target
-    columns, :math:`I` iterations and a Nyström rank :math:`r`, every product
-    :math:`B V = \Phi^H(S^{-1}(\Phi V)) + V` with :math:`k` columns costs :math:`2 N D k`
-    multiply-adds, plus :math:`N D (d + c)` to recompute the features (projection and
-    :math:`c` per entry for the nonlinearity) unless they are cached:
-
-    .. math::
-        C = \underbrace{(I + 2) \cdot F}_{\text{features}}
-            + \underbrace{2 N D (T (I + 1) + r)}_{\text{products}}
-            + \underbrace{2 D r^2}_{\text{Nyström}}, \qquad F = N D (d + c)
-
-    (the right-hand side, the sketch and :math:`I` iterations each pass over the data; cached
-    features are computed once, :math:`F` instead of :math:`(I + 2) F`). The weight-space
-    solve costs :math:`N D^2 + D^3/3` by comparison. Divide by a measured multiply-add rate
-    (:func:`cg_fit_seconds`) for seconds.
-
-    Args:
-        num_rows: ``N`` (rows times outputs per input for multi-output kernels).
-        num_features: ``D`` (real-form columns for complex features: ``2 D``).
-        input_dim: ``d``.
-        iterations: CG iterations ``I`` (preconditioned fits typically need tens).
-        rank: Nyström rank ``r`` (0: no preconditioner).
-        num_columns: target columns ``T`` solved together.
-        feature_cost: multiply-adds per feature entry beyond the projection (``c``).
-        cached: whether the features are cached across products (``cache_bytes``).
-
-    Returns:
-        Multiply-adds (a float).
-
-    Example:
-        >>> n, d = 10**5, 2**15  # against the weight-space solve's N D^2 + D^3 / 3
-        >>> cg_fit_cost(n, d, 8, iterations=50, rank=256) < (n * d**2 + d**3 / 3) / 20
-        True
-    """
-    rows = check_int("num_rows", num_rows)
-    width = check_int("num_features", num_features)
-    dim = check_int("input_dim", input_dim)
-    iterations = check_int("iterations", iterations, minimum=0)
-    rank = check_int("rank", rank, minimum=0)
-    columns = check_int("num_columns", num_columns)
-    per_entry = check_real("feature_cost", feature_cost, low=0.0)
-    features = float(rows) * width * (dim + per_entry)
-    passes = 1 if cached else iterations + 2
-    products = 2.0 * rows * width * (columns * (iterations + 1) + rank)
-    return passes * features + products + 2.0 * width * rank**2
-
-
-def cg_fit_seconds(num_rows: int, num_features: int, input_dim: int, *,
-                   multiply_adds_per_second: float, **options) -> float:
-    r"""Predicted seconds of an iterative fit: :func:`cg_fit_cost` divided by a rate.
-
-    Args:
-        num_rows, num_features, input_dim: as in :func:`cg_fit_cost`.
-        multiply_adds_per_second: the machine's measured rate (e.g. of a large matrix product).
-        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
-
-    Returns:
-        Seconds.
-
-    Example:
-        >>> cg_fit_seconds(1000, 1024, 4, iterations=10, multiply_adds_per_second=1e9) < 1.0
-        True
-    """
-    rate = check_real("multiply_adds_per_second", multiply_adds_per_second, low=0.0,
-                      low_inclusive=False)
-    return cg_fit_cost(num_rows, num_features, input_dim, **options) / rate
-
-
-def cg_num_features(num_rows: int, input_dim: int, seconds: float, *,
-                    multiply_adds_per_second: float, smallest: int = 1024,
-                    largest: int = 1 << 16, **options) -> int:
-    r"""The largest power-of-two ``D`` whose iterative fit fits a time budget.
-
-    Doubles ``D`` from ``smallest`` while :func:`cg_fit_seconds` stays within ``seconds``
-    (at most ``largest``); returns ``smallest`` when even that exceeds the budget.
-
-    Args:
-        num_rows, input_dim: as in :func:`cg_fit_cost`.
-        seconds: the time budget of the fit.
-        multiply_adds_per_second: the machine's measured rate.
-        smallest, largest: the range of ``D``.
-        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
-
-    Returns:
-        ``D``.
-
-    Example:
-        >>> cg_num_features(10**5, 8, 60.0, multiply_adds_per_second=1e10, iterations=50)
-        8192
-    """
-    budget = check_real("seconds", seconds, low=0.0, low_inclusive=False)
-    smallest = check_int("smallest", smallest)
-    largest = check_int("largest", largest, minimum=smallest)
-    width = smallest
-    while 2 * width <= largest and cg_fit_seconds(
-        num_rows, 2 * width, input_dim, multiply_adds_per_second=multiply_adds_per_second,
-        **options,
-    ) <= budget:
-        width *= 2
-    return width

@@ -41,6 +41,7 @@ from rfgp._validation import check_int, check_positive
 from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_cost import CALIBRATION_EVALUATIONS
 from rfgp.inference._iterative import (
     conjugate_gradients,
     lanczos_condition,
@@ -48,7 +49,6 @@ from rfgp.inference._iterative import (
 )
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
-from rfgp.recipes._schedule import CALIBRATION_EVALUATIONS
 
 __all__ = ["IterativeCalibration", "calibrate_by_products"]
 

@@ -38,6 +38,7 @@ import torch
 from rfgp._validation import check_int
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
+from rfgp.inference import MAX_WEIGHT_FEATURES, largest_features_within
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._context import RecipeContext
@@ -46,7 +47,6 @@ from rfgp.recipes._refine import record_search
 from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
-    MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
     SEARCH_EVALUATIONS,
     Schedule,
@@ -90,11 +90,9 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
     total = budget * opts.machine_rate
     features = opts.num_features
     if features is None:
-        features, size = MIN_FEATURES, MIN_FEATURES
-        while size <= MAX_WEIGHT_FEATURES:
-            if classifier_fit_cost(n, size, num_classes) <= FINAL_SHARE * total:
-                features = size
-            size *= 2
+        features = largest_features_within(
+            lambda size: classifier_fit_cost(n, size, num_classes), FINAL_SHARE * total,
+            MIN_FEATURES, MAX_WEIGHT_FEATURES)
     search_features = min(opts.search_features, features)
     subsample = min(n, opts.subsample)
     # C weighted Gram corrections per evaluation on top of the regression's cost.

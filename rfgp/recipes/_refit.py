@@ -33,21 +33,21 @@ from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
 from rfgp._validation import check_choice, check_positive
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.inference._feature_map import FeatureMap
-from rfgp.inference._linalg import available_memory
-from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
-from rfgp.kernels._composition import feature_kernel
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.inference import CHOICE_FEATURES, final_path
 from rfgp.inference._calibration import (
     ScaleEvidence,
     kernel_spectral_statistics,
     maximize_scale_evidence,
     spectral_statistics,
 )
-from rfgp.recipes._context import RecipeContext
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative_calibration import calibrate_by_products
-from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
+from rfgp.inference._linalg import available_memory
+from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
+from rfgp.kernels._composition import feature_kernel
+from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data
 

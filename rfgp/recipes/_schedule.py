@@ -25,18 +25,20 @@ from typing import Dict
 import torch
 
 from rfgp._validation import check_int
+from rfgp.inference import (
+    MAX_ITERATIVE_FEATURES,
+    final_path,
+    largest_features_within,
+)
 from rfgp.inference._blocks import kd_levels
 
 __all__ = [
     "FINAL_SHARE",
-    "MAX_WEIGHT_FEATURES",
     "MIN_FEATURES",
     "Schedule",
     "default_budget",
     "exact_evidence_cost",
     "feature_evidence_cost",
-    "final_fit_cost",
-    "iterative_fit_cost",
     "measure_machine_rate",
     "plan_regression",
 ]
@@ -48,24 +50,6 @@ FINAL_SHARE = 0.4
 REFINE_SHARE = 0.2
 #: Fewest features of a final fit chosen by the schedule.
 MIN_FEATURES = 512
-#: Most features of a weight-space (``D x D``) final fit.
-MAX_WEIGHT_FEATURES = 8192
-#: Most features of a function-space (``N x N``) final fit, on few rows.
-MAX_FUNCTION_FEATURES = 32768
-#: Most features of an iterative (``solve="cg"``) final fit.
-MAX_ITERATIVE_FEATURES = 65536
-#: Features of the weight-space calibration that chooses among the candidates and starts the
-#: iterative calibration of a larger final model.
-CHOICE_FEATURES = 2048
-#: What the cost model expects of the iterative calibration: evaluations of its root search,
-#: preconditioned CG iterations per solve, probes, and the Nyström rank. The iterations grow
-#: with the signal-to-noise ratio: 8 to 9 were measured on 57,247 noisy rows; on 13,500 rows
-#: of noise 0.007 at 8,192 features, 59 to 114 at rank 512 and 35 to 67 at the rank 1,024
-#: that the sketch's cost rule chose there. The model takes the larger rank and iterations.
-CALIBRATION_EVALUATIONS = 8
-CG_ITERATIONS = 70
-CALIBRATION_PROBES = 8
-SKETCH_RANK = 1024
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
 #: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
@@ -136,84 +120,6 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
     return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
 
 
-def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
-                   candidates: int = 1) -> float:
-    r"""Multiply-adds of the final fit with its calibration. In weight space, one calibration
-    costs the features (:math:`N D d`), the Gram matrix (:math:`\frac58 N D^2` as a blocked
-    product of its upper triangle) and its eigendecomposition (about :math:`4 D^3`); there is
-    one per candidate lengthscale at :math:`\min(D, D_c)` features
-    (:data:`CHOICE_FEATURES`), one more at :math:`D` where several candidates were compared
-    at fewer, and the Cholesky factor (the fit reuses the chosen Gram matrix). In function
-    space (``N < D``), the features, the kernel matrix :math:`N^2 D` and its
-    eigendecomposition per candidate, and the fit's features, kernel matrix and factor.
-
-    Example:
-        >>> final_fit_cost(10**4, 2048, 8, 2) > final_fit_cost(10**4, 2048, 8)
-        True
-    """
-    n, m, k = float(num_rows), float(num_features), max(1, candidates)
-    if n < m:
-        features = n * m * input_dim
-        return (k + 1) * (features + n * n * m) + 4 * k * n**3 + n**3 / 3
-
-    def calibration(width: float) -> float:
-        return n * width * input_dim + 0.625 * n * width * width + 4 * width**3
-
-    if k > 1 and m > CHOICE_FEATURES:
-        return k * calibration(CHOICE_FEATURES) + calibration(m) + m**3 / 3
-    return k * calibration(m) + m**3 / 3
-
-
-def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
-                       candidates: int = 1) -> float:
-    r"""Multiply-adds of the iterative final fit with its calibration: a weight-space
-    calibration at :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then, on
-    cached features (:math:`N D (d + 4)` each for the calibration and the fit), one Nyström
-    sketch of rank :math:`r` (:math:`2 N D r`, and :math:`8 D r^2` to factorise it), which
-    the fit reuses at the root, :math:`E` evaluations of :math:`I` CG iterations over the
-    target and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the fit's :math:`I`
-    iterations:
-
-    .. math::
-        C = k\,C_{\text{choice}} + N D \big(2 (d + 4) + 2 r + 8 r^2 / N
-            + 2 I (E (1 + p) + 1)\big).
-
-    Example:
-        >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
-        True
-    """
-    n, m = float(num_rows), float(num_features)
-    choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    per_column = 2 * CG_ITERATIONS * (CALIBRATION_EVALUATIONS * (1 + CALIBRATION_PROBES) + 1)
-    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n
-    return choice + n * m * (2 * (input_dim + 4) + sketch + per_column)
-
-
-def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
-               candidates: int = 1, forced: bool = False) -> tuple:
-    """``(path, multiply-adds)`` of the final fit at ``num_features``: ``"weight"`` (the
-    ``D x D`` solve, or the ``N x N`` one on fewer rows) where its matrices hold at most
-    ``MAX_WEIGHT_FEATURES**2`` numbers and ``solve`` is ``"auto"`` or ``"weight"``, else
-    ``"cg"`` up to :data:`MAX_ITERATIVE_FEATURES` where ``solve`` is ``"cg"``, or ``"auto"``
-    and ``D <= N``;
-    ``(None, inf)`` where neither. A ``forced`` (user-given) ``D`` takes the path ``solve``
-    names whatever its size.
-
-    Example:
-        >>> final_path(40000, 4096, 9, "auto")[0], final_path(40000, 16384, 9, "auto")[0]
-        ('weight', 'cg')
-    """
-    n, m = num_rows, num_features
-    fits = m <= MAX_WEIGHT_FEATURES or (
-        n < m and m <= MAX_FUNCTION_FEATURES and n * m <= MAX_WEIGHT_FEATURES**2)
-    if (solve == "weight" and (fits or forced)) or (solve == "auto" and fits):
-        return "weight", final_fit_cost(n, m, input_dim, candidates)
-    # "auto" solves by CG only where D <= N: on fewer rows the N x N path is exact for any D.
-    if solve == "cg" or (solve == "auto" and (forced or m <= min(n, MAX_ITERATIVE_FEATURES))):
-        return "cg", iterative_fit_cost(n, m, input_dim, candidates)
-    return None, math.inf
-
-
 @dataclass
 class Schedule:
     """What the recipe will run: which stages, on how many rows and features (the budget's
@@ -274,18 +180,6 @@ def _search_evidence(num_rows: int, subsample: int, search_features: int, input_
     return "features", feature_evidence_cost(subsample, search_features, input_dim)
 
 
-def _final_features(num_rows: int, input_dim: int, budget: float, minimum: int,
-                    solve: str, candidates: int = 1) -> int:
-    """The largest power of two ``D >= minimum`` whose final fit (:func:`final_path`, with
-    ``candidates`` lengthscales to choose among) costs at most ``budget`` multiply-adds."""
-    best, size = minimum, minimum
-    while size <= MAX_ITERATIVE_FEATURES:
-        if final_path(num_rows, size, input_dim, solve, candidates)[1] <= budget:
-            best = size
-        size *= 2
-    return best
-
-
 def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
     """The schedule of :func:`~rfgp.recipes.fit_auto` for ``num_rows`` rows of ``input_dim``
     inputs under checked :class:`~rfgp.recipes.RegressionOptions`.
@@ -320,9 +214,11 @@ def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
         # The final share, or what the first search leaves where that is less (an exact
         # search on a couple of thousand rows can take most of a small budget).
         leaves = total - first - ((d + 3) * search if opts.lengthscale_draws else 0.0)
-        features = _final_features(n, d, min(FINAL_SHARE * total, leaves),
-                                   max(MIN_FEATURES, opts.search_features), opts.solve,
-                                   2 if local_possible else 1)
+        candidates = 2 if local_possible else 1
+        features = largest_features_within(
+            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
+            min(FINAL_SHARE * total, leaves), max(MIN_FEATURES, opts.search_features),
+            MAX_ITERATIVE_FEATURES)
     predicted = {"search": first / rate}
     forced = opts.num_features is not None
     spent = first + final_path(n, features, d, opts.solve, forced=forced)[1]

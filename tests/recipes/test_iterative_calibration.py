@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from rfgp.recipes import FitReport, fit_auto
 from rfgp.inference._iterative_calibration import calibrate_by_products
+from rfgp.recipes import FitReport, fit_auto
 from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
@@ -79,8 +79,8 @@ def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
     # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
     # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
     # the preconditioner handed to the fit keeps B's condition near the target.
-    from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
     from rfgp.inference._calibration import maximize_scale_evidence
+    from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)

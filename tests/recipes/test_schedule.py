@@ -6,16 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfgp.inference import kd_blocks
+from rfgp.inference import MAX_WEIGHT_FEATURES, final_fit_cost, kd_blocks
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
 from rfgp.recipes._schedule import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
     FINAL_SHARE,
-    MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
     exact_evidence_cost,
-    final_fit_cost,
     plan_regression,
 )
 
@@ -107,7 +105,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:
