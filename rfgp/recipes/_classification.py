@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import torch
 
-from rfgp._validation import check_int
+from rfgp._validation import EVIDENCE_DTYPES, check_int
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.inference import MAX_WEIGHT_FEATURES, largest_features_within
@@ -56,7 +56,7 @@ from rfgp.recipes._schedule import (
 )
 from rfgp.recipes._search import dirichlet_objective, search_evidence
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes._units import SUPPORTED_DTYPES, column_unit
+from rfgp.recipes._units import column_unit
 
 __all__ = ["classifier_fit_cost", "fit_classifier_auto", "plan_classifier"]
 
@@ -148,7 +148,7 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
 def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
              report: Optional[ClassifierFitReport]) -> RecipeContext:
     x = check_inputs(x)
-    if not x.is_floating_point() or x.dtype not in SUPPORTED_DTYPES:
+    if not x.is_floating_point() or x.dtype not in EVIDENCE_DTYPES:
         raise TypeError(
             f"fit_classifier_auto: x must be float32 or float64, got {x.dtype}; convert with "
             "x.double()"

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from rfgp._validation import check_evidence_rows
 from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._selection import ConvergenceWarning
@@ -37,7 +38,6 @@ from rfgp.recipes._schedule import plan_regression
 from rfgp.recipes._search import two_path_search
 from rfgp.recipes._start import initial_hyperparameters, search_model
 from rfgp.recipes._units import (
-    check_recipe_data,
     check_variances_representable,
     column_unit,
     target_unit,
@@ -97,7 +97,7 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
 def _prepare(x: Any, y: Any, opts: RegressionOptions,
              report: Optional[FitReport]) -> RecipeContext:
     """Units, schedule and the search's starting model."""
-    x, y = check_recipe_data(x, y, "fit_auto")
+    x, y = check_evidence_rows(x, y, "fit_auto")
     if report is not None and not isinstance(report, FitReport):
         raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
     x_unit, y_unit = column_unit(x), target_unit(y)

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rfgp.inference import feature_model_evidence
 from rfgp.inference._iterative_calibration import calibrate_by_products
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
