@@ -39,8 +39,8 @@ the rows; :func:`measure_machine_rate` measures this machine's rate.
 """
 
 from rfgp.inference import calibrated_fit, maximize_scale_evidence
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
 from rfgp.recipes._classification import fit_classifier_auto
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
 from rfgp.recipes._options import ClassifierOptions, RegressionOptions
 from rfgp.recipes._regression import fit_auto
 from rfgp.recipes._report import ClassifierFitReport, FitReport

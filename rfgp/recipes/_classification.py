@@ -41,7 +41,6 @@ from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.inference import MAX_WEIGHT_FEATURES, largest_features_within
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
-from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._options import ClassifierOptions
 from rfgp.recipes._refine import record_search
 from rfgp.recipes._report import ClassifierFitReport
@@ -55,6 +54,7 @@ from rfgp.recipes._schedule import (
     refinement_rows,
 )
 from rfgp.recipes._search import dirichlet_objective, search_evidence
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_unit
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 
 from rfgp.inference._blocks import kd_blocks
-from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._schedule import LOCAL_ITERATIONS
 from rfgp.recipes._search import SearchResult, maximize_evidence
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import search_model
 from rfgp.recipes._units import column_scale
 

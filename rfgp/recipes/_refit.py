@@ -39,8 +39,8 @@ from rfgp.inference import (
     calibrate_scales,
     fit_calibrated,
 )
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
-from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR
 

@@ -27,15 +27,15 @@ from rfgp._validation import check_evidence_rows
 from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._selection import ConvergenceWarning
-from rfgp.recipes._averaging import laplace_stage
-from rfgp.recipes._choice import choose_bound
-from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._laplace import laplace_stage
 from rfgp.recipes._options import RegressionOptions
 from rfgp.recipes._refine import local_stage, record_search, refine_stage
 from rfgp.recipes._refit import refit_stage
 from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import plan_regression
 from rfgp.recipes._search import two_path_search
+from rfgp.recipes._select import choose_bound
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import initial_hyperparameters, search_model
 from rfgp.recipes._units import (
     check_variances_representable,

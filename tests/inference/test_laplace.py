@@ -355,7 +355,7 @@ def test_averaged_fit_round_trips_through_state_dict_and_goes_stale_on_change():
 def test_fit_auto_keeps_the_maximum_with_a_warning_when_the_hessian_fails(monkeypatch):
     from linear_operator.utils.errors import NotPSDError
 
-    import rfgp.recipes._averaging as recipe
+    import rfgp.recipes._laplace as recipe
 
     def unfactorisable(*args, **kwargs):
         raise NotPSDError("not positive definite next to the maximum")

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._cross_validation import cross_validate
-from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import initial_hyperparameters, search_model
 from rfgp.recipes._units import column_scale
 

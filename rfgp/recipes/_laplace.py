@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rfgp._validation import all_finite, check_int, check_tensor
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
-from rfgp.recipes._context import RecipeContext
+from rfgp.recipes._stage import RecipeContext
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
 __all__ = ["laplace_stage", "lengthscale_mixture_kernel"]
