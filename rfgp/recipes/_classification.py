@@ -31,9 +31,12 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
+from gpytorch.kernels import ScaleKernel
+from torch import Tensor
 
 from rfgp._validation import EVIDENCE_DTYPES, check_int
 from rfgp.classification._classifier import DirichletGPClassifier
@@ -42,7 +45,6 @@ from rfgp.inference import MAX_WEIGHT_FEATURES, largest_features_within
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
-from rfgp.recipes._refine import record_search
 from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
@@ -53,8 +55,8 @@ from rfgp.recipes._schedule import (
     feature_evidence_cost,
     refinement_rows,
 )
-from rfgp.recipes._search import dirichlet_objective, search_evidence
-from rfgp.recipes._stage import RecipeContext
+from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence
+from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_unit
 
@@ -137,16 +139,26 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         outputscale in the kernel, ``outputscale=1.0`` in the classifier).
     """
     opts = ClassifierOptions().replace(**options).checked()
-    ctx = _prepare(x, labels, opts, report)
-    with ctx.progress(3, "fit_classifier_auto"):
-        _dirichlet_search(ctx, "search", ctx.schedule.subsample, opts.max_iterations)
-        if ctx.schedule.refine_rows:
-            _dirichlet_search(ctx, "refine", ctx.schedule.refine_rows, opts.refine_iterations)
-        return _refit(ctx, labels)
+    data, searched, report = _prepare(x, labels, opts, report)
+    timer = StageTimer(report.seconds)
+    with timer.progress(len(_STAGES), "fit_classifier_auto", opts.progress):
+        for stage in _STAGES[:-1]:
+            timer.run(stage, data, searched, report)
+        return timer.run(_STAGES[-1], data, searched, report)
+
+
+@dataclass(frozen=True)
+class _Dirichlet:
+    """What the classifier's stages hand on: the kernel they search (changed in place), the
+    transform's noise ``(N, C)``, and the labels as given."""
+
+    kernel: ScaleKernel
+    noise: Tensor
+    labels: Any
 
 
 def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
-             report: Optional[ClassifierFitReport]) -> RecipeContext:
+             report: Optional[ClassifierFitReport]) -> tuple:
     x = check_inputs(x)
     if not x.is_floating_point() or x.dtype not in EVIDENCE_DTYPES:
         raise TypeError(
@@ -176,10 +188,14 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
     targets = likelihood.set_train_labels(indices, dtype=x.dtype).transpose(0, 1).to(x.device)
     noise = likelihood.noise.transpose(0, 1).to(x)
     x_unit = column_unit(x)
-    ctx = RecipeContext(opts, schedule, report, x / x_unit, targets, x, targets, x_unit, 1.0,
-                        torch.Generator().manual_seed(opts.seed))
-    ctx.extra["noise"] = noise
-    start = initial_hyperparameters(ctx.x, targets, generator=ctx.generator)
+    generator = torch.Generator().manual_seed(opts.seed)
+    start = initial_hyperparameters(x / x_unit, targets, generator=generator)
+    # The subsample and the refinement's rows are heads of one random order drawn after the
+    # start.
+    order = (torch.randperm(n, generator=generator).to(x.device)
+             if schedule.subsample < n else None)
+    data = RecipeData(opts, schedule, x / x_unit, targets, x, targets, x_unit, 1.0, generator,
+                      order)
     # The targets' mean square goes to the outputscale: the noise is the transform's.
     outputscale = targets.square().mean().clamp_min(1e-12) * torch.ones((), dtype=x.dtype)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit, "outputscale": outputscale}
@@ -187,43 +203,62 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
                              dtype=x.dtype).to(x.device)
     kernel.base_kernel.lengthscale = start["lengthscale"].reshape(1, -1)
     kernel.outputscale = outputscale.to(x.device)
-    ctx.extra["kernel"] = kernel
-    return ctx
+    return data, _Dirichlet(kernel, noise, labels), report
 
 
-def _dirichlet_search(ctx: RecipeContext, name: str, rows: int, iterations: int) -> None:
-    """One search stage of the ``C`` regressions on the first ``rows`` rows of the order."""
-    with ctx.stage(name):
-        xs, targets, picked = ctx.head(rows)
-        noise = ctx.extra["noise"] if picked is None else ctx.extra["noise"][picked]
-        objective = dirichlet_objective(ctx.extra["kernel"], xs, targets, noise)
-        result = search_evidence(objective, iterations, ctx.options.tolerance)
-        record_search(ctx, name, result, "features")
-    if name == "search" and not result.converged:
-        warnings.warn(
-            f"fit_classifier_auto: the evidence search did not converge in {iterations} "
-            "L-BFGS iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
+def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
+                      iterations: Callable[[Any], int]) -> Callable[..., Any]:
+    """A search stage of the ``C`` regressions on the first ``rows(schedule)`` rows of the
+    order (none where that is 0), ``iterations(options)`` L-BFGS iterations."""
+
+    def run(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) -> Any:
+        count = rows(data.schedule)
+        if not count:
+            return None
+        xs, targets, picked = data.head(count)
+        noise = state.noise if picked is None else state.noise[picked]
+        objective = dirichlet_objective(state.kernel, xs, targets, noise)
+        result = search_evidence(objective, iterations(data.options), data.options.tolerance)
+        record_search(report, name, result, "features")
+        if name == "search" and not result.converged:
+            warnings.warn(
+                f"fit_classifier_auto: the evidence search did not converge in "
+                f"{iterations(data.options)} L-BFGS iterations; increase max_iterations",
+                ConvergenceWarning,
+            )
+        return state
+
+    return run
 
 
-def _refit(ctx: RecipeContext, labels: Any) -> DirichletGPClassifier:
-    opts, kernel = ctx.options, ctx.extra["kernel"]
-    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1) * ctx.x_unit
-    ctx.report.lengthscale = lengthscale
-    with ctx.stage("refit"):
-        # The same frequencies as the search's kernel when num_features == search_features.
-        final = make_ard_kernel(ctx.schedule.num_features, ctx.input_dim, opts.spectral,
-                                seed=opts.seed, dtype=ctx.x.dtype).to(ctx.x.device)
-        final.base_kernel.lengthscale = lengthscale.reshape(1, -1)
-        final.outputscale = kernel.outputscale.detach().clone()
-        model = DirichletGPClassifier(
-            final, alpha_epsilon=opts.alpha_epsilon, num_classes=opts.num_classes,
-            centre=True, outputscale=1.0, num_samples=opts.num_samples, seed=opts.seed,
-        )
-        with torch.no_grad():
-            if opts.select_alpha:
-                model.select_alpha(ctx.x_data, labels, seed=opts.seed)
-            else:
-                model.fit(ctx.x_data, labels)
+def _refit(data: RecipeData, state: _Dirichlet,
+           report: ClassifierFitReport) -> DirichletGPClassifier:
+    opts, kernel = data.options, state.kernel
+    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1) * data.x_unit
+    report.lengthscale = lengthscale
+    # The same frequencies as the search's kernel when num_features == search_features.
+    final = make_ard_kernel(data.schedule.num_features, data.input_dim, opts.spectral,
+                            seed=opts.seed, dtype=data.x.dtype).to(data.x.device)
+    final.base_kernel.lengthscale = lengthscale.reshape(1, -1)
+    final.outputscale = kernel.outputscale.detach().clone()
+    model = DirichletGPClassifier(
+        final, alpha_epsilon=opts.alpha_epsilon, num_classes=opts.num_classes,
+        centre=True, outputscale=1.0, num_samples=opts.num_samples, seed=opts.seed,
+    )
+    with torch.no_grad():
+        if opts.select_alpha:
+            model.select_alpha(data.x_data, state.labels, seed=opts.seed)
+        else:
+            model.fit(data.x_data, state.labels)
     return model
+
+
+#: The classifier's stages, in the order they run (their costs are
+#: :func:`plan_classifier`'s).
+_STAGES = (
+    Stage("search", _dirichlet_search("search", lambda s: s.subsample,
+                                      lambda o: o.max_iterations)),
+    Stage("refine", _dirichlet_search("refine", lambda s: s.refine_rows,
+                                      lambda o: o.refine_iterations)),
+    Stage("refit", _refit),
+)

@@ -26,7 +26,7 @@ candidates: the calibration and the fit are :mod:`rfgp.inference`'s.
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from gpytorch.kernels import Kernel
@@ -34,107 +34,156 @@ from torch import Tensor
 
 from rfgp.inference import (
     CHOICE_FEATURES,
+    MAX_ITERATIVE_FEATURES,
     RandomFeatureGP,
     ScaleCalibration,
     calibrate_scales,
+    final_path,
     fit_calibrated,
+    largest_features_within,
 )
-from rfgp.recipes._laplace import lengthscale_mixture_kernel
-from rfgp.recipes._stage import RecipeContext
+from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
+from rfgp.recipes._local import local_possible
+from rfgp.recipes._report import FitReport
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
+from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR
 
-__all__ = ["refit_stage"]
+__all__ = ["REFIT", "plan_final_growth", "plan_final_share", "refit"]
 
 
-def _final_kernel(ctx: RecipeContext, centre: Tensor, outputscale: Tensor,
-                  data_units: bool, features: int = 0) -> Kernel:
+def _final_kernel(data: RecipeData, draws: Optional[Tensor], centre: Tensor,
+                  outputscale: Tensor, data_units: bool, features: int = 0) -> Kernel:
     """The final kernel at the search-unit lengthscales ``centre`` and outputscale, in the
     search's units or (``data_units``) the data's, with ``features`` (default the
-    schedule's)."""
-    opts, features = ctx.options, features or ctx.schedule.num_features
+    schedule's), averaged over the relative Laplace ``draws`` where there are."""
+    opts, features = data.options, features or data.schedule.num_features
     if data_units:
-        centre, outputscale = centre * ctx.x_unit, outputscale * ctx.y_unit**2
+        centre, outputscale = centre * data.x_unit, outputscale * data.y_unit**2
     lengthscale = centre
-    if ctx.draws is not None:
-        return lengthscale_mixture_kernel(features, ctx.draws * lengthscale, outputscale,
+    if draws is not None:
+        return lengthscale_mixture_kernel(features, draws * lengthscale, outputscale,
                                           opts.spectral, opts.seed)
-    kernel = make_ard_kernel(features, ctx.input_dim, opts.spectral, seed=opts.seed,
-                             dtype=ctx.x.dtype).to(ctx.x.device)
+    kernel = make_ard_kernel(features, data.input_dim, opts.spectral, seed=opts.seed,
+                             dtype=data.x.dtype).to(data.x.device)
     set_hyperparameters(kernel, lengthscale, outputscale)
     return kernel
 
 
-def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
-    """Build, calibrate and fit the final model (module docstring)."""
-    report = ctx.report
-    path = ctx.schedule.final_solve
+def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeatureGP:
+    """Build, calibrate and fit the final model (module docstring) from ``searched``'s
+    scales, its candidate lengthscales (its own where there are none) and its Laplace draws."""
+    path = data.schedule.final_solve
     iterative = path == "cg"
-    with ctx.stage("refit"):
-        # The evidence is computed in the search's units: power-of-two units scale every
-        # result exactly, and the final kernel is then built in the data's.
-        outputscale = ctx.model.kernel.outputscale.detach()
-        noise = float(ctx.model.noise.detach())
-        # Without calibration the searched model is kept as it is.
-        candidates: Dict[str, Tensor] = (dict(ctx.candidates) if ctx.options.calibrate
-                                         else {}) or {"search": ctx.lengthscale()}
-        best = ("search", ctx.lengthscale(), ScaleCalibration(path, 1.0, noise))
-        losses = {}
-        shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
-        floor = NOISE_FLOOR * float(ctx.y.square().mean())
-        # Several candidates are compared at no more than CHOICE_FEATURES features (the
-        # chosen one then calibrates at the final D): on the iterative path always, on the
-        # weight path where D is larger.
-        features = ctx.schedule.num_features
-        several = ctx.options.calibrate and len(candidates) > 1
-        choice = (min(features, CHOICE_FEATURES)
-                  if iterative or (several and features > CHOICE_FEATURES) else 0)
-        for name, centre in candidates.items():
-            if not ctx.options.calibrate:
-                break
-            # Only the final D-feature model's Gram matrix serves the fit.
-            calibration = calibrate_scales(_final_kernel(ctx, centre, outputscale, False, choice),
-                                           ctx.x, ctx.y, noise, noise_floor=floor,
-                                           keep=not (iterative or choice))
-            losses[name] = calibration.loss / ctx.y.numel() + shift
-            if len(losses) == 1 or losses[name] < losses[best[0]]:
-                best = (name, centre, calibration)
-            del calibration
-        name, centre, calibration = best
-        start = calibration
-        if choice and ctx.options.calibrate:
-            # The chosen lengthscales' D-feature model calibrates itself: in weight space from
-            # the search's scales as every candidate did (the fewer features' outputscale
-            # factor can be far from its own), by CG from the fewer features' scales.
-            calibration = calibrate_scales(
-                _final_kernel(ctx, centre, outputscale, False), ctx.x, ctx.y,
-                start.noise if iterative else noise, path=path,
-                factor=start.factor if iterative else 1.0, noise_floor=floor,
-                seed=ctx.options.seed)
-        kernel = _final_kernel(ctx, centre, outputscale * calibration.factor, True)
-        if ctx.options.calibrate:
-            report.calibration = {
-                "candidates": list(losses), "evidence": losses, "chosen": name,
-                "choice_features": choice or features,
-                "outputscale_factor": calibration.factor,
-                "noise_before": noise * ctx.y_unit**2,
-                "noise_after": float(torch.as_tensor(calibration.noise, dtype=ctx.x.dtype)
-                                     * ctx.y_unit**2),
+    draws = searched.draws
+    # The evidence is computed in the search's units: power-of-two units scale every
+    # result exactly, and the final kernel is then built in the data's.
+    outputscale = searched.model.kernel.outputscale.detach()
+    noise = float(searched.model.noise.detach())
+    # Without calibration the searched model is kept as it is.
+    candidates: Dict[str, Tensor] = (dict(searched.candidates) if data.options.calibrate
+                                     else {}) or {"search": searched.lengthscale()}
+    best = ("search", searched.lengthscale(), ScaleCalibration(path, 1.0, noise))
+    losses = {}
+    shift = math.log(data.y_unit)  # a log density per datum in the data's units
+    floor = NOISE_FLOOR * float(data.y.square().mean())
+    # Several candidates are compared at no more than CHOICE_FEATURES features (the
+    # chosen one then calibrates at the final D): on the iterative path always, on the
+    # weight path where D is larger.
+    features = data.schedule.num_features
+    several = data.options.calibrate and len(candidates) > 1
+    choice = (min(features, CHOICE_FEATURES)
+              if iterative or (several and features > CHOICE_FEATURES) else 0)
+    for name, centre in candidates.items():
+        if not data.options.calibrate:
+            break
+        # Only the final D-feature model's Gram matrix serves the fit.
+        calibration = calibrate_scales(
+            _final_kernel(data, draws, centre, outputscale, False, choice), data.x, data.y,
+            noise, noise_floor=floor, keep=not (iterative or choice))
+        losses[name] = calibration.loss / data.y.numel() + shift
+        if len(losses) == 1 or losses[name] < losses[best[0]]:
+            best = (name, centre, calibration)
+        del calibration
+    name, centre, calibration = best
+    start = calibration
+    if choice and data.options.calibrate:
+        # The chosen lengthscales' D-feature model calibrates itself: in weight space from
+        # the search's scales as every candidate did (the fewer features' outputscale
+        # factor can be far from its own), by CG from the fewer features' scales.
+        calibration = calibrate_scales(
+            _final_kernel(data, draws, centre, outputscale, False), data.x, data.y,
+            start.noise if iterative else noise, path=path,
+            factor=start.factor if iterative else 1.0, noise_floor=floor,
+            seed=data.options.seed)
+    kernel = _final_kernel(data, draws, centre, outputscale * calibration.factor, True)
+    if data.options.calibrate:
+        report.calibration = {
+            "candidates": list(losses), "evidence": losses, "chosen": name,
+            "choice_features": choice or features,
+            "outputscale_factor": calibration.factor,
+            "noise_before": noise * data.y_unit**2,
+            "noise_after": float(torch.as_tensor(calibration.noise, dtype=data.x.dtype)
+                                 * data.y_unit**2),
+        }
+        if iterative:
+            result = calibration.iterative
+            report.calibration["iterative"] = {
+                "choice_features": choice, "start_factor": start.factor,
+                "start_noise": start.noise * data.y_unit**2,
+                "log_evidence": result.log_evidence - shift,
+                "standard_error": result.standard_error,
+                "gradient_standard_error": result.gradient_standard_error,
+                "rank": result.rank, "iterations": result.iterations,
             }
-            if iterative:
-                result = calibration.iterative
-                report.calibration["iterative"] = {
-                    "choice_features": choice, "start_factor": start.factor,
-                    "start_noise": start.noise * ctx.y_unit**2,
-                    "log_evidence": result.log_evidence - shift,
-                    "standard_error": result.standard_error,
-                    "gradient_standard_error": result.gradient_standard_error,
-                    "rank": result.rank, "iterations": result.iterations,
-                }
-        # The final features are the evidence's in the data's units (the input units are
-        # powers of two: exact); on the CG path, B - I of the fit is c G of the calibration
-        # (the units cancel in a / noise), so its preconditioner serves.
-        gp = fit_calibrated(kernel, ctx.x_data, ctx.y_data, calibration, ctx.y_unit)
-    report.lengthscale = centre * ctx.x_unit
-    report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
+    # The final features are the evidence's in the data's units (the input units are
+    # powers of two: exact); on the CG path, B - I of the fit is c G of the calibration
+    # (the units cancel in a / noise), so its preconditioner serves.
+    gp = fit_calibrated(kernel, data.x_data, data.y_data, calibration, data.y_unit)
+    report.lengthscale = centre * data.x_unit
+    report.lengthscale_draws = None if draws is None else draws * centre * data.x_unit
     return gp
+
+
+def plan_final_share(plan: Plan) -> None:
+    """Book the final fit's share first: the most features (a power of two, at least
+    :data:`~rfgp.recipes._schedule.MIN_FEATURES`) whose calibrated fit, with the candidates it
+    may have to choose among (the refinement's end and, where a local stage can run, its
+    best), costs at most :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, or what
+    the first search and the Laplace Hessian leave where that is less (an exact search on a
+    couple of thousand rows can take most of a small budget); a given ``num_features`` as it
+    is."""
+    n, d, opts = plan.num_rows, plan.input_dim, plan.options
+    forced = opts.num_features is not None
+    if forced:
+        features = opts.num_features
+    else:
+        leaves = plan.total - plan.spent - hessian_cost(opts, d, plan.evaluation)
+        candidates = 2 if local_possible(plan) else 1
+        features = largest_features_within(
+            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
+            min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
+            MAX_ITERATIVE_FEATURES)
+    plan.num_features = features
+    plan.spent += final_path(n, features, d, opts.solve, forced=forced)[1]
+
+
+def plan_final_growth(plan: Plan) -> None:
+    """Book what the stages before leave to the final fit: ``D`` doubles while the larger
+    fit, with the candidates planned, fits; then the fit's path and cost."""
+    n, d, opts = plan.num_rows, plan.input_dim, plan.options
+    features, candidates = plan.num_features, plan.candidates
+    while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
+        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
+                 - final_path(n, features, d, opts.solve, candidates)[1])
+        if plan.spent + extra > plan.total:
+            break
+        features, plan.spent = 2 * features, plan.spent + extra
+    plan.num_features = features
+    path, cost = final_path(n, features, d, opts.solve, candidates,
+                            opts.num_features is not None)
+    plan.final_solve, plan.predicted["refit"] = path, cost
+
+
+REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))

@@ -2,14 +2,16 @@ r"""The schedule: which stages run, on how many rows and features, within a time
 
 Each stage's cost is predicted in multiply-adds from the rows ``N``, the inputs ``d`` and the
 feature counts (the leading terms of its matrix products and factorisations) and converted to
-seconds at ``machine_rate``. The final fit takes at most :data:`FINAL_SHARE` of the budget, or
-what the first search leaves where that is less: its feature count ``D`` is the largest power
-of two whose fit (the Gram matrix, its eigendecomposition for the calibration, the refit) fits
+seconds at ``machine_rate``. Each stage declares its own cost (its ``plans``, see
+:class:`~rfgp.recipes._stage.Stage`); :func:`plan_stages` books them in their planning order
+on one ledger, :class:`Plan`, and the result is the :class:`Schedule`. For
+:func:`~rfgp.recipes.fit_auto` that order is: the evidence search on the subsample (always);
+the final fit's share, at most :data:`FINAL_SHARE` of the budget, or what the first search
+leaves where that is less (its ``D`` the largest power of two whose calibrated fit fits
 there, because the features' error shrinks only as :math:`D^{-1/2}` while the fit grows as
-:math:`N D^2`. The evidence search on the subsample always runs; the refinement's rows, the
-local stage's starts and the cross-validated choice of the bound take what the budget leaves,
-in that order, and what is left then doubles the final ``D`` while it fits. The default
-budget, :func:`default_budget`, grows linearly with ``N``.
+:math:`N D^2`); the refinement's rows, the local stage's starts and the Laplace Hessian; what
+is left then doubles the final ``D`` while it fits; the cross-validated choice of the bound
+last. The default budget, :func:`default_budget`, grows linearly with ``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
 fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
@@ -20,27 +22,24 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Any, Dict, Sequence
 
 import torch
 
 from rfgp._validation import check_int
-from rfgp.inference import (
-    MAX_ITERATIVE_FEATURES,
-    final_path,
-    largest_features_within,
-)
 from rfgp.inference._blocks import kd_levels
 
 __all__ = [
     "FINAL_SHARE",
     "MIN_FEATURES",
+    "Plan",
     "Schedule",
     "default_budget",
     "exact_evidence_cost",
     "feature_evidence_cost",
     "measure_machine_rate",
-    "plan_regression",
+    "plan_stages",
+    "refinement_rows",
 ]
 
 #: Share of the time budget the final fit may take before the other stages are planned (it
@@ -60,10 +59,6 @@ EXACT_DISTANCE_COST = 8.0
 #: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
 EVALUATIONS_PER_ITERATION = 1.25
-#: L-BFGS iterations of each start of the local stage.
-LOCAL_ITERATIONS = 40
-#: Adam steps of the first search's warm-up path (rfgp.recipes._search.WARM_UP_STEPS).
-WARM_UP_STEPS = 100
 
 
 def default_budget(num_rows: int) -> float:
@@ -136,8 +131,10 @@ class Schedule:
         local_starts: starts of the local stage (0: none).
         choose_bound: whether the cross-validated choice of the bound may run.
         num_features: ``D`` of the final fit.
-        predicted: predicted seconds per stage.
-        final_solve: ``"weight"`` or ``"cg"``, the final fit's path (:func:`final_path`).
+        predicted: predicted seconds per stage, in the stages' order.
+        final_solve: ``"weight"`` or ``"cg"``, the final fit's path
+            (:func:`~rfgp.inference.final_path`).
+        settings: what further stages planned (by stage name).
     """
 
     budget: float
@@ -151,6 +148,84 @@ class Schedule:
     num_features: int
     predicted: Dict[str, float] = field(default_factory=dict)
     final_solve: str = "weight"
+    settings: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """The ledger on which the stages book their settings and costs, in planning order
+    (:func:`plan_stages`); it then becomes the :class:`Schedule`.
+
+    Attributes:
+        num_rows, input_dim, options: what is planned for (checked options).
+        total: the budget in multiply-adds.
+        spent: multiply-adds booked so far (what is left: :meth:`left`).
+        predicted: multiply-adds per stage (the final fit books its own once its ``D`` is
+            final).
+        evaluation: multiply-adds of one evaluation of the last search stage's evidence (the
+            unit of the Laplace Hessian's cost).
+        candidates: lengthscale candidates the final fit will compare.
+        settings: what stages without a field of their own planned.
+
+    The other attributes are the :class:`Schedule`'s.
+    """
+
+    num_rows: int
+    input_dim: int
+    options: Any
+    total: float
+    spent: float = 0.0
+    predicted: Dict[str, float] = field(default_factory=dict)
+    subsample: int = 0
+    search_features: int = 0
+    search_evidence: str = "features"
+    evaluation: float = 0.0
+    refine_rows: int = 0
+    local_starts: int = 0
+    choose_bound: bool = False
+    num_features: int = 0
+    candidates: int = 1
+    final_solve: str = "weight"
+    settings: Dict[str, Any] = field(default_factory=dict)
+
+    def left(self) -> float:
+        """Multiply-adds of the budget not yet booked."""
+        return self.total - self.spent
+
+    def book(self, stage: str, cost: float) -> None:
+        """Book ``cost`` multiply-adds as ``stage``'s prediction and spend them."""
+        self.predicted[stage] = cost
+        self.spent += cost
+
+
+def plan_stages(num_rows: int, input_dim: int, options: Any, stages: Sequence[Any]) -> Schedule:
+    """The schedule of ``stages`` (:class:`~rfgp.recipes._stage.Stage`) for ``num_rows`` rows
+    of ``input_dim`` inputs under checked ``options``: every stage's plans called on one
+    :class:`Plan` in their planning order (ties in the stages' order), the predictions
+    converted to seconds at ``options.machine_rate``.
+
+    Example:
+        >>> from rfgp.recipes._options import RegressionOptions
+        >>> from rfgp.recipes._stage import Stage
+        >>> def warm_up(plan):
+        ...     plan.book("warm_up", 0.5 * plan.total)
+        >>> s = plan_stages(1000, 2, RegressionOptions(time_budget=10.0).checked(),
+        ...                 [Stage("warm_up", print, ((0, warm_up),))])
+        >>> s.predicted
+        {'warm_up': 5.0}
+    """
+    budget = options.time_budget if options.time_budget is not None else default_budget(num_rows)
+    rate = options.machine_rate
+    plan = Plan(num_rows, input_dim, options, budget * rate)
+    steps = sorted(((order, index, book) for index, stage in enumerate(stages)
+                    for order, book in stage.plans), key=lambda step: step[:2])
+    for _, _, book in steps:
+        book(plan)
+    predicted = {stage.name: plan.predicted[stage.name] / rate for stage in stages
+                 if stage.name in plan.predicted}
+    return Schedule(budget, rate, plan.subsample, plan.search_features, plan.search_evidence,
+                    plan.refine_rows, plan.local_starts, plan.choose_bound, plan.num_features,
+                    predicted, plan.final_solve, plan.settings)
 
 
 def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
@@ -166,124 +241,6 @@ def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
     while rows > subsample and evaluations * evaluation_cost(rows) > REFINE_SHARE * total:
         rows = max(subsample, rows // 2)
     return rows, evaluations * evaluation_cost(rows)
-
-
-def _search_evidence(num_rows: int, subsample: int, search_features: int, input_dim: int,
-                     exact_rows: int) -> tuple:
-    """``(evidence, multiply-adds of one evaluation)`` of the first search: the exact
-    evidence on a subsample of at most ``exact_rows`` rows, the blocks' where the subsample
-    is every row, else the features'."""
-    if subsample <= exact_rows:
-        return "exact", exact_evidence_cost(subsample, input_dim)
-    if subsample == num_rows and exact_rows >= 2:
-        return "blocks", exact_evidence_cost(subsample, input_dim, exact_rows)
-    return "features", feature_evidence_cost(subsample, search_features, input_dim)
-
-
-def plan_regression(num_rows: int, input_dim: int, options) -> Schedule:
-    """The schedule of :func:`~rfgp.recipes.fit_auto` for ``num_rows`` rows of ``input_dim``
-    inputs under checked :class:`~rfgp.recipes.RegressionOptions`.
-
-    Example:
-        >>> from rfgp.recipes._options import RegressionOptions
-        >>> s = plan_regression(40000, 9, RegressionOptions().checked())
-        >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
-        (4096, 2000, 'features', True)
-        >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
-        'exact'
-    """
-    n, d, opts = num_rows, input_dim, options
-    budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
-    rate = opts.machine_rate
-    total = budget * rate
-    # The final fit first: its share decides D, for the candidates it may have to choose
-    # among (the refinement's end and, where a local stage can run, its best).
-    subsample = min(n, opts.subsample)
-    local_possible = (n > subsample and opts.refine_iterations > 0 and opts.local_search
-                      and opts.exact_rows >= 2)
-    # The search's features: never more than the final fit's, which the schedule chooses at
-    # least as many as the search's unless the user fixed them.
-    search_features = min(opts.search_features, opts.num_features or opts.search_features)
-    # The first search always runs, along two paths, one after an Adam warm-up
-    # (two_path_search); where it holds every row, the Laplace Hessian is of its evidence.
-    evidence, search = _search_evidence(n, subsample, search_features, d, opts.exact_rows)
-    first = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * search
-    if opts.num_features is not None:
-        features = opts.num_features
-    else:
-        # The final share, or what the first search leaves where that is less (an exact
-        # search on a couple of thousand rows can take most of a small budget).
-        leaves = total - first - ((d + 3) * search if opts.lengthscale_draws else 0.0)
-        candidates = 2 if local_possible else 1
-        features = largest_features_within(
-            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
-            min(FINAL_SHARE * total, leaves), max(MIN_FEATURES, opts.search_features),
-            MAX_ITERATIVE_FEATURES)
-    predicted = {"search": first / rate}
-    forced = opts.num_features is not None
-    spent = first + final_path(n, features, d, opts.solve, forced=forced)[1]
-    # The refinement: as many rows as its share allows, never fewer than the subsample.
-    refine_rows, refine = refinement_rows(
-        n, subsample, opts, lambda rows: feature_evidence_cost(rows, search_features, d), total)
-    if refine_rows:
-        predicted["refine"] = refine / rate
-        spent += refine
-    # The local stage: its starts (the refinement's end, then one per shortened
-    # lengthscale) as the remaining budget allows.
-    # The Laplace Hessian: d + 3 gradients of the last search stage's evidence.
-    if refine_rows:
-        last = feature_evidence_cost(refine_rows, search_features, d)
-    else:
-        last = search
-    hessian = (d + 3) * last if opts.lengthscale_draws else 0.0
-    local_starts = 0
-    if refine_rows and opts.local_search and opts.exact_rows >= 2:
-        blocks = exact_evidence_cost(refine_rows, d, opts.exact_rows)
-        per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
-        # After a local stage the Hessian is that of its block evidence, and the final
-        # model's evidence chooses between two candidates (a second Gram matrix).
-        block_hessian = (d + 3) * blocks if opts.lengthscale_draws else 0.0
-        second = (final_path(n, features, d, opts.solve, 2, forced)[1]
-                  - final_path(n, features, d, opts.solve, 1, forced)[1])
-        local_starts = int(max(0.0, total - spent - block_hessian - second) // per_start)
-        local_starts = min(local_starts, d + 1)
-        if local_starts:
-            predicted["local"] = local_starts * per_start / rate
-            spent += local_starts * per_start + second
-            hessian = block_hessian
-    if hessian:
-        predicted["laplace"] = hessian / rate
-        spent += hessian
-    # What the stages leave goes to the final fit's features.
-    candidates = 2 if local_starts else 1
-    while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
-        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
-                 - final_path(n, features, d, opts.solve, candidates)[1])
-        if spent + extra > total:
-            break
-        features, spent = 2 * features, spent + extra
-    # The bound's cross-validated choice: where the search holds every row, two searches
-    # per fold on the other rows.
-    choose_bound = False
-    if subsample == n and opts.max_lengthscale is not None:
-        folds = max(opts.cv_folds, 1)
-        rows = n - n // folds if opts.cv_folds else n
-        if evidence == "features":
-            per_search = feature_evidence_cost(rows, search_features, d)
-        else:
-            per_search = exact_evidence_cost(rows, d, opts.exact_rows)
-        # Per fold an unbounded and a bounded search at a ten times looser tolerance (about
-        # half the evaluations each); then the bounded search on every row.
-        per_fold = SEARCH_EVALUATIONS
-        choice = per_search * (opts.cv_folds * per_fold + SEARCH_EVALUATIONS)
-        choose_bound = spent + choice <= total
-        if choose_bound:
-            predicted["select"] = choice / rate
-            spent += choice
-    path, cost = final_path(n, features, d, opts.solve, candidates, forced)
-    predicted["refit"] = cost / rate
-    return Schedule(budget, rate, subsample, search_features, evidence, refine_rows, local_starts,
-                    choose_bound, features, predicted, path)
 
 
 def measure_machine_rate(size: int = 1024, repeats: int = 3,

@@ -1,5 +1,12 @@
-"""The context every stage of a recipe reads and writes: the data in the search's units, the
-options, the schedule, the model being searched, what the stages found, and the report.
+"""What a recipe stage is: a function from typed inputs to a typed output, with a declared cost.
+
+A stage of :func:`~rfgp.recipes.fit_auto` reads the data (:class:`RecipeData`, the same for
+every stage, never changed) and what the search stages so far handed on (:class:`Searched`),
+and returns what it hands on: a new :class:`Searched`, or ``None`` where it has nothing to do
+(then it is not timed). It writes what it did into the report. Its :class:`Stage` declaration
+names it (the name of its module, its function, its report key and its planned seconds) and
+says what it costs: ``plans``, the functions that book its setting and multiply-adds in the
+schedule (:class:`~rfgp.recipes._schedule.Plan`), each at its place in the planning order.
 
 Internal: not part of the public API (see :mod:`rfgp.recipes`).
 """
@@ -9,48 +16,34 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import Schedule
+from rfgp.inference import RandomFeatureGP
 
-__all__ = ["RecipeContext"]
+__all__ = ["RecipeData", "Searched", "Stage", "StageTimer"]
 
 
-@dataclass
-class RecipeContext:
-    """The state passed from stage to stage.
+@dataclass(frozen=True)
+class RecipeData:
+    """The data every stage reads.
 
     Attributes:
         options: the checked options.
         schedule: the stages' rows, feature counts and budget.
-        report: filled in as the stages run.
         x, y: the data in the search's units (inputs over ``x_unit``, targets over
             ``y_unit``).
         x_data, y_data: the data as given (the final fit's).
         x_unit: ``(d,)`` the input units; ``y_unit``: the target unit.
-        generator: every random draw of the recipe (subsample, folds, Laplace draws).
-        order: a random order of the rows: the subsample is its head, the refinement's rows
-            a longer head.
-        model: the model the search stages change (search features).
-        bound: ``(d,)`` the lengthscale bound in the search's units, where it was kept.
-        rows: the rows of the last search stage (``None``: all).
-        blocks: the blocks of neighbouring rows whose exact evidences the last stage summed.
-        evidence: the evidence the last stage maximised.
-        candidates: named lengthscale vectors, in the search's units, among which the final
-            model's evidence chooses.
-        draws: ``(S, d)`` Laplace draws of the lengthscales, relative to the centre
-            (``draws / centre``), or ``None``.
-        extra: stage-specific values (the classifier's targets and noise).
+        generator: the recipe's later random draws (the Laplace draws).
+        order: a random order of the rows (``None`` where the subsample is every row): the
+            subsample is its head, the refinement's rows a longer head.
     """
 
     options: Any
-    schedule: Schedule
-    report: FitReport
+    schedule: Any
     x: Tensor
     y: Tensor
     x_data: Tensor
@@ -59,15 +52,6 @@ class RecipeContext:
     y_unit: float
     generator: torch.Generator
     order: Optional[Tensor] = None
-    model: Optional[RandomFeatureGP] = None
-    bound: Optional[Tensor] = None
-    rows: Optional[Tensor] = None
-    blocks: Optional[List[Tensor]] = None
-    evidence: str = "features"
-    candidates: Dict[str, Tensor] = field(default_factory=dict)
-    draws: Optional[Tensor] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
-    _bar: Any = None
 
     @property
     def num_rows(self) -> int:
@@ -82,46 +66,97 @@ class RecipeContext:
         ``count`` covers them): ``(x, y, rows)``."""
         if count >= self.num_rows:
             return self.x, self.y, None
-        if self.order is None:
-            self.order = torch.randperm(self.num_rows, generator=self.generator).to(
-                self.x.device)
         rows = self.order[:count]
         return self.x[rows], self.y[rows], rows
 
-    def stage_data(self) -> Tuple[Tensor, Tensor]:
-        """The last search stage's rows."""
-        if self.rows is None:
-            return self.x, self.y
-        return self.x[self.rows], self.y[self.rows]
+
+@dataclass(frozen=True)
+class Searched:
+    """What a search stage hands on: the searched model and how it was searched.
+
+    Attributes:
+        model: the model at the hyperparameters found (search features); a stage that
+            searches further changes it in place or hands on another.
+        rows: the rows of the last search stage (``None``: all).
+        evidence: the evidence it maximised (``"exact"``, ``"blocks"`` or ``"features"``).
+        blocks: the blocks of neighbouring rows whose exact evidences it summed.
+        bound: ``(d,)`` the lengthscale bound in the search's units, where it was kept.
+        candidates: named lengthscale vectors, in the search's units, among which the final
+            model's evidence chooses (empty: the model's own).
+        draws: ``(S, d)`` Laplace draws of the lengthscales relative to the centre, or
+            ``None``.
+    """
+
+    model: RandomFeatureGP
+    rows: Optional[Tensor] = None
+    evidence: str = "features"
+    blocks: Optional[List[Tensor]] = None
+    bound: Optional[Tensor] = None
+    candidates: Mapping[str, Tensor] = field(default_factory=dict)
+    draws: Optional[Tensor] = None
 
     def lengthscale(self) -> Tensor:
         """``(d,)`` the searched model's lengthscales."""
         return self.model.kernel.base_kernel.lengthscale.detach().reshape(-1).clone()
 
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time a stage into ``report.seconds[name]`` and show it on the progress bar."""
-        if self._bar is not None:
-            self._bar.set_description(name)
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.report.seconds[name] = time.perf_counter() - started
-            if self._bar is not None:
-                self._bar.update(1)
+    def data(self, data: RecipeData) -> Tuple[Tensor, Tensor]:
+        """The last search stage's rows of ``data``."""
+        if self.rows is None:
+            return data.x, data.y
+        return data.x[self.rows], data.y[self.rows]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage's declaration.
+
+    Attributes:
+        name: the stage's module, function, report key (``report.seconds``) and planned
+            seconds key (``schedule.predicted``).
+        run: ``run(data, searched, report) -> Searched or None`` (the last stage returns the
+            fitted model).
+        plans: ``((order, plan), ...)``: ``plan(ledger)`` books the stage's setting and cost
+            at its ``order`` in the planning (lower first; a stage may book twice, as the
+            final fit does: its share first, what the others leave last).
+    """
+
+    name: str
+    run: Callable[..., Any]
+    plans: Tuple[Tuple[int, Callable[[Any], None]], ...] = ()
+
+
+class StageTimer:
+    """Times stages into ``seconds[name]`` and shows them on a tqdm bar over ``total``
+    stages when ``progress`` asks for one."""
+
+    def __init__(self, seconds: Dict[str, float]) -> None:
+        self.seconds = seconds
+        self._bar: Any = None
 
     @contextmanager
-    def progress(self, stages: int, caller: str) -> Iterator[None]:
-        """A tqdm bar over ``stages`` stages when the options ask for one."""
-        if not self.options.progress:
+    def progress(self, total: int, caller: str, show: bool) -> Iterator[None]:
+        if not show:
             yield
             return
         from tqdm.auto import tqdm
 
-        with tqdm(total=stages, desc=caller, unit="stage") as bar:
+        with tqdm(total=total, desc=caller, unit="stage") as bar:
             self._bar = bar
             try:
                 yield
             finally:
                 self._bar = None
+
+    def run(self, stage: Stage, *args: Any) -> Any:
+        """``stage.run(*args)``, timed unless it returns ``None`` (nothing to do)."""
+        if self._bar is not None:
+            self._bar.set_description(stage.name)
+        started = time.perf_counter()
+        try:
+            result = stage.run(*args)
+            if result is not None:
+                self.seconds[stage.name] = time.perf_counter() - started
+            return result
+        finally:
+            if self._bar is not None:
+                self._bar.update(1)

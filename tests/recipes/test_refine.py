@@ -17,7 +17,7 @@ from rfgp.recipes import (
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.recipes._refine import LOCAL_SHORT_START
+from rfgp.recipes._local import LOCAL_SHORT_START
 from tests.helpers import DT, gen
 
 
@@ -216,7 +216,7 @@ def test_local_stage_keeps_the_best_of_its_starts():
 
 
 def test_local_stage_starts_from_shortened_lengthscales(monkeypatch):
-    import rfgp.recipes._refine as recipe
+    import rfgp.recipes._local as recipe
 
     seen = []
     original = recipe.maximize_evidence
