@@ -29,10 +29,13 @@ from rfgp.inference._fit_cost import (
     cg_fit_cost,
     cg_fit_seconds,
     cg_num_features,
+    exact_evidence_cost,
+    feature_evidence_cost,
     final_fit_cost,
     final_path,
     iterative_fit_cost,
     largest_features_within,
+    measure_machine_rate,
 )
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
@@ -62,6 +65,8 @@ __all__ = [
     "cg_num_features",
     "cross_validate",
     "evidence_hessian",
+    "exact_evidence_cost",
+    "feature_evidence_cost",
     "final_fit_cost",
     "feature_model_evidence",
     "final_path",
@@ -75,6 +80,7 @@ __all__ = [
     "largest_features_within",
     "lengthscale_draws",
     "maximize_scale_evidence",
+    "measure_machine_rate",
     "negative_log_evidence",
     "stochastic_log_evidence",
 ]

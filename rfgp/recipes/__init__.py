@@ -44,18 +44,18 @@ and what they leave doubles ``D``. The default budget (:func:`default_budget`) i
 the rows; :func:`measure_machine_rate` measures this machine's rate.
 """
 
-from rfgp.inference import calibrated_fit, maximize_scale_evidence
+from rfgp.inference import (
+    calibrated_fit,
+    exact_evidence_cost,
+    maximize_scale_evidence,
+    measure_machine_rate,
+)
 from rfgp.recipes._classification import fit_classifier_auto
 from rfgp.recipes._laplace import lengthscale_mixture_kernel
 from rfgp.recipes._options import ClassifierOptions, RegressionOptions
 from rfgp.recipes._regression import fit_auto
 from rfgp.recipes._report import ClassifierFitReport, FitReport
-from rfgp.recipes._schedule import (
-    Schedule,
-    default_budget,
-    exact_evidence_cost,
-    measure_machine_rate,
-)
+from rfgp.recipes._schedule import Schedule, default_budget
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_scale, column_unit

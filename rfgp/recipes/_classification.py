@@ -41,7 +41,7 @@ from torch import Tensor
 from rfgp._validation import EVIDENCE_DTYPES, check_int
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
-from rfgp.inference import MAX_WEIGHT_FEATURES, largest_features_within
+from rfgp.inference import MAX_WEIGHT_FEATURES, feature_evidence_cost, largest_features_within
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
@@ -52,7 +52,6 @@ from rfgp.recipes._schedule import (
     SEARCH_EVALUATIONS,
     Schedule,
     default_budget,
-    feature_evidence_cost,
     refinement_rows,
 )
 from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence

@@ -18,10 +18,10 @@ import math
 from dataclasses import replace
 from typing import Optional
 
-from rfgp.inference import final_path, kd_blocks
+from rfgp.inference import exact_evidence_cost, final_path, kd_blocks
 from rfgp.recipes._laplace import hessian_cost
 from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import EVALUATIONS_PER_ITERATION, Plan, exact_evidence_cost
+from rfgp.recipes._schedule import EVALUATIONS_PER_ITERATION, Plan
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import search_model

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from rfgp.inference import feature_evidence_cost
 from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import Plan, feature_evidence_cost, refinement_rows
+from rfgp.recipes._schedule import Plan, refinement_rows
 from rfgp.recipes._search import maximize_evidence, record_search
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 

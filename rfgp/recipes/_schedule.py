@@ -1,17 +1,18 @@
 r"""The schedule: which stages run, on how many rows and features, within a time budget.
 
 Each stage's cost is predicted in multiply-adds from the rows ``N``, the inputs ``d`` and the
-feature counts (the leading terms of its matrix products and factorisations) and converted to
-seconds at ``machine_rate``. Each stage declares its own cost (its ``plans``, see
-:class:`~rfgp.recipes._stage.Stage`); :func:`plan_stages` books them in their planning order
-on one ledger, :class:`Plan`, and the result is the :class:`Schedule`. For
-:func:`~rfgp.recipes.fit_auto` that order is: the evidence search on the subsample (always);
-the final fit's share, at most :data:`FINAL_SHARE` of the budget, or what the first search
-leaves where that is less (its ``D`` the largest power of two whose calibrated fit fits
-there, because the features' error shrinks only as :math:`D^{-1/2}` while the fit grows as
-:math:`N D^2`); the refinement's rows, the local stage's starts and the Laplace Hessian; what
-is left then doubles the final ``D`` while it fits; the cross-validated choice of the bound
-last. The default budget, :func:`default_budget`, grows linearly with ``N``.
+feature counts (:mod:`rfgp.inference`'s cost model: the leading terms of its matrix products
+and factorisations) and converted to seconds at ``machine_rate``. Each stage declares its own
+cost (its ``plans``, see :class:`~rfgp.recipes._stage.Stage`); :func:`plan_stages` books them
+in their planning order on one ledger, :class:`Plan`, and the result is the
+:class:`Schedule`. For :func:`~rfgp.recipes.fit_auto` that order is: the evidence search on
+the subsample (always); the final fit's share, at most :data:`FINAL_SHARE` of the budget, or
+what the first search leaves where that is less (its ``D`` the largest power of two whose
+calibrated fit fits there, because the features' error shrinks only as :math:`D^{-1/2}` while
+the fit grows as :math:`N D^2`); the refinement's rows, the local stage's starts and the
+Laplace Hessian; what is left then doubles the final ``D`` while it fits; the cross-validated
+choice of the bound last. The default budget, :func:`default_budget`, grows linearly with
+``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
 fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
@@ -19,15 +20,10 @@ fit is reproducible; the report compares each stage's predicted seconds with its
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Sequence
 
-import torch
-
 from rfgp._validation import check_int
-from rfgp.inference._blocks import kd_levels
 
 __all__ = [
     "FINAL_SHARE",
@@ -35,9 +31,6 @@ __all__ = [
     "Plan",
     "Schedule",
     "default_budget",
-    "exact_evidence_cost",
-    "feature_evidence_cost",
-    "measure_machine_rate",
     "plan_stages",
     "refinement_rows",
 ]
@@ -49,12 +42,6 @@ FINAL_SHARE = 0.4
 REFINE_SHARE = 0.2
 #: Fewest features of a final fit chosen by the schedule.
 MIN_FEATURES = 512
-#: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
-#: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
-#: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
-#: distances alone fell short by 2 to 5 times.
-EXACT_ELEMENTWISE_COST = 100.0
-EXACT_DISTANCE_COST = 8.0
 #: L-BFGS evaluations the cost model expects of a search run to convergence, and per
 #: iteration of a capped one (a line search mostly accepts its first step).
 SEARCH_EVALUATIONS = 60
@@ -73,46 +60,6 @@ def default_budget(num_rows: int) -> float:
     """
     num_rows = check_int("num_rows", num_rows)
     return max(30.0, 20.0 + num_rows / 400.0)
-
-
-def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> float:
-    r"""Multiply-adds of one evaluation of the random-feature evidence and its gradient:
-    :math:`2 n D^2 + 2 n D d + D^3` (the Gram matrix and its derivative products, the
-    projections, the factor)."""
-    n, m = float(num_rows), float(num_features)
-    return 2 * n * m * m + 2 * n * m * input_dim + m**3
-
-
-def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
-    r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
-    rows, :math:`n^3 + c_2 n^2 + c_d n^2 d`, or summed over the blocks that
-    :func:`~rfgp.inference.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
-
-    The cubic term is the Cholesky factor and the inverse the gradient needs
-    (:math:`n^3 / 3 + 2 n^3 / 3`); :math:`c_d n^2 d` (:data:`EXACT_DISTANCE_COST`) the
-    distances and the lengthscales' gradient sums; :math:`c_2 n^2`
-    (:data:`EXACT_ELEMENTWISE_COST`) the elementwise passes over the ``n x n`` matrices,
-    which run at memory speed, not at a product's.
-
-    Args:
-        num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
-        block_rows: the most rows of a block (0: one block of every row).
-
-    Raises:
-        TypeError / ValueError: for a non-integer or out-of-range argument.
-
-    Example:
-        >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
-        True
-    """
-    num_rows = check_int("num_rows", num_rows)
-    input_dim = check_int("input_dim", input_dim, minimum=0)
-    block_rows = check_int("block_rows", block_rows, minimum=0)
-    if block_rows and num_rows > block_rows:
-        blocks = 2 ** kd_levels(num_rows, block_rows)
-        return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)
-    n = float(num_rows)
-    return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
 
 
 @dataclass
@@ -241,23 +188,3 @@ def refinement_rows(num_rows: int, subsample: int, options, evaluation_cost,
     while rows > subsample and evaluations * evaluation_cost(rows) > REFINE_SHARE * total:
         rows = max(subsample, rows // 2)
     return rows, evaluations * evaluation_cost(rows)
-
-
-def measure_machine_rate(size: int = 1024, repeats: int = 3,
-                         dtype: torch.dtype = torch.float64) -> float:
-    """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
-    of ``repeats``): pass it as ``machine_rate`` to budget in this machine's seconds.
-
-    Example:
-        >>> measure_machine_rate(64, 1) > 0
-        True
-    """
-    size = check_int("size", size, minimum=2)
-    repeats = check_int("repeats", repeats)
-    a = torch.randn(size, size, dtype=dtype)
-    best = math.inf
-    for _ in range(repeats + 1):  # the first product warms the library up
-        started = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - started)
-    return size**3 / max(best, 1e-9)

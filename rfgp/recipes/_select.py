@@ -22,14 +22,9 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference import cross_validate, kd_blocks
+from rfgp.inference import cross_validate, exact_evidence_cost, feature_evidence_cost, kd_blocks
 from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import (
-    SEARCH_EVALUATIONS,
-    Plan,
-    exact_evidence_cost,
-    feature_evidence_cost,
-)
+from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import initial_hyperparameters, search_model

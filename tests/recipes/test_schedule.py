@@ -6,16 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfgp.inference import MAX_WEIGHT_FEATURES, final_fit_cost, kd_blocks
+from rfgp.inference import MAX_WEIGHT_FEATURES, exact_evidence_cost, final_fit_cost, kd_blocks
+from rfgp.inference._fit_cost import EXACT_DISTANCE_COST, EXACT_ELEMENTWISE_COST
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
-from rfgp.recipes._schedule import (
-    EXACT_DISTANCE_COST,
-    EXACT_ELEMENTWISE_COST,
-    FINAL_SHARE,
-    MIN_FEATURES,
-    exact_evidence_cost,
-)
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
