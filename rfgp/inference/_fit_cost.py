@@ -36,6 +36,7 @@ __all__ = [
     "MAX_WEIGHT_FEATURES",
     "SKETCH_RANK",
     "cg_fit_cost",
+    "classifier_fit_cost",
     "cg_fit_seconds",
     "cg_num_features",
     "exact_evidence_cost",
@@ -295,6 +296,19 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     if k > 1 and m > CHOICE_FEATURES:
         return k * calibration(CHOICE_FEATURES) + calibration(m) + m**3 / 3
     return k * calibration(m) + m**3 / 3
+
+
+def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
+    r"""Multiply-adds of the Dirichlet classifier's ``C``-class fit: the cheaper of the weight
+    space, :math:`2 N D^2 + C D^3 / 3` (the shared Gram matrix, each class's correction, one
+    Cholesky factor per class), and the function space, :math:`N^2 D + C N^3 / 3`.
+
+    Example:
+        >>> classifier_fit_cost(100, 64, 3) == min(2 * 100 * 64**2 + 64**3, 100**2 * 64 + 100**3)
+        True
+    """
+    n, m = float(num_rows), float(num_features)
+    return min(2 * n * m * m + num_classes * m**3 / 3, n * n * m + num_classes * n**3 / 3)
 
 
 def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,

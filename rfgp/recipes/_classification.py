@@ -12,20 +12,8 @@ regressions,
     \log p(\tilde Y) = \textstyle\sum_c \log N\big(\tilde y_c;\, 0,\,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
-with the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`
-(:func:`~rfgp.recipes._search.dirichlet_objective` as the objective), and fits the classifier
-with the schedule's ``D`` features on all rows. The noise is the transform's, so there is no
-calibration stage. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
-on a validation split at the found hyperparameters
-(:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
-
-Example:
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(200, 2, generator=g, dtype=torch.float64)
-    >>> labels = (x[:, 0] * x[:, 1] > 0).long()
-    >>> clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
-    >>> bool((clf.predict(x) == labels).double().mean() > 0.9)
-    True
+with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
+``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`).
 """
 
 from __future__ import annotations
@@ -41,8 +29,13 @@ from torch import Tensor
 from rfgp._validation import EVIDENCE_DTYPES, check_int
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
-from rfgp.inference import MAX_WEIGHT_FEATURES, feature_evidence_cost, largest_features_within
-from rfgp.inference._selection import ConvergenceWarning
+from rfgp.inference import (
+    MAX_WEIGHT_FEATURES,
+    ConvergenceWarning,
+    classifier_fit_cost,
+    feature_evidence_cost,
+    largest_features_within,
+)
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
 from rfgp.recipes._report import ClassifierFitReport
@@ -59,20 +52,7 @@ from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_unit
 
-__all__ = ["classifier_fit_cost", "fit_classifier_auto", "plan_classifier"]
-
-
-def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
-    r"""Multiply-adds of the ``C``-class final fit: the cheaper of the weight space,
-    :math:`2 N D^2 + C D^3 / 3` (the shared Gram matrix, each class's correction, one
-    Cholesky factor per class), and the function space, :math:`N^2 D + C N^3 / 3`.
-
-    Example:
-        >>> classifier_fit_cost(100, 64, 3) == min(2 * 100 * 64**2 + 64**3, 100**2 * 64 + 100**3)
-        True
-    """
-    n, m = float(num_rows), float(num_features)
-    return min(2 * n * m * m + num_classes * m**3 / 3, n * n * m + num_classes * n**3 / 3)
+__all__ = ["fit_classifier_auto", "plan_classifier"]
 
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
@@ -136,6 +116,14 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         The fitted classifier; its kernel is a ``ScaleKernel`` around an ARD
         :class:`~rfgp.kernels.FourierFeatureKernel` with orthogonal frequencies (the
         outputscale in the kernel, ``outputscale=1.0`` in the classifier).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.randn(200, 2, generator=g, dtype=torch.float64)
+        >>> labels = (x[:, 0] * x[:, 1] > 0).long()
+        >>> clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
+        >>> bool((clf.predict(x) == labels).double().mean() > 0.9)
+        True
     """
     opts = ClassifierOptions().replace(**options).checked()
     data, searched, report = _prepare(x, labels, opts, report)
@@ -172,16 +160,10 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
         raise ValueError(
             f"labels must have one entry per row of x ({x.shape[0]}), got {indices.shape[0]}"
         )
-    if report is not None and not isinstance(report, ClassifierFitReport):
-        raise TypeError(f"report must be a ClassifierFitReport instance or None, got {report!r}")
-    report = report if report is not None else ClassifierFitReport()
-    report.clear()
     n, d = x.shape
     num_classes = classes.numel()
     schedule = plan_classifier(n, d, num_classes, opts)
-    report.schedule, report.num_features = schedule, schedule.num_features
-    report.search_features, report.subsample = schedule.search_features, schedule.subsample
-    report.refine_rows = schedule.refine_rows
+    report = ClassifierFitReport.begin(report, schedule)
     # The targets and noise of the C regressions (centred over all rows), as (N, C).
     likelihood = DirichletLikelihood(num_classes, opts.alpha_epsilon, centre=True)
     targets = likelihood.set_train_labels(indices, dtype=x.dtype).transpose(0, 1).to(x.device)

@@ -1,20 +1,10 @@
 r""":func:`fit_auto`: the default regression recipe, a budgeted pipeline of stages.
 
-**What it does.** It fits a GP with an ARD random Fourier feature kernel: the evidence is
-maximised cheaply (on a subsample, with few features, or with the exact kernel where the rows
-are few), corrected on more rows, and the final ``D``-feature model then chooses its own
-outputscale and noise, and among the search's candidate lengthscales, by its own evidence, so
-that its intervals are honest about what ``D`` features can fit.
-
-**Its budget.** ``time_budget`` seconds (default :math:`20 + N/400`) are shared among the
-stages by a cost model (the schedule): the final fit takes up to 40% and gets
-the most features that fit there; the refinement's rows and the local stage's starts take what
-is left. ``report.timing()`` sets each stage's predicted seconds against the measured ones.
-
 The stages (:data:`STAGES`), each an internal module of :mod:`rfgp.recipes` of the stage's
 name: ``search``, ``select`` (the bound's cross-validated choice), ``refine``, ``local``,
-``laplace`` (the Laplace average) and ``refit`` (calibration and the final fit); the units and
-the start come first (:func:`_prepare`).
+``laplace`` (the Laplace average) and ``refit`` (calibration and the final fit), after the
+units and the start (:func:`_prepare`). What each does, and how the budget is shared among
+them, is :mod:`rfgp.recipes`' overview.
 """
 
 from __future__ import annotations
@@ -116,16 +106,10 @@ def _prepare(x: Any, y: Any, opts: RegressionOptions,
              report: Optional[FitReport]) -> tuple:
     """Units, schedule and the search's starting model: ``(data, start, report)``."""
     x, y = check_evidence_rows(x, y, "fit_auto")
-    if report is not None and not isinstance(report, FitReport):
-        raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
     x_unit, y_unit = column_unit(x), target_unit(y)
     check_variances_representable(y_unit, x.dtype)
-    report = report if report is not None else FitReport()
-    report.clear()  # a report passed again describes this fit only
     schedule = plan_regression(x.shape[0], x.shape[1], opts)
-    report.schedule, report.num_features = schedule, schedule.num_features
-    report.search_features, report.subsample = schedule.search_features, schedule.subsample
-    report.refine_rows = schedule.refine_rows
+    report = FitReport.begin(report, schedule)
     xs, ys = x / x_unit, y / y_unit
     generator = torch.Generator().manual_seed(opts.seed)
     start = initial_hyperparameters(xs, ys, generator=generator)

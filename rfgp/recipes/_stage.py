@@ -1,12 +1,9 @@
 """What a recipe stage is: a function from typed inputs to a typed output, with a declared cost.
 
-A stage of :func:`~rfgp.recipes.fit_auto` reads the data (:class:`RecipeData`, the same for
-every stage, never changed) and what the search stages so far handed on (:class:`Searched`),
-and returns what it hands on: a new :class:`Searched`, or ``None`` where it has nothing to do
-(then it is not timed). It writes what it did into the report. Its :class:`Stage` declaration
-names it (the name of its module, its function, its report key and its planned seconds) and
-says what it costs: ``plans``, the functions that book its setting and multiply-adds in the
-schedule (:class:`~rfgp.recipes._schedule.Plan`), each at its place in the planning order.
+A stage reads the data (:class:`RecipeData`, never changed) and what the stages before handed
+on (:class:`Searched`), writes what it did into the report, and returns what it hands on, or
+``None`` where it has nothing to do (then it is not timed). Its :class:`Stage` declaration
+names it and says what it costs (see :mod:`~rfgp.recipes._schedule`).
 
 Internal: not part of the public API (see :mod:`rfgp.recipes`).
 """
@@ -101,9 +98,8 @@ class Searched:
 
     def data(self, data: RecipeData) -> Tuple[Tensor, Tensor]:
         """The last search stage's rows of ``data``."""
-        if self.rows is None:
-            return data.x, data.y
-        return data.x[self.rows], data.y[self.rows]
+        rows = slice(None) if self.rows is None else self.rows
+        return data.x[rows], data.y[rows]
 
 
 @dataclass(frozen=True)
@@ -126,8 +122,7 @@ class Stage:
 
 
 class StageTimer:
-    """Times stages into ``seconds[name]`` and shows them on a tqdm bar over ``total``
-    stages when ``progress`` asks for one."""
+    """Times stages into ``seconds[name]``, on a tqdm bar over the stages where asked."""
 
     def __init__(self, seconds: Dict[str, float]) -> None:
         self.seconds = seconds
