@@ -28,10 +28,16 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
 from rfgp._validation import all_finite, check_int, check_positive, check_rows, check_tensor
-from rfgp.inference import ConvergenceWarning, exact_evidence_cost, feature_evidence_cost, kd_blocks
-from rfgp.inference._evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
+from rfgp.inference import (
+    ConvergenceWarning,
+    RandomFeatureGP,
+    exact_evidence_cost,
+    feature_evidence_cost,
+    fourier_kernel_negative_log_evidence,
+    heteroscedastic_negative_log_evidence,
+    kd_blocks,
+    negative_log_evidence,
+)
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
 from rfgp.recipes._report import FitReport
