@@ -1,26 +1,16 @@
-r"""The final fit: the hyperparameters belong to the model that predicts.
+r"""The final fit (the stage ``"refit"``, :data:`REFIT`): the hyperparameters belong to the
+model that predicts.
 
 The final kernel has the schedule's ``D`` features (the Laplace average of the lengthscales
-where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the
-data as given. **Rule:** its outputscale and noise maximise the evidence of that
-``D``-feature model itself (:func:`~rfgp.inference.calibrate_scales`: one eigendecomposition
-of its Gram matrix, then :math:`O(D)` per evaluation), and where the search stages left more
-than one candidate lengthscale vector (the refinement's end, the local stage's best) the evidence of
-the same model with at most :data:`~rfgp.inference.CHOICE_FEATURES` features (each
-calibrated) chooses among them. The fit then reuses the chosen model's Gram matrix. The
-search's hyperparameters belong to cheaper models (a
-subsample, :math:`D_s` features, or the exact kernel on blocks): a variation that ``D``
-features cannot follow is noise to the final model, and only its own evidence says how much.
-The lengthscales themselves are not moved at ``D``: each evaluation of that evidence's
-gradient costs :math:`2 N D^2`, more than the whole calibration, and a few such steps buy less
-than the same time spent on more features or on the local stage.
-
-Where the schedule's final path is ``"cg"`` (``D`` beyond the ``D x D`` path), the candidates
-are chosen, and the scales started, by the evidence of a
-:data:`~rfgp.inference.CHOICE_FEATURES`-feature model; the ``D``-feature model's own
-scales then come from products with its features alone, and it is fitted by conjugate
-gradients (:func:`~rfgp.inference.fit_calibrated`). This stage keeps only the choice among the
-candidates: the calibration and the fit are :mod:`rfgp.inference`'s.
+where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the data as
+given. Its outputscale and noise maximise the evidence of that ``D``-feature model itself, and
+where the search stages left more than one candidate lengthscale vector (the refinement's end,
+the local stage's best) the evidence of the same model with at most
+:data:`~rfgp.inference.CHOICE_FEATURES` features, each calibrated, chooses among them (always
+on the ``"cg"`` path, whose own calibration starts from the chosen scales). This stage keeps
+only that choice: the calibration and the fit are :func:`~rfgp.inference.calibrate_scales` and
+:func:`~rfgp.inference.fit_calibrated`. The lengthscales themselves are not moved at ``D``: each
+evaluation of that evidence's gradient costs :math:`2 N D^2`, more than the whole calibration.
 """
 
 from __future__ import annotations
