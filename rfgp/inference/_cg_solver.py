@@ -37,7 +37,9 @@ from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
     CGResult,
     CGSettings,
+    check_resolvable,
     conjugate_gradients,
+    lanczos_largest,
     lanczos_log_quadrature,
 )
 from rfgp.inference._noise import equal_noise_columns
@@ -370,7 +372,13 @@ class ConjugateGradientSolver(Solver):
             start = self.mean_weights
             if start is not None and start.shape != rhs.shape:
                 start = None
+            # A preconditioner's top eigenvalue estimates B's before any iteration; without
+            # one the run's Ritz values do (B >= I, so its largest eigenvalue bounds kappa).
+            largest = max((float(p.eigenvalues.max()) for p in self.preconditioners if p.rank),
+                          default=0.0)
+            check_resolvable(1.0 + largest, self.dtype)
             result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start)
+            check_resolvable(lanczos_largest(result), self.dtype)
         self.mean_weights, self.iterations = result.solution, result.iterations
 
     # ------------------------------------------------------------------ posterior

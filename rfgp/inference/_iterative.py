@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import torch
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp._validation import check_int, check_real
@@ -38,7 +39,9 @@ __all__ = [
     "cg_iterations_bound",
     "cg_fit_seconds",
     "cg_num_features",
+    "check_resolvable",
     "conjugate_gradients",
+    "lanczos_largest",
     "lanczos_condition",
     "lanczos_log_quadrature",
 ]
@@ -53,6 +56,28 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
     if a.is_complex():
         return (a.real * b.real + a.imag * b.imag).sum(0)
     return (a * b).sum(0)
+
+
+def _column_units(rhs: Tensor) -> Tensor:
+    """``(k,)`` powers of two within a factor 2 of each column's largest modulus (1 for a zero
+    column): dividing by them is exact and leaves every column's largest entry in [0.5, 1)."""
+    largest = rhs.abs().amax(0) if rhs.shape[0] else rhs.real.new_zeros(rhs.shape[1])
+    exponent = torch.frexp(largest.to(rhs.real.dtype))[1]
+    unit = torch.ldexp(torch.ones_like(largest), exponent)
+    return torch.where(largest > 0, unit, torch.ones_like(unit)).to(rhs.real.dtype)
+
+
+def _check_positive(active: Tensor, rz: Tensor, curvature: Tensor, what: str,
+                    dtype: torch.dtype) -> None:
+    """Refuse a step where ``r^H P^-1 r`` or ``p^H A p`` of an active column is not positive."""
+    broken = active & ~((rz > 0) & (curvature > 0) & torch.isfinite(rz) & torch.isfinite(curvature))
+    if bool(broken.any()):
+        real = dtype.to_real() if dtype.is_complex else dtype
+        raise NotPSDError(
+            f"conjugate gradients on {what} broke down: the matrix (or its preconditioner) is "
+            f"not positive definite in {real} (the noise is too small against the features' "
+            "scale for this precision); increase the noise or use float64"
+        )
 
 
 @dataclass
@@ -161,10 +186,21 @@ def conjugate_gradients(
         >>> torch.allclose(a @ result.solution, b), result.iterations
         (True, 2)
     """
+    if not bool(torch.isfinite(rhs.abs()).all()):
+        raise NotPSDError(
+            f"conjugate gradients on {what}: the right-hand side holds NaN or infinite entries; "
+            "check the inputs, the noise and the outputscale"
+        )
+    # CG is linear in the right-hand side: each column is divided by a power of two near its
+    # largest entry (exact) and the solution multiplied back, so that no inner product
+    # overflows or underflows at any scale of the targets or features, and the step lengths
+    # and ratios (which the Lanczos quadrature reads) are those of the unscaled run.
+    unit = _column_units(rhs)  # (k,)
+    rhs = rhs / unit
     if initial is None:
         solution, residual = torch.zeros_like(rhs), rhs.clone()
     else:
-        solution = initial.to(rhs.dtype).clone()
+        solution = initial.to(rhs.dtype) / unit
         residual = rhs - product(solution)
     scale = _dot(rhs, rhs).sqrt()
     zero = scale == 0
@@ -184,14 +220,19 @@ def conjugate_gradients(
         iterations += 1
         image = product(direction)
         curvature = _dot(direction, image)
-        # Frozen (converged) columns take no step; a zero curvature means an exact solution.
-        alpha = torch.where(active & (curvature > 0), rz / curvature.clamp_min(1e-300),
+        # On a positive definite matrix (and preconditioner) both forms are positive for a
+        # column that has not converged; anything else means the matrix is not positive
+        # definite in this precision, where a step would return NaN or nonsense.
+        _check_positive(active, rz, curvature, what, rhs.dtype)
+        # Frozen (converged) columns take no step.
+        alpha = torch.where(active, rz / torch.where(active, curvature, torch.ones_like(rz)),
                             torch.zeros_like(rz))
         solution = solution + alpha * direction
         residual = residual - alpha * image
         applied = residual if precondition is None else precondition(residual)
         rz_next = _dot(residual, applied)
-        beta = torch.where(active, rz_next / rz.clamp_min(1e-300), torch.zeros_like(rz))
+        beta = torch.where(active, rz_next / torch.where(active, rz, torch.ones_like(rz)),
+                           torch.zeros_like(rz))
         direction = torch.where(active, applied + beta * direction, direction)
         rz = torch.where(active, rz_next, rz)
         steps.append(alpha)
@@ -199,6 +240,7 @@ def conjugate_gradients(
         actives.append(active)
         relative = _dot(residual, residual).sqrt() / scale
     relative = torch.where(zero, torch.zeros_like(relative), relative)
+    solution = solution * unit
     converged = bool((relative <= tolerance).all())
     if warn and not converged:
         warnings.warn(
@@ -212,13 +254,15 @@ def conjugate_gradients(
 
 def _lanczos_tridiagonals(result: CGResult, columns: Optional[List[int]]) -> List[Tensor]:
     """Per column, the Lanczos tridiagonal of its CG run (``(0, 0)`` where it took no step)."""
-    steps = torch.stack(result.steps).double().cpu() if result.steps else torch.zeros(0, 0)
-    ratios = torch.stack(result.ratios).double().cpu() if result.ratios else torch.zeros(0, 0)
-    active = torch.stack(result.active).cpu() if result.active else torch.zeros(0, 0, dtype=bool)
     columns = list(range(result.solution.shape[1])) if columns is None else columns
+    if not result.steps:  # no column took a step (zero right-hand sides)
+        return [torch.zeros(0, 0, dtype=torch.float64) for _ in columns]
+    steps = torch.stack(result.steps).double().cpu()
+    ratios = torch.stack(result.ratios).double().cpu()
+    active = torch.stack(result.active).cpu()
     out = []
     for col in columns:
-        length = int(active[:, col].sum()) if active.numel() else 0
+        length = int(active[:, col].sum())
         alpha, beta = steps[:length, col], ratios[:length, col]
         diag = 1.0 / alpha
         diag[1:] += beta[:-1] / alpha[:-1]
@@ -276,6 +320,41 @@ def lanczos_condition(result: CGResult, columns: Optional[List[int]] = None) -> 
             theta = torch.linalg.eigvalsh(tri)
             largest, smallest = max(largest, float(theta[-1])), min(smallest, float(theta[0]))
     return largest / smallest if largest > 0 and smallest > 0 else 1.0
+
+
+def lanczos_largest(result: CGResult) -> float:
+    """The largest Ritz value of a CG run's Lanczos tridiagonals (a lower bound on the
+    preconditioned matrix's largest eigenvalue); 1.0 where no column took a step."""
+    tris = [tri for tri in _lanczos_tridiagonals(result, None) if tri.numel()]
+    return max((float(torch.linalg.eigvalsh(tri)[-1]) for tri in tris), default=1.0)
+
+
+def check_resolvable(largest: float, dtype: torch.dtype) -> None:
+    r"""Refuse a matrix :math:`B = \Phi^H S^{-1}\Phi + I` whose largest eigenvalue (so its
+    condition number, as :math:`B \succeq I`) reaches :math:`1/\epsilon` of ``dtype``.
+
+    There :math:`B` is singular in working precision: its Cholesky factor does not exist (the
+    weight-space solve refuses it) and CG's residual recurrence drifts from the true residual
+    by about :math:`\epsilon\kappa`, so a "converged" solve can be off by more than the
+    posterior's own spread.
+
+    Example:
+        >>> check_resolvable(1e9, torch.float64)
+        >>> try:
+        ...     check_resolvable(1e9, torch.float32)
+        ... except NotPSDError as err:
+        ...     print("float32" in str(err))
+        True
+    """
+    real = dtype.to_real() if dtype.is_complex else dtype
+    eps = torch.finfo(real).eps
+    if not largest * eps < 1.0:
+        raise NotPSDError(
+            f"the matrix B = Phi^H S^-1 Phi + I of the iterative solve has a condition number "
+            f"of about {largest:.3g}, beyond what {real} resolves (1/eps = {1 / eps:.3g}): "
+            "the noise is too small against the features' scale for this precision; increase "
+            "the noise or use float64"
+        )
 
 
 def cg_iterations_bound(condition: float, tolerance: float) -> float:

@@ -1,0 +1,170 @@
+"""The iterative solve (solve="cg") at the edges: units of any scale, float32 with tiny noise,
+a zero kernel, invalid arguments. It answers as the weight-space solve does, or refuses as
+clearly."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from gpytorch.kernels import ScaleKernel
+from linear_operator.utils.errors import NotPSDError
+
+from rfgp import RandomFeatureGP
+from rfgp.inference._iterative import conjugate_gradients, lanczos_condition
+from rfgp.inference._nystrom import NystromPreconditioner
+from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
+
+DT = torch.float64
+
+
+def _data(n=200, dtype=DT, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) + 0.05 * torch.randn(n, generator=g, dtype=DT)
+    return x.to(dtype), y.to(dtype)
+
+
+def _scaled_kernel(outputscale, dtype=DT, num=128):
+    kernel = ScaleKernel(FourierFeatureKernel(num, seed=0)).to(dtype)
+    # A tensor in the kernel's dtype: a Python float of 1e-300 would pass through float32 (0).
+    kernel.outputscale = torch.tensor(outputscale, dtype=dtype)
+    return kernel
+
+
+def _fit(scale, solve, noise=1e-3, **options):
+    x, y = _data()
+    gp = RandomFeatureGP(_scaled_kernel(scale**2), noise=noise * scale**2, solve=solve,
+                         **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConvergenceWarning either
+        gp.fit(x, y * scale)
+        mean, std = gp.predict(x[:20], return_std=True)
+    return gp, mean / scale, std / scale
+
+
+@pytest.mark.parametrize("rank", [None, 0])
+@pytest.mark.parametrize("scale", [1e-150, 1e150])
+def test_cg_is_equivariant_to_the_units(scale, rank):
+    # Multiplying y by s, the outputscale and the noise by s^2 leaves B unchanged and scales
+    # the right-hand sides (Phi^H S^-1 y, phi*) by 1/s and s: CG must take the same steps and
+    # return the same posterior in the new units, as the weight-space solve does.
+    options = dict(cg_tolerance=1e-10, preconditioner_rank=rank)
+    _, mean_w, std_w = _fit(1.0, "weight")
+    reference, mean_1, std_1 = _fit(1.0, "cg", **options)
+    scaled, mean_s, std_s = _fit(scale, "cg", **options)
+    # The CG error in the posterior is of the order of its tolerance times B's condition.
+    torch.testing.assert_close(mean_1, mean_w, rtol=0, atol=1e-6)
+    torch.testing.assert_close(std_1, std_w, rtol=1e-6, atol=0)
+    torch.testing.assert_close(mean_s, mean_1, rtol=0, atol=1e-8)
+    torch.testing.assert_close(std_s, std_1, rtol=1e-8, atol=0)
+    assert scaled.cg_info["iterations"] == reference.cg_info["iterations"]
+
+
+@pytest.mark.parametrize("rank", [None, 0])
+def test_cg_refuses_float32_where_the_weight_solve_refuses(rank):
+    # noise 1e-7 against unit features: B's condition number (~1e9) is beyond float32's
+    # 1 / eps (~1.7e7). The weight solve's Cholesky fails; CG must not return NaN or a mean
+    # its residual recurrence only pretends to have reached.
+    x, y = _data(dtype=torch.float32)
+    with pytest.raises(NotPSDError, match="float64"):
+        RandomFeatureGP(FourierFeatureKernel(64, seed=0), noise=1e-7, solve="weight").fit(x, y)
+    gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0), noise=1e-7, solve="cg",
+                         preconditioner_rank=rank)
+    with pytest.raises(NotPSDError, match="torch.float32.*use float64"):
+        gp.fit(x, y)
+
+
+def test_cg_in_float32_at_a_resolvable_noise_agrees_with_float64():
+    # At noise 1e-2 B's condition (~1e5) is within float32: the answer stands, to float32's
+    # accuracy times that condition.
+    x, y = _data()
+    exact = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=1e-2,
+                            solve="weight").fit(x, y)
+    gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0), noise=1e-2, solve="cg").fit(
+        x.float(), y.float())
+    mean, std = gp.predict(x[:20].float(), return_std=True)
+    mean_w, std_w = exact.predict(x[:20], return_std=True)
+    assert torch.isfinite(mean).all() and torch.isfinite(std).all()
+    torch.testing.assert_close(mean.double(), mean_w, rtol=0, atol=1e-3)
+    torch.testing.assert_close(std.double(), std_w, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("zero", ["outputscale", "features"])
+def test_cg_with_a_zero_kernel_returns_the_prior_like_the_weight_solve(zero):
+    # K = 0: the posterior is the prior, mean 0 and standard deviation 0, and the evidence is
+    # that of pure noise. The Nystrom sketch of a zero Gram has nothing to factorise.
+    x, y = _data(n=50)
+    if zero == "features":
+        # A homogeneous polynomial sketch (bias 0) maps x = 0 to the zero feature vector.
+        x = torch.zeros_like(x)
+
+    def kernel_of():
+        if zero == "outputscale":
+            return _scaled_kernel(0.0)
+        return PolynomialSketchKernel(2, 64, bias=0.0, seed=0).double()
+
+    fits = {solve: RandomFeatureGP(kernel_of(), noise=0.1, solve=solve).fit(x, y)
+            for solve in ("weight", "cg")}
+    for gp in fits.values():
+        mean, std = gp.predict(x[:5], return_std=True)
+        assert torch.equal(mean, torch.zeros_like(mean))
+        assert torch.equal(std, torch.zeros_like(std))
+    expected = -0.5 * (50 * math.log(2 * math.pi * 0.1) + float(y.square().sum()) / 0.1)
+    for gp in fits.values():
+        assert float(gp.log_marginal_likelihood()) == pytest.approx(expected, rel=1e-12)
+    draws = fits["cg"].sample_functions(3, generator=torch.Generator().manual_seed(0))(x[:5])
+    assert torch.equal(draws, torch.zeros_like(draws))
+
+
+# ---------------------------------------------------------------------- conjugate_gradients
+@pytest.mark.parametrize("exponent", [-1000, 1000])
+def test_conjugate_gradients_is_linear_in_the_right_hand_side_at_any_scale(exponent):
+    # A power-of-two factor on b is exact in floating point: the solution scales by it, the
+    # step lengths and ratios (the Lanczos coefficients) do not change at all.
+    g = torch.Generator().manual_seed(0)
+    root = torch.randn(40, 40, generator=g, dtype=DT)
+    a = root @ root.T / 40 + torch.eye(40, dtype=DT)
+    b = torch.randn(40, 2, generator=g, dtype=DT)
+    unit = conjugate_gradients(lambda v: a @ v, b, tolerance=1e-12)
+    factor = 2.0**exponent
+    scaled = conjugate_gradients(lambda v: a @ v, b * factor, tolerance=1e-12)
+    assert scaled.iterations == unit.iterations
+    assert scaled.converged
+    torch.testing.assert_close(scaled.solution / factor, unit.solution, rtol=0, atol=0)
+    assert lanczos_condition(scaled) == lanczos_condition(unit)
+
+
+def test_conjugate_gradients_refuses_an_indefinite_matrix():
+    a = torch.diag(torch.tensor([2.0, -1.0, 3.0], dtype=DT))
+    b = torch.ones(3, 1, dtype=DT)
+    with pytest.raises(NotPSDError, match="not positive definite in torch.float64"):
+        conjugate_gradients(lambda v: a @ v, b)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_conjugate_gradients_refuses_a_non_finite_right_hand_side(bad):
+    b = torch.ones(3, 1, dtype=DT)
+    b[1] = bad
+    with pytest.raises(NotPSDError, match="right-hand side holds NaN or infinite"):
+        conjugate_gradients(lambda v: v, b)
+
+
+def test_conjugate_gradients_with_zero_right_hand_sides_takes_no_step():
+    result = conjugate_gradients(lambda v: 2 * v, torch.zeros(3, 2, dtype=DT))
+    assert result.iterations == 0 and result.converged
+    assert torch.equal(result.solution, torch.zeros(3, 2, dtype=DT))
+    assert lanczos_condition(result) == 1.0
+
+
+def test_nystrom_inverse_stays_positive_definite_beyond_one_over_eps():
+    # lambda = 1e9 in float32: (1 + lambda)^-1 - 1 rounds to -1, which would make P^-1 singular
+    # along u. P^-1 u must stay u / (1 + lambda).
+    basis = torch.zeros(4, 1)
+    basis[0, 0] = 1.0
+    pre = NystromPreconditioner(basis, torch.tensor([1e9]))
+    v = torch.tensor([[1.0], [0.0], [0.0], [0.0]])
+    torch.testing.assert_close(pre.inverse(v), v / (1 + 1e9), rtol=1e-6, atol=0)
+    torch.testing.assert_close(pre.inverse_sqrt(v), v / (1 + 1e9) ** 0.5, rtol=1e-6, atol=0)
