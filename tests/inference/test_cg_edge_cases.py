@@ -15,6 +15,7 @@ from linear_operator.utils.errors import NotPSDError
 from rfgp import RandomFeatureGP
 from rfgp.inference._iterative import conjugate_gradients, lanczos_condition
 from rfgp.inference._nystrom import NystromPreconditioner
+from rfgp.inference._stochastic_evidence import stochastic_log_evidence
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
 
 DT = torch.float64
@@ -168,3 +169,78 @@ def test_nystrom_inverse_stays_positive_definite_beyond_one_over_eps():
     v = torch.tensor([[1.0], [0.0], [0.0], [0.0]])
     torch.testing.assert_close(pre.inverse(v), v / (1 + 1e9), rtol=1e-6, atol=0)
     torch.testing.assert_close(pre.inverse_sqrt(v), v / (1 + 1e9) ** 0.5, rtol=1e-6, atol=0)
+
+
+# ---------------------------------------------------------------------- stochastic evidence
+def _probe_model():
+    # No preconditioner: the log-determinant is all probes, so its standard error is visible.
+    x, y = _data(n=150)
+    gp = RandomFeatureGP(FourierFeatureKernel(128, seed=0).double(), noise=0.05, solve="cg",
+                         preconditioner_rank=0, cg_tolerance=1e-10).fit(x, y)
+    exact = RandomFeatureGP(FourierFeatureKernel(128, seed=0).double(), noise=0.05,
+                            solve="weight").fit(x, y)
+    return gp, float(exact.log_marginal_likelihood())
+
+
+def test_stochastic_log_evidence_of_a_fitted_model_is_an_estimate_within_its_error():
+    gp, exact = _probe_model()
+    value, error = stochastic_log_evidence(gp)
+    assert float(value) == float(gp.log_marginal_likelihood())
+    assert error > 0
+    more, more_error = stochastic_log_evidence(gp, num_probes=64)
+    # Four standard errors of the probes' mean (the quadratic term is exact to 1e-10).
+    assert abs(float(value) - exact) < 4 * error
+    assert abs(float(more) - exact) < 4 * more_error
+    assert more_error < error
+
+
+@pytest.mark.parametrize("num_probes", [64, 1, "8"])
+def test_stochastic_log_evidence_never_changes_the_fitted_model(num_probes):
+    gp, _ = _probe_model()
+    before = gp.log_marginal_likelihood()
+    settings = dict(gp.cg_settings.state())
+    try:
+        stochastic_log_evidence(gp, num_probes=num_probes)
+    except (TypeError, ValueError) as err:
+        assert "num_probes" in str(err)
+    assert gp.cg_settings.state() == settings
+    assert torch.equal(gp.log_marginal_likelihood(), before)
+
+
+def test_stochastic_log_evidence_names_a_wrong_model_or_generator():
+    gp, _ = _probe_model()
+    with pytest.raises(TypeError, match="gp must be a RandomFeatureGP, got FourierFeatureKernel"):
+        stochastic_log_evidence(gp.kernel)
+    for bad in (0, "seed", torch.zeros(2)):
+        with pytest.raises(TypeError, match="generator must be a torch.Generator or None"):
+            stochastic_log_evidence(gp, generator=bad)
+        x, y = _data(n=20)
+        with pytest.raises(TypeError, match="generator must be a torch.Generator or None"):
+            stochastic_log_evidence(gp, x, y, generator=bad)
+        with pytest.raises(TypeError, match="generator must be a torch.Generator or None"):
+            gp.sample_functions(2, generator=bad)
+
+
+def test_stochastic_log_evidence_follows_its_generator_on_a_fitted_model():
+    gp, _ = _probe_model()
+    a = stochastic_log_evidence(gp, generator=torch.Generator().manual_seed(1))
+    b = stochastic_log_evidence(gp, generator=torch.Generator().manual_seed(1))
+    c = stochastic_log_evidence(gp, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
+
+
+def test_the_scaling_guides_cg_example_runs():
+    # The guide's code block, at D = 256 instead of 32768, on small data.
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[2] / "docs" / "guide" / "scaling.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in guide.split("```python")[1:]]
+    (code,) = [b for b in blocks if "stochastic_log_evidence(gp)" in b]
+    assert "32768" in code
+    x, y = _data(n=100)
+    namespace = dict(RandomFeatureGP=RandomFeatureGP, FourierFeatureKernel=FourierFeatureKernel,
+                     x=x.float(), y=y.float(), x_test=x[:5].float())
+    exec(code.replace("32768", "256"), namespace)
+    assert namespace["mean"].shape == namespace["std"].shape == (5,)
+    assert torch.isfinite(namespace["value"]) and namespace["error"] >= 0
+    assert namespace["paths"](x[:5].float()).shape == (16, 5)
