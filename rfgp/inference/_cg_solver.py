@@ -32,6 +32,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
@@ -487,20 +488,57 @@ class ConjugateGradientSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        data = [tuple(batch) for batch in state["data"]]
-        settings = CGSettings(**state["settings"])
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        batches = state.sequence("data")
+        if not len(batches):
+            raise ValueError(f"checkpoint entry {state.name('data')} must hold the training "
+                             "batches of the solve='cg' fit, got an empty list")
+        data = []
+        for index in range(len(batches)):
+            batches.items(index, 3)
+            batch = batches.sequence(index)
+            data.append((batch.tensor(0, ndim=2), batch.tensor(1, ndim=2),
+                         batch.tensor(2, optional=True, ndim=2)))
+        settings_record = state.record("settings")
+        known = set(CGSettings.__dataclass_fields__)
+        unknown = sorted(set(settings_record.values) - known)
+        if unknown:
+            raise ValueError(f"checkpoint entry {state.name('settings')} holds unknown settings "
+                             f"{unknown}; expected some of {sorted(known)}")
+        try:
+            settings = CGSettings(**settings_record.values)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"checkpoint entry {state.name('settings')}: {err}") from None
         # The feature map is bound by the model before any use (its kernel is loaded after).
-        op = FeatureOperator(None, data, complex_solve, data[0][1].dtype, int(state["chunk"]),
-                             settings.cache_bytes, None, bool(state["distributed"]))
+        op = FeatureOperator(None, data, complex_solve, data[0][1].dtype,
+                             state.integer("chunk", 1), settings.cache_bytes, None,
+                             state.boolean("distributed"))
         op.detached = op.distributed
         op.distributed = False
-        op.column_noise = state["column_noise"]
-        solver = cls(op, settings, complex_solve, jitter, target_scale, int(state["num_rows"]))
-        solver._groups = [list(c) for c in state["groups"]]
-        solver.mean_weights = state["mean_weights"]
-        solver.preconditioners = [NystromPreconditioner(b, e) for b, e in state["preconditioners"]]
-        solver.iterations = int(state["iterations"])
+        op.column_noise = state.tensor("column_noise", optional=op.fixed_noise, ndim=1)
+        solver = cls(op, settings, complex_solve, jitter, target_scale,
+                     state.integer("num_rows", 1))
+        groups = state.sequence("groups")
+        solver._groups = [groups.columns(i) for i in range(len(groups))]
+        solver.mean_weights = state.tensor("mean_weights", ndim=2)
+        preconditioners = state.sequence("preconditioners")
+        solver.preconditioners = []
+        for index in range(len(preconditioners)):
+            preconditioners.items(index, 2)
+            pair = preconditioners.sequence(index)
+            basis, eigenvalues = pair.tensor(0, ndim=2), pair.tensor(1, ndim=1)
+            if basis.shape[1] != eigenvalues.shape[0]:
+                raise ValueError(
+                    f"checkpoint entry {preconditioners.name(index)} must hold a (W, r) basis "
+                    f"and r eigenvalues, got {tuple(basis.shape)} and "
+                    f"{tuple(eigenvalues.shape)}")
+            solver.preconditioners.append(NystromPreconditioner(basis, eigenvalues))
+        if len(solver.preconditioners) != len(solver._groups):
+            raise ValueError(
+                f"checkpoint entry {state.name('preconditioners')} must hold one preconditioner "
+                f"per noise group ({len(solver._groups)}), got {len(solver.preconditioners)}")
+        solver.iterations = state.integer("iterations")
         return solver
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_generator
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import (
     check_representable,
     evidence_total,
@@ -290,10 +291,12 @@ class WeightSpaceSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        solver = cls(FeatureStatistics.from_state(state["statistics"]), complex_solve, jitter,
-                     target_scale)
-        solver.factors = [WeightFactor(list(c), ch, w) for c, ch, w in state["factors"]]
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        solver = cls(FeatureStatistics.from_state(state.record("statistics")), complex_solve,
+                     jitter, target_scale)
+        solver.factors = [WeightFactor(*_factor(state.sequence("factors"), i))
+                          for i in range(len(state.items("factors")))]
         return solver
 
 
@@ -484,8 +487,25 @@ class FunctionSpaceSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        solver = cls(state["rows"], state["targets"], state["row_noise"], complex_solve, jitter,
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        solver = cls(state.tensor("rows", ndim=2), state.tensor("targets", ndim=2),
+                     state.tensor("row_noise", optional=True, ndim=2), complex_solve, jitter,
                      target_scale)
-        solver.factors = [KernelFactor(list(c), ch, a) for c, ch, a in state["factors"]]
+        solver.factors = [KernelFactor(*_factor(state.sequence("factors"), i))
+                          for i in range(len(state.items("factors")))]
         return solver
+
+
+def _factor(factors: CheckpointRecord, index: int) -> Tuple[List[int], Tensor, Tensor]:
+    """``(columns, Cholesky factor, solved right-hand sides)`` of a saved factor."""
+    factors.items(index, 3)
+    factor = factors.sequence(index)
+    columns, chol, solved = factor.columns(0), factor.tensor(1, ndim=2), factor.tensor(2, ndim=2)
+    if chol.shape[0] != chol.shape[1] or solved.shape != (chol.shape[0], len(columns)):
+        raise ValueError(
+            f"checkpoint entry {factors.name(index)} must hold a square factor (n, n) and "
+            f"(n, {len(columns)}) solved targets for its {len(columns)} columns, got "
+            f"{tuple(chol.shape)} and {tuple(solved.shape)}"
+        )
+    return columns, chol, solved
