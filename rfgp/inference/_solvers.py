@@ -354,7 +354,8 @@ class FunctionSpaceSolver(Solver):
         check_memory(
             (2 * self.num_rows, self.num_rows), self.rows.dtype, self.rows.device,
             "the function-space matrix K + S and its Cholesky factor",
-            "use solve='weight' (memory O(D^2)) or fit_stream",
+            "use solve='cg' (matrix-free: memory O(N d + chunk D)), or solve='weight' "
+            "(memory O(D^2)) or fit_stream where the D x D matrices fit",
         )
         rows = _to(self.solver_form(self.rows), self.rows.device, self.dtype)
         return rows @ rows.transpose(0, 1).conj()

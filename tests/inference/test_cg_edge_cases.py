@@ -244,3 +244,28 @@ def test_the_scaling_guides_cg_example_runs():
     assert namespace["mean"].shape == namespace["std"].shape == (5,)
     assert torch.isfinite(namespace["value"]) and namespace["error"] >= 0
     assert namespace["paths"](x[:5].float()).shape == (16, 5)
+
+
+# ---------------------------------------------------------------------- solve="auto"
+def test_auto_takes_cg_when_neither_the_function_nor_the_weight_solve_fits(monkeypatch):
+    # Fewer rows than features: the N x N solve is the cheaper by operations, but with its
+    # features (50 x 4096) beyond a 1 MB memory, and the D x D matrices (400 MB) too, only the
+    # matrix-free solve fits; it must be chosen, and give the weight solve's posterior.
+    from rfgp.inference import _fitting, _linalg
+
+    x, y = _data(n=50)
+    exact = RandomFeatureGP(FourierFeatureKernel(4096, seed=0).double(), noise=0.1,
+                            solve="weight").fit(x, y)
+    mean_w, std_w = exact.predict(x[:5], return_std=True)
+    small = lambda device: 1 << 20  # noqa: E731
+    monkeypatch.setattr(_fitting, "available_memory", small)
+    monkeypatch.setattr(_linalg, "available_memory", small)
+    gp = RandomFeatureGP(FourierFeatureKernel(4096, seed=0).double(), noise=0.1,
+                         cg_tolerance=1e-10).fit(x, y)
+    assert gp.solve_used == "cg"
+    mean, std = gp.predict(x[:5], return_std=True)
+    torch.testing.assert_close(mean, mean_w, rtol=0, atol=1e-7)
+    torch.testing.assert_close(std, std_w, rtol=1e-6, atol=0)
+    with pytest.raises(MemoryError, match="use solve='cg'"):
+        RandomFeatureGP(FourierFeatureKernel(4096, seed=0).double(), noise=0.1,
+                        solve="function").fit(x, y)
