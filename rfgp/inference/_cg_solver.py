@@ -43,6 +43,7 @@ from rfgp.inference._iterative import (
     lanczos_largest,
     lanczos_log_quadrature,
 )
+from rfgp.inference._linalg import check_memory
 from rfgp.inference._noise import equal_noise_columns
 from rfgp.inference._nystrom import NystromPreconditioner, rank_memory_cap
 from rfgp.inference._solvers import Solver, WeightFactor, _to
@@ -574,6 +575,9 @@ def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Gen
     """
     op, probes = solver.operator, solver.settings.num_probes
     groups = solver.groups()
+    # Four (W, P G) blocks: the probes, their images, the CG iterate and its residual.
+    check_memory((4 * op.width, probes * len(groups)), op.vector_dtype, op.device,
+                 f"the log-determinant probes (num_probes={probes})", "use fewer num_probes")
     v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
     rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
     for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):

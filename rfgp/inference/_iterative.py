@@ -188,8 +188,10 @@ def conjugate_gradients(
     """
     if not bool(torch.isfinite(rhs.abs()).all()):
         raise NotPSDError(
-            f"conjugate gradients on {what}: the right-hand side holds NaN or infinite entries; "
-            "check the inputs, the noise and the outputscale"
+            f"conjugate gradients on {what}: the right-hand side holds NaN or infinite entries "
+            f"(in {rhs.real.dtype}: a noise or outputscale beyond its range over- or "
+            "underflows); check the inputs, the noise and the outputscale, rescale the "
+            "targets, or use float64"
         )
     # CG is linear in the right-hand side: each column is divided by a power of two near its
     # largest entry (exact) and the solution multiplied back, so that no inner product

@@ -17,6 +17,7 @@ import math
 from typing import Optional
 
 import torch
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp.inference._iterative import Product, cg_iterations_bound
@@ -313,6 +314,13 @@ def _nystrom(basis: Tensor, image: Tensor) -> NystromPreconditioner:
     if basis.shape[1] == 0:
         return NystromPreconditioner(basis, basis.new_zeros(0).real)
     eps = torch.finfo(image.real.dtype).eps
+    if not bool(torch.isfinite(image.abs()).all()):
+        raise NotPSDError(
+            f"the Nystrom preconditioner's products with Phi^H S^-1 Phi hold NaN or infinite "
+            f"entries (in {image.real.dtype}: a noise or outputscale beyond its range over- or "
+            "underflows); check the inputs, the noise and the outputscale, rescale the "
+            "targets, or use float64"
+        )
     norm = float(torch.linalg.matrix_norm(image, 2))
     if norm == 0:
         # A zero Gram (all-zero features, outputscale 0): B = I, so P = I (zero eigenvalues).

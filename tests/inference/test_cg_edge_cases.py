@@ -269,3 +269,21 @@ def test_auto_takes_cg_when_neither_the_function_nor_the_weight_solve_fits(monke
     with pytest.raises(MemoryError, match="use solve='cg'"):
         RandomFeatureGP(FourierFeatureKernel(4096, seed=0).double(), noise=0.1,
                         solve="function").fit(x, y)
+
+
+def test_cg_refuses_a_float32_noise_beyond_its_range():
+    # Units of 1e-20 in float32: outputscale 1e-40 and noise 1e-42 are subnormal, and
+    # Phi^H S^-1 y overflows. A clear refusal, not NaN from inside the preconditioner.
+    x, y = _data()
+    kernel = _scaled_kernel(1e-40, dtype=torch.float32)
+    gp = RandomFeatureGP(kernel, noise=1e-42, solve="cg")
+    with pytest.raises(NotPSDError, match="NaN or infinite entries .*torch.float32.*float64"):
+        gp.fit(x.float(), (y * 1e-20).float())
+
+
+def test_stochastic_log_evidence_refuses_probes_beyond_memory():
+    gp, _ = _probe_model()
+    before = gp.log_marginal_likelihood()
+    with pytest.raises(MemoryError, match="num_probes=10000000000000000000.*fewer num_probes"):
+        stochastic_log_evidence(gp, num_probes=10**19)
+    assert torch.equal(gp.log_marginal_likelihood(), before)
