@@ -60,9 +60,10 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
 
 def _column_units(rhs: Tensor) -> Tensor:
     """``(k,)`` powers of two within a factor 2 of each column's largest modulus (1 for a zero
-    column): dividing by them is exact and leaves every column's largest entry in [0.5, 1)."""
+    column): dividing by them is exact and leaves every column's largest entry in [1, 2) (a
+    power just below the largest modulus, so that it stays finite up to the dtype's maximum)."""
     largest = rhs.abs().amax(0) if rhs.shape[0] else rhs.real.new_zeros(rhs.shape[1])
-    exponent = torch.frexp(largest.to(rhs.real.dtype))[1]
+    exponent = torch.frexp(largest.to(rhs.real.dtype))[1] - 1
     unit = torch.ldexp(torch.ones_like(largest), exponent)
     return torch.where(largest > 0, unit, torch.ones_like(unit)).to(rhs.real.dtype)
 

@@ -138,6 +138,17 @@ def test_conjugate_gradients_is_linear_in_the_right_hand_side_at_any_scale(expon
     assert lanczos_condition(scaled) == lanczos_condition(unit)
 
 
+@pytest.mark.parametrize("size", [1.7e308, 1e-310])
+def test_conjugate_gradients_near_the_ends_of_float64(size):
+    # A right-hand side near the largest float64 (and a subnormal one): A^-1 b is
+    # representable, so CG returns it rather than inf or 0.
+    a = torch.diag(torch.tensor([1.0, 2.0, 4.0], dtype=DT))
+    b = torch.tensor([[1.0], [0.5], [0.25]], dtype=DT) * size
+    result = conjugate_gradients(lambda v: a @ v, b, tolerance=1e-12)
+    expected = torch.tensor([[1.0], [0.25], [0.0625]], dtype=DT)
+    torch.testing.assert_close(result.solution / size, expected, rtol=1e-12, atol=0)
+
+
 def test_conjugate_gradients_refuses_an_indefinite_matrix():
     a = torch.diag(torch.tensor([2.0, -1.0, 3.0], dtype=DT))
     b = torch.ones(3, 1, dtype=DT)
