@@ -501,6 +501,15 @@ class ConjugateGradientSolver(Solver):
             batch = batches.sequence(index)
             data.append((batch.tensor(0, ndim=2), batch.tensor(1, ndim=2),
                          batch.tensor(2, optional=True, ndim=2)))
+            x, targets, noise = data[-1]
+            if (targets.shape[1] != data[0][1].shape[1] or (noise is None) != (data[0][2] is None)
+                    or (noise is not None and noise.shape != targets.shape)):
+                raise ValueError(
+                    f"checkpoint entry {batches.name(index)} must hold targets (R, T) with the "
+                    "first batch's T columns and a noise of their shape (or None in every "
+                    f"batch), got {tuple(targets.shape)} and "
+                    f"{None if noise is None else tuple(noise.shape)}"
+                )
         settings_record = state.record("settings")
         known = set(CGSettings.__dataclass_fields__)
         unknown = sorted(set(settings_record.values) - known)
@@ -523,17 +532,27 @@ class ConjugateGradientSolver(Solver):
         groups = state.sequence("groups")
         solver._groups = [groups.columns(i) for i in range(len(groups))]
         solver.mean_weights = state.tensor("mean_weights", ndim=2)
+        num_columns = data[0][1].shape[1]
+        if solver.mean_weights.shape[1] != num_columns or (
+                op.column_noise is not None and op.column_noise.shape != (num_columns,)):
+            raise ValueError(
+                f"checkpoint entries {state.name('mean_weights')} and "
+                f"{state.name('column_noise')} must have the targets' {num_columns} columns, "
+                f"got {tuple(solver.mean_weights.shape)} and "
+                f"{None if op.column_noise is None else tuple(op.column_noise.shape)}"
+            )
         preconditioners = state.sequence("preconditioners")
         solver.preconditioners = []
         for index in range(len(preconditioners)):
             preconditioners.items(index, 2)
             pair = preconditioners.sequence(index)
             basis, eigenvalues = pair.tensor(0, ndim=2), pair.tensor(1, ndim=1)
-            if basis.shape[1] != eigenvalues.shape[0]:
+            width = solver.mean_weights.shape[0]
+            if basis.shape[0] != width or basis.shape[1] != eigenvalues.shape[0]:
                 raise ValueError(
                     f"checkpoint entry {preconditioners.name(index)} must hold a (W, r) basis "
-                    f"and r eigenvalues, got {tuple(basis.shape)} and "
-                    f"{tuple(eigenvalues.shape)}")
+                    f"with the mean weights' W = {width} rows and r eigenvalues, got "
+                    f"{tuple(basis.shape)} and {tuple(eigenvalues.shape)}")
             solver.preconditioners.append(NystromPreconditioner(basis, eigenvalues))
         if len(solver.preconditioners) != len(solver._groups):
             raise ValueError(

@@ -127,6 +127,15 @@ class FitState:
         layout = record.record("layout")
         fingerprint = record.record("fingerprint")
         num_columns = layout.integer("num_columns", 1)
+        outputs = layout.integer("outputs_per_input", 1)
+        if isinstance(solver, ConjugateGradientSolver):
+            for index, (x, targets, _) in enumerate(solver.operator.data):
+                if x.shape[0] * outputs != targets.shape[0]:
+                    raise ValueError(
+                        f"checkpoint entry {solver_record.path}['data'][{index}] must hold "
+                        f"{outputs} target rows per input row, got {x.shape[0]} inputs and "
+                        f"{targets.shape[0]} target rows"
+                    )
         covered = sorted(c for cols in solver.groups() for c in cols)
         if covered != list(range(num_columns)):
             raise ValueError(
@@ -138,7 +147,7 @@ class FitState:
             layout=NoiseLayout(
                 num_columns=num_columns,
                 y_ndim=layout.integer("y_ndim", 1),
-                outputs_per_input=layout.integer("outputs_per_input", 1),
+                outputs_per_input=outputs,
                 fixed=layout.boolean("fixed"),
                 frozen=layout.tensor("frozen", optional=True),
             ),

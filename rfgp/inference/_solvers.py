@@ -490,11 +490,26 @@ class FunctionSpaceSolver(Solver):
     @classmethod
     def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
                    target_scale) -> Solver:
-        solver = cls(state.tensor("rows", ndim=2), state.tensor("targets", ndim=2),
-                     state.tensor("row_noise", optional=True, ndim=2), complex_solve, jitter,
-                     target_scale)
+        rows, targets = state.tensor("rows", ndim=2), state.tensor("targets", ndim=2)
+        row_noise = state.tensor("row_noise", optional=True, ndim=2)
+        if rows.shape[0] != targets.shape[0] or (row_noise is not None
+                                                 and row_noise.shape != targets.shape):
+            raise ValueError(
+                f"checkpoint entries {state.name('rows')}, {state.name('targets')} and "
+                f"{state.name('row_noise')} must have as many rows (and the noise the targets' "
+                f"shape), got {tuple(rows.shape)}, {tuple(targets.shape)} and "
+                f"{None if row_noise is None else tuple(row_noise.shape)}"
+            )
+        solver = cls(rows, targets, row_noise, complex_solve, jitter, target_scale)
         solver.factors = [KernelFactor(*_factor(state.sequence("factors"), i))
                           for i in range(len(state.items("factors")))]
+        for index, factor in enumerate(solver.factors):
+            if factor.chol.shape[0] != rows.shape[0]:
+                raise ValueError(
+                    f"checkpoint entry {state.sequence('factors').name(index)} must hold a "
+                    f"factor of K + S for the {rows.shape[0]} rows, got "
+                    f"{tuple(factor.chol.shape)}"
+                )
         return solver
 
 
