@@ -312,24 +312,30 @@ class ConjugateGradientSolver(Solver):
     def tolerance(self) -> float:
         return self.settings.tolerance_for(self.dtype)
 
-    def precondition(self, residual: Tensor, columns: Sequence[int]) -> Tensor:
-        """Each column through its noise group's :math:`P^{-1}`."""
+    def precondition(self, residual: Tensor, columns: Sequence[int],
+                     root: bool = False) -> Tensor:
+        """Each column through its noise group's :math:`P^{-1}` (``root``: :math:`P^{-1/2}`)."""
         group_of = self._group_of()
         out = residual.clone()
         for g, pre in enumerate(self.preconditioners):
             idx = [j for j, c in enumerate(columns) if group_of[c] == g]
             if idx and pre.rank:
-                out[:, idx] = pre.inverse(residual[:, idx])
+                apply = pre.inverse_sqrt if root else pre.inverse
+                out[:, idx] = apply(residual[:, idx])
         return out
 
     def solve(self, rhs: Tensor, columns: Sequence[int], what: str,
-              initial: Optional[Tensor] = None) -> CGResult:
-        """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``."""
+              initial: Optional[Tensor] = None,
+              energy_tolerance: Optional[float] = None) -> CGResult:
+        """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``
+        (``energy_tolerance``: see :func:`~rfgp.inference._iterative.conjugate_gradients`)."""
         columns = list(columns)
         return conjugate_gradients(
             lambda v: self.operator.apply(v, columns), rhs,
             lambda r: self.precondition(r, columns), self.tolerance(),
             self.settings.max_iterations, what, initial=initial,
+            energy_tolerance=energy_tolerance,
+            precondition_root=lambda r: self.precondition(r, columns, root=True),
         )
 
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
@@ -379,7 +385,11 @@ class ConjugateGradientSolver(Solver):
             largest = max((float(p.eigenvalues.max()) for p in self.preconditioners if p.rank),
                           default=0.0)
             check_resolvable(1.0 + largest, self.dtype)
-            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start)
+            # The mean within `tolerance` posterior standard deviations at every input, not
+            # only a relative residual (which allows many where B is ill-conditioned); the
+            # targets are stored divided by target_scale, and so is the bound.
+            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start,
+                                self.tolerance() / self.target_scale)
             check_resolvable(lanczos_largest(result), self.dtype)
         self.mean_weights, self.iterations = result.solution, result.iterations
 
@@ -446,7 +456,8 @@ class ConjugateGradientSolver(Solver):
 
                     view = torch.view_as_real(xi) if xi.is_complex() else xi
                     dist.broadcast(view, src=0, group=op.process_group)
-                sample = self.solve(rhs + xi, [cols[0]] * k, "the posterior draws").solution
+                sample = self.solve(rhs + xi, [cols[0]] * k, "the posterior draws",
+                                    energy_tolerance=self.tolerance()).solution
                 mean = (self.mean_weights[:, cols] * self.target_scale).unsqueeze(1)
                 draws.append((cols, mean + sample.reshape(op.width, num_samples, len(cols))))
         return draws

@@ -99,7 +99,8 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
         statistics_dtype: dtype of the statistics and factorisations (default: the data's).
         cg_tolerance, max_cg_iterations, preconditioner_rank, cache_bytes: the iterative solve's
             settings (relative residual, default ``1e-6``
-            in float64; iterations; Nyström rank, ``None`` automatic; bytes of cached features).
+            in float64, and the bound on the mean's error in posterior standard deviations;
+            iterations; Nyström rank, ``None`` automatic; bytes of cached features).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).

@@ -81,13 +81,25 @@ def _check_positive(active: Tensor, rz: Tensor, curvature: Tensor, what: str,
         )
 
 
+def _preconditioned(residual: Tensor, precondition: Optional[Product],
+                    root: Optional[Product]):
+    """``(P^-1 r, r^H P^-1 r)`` per column (see :func:`conjugate_gradients`)."""
+    if root is not None:
+        half = root(residual)
+        return root(half), _dot(half, half)
+    applied = residual if precondition is None else precondition(residual)
+    return applied, _dot(residual, applied)
+
+
 @dataclass
 class CGSettings:
     """The settings of an iterative solve (validated).
 
     Args:
         tolerance: relative residual :math:`\\|b - B w\\| / \\|b\\|` at which a column stops
-            (``None``: ``1e-6`` in float64, ``1e-4`` in float32).
+            (``None``: ``1e-6`` in float64, ``1e-4`` in float32); the mean and posterior draws
+            also stop only once their error is provably within ``tolerance`` posterior
+            standard deviations (``energy_tolerance`` of :func:`conjugate_gradients`).
         max_iterations: iterations before giving up with a :class:`ConvergenceWarning`.
         preconditioner_rank: rank ``r`` of the Nyström preconditioner; ``None`` chooses it from
             the spectrum (doubling from 32 until the ``r``-th eigenvalue estimate of
@@ -157,14 +169,22 @@ def conjugate_gradients(
     what: str = "the system B w = b",
     warn: bool = True,
     initial: Optional[Tensor] = None,
+    energy_tolerance: Optional[float] = None,
+    precondition_root: Optional[Product] = None,
 ) -> CGResult:
     r"""Solve :math:`A w_j = b_j` for every column of ``rhs`` by preconditioned CG.
 
     Each column runs its own CG (its own :math:`\alpha_j, \beta_j`); the columns share one
     product :math:`A V` per iteration. A column stops once
-    :math:`\|b_j - A w_j\| \le \mathrm{tolerance}\, \|b_j\|`. For complex ``rhs`` ``A`` must be
-    Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which equals :math:`u^H v` for
-    the Hermitian forms CG takes.
+    :math:`\|b_j - A w_j\| \le \mathrm{tolerance}\, \|b_j\|` and, with ``energy_tolerance``
+    :math:`\tau`, once also :math:`\sqrt{r^H P^{-1} r} \le \tau`. Where
+    :math:`P \preceq A` (no preconditioner and :math:`A \succeq I`, or a Nyström preconditioner
+    of :math:`A = G + I`), :math:`r^H P^{-1} r \ge r^H A^{-1} r = \|w - A^{-1}b\|_A^2`, so for
+    any :math:`\phi`, :math:`|\phi^H (w - A^{-1} b)| \le \tau \sqrt{\phi^H A^{-1}\phi}`:
+    a posterior mean within :math:`\tau` posterior standard deviations everywhere, which a
+    relative residual alone does not bound when :math:`A` is ill-conditioned. For complex
+    ``rhs`` ``A`` must be Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which
+    equals :math:`u^H v` for the Hermitian forms CG takes.
 
     Args:
         product: ``V -> A V`` for ``(W, k)`` blocks (Hermitian positive definite ``A``).
@@ -176,6 +196,12 @@ def conjugate_gradients(
         warn: warn with a :class:`ConvergenceWarning` when a column does not converge.
         initial: a starting guess ``(W, k)`` (default zero; costs one more product). The
             recorded coefficients are then those of the Lanczos run started at the residual.
+        energy_tolerance: the bound :math:`\tau` on :math:`\sqrt{r^H P^{-1} r}`, in the units
+            of ``rhs`` (default none).
+        precondition_root: ``R -> P^{-1/2} R``; with it :math:`P^{-1} r` is applied as
+            :math:`P^{-1/2}(P^{-1/2} r)` and :math:`r^H P^{-1} r` is
+            :math:`\|P^{-1/2} r\|^2`, non-negative by construction where a preconditioner with
+            eigenvalues beyond :math:`1/\epsilon` rounds the direct form below zero.
 
     Returns:
         A :class:`CGResult`.
@@ -208,16 +234,18 @@ def conjugate_gradients(
     scale = _dot(rhs, rhs).sqrt()
     zero = scale == 0
     scale = torch.where(zero, torch.ones_like(scale), scale)
-    applied = residual if precondition is None else precondition(residual)
+    applied, rz = _preconditioned(residual, precondition, precondition_root)
     direction = applied.clone()
-    rz = _dot(residual, applied)
     steps: List[Tensor] = []
     ratios: List[Tensor] = []
     actives: List[Tensor] = []
     relative = _dot(residual, residual).sqrt() / scale
+    # the energy bound in the normalised units, squared (inf: no bound)
+    energy = torch.full_like(scale, math.inf) if energy_tolerance is None else (
+        (energy_tolerance / unit).square())
     iterations = 0
     for _ in range(max_iterations):
-        active = (relative > tolerance) & ~zero
+        active = ((relative > tolerance) | (rz > energy)) & ~zero
         if not bool(active.any()):
             break
         iterations += 1
@@ -232,8 +260,7 @@ def conjugate_gradients(
                             torch.zeros_like(rz))
         solution = solution + alpha * direction
         residual = residual - alpha * image
-        applied = residual if precondition is None else precondition(residual)
-        rz_next = _dot(residual, applied)
+        applied, rz_next = _preconditioned(residual, precondition, precondition_root)
         beta = torch.where(active, rz_next / torch.where(active, rz, torch.ones_like(rz)),
                            torch.zeros_like(rz))
         direction = torch.where(active, applied + beta * direction, direction)
@@ -244,12 +271,18 @@ def conjugate_gradients(
         relative = _dot(residual, residual).sqrt() / scale
     relative = torch.where(zero, torch.zeros_like(relative), relative)
     solution = solution * unit
-    converged = bool((relative <= tolerance).all())
+    within = (rz <= energy) | zero
+    converged = bool((relative <= tolerance).all()) and bool(within.all())
     if warn and not converged:
+        reached = (f"relative residual {float(relative.max()):.3g} reached, tolerance "
+                   f"{tolerance:.3g}")
+        if not bool(within.all()):
+            bound = float((rz.clamp_min(0).sqrt() * unit)[~within].max())
+            reached += (f", error bound sqrt(r^H P^-1 r) {bound:.3g}, energy tolerance "
+                        f"{float(torch.as_tensor(energy_tolerance).max()):.3g}")
         warnings.warn(
             f"conjugate gradients on {what} did not converge in {max_iterations} iterations: "
-            f"relative residual {float(relative.max()):.3g} reached, tolerance {tolerance:.3g}; "
-            "raise max_cg_iterations, the preconditioner_rank, or the noise",
+            f"{reached}; raise max_cg_iterations, the preconditioner_rank, or the noise",
             ConvergenceWarning,
         )
     return CGResult(solution, iterations, relative, converged, steps, ratios, actives)
