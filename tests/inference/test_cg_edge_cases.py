@@ -336,3 +336,18 @@ def test_stochastic_log_evidence_refuses_probes_beyond_memory():
     with pytest.raises(MemoryError, match="num_probes=10000000000000000000.*fewer num_probes"):
         stochastic_log_evidence(gp, num_probes=10**19)
     assert torch.equal(gp.log_marginal_likelihood(), before)
+
+
+def test_cg_on_constant_inputs_zero_targets_and_empty_queries_matches_the_weight_solve():
+    # Constant inputs: a rank-one Gram (every row the same feature vector); zero targets: a
+    # zero right-hand side (no step, zero mean); an empty query: empty results.
+    x, y = _data(n=60)
+    constant = torch.full_like(x, 0.3)
+    for inputs, targets in ((constant, y), (x, torch.zeros_like(y))):
+        fits = [RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=0.01,
+                                solve=solve).fit(inputs, targets) for solve in ("weight", "cg")]
+        (mean_w, std_w), (mean, std) = (gp.predict(x[:5], return_std=True) for gp in fits)
+        torch.testing.assert_close(mean, mean_w, rtol=0, atol=1e-6 * float(std_w.min()))
+        torch.testing.assert_close(std, std_w, rtol=1e-6, atol=0)
+        empty_mean, empty_std = fits[1].predict(x[:0], return_std=True)
+        assert empty_mean.shape == empty_std.shape == (0,)
