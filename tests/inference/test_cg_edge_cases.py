@@ -65,6 +65,13 @@ def test_cg_is_equivariant_to_the_units(scale, rank):
     # iterations) rounding alone moves the stopping iteration by a few.
     assert abs(scaled.cg_info["iterations"] - reference.cg_info["iterations"]) <= max(
         1, reference.cg_info["iterations"] // 10)
+    # The draws (same generator) and the evidence follow: log p(s y) = log p(y) - N log s.
+    x = _data()[0][:5]
+    draws = [gp.sample_functions(3, generator=torch.Generator().manual_seed(0))(x)
+             for gp in (reference, scaled)]
+    torch.testing.assert_close(draws[1] / scale, draws[0], rtol=0, atol=1e-6)
+    expected = float(reference.log_marginal_likelihood()) - 200 * math.log(scale)
+    assert float(scaled.log_marginal_likelihood()) == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("rank", [None, 0])
