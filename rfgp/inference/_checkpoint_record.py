@@ -101,9 +101,12 @@ class CheckpointRecord:
             kind += f" of {ndim} dimensions"
         if optional:
             kind += " or None"
-        if (not isinstance(value, Tensor) or (ndim is not None and value.dim() != ndim)
-                or (floating and not (value.is_floating_point() or value.is_complex()))):
+        if not isinstance(value, Tensor) or (
+                floating and not (value.is_floating_point() or value.is_complex())):
             raise self.fail(key, kind, value)
+        if ndim is not None and value.dim() != ndim:  # the right type, another shape
+            raise ValueError(f"checkpoint entry {self.name(key)} must be {kind}, got "
+                             f"{_received(value)}")
         return value
 
     def integer(self, key: Any, minimum: int = 0, optional: bool = False) -> Optional[int]:

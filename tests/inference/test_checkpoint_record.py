@@ -151,7 +151,7 @@ def test_record_reader_names_types_and_ranges():
     record = CheckpointRecord({"n": -1, "t": torch.zeros(2), "d": "int8", "b": 1}, "'r'")
     with pytest.raises(ValueError, match="'r'\\['n'\\] must be an integer >= 0, got -1"):
         record.integer("n")
-    with pytest.raises(TypeError, match="'r'\\['t'\\] must be a floating tensor of 2 dimensions"):
+    with pytest.raises(ValueError, match="'r'\\['t'\\] must be a floating tensor of 2 dimensions"):
         record.tensor("t", ndim=2)
     with pytest.raises(TypeError, match="'r'\\['d'\\] must be a floating dtype's name"):
         record.dtype("d")
