@@ -18,17 +18,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from rfgp._validation import (
+    MAX_COUNT,
+    MAX_SEED,
     check_bool,
     check_choice,
     check_int,
     check_positive,
     check_real,
-    describe,
+    check_seed,
 )
 from rfgp.kernels._fourier import MATERN_NU
 
@@ -40,44 +41,6 @@ __all__ = ["ClassifierOptions", "MAX_COUNT", "MAX_SEED", "RecipeOptions", "Regre
 #: A fixed number, so that a schedule depends on the data's size and the budget alone and a
 #: fit is reproducible; pass ``machine_rate`` for another machine.
 REFERENCE_RATE = 2.5e10
-
-
-#: The largest seed: a ``torch.Generator`` takes the integers 0 to 2**64 - 1.
-MAX_SEED = 2**64 - 1
-#: The most of anything counted (features, draws, samples): torch's sizes are int64, and a
-#: larger count fails deep inside it ("Overflow when unpacking long long").
-MAX_COUNT = 2**62
-
-
-def check_seed(name: str, value: Any) -> int:
-    """Return the seed ``value`` as an ``int``: the one rule of every seed the recipes and the
-    estimators take, an integer (not a bool) in ``[0, 2**64 - 1]``, the seeds of a
-    ``torch.Generator``.
-
-    Raises:
-        TypeError: for anything but an integer.
-        ValueError: for an integer outside the range.
-
-    Example:
-        >>> check_seed("seed", 2**40)
-        1099511627776
-        >>> check_seed("seed", -1)
-        Traceback (most recent call last):
-        ...
-        ValueError: seed must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got -1
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got "
-            f"{type(value).__name__} {describe(value)}"
-        )
-    value = int(value)
-    if not 0 <= value <= MAX_SEED:
-        raise ValueError(
-            f"{name} must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got "
-            f"{value}"
-        )
-    return value
 
 
 def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:

@@ -21,14 +21,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install \"rfgp[sklearn]\"` (or `pip install scikit-learn`)"
     ) from error
 
+from rfgp._validation import MAX_COUNT, check_seed
 from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
 from rfgp.kernels._fourier import SAMPLINGS
 from rfgp.kernels._sketches.sampling import PROJECTIONS
 from rfgp.recipes import (
     RegressionOptions,
 )
-from rfgp.recipes._options import MAX_COUNT, check_seed
-from rfgp.recipes._schedule import plan_regression
+from rfgp.recipes._regression import plan_regression
 
 __all__ = [
     "FIT_MAX_FEATURES",
@@ -228,7 +228,7 @@ def make_kernel(
 
 def seed_from(random_state: Any, name: str = "random_state") -> int:
     """The seed of a fit: an integer ``random_state`` is the seed itself, under the recipes'
-    one rule (:func:`~rfgp.recipes._options.check_seed`: ``[0, 2**64 - 1]``), so that
+    one rule (:func:`~rfgp._validation.check_seed`: ``[0, 2**64 - 1]``), so that
     ``random_state=s`` fits as the recipe's ``seed=s``; ``None`` or a ``RandomState`` draws
     one. Anything else raises :class:`InvalidParameterError` naming ``name``.
 

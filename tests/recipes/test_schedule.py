@@ -8,18 +8,11 @@ import math
 import pytest
 import torch
 
-from rfgp.inference import kd_blocks
+from rfgp.inference import MAX_WEIGHT_FEATURES, exact_evidence_cost, final_fit_cost, kd_blocks
+from rfgp.inference._fit_cost import EXACT_DISTANCE_COST, EXACT_ELEMENTWISE_COST
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
-from rfgp.recipes._schedule import (
-    EXACT_DISTANCE_COST,
-    EXACT_ELEMENTWISE_COST,
-    FINAL_SHARE,
-    MAX_WEIGHT_FEATURES,
-    MIN_FEATURES,
-    exact_evidence_cost,
-    final_fit_cost,
-    plan_regression,
-)
+from rfgp.recipes._regression import plan_regression
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -109,7 +102,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:
@@ -164,11 +157,8 @@ def test_exact_evidence_cost_names_its_bad_arguments(args, error):
 @pytest.mark.parametrize("n", [60, 5000, 100000])
 @pytest.mark.parametrize("solve", ["auto", "weight", "cg"])
 def test_a_budget_beyond_the_float_range_is_planned_within_the_caps(n, solve):
-    from rfgp.recipes._schedule import (
-        MAX_FUNCTION_FEATURES,
-        MAX_ITERATIVE_FEATURES,
-        final_path,
-    )
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path
+    from rfgp.inference._fit_cost import MAX_FUNCTION_FEATURES
 
     # time_budget x machine_rate overflows to inf at 1e300 s: the plan is that of an
     # unbounded budget, every stage's prediction a number, the final fit on a path that
