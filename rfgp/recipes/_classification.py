@@ -13,11 +13,16 @@ regressions,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
 with the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`
-(:func:`~rfgp.recipes._search.dirichlet_objective` as the objective), and fits the classifier
-with the schedule's ``D`` features on all rows. The noise is the transform's, so there is no
-calibration stage. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
-on a validation split at the found hyperparameters
-(:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
+(:func:`~rfgp.recipes._search.dirichlet_objective` as the objective). The search's model has
+``search_features`` features on a subsample; the final model has the schedule's ``D`` features
+on all rows, and its outputscale is its own: the factor :math:`a` on the search's
+outputscale maximises the final model's evidence :math:`\log p(\tilde Y \mid a)`, exactly, from
+one eigendecomposition per class of its weighted Gram matrix
+(:func:`~rfgp.classification._calibration.maximize_outputscale_evidence`). The noise is the
+transform's. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen on a
+validation split at the found hyperparameters
+(:meth:`~rfgp.DirichletGPClassifier.select_alpha`), and the outputscale is calibrated at the
+chosen value.
 
 Example:
     >>> g = torch.Generator().manual_seed(0)
@@ -36,6 +41,10 @@ from typing import Any, Optional
 import torch
 
 from rfgp._validation import check_int
+from rfgp.classification._calibration import (
+    dirichlet_scale_evidence,
+    maximize_outputscale_evidence,
+)
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.inference._selection import ConvergenceWarning
@@ -62,16 +71,25 @@ __all__ = ["classifier_fit_cost", "fit_classifier_auto", "plan_classifier"]
 
 
 def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
-    r"""Multiply-adds of the ``C``-class final fit: the cheaper of the weight space,
-    :math:`2 N D^2 + C D^3 / 3` (the shared Gram matrix, each class's correction, one
-    Cholesky factor per class), and the function space, :math:`N^2 D + C N^3 / 3`.
+    r"""Multiply-adds of the ``C``-class final fit with its calibration. The calibration
+    costs the Gram matrices, :math:`2 N D^2` (the shared one and each class's correction on
+    its own rows), and one eigendecomposition per class, :math:`4 C D^3`, or on fewer rows
+    than features the kernel matrix :math:`N^2 D` and :math:`4 C N^3`; the fit the cheaper of
+    the weight space, :math:`2 N D^2 + C D^3 / 3` (the Gram matrices again, one Cholesky
+    factor per class), and the function space, :math:`N^2 D + C N^3 / 3`.
 
     Example:
-        >>> classifier_fit_cost(100, 64, 3) == min(2 * 100 * 64**2 + 64**3, 100**2 * 64 + 100**3)
+        >>> n, d, c = 1000, 64, 3
+        >>> weight = 2 * n * d**2 + 4 * c * d**3 + 2 * n * d**2 + c * d**3 / 3
+        >>> classifier_fit_cost(n, d, c) == weight
         True
     """
-    n, m = float(num_rows), float(num_features)
-    return min(2 * n * m * m + num_classes * m**3 / 3, n * n * m + num_classes * n**3 / 3)
+    n, m, c = float(num_rows), float(num_features), num_classes
+    if n < m:
+        return n * n * m + 4 * c * n**3 + min(2 * n * m * m + c * m**3 / 3,
+                                              n * n * m + c * n**3 / 3)
+    return 2 * n * m * m + 4 * c * m**3 + min(2 * n * m * m + c * m**3 / 3,
+                                              n * n * m + c * n**3 / 3)
 
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
@@ -82,7 +100,7 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
 
     Example:
         >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
-        2048
+        1024
     """
     num_classes = check_int("num_classes", num_classes, minimum=1)
     opts, n = options, num_rows
@@ -120,10 +138,12 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     noise per point and class on centred targets; the recipe learns the shared ARD
     lengthscales and the outputscale by maximising the evidence of the ``C`` regressions, with
     the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`, and fits
-    the classifier with the schedule's ``D`` features on all rows. The noise is the
-    transform's, so there is no calibration stage. ``alpha_epsilon`` is kept unless
-    ``select_alpha=True``: then it is chosen on a validation split at the found
-    hyperparameters (:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
+    the classifier with the schedule's ``D`` features on all rows, its outputscale chosen by
+    that ``D``-feature model's own evidence (the factor on the search's outputscale that
+    maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is the
+    transform's. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
+    on a validation split at the found hyperparameters
+    (:meth:`~rfgp.DirichletGPClassifier.select_alpha`) before the outputscale is calibrated.
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
@@ -136,7 +156,9 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     Returns:
         The fitted classifier; its kernel is a ``ScaleKernel`` around an ARD
         :class:`~rfgp.kernels.FourierFeatureKernel` with orthogonal frequencies (the
-        outputscale in the kernel, ``outputscale=1.0`` in the classifier).
+        calibrated outputscale in the kernel, ``outputscale=1.0`` in the classifier). The
+        report's ``calibration`` holds the ``factor`` on the search's outputscale, the
+        ``outputscale`` and the final model's ``negative_log_evidence`` per datum and class.
     """
     opts = ClassifierOptions().replace(**options).checked()
     ctx = _prepare(x, labels, opts, report)
@@ -225,7 +247,28 @@ def _refit(ctx: RecipeContext, labels: Any) -> DirichletGPClassifier:
         )
         with torch.no_grad():
             if opts.select_alpha:
-                model.select_alpha(ctx.x_data, labels, seed=opts.seed)
-            else:
-                model.fit(ctx.x_data, labels)
+                model.select_alpha(ctx.x_data, labels, seed=opts.seed, refit=False)
+            _calibrate_outputscale(ctx, model, labels)
+            model.fit(ctx.x_data, labels)
     return model
+
+
+def _calibrate_outputscale(ctx: RecipeContext, model: DirichletGPClassifier,
+                           labels: Any) -> None:
+    """The final model's outputscale by its own evidence, at the model's ``alpha_epsilon``.
+
+    The search's outputscale is the best for its own features on its subsample; with ``D``
+    features on all rows the evidence has its maximum elsewhere (more features represent more
+    of the kernel, so less of the targets is left to the noise)."""
+    indices, classes = encode_labels(labels, ctx.options.num_classes)
+    likelihood = DirichletLikelihood(classes.numel(), model.alpha_epsilon, centre=True)
+    targets = likelihood.set_train_labels(indices, dtype=ctx.x.dtype).transpose(0, 1)
+    noise = likelihood.noise.transpose(0, 1).to(ctx.x)
+    evidence = dirichlet_scale_evidence(model.kernel, ctx.x_data, targets.to(ctx.x), noise)
+    factor, value = maximize_outputscale_evidence(evidence)
+    model.kernel.outputscale = model.kernel.outputscale * factor
+    ctx.report.calibration = {
+        "factor": factor,
+        "outputscale": model.kernel.outputscale.detach().clone(),
+        "negative_log_evidence": value / targets.numel(),
+    }
