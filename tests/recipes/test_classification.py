@@ -18,6 +18,7 @@ from rfgp.likelihoods import dirichlet_transform
 from rfgp.recipes import (
     ClassifierFitReport,
     ClassifierOptions,
+    default_budget,
     fit_classifier_auto,
     make_ard_kernel,
 )
@@ -379,3 +380,22 @@ def test_26_class_fit_equals_the_dense_function_space_gp():
     torch.testing.assert_close(post.variance, torch.stack(variances, -1), rtol=1e-7,
                                atol=1e-9)
     assert clf.log_marginal_likelihood() == pytest.approx(log_evidence, rel=1e-10)
+
+
+@pytest.mark.parametrize("num_classes", [2, 26])
+def test_a_larger_budget_never_plans_less(num_classes):
+    # 2x and 4x the default budget: the final fit gets at least the default's features, the
+    # refinement at least its rows, the search the same subsample.
+    for n in (1_000, 15_000, 40_000):
+        base = ClassifierOptions().checked()
+        plans = [plan_classifier(n, 16, num_classes, base.replace(
+            time_budget=factor * default_budget(n)).checked()) for factor in (1, 2, 4)]
+        assert plans[0].budget == default_budget(n)
+        for smaller, larger in zip(plans, plans[1:]):
+            assert larger.num_features >= smaller.num_features
+            assert larger.refine_rows >= smaller.refine_rows
+            assert larger.subsample == smaller.subsample
+        # and the planned final fit stays within its share of each budget
+        for plan in plans:
+            cost = _fit_with_calibration_cost(n, plan.num_features, num_classes)
+            assert plan.num_features == 512 or cost <= 0.4 * plan.budget * base.machine_rate
