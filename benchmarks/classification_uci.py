@@ -15,7 +15,9 @@ Methods, each as a user would run it:
 * ``rfgp default``: :func:`rfgp.fit_classifier_auto` with its default time budget
   (:func:`rfgp.recipes.default_budget`), ``seed`` = split; probabilities by its
   ``predict_proba`` (Monte Carlo, 1000 draws). ``rfgp 4x budget``: the same with
-  ``time_budget`` four times the default.
+  ``time_budget`` four times the default. ``rfgp alpha``: the default budget with
+  ``select_alpha=True`` (``alpha_epsilon`` chosen by the held-out NLL on a validation split
+  before the outputscale is calibrated).
 * ``SVGP M`` (M = 512, 1024): GPyTorch ``ApproximateGP`` with ``VariationalStrategy`` (M
   inducing points drawn from the training rows, learned; Cholesky variational distribution),
   ``ScaleKernel(RBFKernel(ARD))``, constant mean; binary sets one latent GP with
@@ -78,13 +80,13 @@ from rfgp.datasets import (  # noqa: E402
     load_uci_classification,
     standardize,
 )
-from rfgp.recipes import default_budget  # noqa: E402
+from rfgp.recipes import ClassifierFitReport, default_budget  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 RECORDS = OUT / "classification_uci.jsonl"
 SETS = ["letter", "magic", "adult"]
-METHODS = ["rfgp default", "rfgp 4x budget", "SVGP 512", "SVGP 1024", "exact Dirichlet GP",
-           "LogisticRegression", "MLP", "HistGB"]
+METHODS = ["rfgp default", "rfgp 4x budget", "rfgp alpha", "SVGP 512", "SVGP 1024",
+           "exact Dirichlet GP", "LogisticRegression", "MLP", "HistGB"]
 SPLITS = 3
 TEST_FRACTION = 0.2
 EXACT_MAX = 10_000
@@ -135,10 +137,13 @@ def scores(probs: np.ndarray, labels: np.ndarray) -> dict:
 
 
 # ====================================================================== methods
-def rfgp_fit(xtr, ytr, xte, seed, budget_factor):
+def rfgp_fit(xtr, ytr, xte, seed, budget_factor, select_alpha=False):
     budget = budget_factor * default_budget(xtr.shape[0])
-    clf = fit_classifier_auto(xtr, ytr, seed=seed, time_budget=budget)
-    info = {"D": clf.kernel.base_kernel.num_features, "budget": budget}
+    report = ClassifierFitReport()
+    clf = fit_classifier_auto(xtr, ytr, seed=seed, time_budget=budget,
+                              select_alpha=select_alpha, report=report)
+    info = {"D": clf.kernel.base_kernel.num_features, "budget": budget,
+            "scale factor": report.calibration["factor"], "alpha": clf.alpha_epsilon}
     return clf.predict_proba(xte).numpy(), info
 
 
@@ -292,6 +297,8 @@ def run_method(method, xtr, ytr, xte, num_classes, seed, quick):
         return rfgp_fit(xtr, ytr, xte, seed, 1.0)
     if method == "rfgp 4x budget":
         return rfgp_fit(xtr, ytr, xte, seed, 4.0)
+    if method == "rfgp alpha":
+        return rfgp_fit(xtr, ytr, xte, seed, 1.0, select_alpha=True)
     if method.startswith("SVGP"):
         m = int(method.split()[1])
         return svgp(xtr, ytr, xte, num_classes, m // 16 if quick else m, seed, quick)
