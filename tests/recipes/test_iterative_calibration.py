@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rfgp.inference import feature_model_evidence
+from rfgp.inference._iterative_calibration import calibrate_by_products
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._iterative_calibration import calibrate_by_products
-from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -29,7 +29,7 @@ def _problem(n=3000, d=3, width=512, seed=0, columns=1):
 
 def _exact_profile(evidence, log_c):
     """The profile's value -log p / (N T) and its derivative in log c, from the exact
-    eigendecomposition (module docstring of rfgp.recipes._iterative_calibration)."""
+    eigendecomposition (module docstring of rfgp.inference._iterative_calibration)."""
     lam, proj = evidence.eigenvalues, evidence.projections
     n, t = evidence.num_data, evidence.num_columns
     c = math.exp(log_c)
@@ -60,7 +60,7 @@ def test_the_scales_are_a_root_of_the_exact_profile_within_its_standard_error(co
 
 
 def test_the_scales_agree_with_the_weight_space_maximum():
-    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
@@ -79,8 +79,8 @@ def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
     # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
     # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
     # the preconditioner handed to the fit keeps B's condition near the target.
+    from rfgp.inference._calibration import maximize_scale_evidence
     from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
-    from rfgp.recipes._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
