@@ -105,6 +105,16 @@ SKETCH_SOLVES = 2
 #: The probe columns' relative CG residual: their forms' error stays far below the
 #: Hutchinson spread they carry.
 PROBE_TOLERANCE = 1e-5
+# The range of log c: c from about 1e-304 to 1e304, inside the float range.
+_LOG_C_LIMIT = 700.0
+# The first run's log c is kept this close to the data's own scale N / tr G: a start in other
+# units than the data's (a noise of 1e300 against a kernel at outputscale 1) would sketch and
+# run at a c where c G is far below or above the identity, beyond the runs' reach.
+_START_WINDOW = math.log(1e8)
+# Where Q(c) <= 0 in rounding (the features fit y exactly at c), the profile's noise is this
+# fraction of the targets' mean square (relative, so that every scale of y is alike): the
+# slope is then steeply negative and c moves up, to the condition bound.
+_EXACT_FIT_NOISE = 1e-30
 # Rows of features formed at once.
 _CHUNK_ROWS = 4096
 # Subspace directions whose Gram eigenvalue falls below this fraction of the largest (after
@@ -131,7 +141,8 @@ class KrylovCalibration:
         iterations: CG iterations of each run.
         run_scales: the :math:`c` of each run.
         products: column products with :math:`G` (one pass over :math:`\\Phi` and one over
-            :math:`\\Phi^\\top` each), by purpose: ``"sketch"``, ``"runs"``.
+            :math:`\\Phi^\\top` each), by purpose: ``"trace"`` (8, the estimate of
+            :math:`\\mathrm{tr}\\,G` that places the start), ``"sketch"``, ``"runs"``.
         preconditioner: the Nyström preconditioner of :math:`A_c` at the root (the ``B`` of
             the calibrated model's CG fit).
     """
@@ -290,7 +301,9 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         num_rows: ``N``.
         noise: the starting noise :math:`\sigma^2` (positive); factor: the starting
             outputscale factor (positive). The first run is at :math:`c_0 =`
-            ``factor / noise``.
+            ``factor / noise``, kept within a factor :math:`10^8` of the data's own scale
+            :math:`N / \mathrm{tr}\,G` (a start in other units than the data's is beyond
+            the runs' reach) and within :math:`e^{\pm 700}`.
         noise_floor: :math:`\sigma_0^2 \ge 0`.
         condition: the largest :math:`c` is ``1 / (condition * lambda_max(G))`` (0:
             unbounded), the weight-space calibration's bound on the solve's condition number.
@@ -343,18 +356,33 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
     b = rhs.reshape(rhs.shape[0], -1).to(torch.float64)
     width, t = b.shape
     device = b.device
-    counts = {"sketch": 0, "runs": 0}
+    counts = {"trace": 0, "sketch": 0, "runs": 0}
     phase = ["sketch"]
 
     def counted(v: Tensor) -> Tensor:
         counts[phase[0]] += int(v.shape[1])
         return gram(v)
 
-    start = factor / noise
     solves = SKETCH_SOLVES * (t + num_probes)
     if max_rank is None:
         max_rank = rank_memory_cap(width, torch.float64, device)
     with torch.no_grad():
+        # The start, in logs (factor / noise of far apart values over- or underflows), kept
+        # within _START_WINDOW of the data's own scale c_d = N / tr G (half the targets'
+        # mean square as signal, a tr G = N m / 2, and half as noise); tr G by Hutchinson's
+        # estimate on probes of their own (the runs' probes and the sketch keep their draws
+        # from generator).
+        phase[0] = "trace"
+        trace_probes = (torch.randint(0, 2, (width, 8), dtype=torch.float64,
+                                      generator=torch.Generator().manual_seed(0))
+                        * 2.0 - 1.0).to(device)
+        trace = float((trace_probes * counted(trace_probes)).sum(0).mean())
+        phase[0] = "sketch"
+        log_start = math.log(factor) - math.log(noise)
+        if trace > 0:
+            log_data = math.log(n) - math.log(trace)
+            log_start = min(max(log_start, log_data - _START_WINDOW), log_data + _START_WINDOW)
+        start = math.exp(min(max(log_start, -_LOG_C_LIMIT), _LOG_C_LIMIT))
         sketcher = NystromSketch(lambda v: start * counted(v), width, torch.float64, device,
                                  generator)
         if rank is not None:
@@ -369,8 +397,8 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
 
         spectrum = sketcher.preconditioner.eigenvalues / start
         top = float(spectrum.max()) if spectrum.numel() else 0.0
-        ceiling = (math.log(1.0 / (condition * top)) if condition > 0 and top > 0
-                   else math.inf)
+        ceiling = min(math.log(1.0 / (condition * top)) if condition > 0 and top > 0
+                      else math.inf, _LOG_C_LIMIT)
         log_c = min(math.log(start), ceiling)
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(device)
@@ -438,7 +466,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
             pre_now = sketcher.preconditioner
             profile = _Profile(theta, projected, t, num_probes, pre_now.basis,
                                pre_now.eigenvalues / start, probes)
-            low = min(runs) - SEARCH_RADIUS
+            low = max(min(runs) - SEARCH_RADIUS, -_LOG_C_LIMIT)
             high = min(max(runs) + SEARCH_RADIUS, ceiling)
             log_c, interior = _minimiser(profile, low, high, target_squares, n, t,
                                          noise_floor, ceiling)
@@ -448,7 +476,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         c = math.exp(log_c)
         quad, norm, traces = profile.pieces(c)
         q_value = target_squares - c * quad
-        noise_out = max(q_value / (n * t), noise_floor)
+        noise_out = _profile_noise(q_value, target_squares, n * t, noise_floor)
         at_floor = noise_floor > 0 and q_value / (n * t) <= noise_floor
         # log|A_c| per probe: the anchor's quadrature carried along log c.
         per_probe = anchor_logdets + _integrated_slope(profile, anchor, log_c)
@@ -471,8 +499,16 @@ def _slope(profile: _Profile, log_c: float, target_squares: float, num_rows: int
     """:math:`dg / d\\log c` of the Galerkin profile (module docstring)."""
     c = math.exp(log_c)
     quad, norm, traces = profile.pieces(c)
-    noise = max((target_squares - c * quad) / (num_rows * num_columns), noise_floor, 1e-300)
+    noise = _profile_noise(target_squares - c * quad, target_squares, num_rows * num_columns,
+                           noise_floor)
     return num_columns * (profile.width - float(traces.mean())) - c * norm / noise
+
+
+def _profile_noise(quad: float, target_squares: float, count: int, noise_floor: float) -> float:
+    r""":math:`\sigma^2(c) = \max(Q(c) / (N T), \sigma_0^2)`, or where that is not positive
+    (:math:`Q \le 0` in rounding) :data:`_EXACT_FIT_NOISE` times the targets' mean square."""
+    noise = max(quad / count, noise_floor)
+    return noise if noise > 0 else target_squares / count * _EXACT_FIT_NOISE
 
 
 def _minimiser(profile: _Profile, low: float, high: float, target_squares: float,
