@@ -1,20 +1,12 @@
 """Inference with random-feature kernels: the weight-space GP solver and what works with it.
 
 The public names are the ones below; the modules behind them (solvers, statistics, noise
-layouts, the fit's state, factorisations) are internal and say so by their ``_`` prefix.
+layouts, the fit's state, factorisations, the evidence and its derivatives, the cost model of
+the iterative solve) are internal and say so by their ``_`` prefix.
 """
 
-from rfgp.inference._blocks import kd_blocks
-from rfgp.inference._cross_validation import cross_validate, held_out_log_density
-from rfgp.inference._evidence import (
-    fourier_kernel_negative_log_evidence,
-    negative_log_evidence,
-)
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._fit_state import StaleFitError
-from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
-from rfgp.inference._iterative import cg_fit_cost, cg_fit_seconds, cg_num_features
-from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.inference._stochastic_evidence import stochastic_log_evidence
@@ -25,17 +17,6 @@ __all__ = [
     "RandomFeatureGP",
     "SamplePaths",
     "StaleFitError",
-    "cg_fit_cost",
-    "cg_fit_seconds",
-    "cg_num_features",
-    "cross_validate",
-    "evidence_hessian",
-    "fourier_kernel_negative_log_evidence",
-    "held_out_log_density",
-    "heteroscedastic_negative_log_evidence",
     "helmholtz_components",
-    "kd_blocks",
-    "lengthscale_draws",
-    "negative_log_evidence",
     "stochastic_log_evidence",
 ]

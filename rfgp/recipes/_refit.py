@@ -1,7 +1,7 @@
 r"""The final fit: the hyperparameters belong to the model that predicts.
 
 The final kernel has the schedule's ``D`` features (the Laplace average of the lengthscales
-where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the
+where there are draws, :func:`~rfgp.recipes._averaging.lengthscale_mixture_kernel`), on the
 data as given. **Rule:** its outputscale and noise maximise the evidence of that
 ``D``-feature model itself (:mod:`~rfgp.recipes._calibration`: one eigendecomposition of its
 Gram matrix, then :math:`O(D)` per evaluation), and where the search stages left more than one
@@ -244,7 +244,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 
     Args:
         kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
-            :func:`~rfgp.recipes.lengthscale_mixture_kernel`); it is copied, not changed.
+            :func:`~rfgp.recipes._averaging.lengthscale_mixture_kernel`); it is copied, not changed.
         x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
@@ -256,7 +256,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
 
     Example:
-        >>> from rfgp.recipes import make_ard_kernel
+        >>> from rfgp.recipes._start import make_ard_kernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
         >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)

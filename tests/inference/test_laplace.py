@@ -12,13 +12,10 @@ from gpytorch.kernels import AdditiveKernel, ScaleKernel
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
-from rfgp.recipes import (
-    FitReport,
-    fit_auto,
-    lengthscale_mixture_kernel,
-    make_ard_kernel,
-    maximize_evidence,
-)
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 

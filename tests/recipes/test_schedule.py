@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfgp.inference import kd_blocks
-from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
+from rfgp.inference._blocks import kd_blocks
+from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._schedule import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
     FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
+    default_budget,
     exact_evidence_cost,
     final_fit_cost,
     plan_regression,
