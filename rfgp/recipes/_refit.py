@@ -244,7 +244,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 
     Args:
         kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
-            :func:`~rfgp.recipes._averaging.lengthscale_mixture_kernel`); it is copied, not changed.
+            ``gp.kernel`` of a model from :func:`~rfgp.recipes.fit_auto`); copied, not changed.
         x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
