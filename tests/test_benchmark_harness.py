@@ -90,3 +90,17 @@ def test_uci_benchmark_runs_each_missing_fit_once(harness, tmp_path, monkeypatch
     regression_uci.run(args, records)  # nothing is missing
     assert fitted == [] and len(records.rows()) == 6
     assert sys.modules["_harness"] is harness
+
+
+def test_bo_loop_trace_counts_evaluations_and_keeps_the_best(harness):
+    pytest.importorskip("botorch")
+    import _bo_methods
+
+    trace = _bo_methods.run_one("hartmann6", "random", seed=0, q=4, iterations=3,
+                                num_features=64, pool=50)
+    assert [step["evaluations"] for step in trace] == [4, 8, 12, 16]
+    best = [step["best"] for step in trace]
+    assert best == sorted(best)  # the best value so far never falls
+    optimum = float(_bo_methods.make_problem("hartmann6").optimal_value)
+    assert optimum == pytest.approx(3.32237, abs=1e-5) and best[-1] <= optimum
+    assert all(step["seconds"] >= 0 for step in trace)
