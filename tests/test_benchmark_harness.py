@@ -106,7 +106,8 @@ def test_bo_loop_trace_counts_evaluations_and_keeps_the_best(harness):
     assert all(step["seconds"] >= 0 for step in trace)
 
 
-@pytest.mark.parametrize("script", ["regression_uci", "bayesopt", "polynomial_sketches"])
+@pytest.mark.parametrize("script", ["regression_uci", "bayesopt", "polynomial_sketches",
+                                    "scaling"])
 def test_ported_scripts_are_short_and_find_their_parts(harness, script):
     # Each states its question, methods and table in at most 400 lines; the shared parts it
     # imports (records, methods, report pieces) resolve.
