@@ -52,7 +52,7 @@ from rfgp import fit_auto  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.kernels import RandomFeatureKernel  # noqa: E402
 from rfgp.recipes import FitReport, calibrated_fit  # noqa: E402
-from rfgp.recipes._averaging import lengthscale_mixture_kernel  # noqa: E402
+from rfgp.recipes._laplace import lengthscale_mixture_kernel  # noqa: E402
 from rfgp.recipes._start import make_ard_kernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"

@@ -30,12 +30,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "EVIDENCE_DTYPES",
     "KERNEL_INPUT_DTYPES",
     "all_finite",
     "check_active_dims",
     "check_bool",
     "check_choice",
     "check_dtype",
+    "check_evidence_rows",
     "check_finite",
     "check_generator",
     "check_int",
@@ -561,3 +563,32 @@ def check_generator(name: str, value: Any) -> Optional[torch.Generator]:
     raise TypeError(
         f"{name} must be a torch.Generator or None, got {type(value).__name__} {describe(value)}"
     )
+
+
+#: The dtypes an evidence is computed in: its Cholesky factors, eigendecompositions and the
+#: Laplace Hessian need at least single precision's range and digits.
+EVIDENCE_DTYPES = (torch.float32, torch.float64)
+
+
+def check_evidence_rows(x: Any, y: Any, caller: str) -> tuple:
+    """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)`` as :func:`check_rows` takes them, in
+    one of :data:`EVIDENCE_DTYPES` and detached from any autograd graph (whoever maximises an
+    evidence differentiates its own parameters only); ``caller`` names the entry point.
+
+    Example:
+        >>> x, y = check_evidence_rows(torch.zeros(3, 2), torch.zeros(3), "fit")
+        >>> check_evidence_rows(x.half(), y, "fit")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: fit: x must be float32 or float64 ... got torch.float16; convert with x.double()
+    """
+    for name, value in (("x", x), ("y", y)):
+        if isinstance(value, Tensor) and value.is_floating_point() and (
+                value.dtype not in EVIDENCE_DTYPES):
+            raise TypeError(
+                f"{caller}: {name} must be float32 or float64 (the evidence's factorisations "
+                f"need their range and digits), got {value.dtype}; convert with "
+                f"{name}.double()"
+            )
+    x, y = check_rows(x, y)
+    return x.detach(), y.detach()

@@ -110,7 +110,7 @@ def test_default_feature_counts_inside_and_outside_the_recipe():
     # The recipe's refit goes past 8192 features on few rows (function space); a fit outside
     # the recipe (here a fixed-hyperparameter RBF fit) keeps at most 8192.
     from rfgp.recipes import RegressionOptions
-    from rfgp.recipes._schedule import plan_regression
+    from rfgp.recipes._regression import plan_regression
 
     X, y = _regression_data(60)
     recipe = RandomFeatureGPRegressor(random_state=0, cv_folds=0).fit(X, y)

@@ -22,7 +22,13 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_choice, check_int, check_real
+from rfgp._validation import (
+    check_bool,
+    check_choice,
+    check_generator,
+    check_int,
+    check_real,
+)
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._fit_state import Batch, FitState, StaleFitError
 from rfgp.inference._fitting import SolverFactory
@@ -93,7 +99,8 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
         statistics_dtype: dtype of the statistics and factorisations (default: the data's).
         cg_tolerance, max_cg_iterations, preconditioner_rank, cache_bytes: the iterative solve's
             settings (relative residual, default ``1e-6``
-            in float64; iterations; Nyström rank, ``None`` automatic; bytes of cached features).
+            in float64, and the bound on the mean's error in posterior standard deviations;
+            iterations; Nyström rank, ``None`` automatic; bytes of cached features).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
@@ -524,6 +531,7 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
             of this posterior; it moves with ``.to()`` and saves with ``torch.save``.
         """
         num_samples = check_int("num_samples", num_samples)
+        generator = check_generator("generator", generator)
         state = self._current("sample_functions")
         with torch.no_grad():
             draws = state.solver.draw_weights(num_samples, generator,

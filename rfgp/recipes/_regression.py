@@ -1,49 +1,59 @@
 r""":func:`fit_auto`: the default regression recipe, a budgeted pipeline of stages.
 
-**What it does.** It fits a GP with an ARD random Fourier feature kernel: the evidence is
-maximised cheaply (on a subsample, with few features, or with the exact kernel where the rows
-are few), corrected on more rows, and the final ``D``-feature model then chooses its own
-outputscale and noise, and among the search's candidate lengthscales, by its own evidence, so
-that its intervals are honest about what ``D`` features can fit.
-
-**Its budget.** ``time_budget`` seconds (default :math:`20 + N/400`) are shared among the
-stages by a cost model (the schedule): the final fit takes up to 40% and gets
-the most features that fit there; the refinement's rows and the local stage's starts take what
-is left. ``report.timing()`` sets each stage's predicted seconds against the measured ones.
-
-The stages, each an internal module of :mod:`rfgp.recipes`: units and start, search, model
-choice, refinement and the local stage, the Laplace average, calibration and refit.
+The stages (:data:`STAGES`), each an internal module of :mod:`rfgp.recipes` of the stage's
+name: ``search``, ``select`` (the bound's cross-validated choice), ``refine``, ``local``,
+``laplace`` (the Laplace average) and ``refit`` (calibration and the final fit), after the
+units and the start (:func:`_prepare`). What each does, and how the budget is shared among
+them, is :mod:`rfgp.recipes`' overview.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Optional
 
 import torch
 
-from rfgp.inference._blocks import kd_blocks
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.inference._selection import ConvergenceWarning
-from rfgp.recipes._averaging import laplace_stage
-from rfgp.recipes._choice import choose_bound
-from rfgp.recipes._context import RecipeContext
+from rfgp._validation import check_evidence_rows
+from rfgp.inference import RandomFeatureGP
+from rfgp.recipes._laplace import LAPLACE
+from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
-from rfgp.recipes._refine import local_stage, record_search, refine_stage
-from rfgp.recipes._refit import refit_stage
+from rfgp.recipes._refine import REFINE
+from rfgp.recipes._refit import REFIT
 from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import plan_regression
-from rfgp.recipes._search import two_path_search
+from rfgp.recipes._schedule import Schedule, plan_stages
+from rfgp.recipes._search import SEARCH
+from rfgp.recipes._select import SELECT
+from rfgp.recipes._stage import RecipeData, Searched, StageTimer
 from rfgp.recipes._start import initial_hyperparameters, search_model
 from rfgp.recipes._units import (
-    check_recipe_data,
     check_variances_representable,
     column_unit,
     target_unit,
 )
 
-__all__ = ["fit_auto"]
+__all__ = ["STAGES", "fit_auto", "plan_regression"]
+
+#: The stages of :func:`fit_auto`, in the order they run (each plans its cost at its own
+#: place in the schedule): every one but the last hands on a
+#: :class:`~rfgp.recipes._stage.Searched`; the last returns the fitted model.
+STAGES = (SEARCH, SELECT, REFINE, LOCAL, LAPLACE, REFIT)
+
+
+def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -> Schedule:
+    """The schedule of :func:`fit_auto` for ``num_rows`` rows of ``input_dim`` inputs under
+    checked :class:`~rfgp.recipes.RegressionOptions`: :data:`STAGES`' costs booked in their
+    planning order (:func:`~rfgp.recipes._schedule.plan_stages`).
+
+    Example:
+        >>> s = plan_regression(40000, 9, RegressionOptions().checked())
+        >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
+        (4096, 2000, 'features', True)
+        >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
+        'exact'
+    """
+    return plan_stages(num_rows, input_dim, options, STAGES)
 
 
 def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
@@ -82,68 +92,46 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
         (True, torch.Size([3]))
     """
     opts = RegressionOptions().replace(**options).checked()
-    ctx = _prepare(x, y, opts, report)
-    with ctx.progress(7, "fit_auto"):
-        _search_stage(ctx)
-        choose_bound(ctx)
-        refine_stage(ctx)
-        local_stage(ctx)
-        laplace_stage(ctx)
-        gp = refit_stage(ctx)
-    _report_in_data_units(ctx)
+    data, searched, report = _prepare(x, y, opts, report)
+    timer = StageTimer(report.seconds)
+    with timer.progress(len(STAGES), "fit_auto", opts.progress):
+        for stage in STAGES[:-1]:
+            searched = timer.run(stage, data, searched, report) or searched
+        gp = timer.run(STAGES[-1], data, searched, report)
+    _report_in_data_units(data, searched, report)
     return gp
 
 
 def _prepare(x: Any, y: Any, opts: RegressionOptions,
-             report: Optional[FitReport]) -> RecipeContext:
-    """Units, schedule and the search's starting model."""
-    x, y = check_recipe_data(x, y, "fit_auto")
-    if report is not None and not isinstance(report, FitReport):
-        raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
+             report: Optional[FitReport]) -> tuple:
+    """Units, schedule and the search's starting model: ``(data, start, report)``."""
+    x, y = check_evidence_rows(x, y, "fit_auto")
     x_unit, y_unit = column_unit(x), target_unit(y)
     check_variances_representable(y_unit, x.dtype)
-    report = report if report is not None else FitReport()
-    report.clear()  # a report passed again describes this fit only
     schedule = plan_regression(x.shape[0], x.shape[1], opts)
-    report.schedule, report.num_features = schedule, schedule.num_features
-    report.search_features, report.subsample = schedule.search_features, schedule.subsample
-    report.refine_rows = schedule.refine_rows
-    ctx = RecipeContext(opts, schedule, report, x / x_unit, y / y_unit, x, y, x_unit, y_unit,
-                        torch.Generator().manual_seed(opts.seed))
-    start = initial_hyperparameters(ctx.x, ctx.y, generator=ctx.generator)
+    report = FitReport.begin(report, schedule)
+    xs, ys = x / x_unit, y / y_unit
+    generator = torch.Generator().manual_seed(opts.seed)
+    start = initial_hyperparameters(xs, ys, generator=generator)
+    # The subsample and the refinement's rows are heads of one random order, drawn after the
+    # start (the start's draws come first from the generator).
+    order = (torch.randperm(x.shape[0], generator=generator).to(x.device)
+             if schedule.subsample < x.shape[0] else None)
+    data = RecipeData(opts, schedule, xs, ys, x, y, x_unit, y_unit, generator, order)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit,
                       "outputscale": start["outputscale"] * y_unit**2,
                       "noise": start["noise"] * y_unit**2}
-    ctx.model = search_model(schedule.search_features, start, opts.spectral, opts.seed, ctx.x)
-    return ctx
+    model = search_model(schedule.search_features, start, opts.spectral, opts.seed, xs)
+    return data, Searched(model), report
 
 
-def _search_stage(ctx: RecipeContext) -> None:
-    """The evidence search on the subsample, with the schedule's evidence, along the two
-    paths of :func:`~rfgp.recipes._search.two_path_search`."""
-    opts = ctx.options
-    with ctx.stage("search"):
-        xs, ys, ctx.rows = ctx.head(ctx.schedule.subsample)
-        ctx.evidence = ctx.schedule.search_evidence
-        ctx.blocks = kd_blocks(xs, opts.exact_rows) if ctx.evidence == "blocks" else None
-        result = two_path_search(ctx.model, xs, ys, opts.max_iterations, opts.tolerance,
-                                 ctx.evidence != "features", ctx.blocks)
-        record_search(ctx, "search", result, ctx.evidence)
-    if not result.converged:
-        warnings.warn(
-            f"fit_auto: the evidence search did not converge in {opts.max_iterations} L-BFGS "
-            "iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
-
-
-def _report_in_data_units(ctx: RecipeContext) -> None:
+def _report_in_data_units(data: RecipeData, searched: Searched, report: FitReport) -> None:
     """The search's records, from its units (inputs over ``x_unit``, targets over ``y_unit``)
     to the data's: bounds times the input units, log densities per datum less
     ``log(y_unit)``."""
-    report, shift = ctx.report, math.log(ctx.y_unit)
-    if ctx.bound is not None:
-        report.lengthscale_bound = ctx.bound * ctx.x_unit
+    shift = math.log(data.y_unit)
+    if searched.bound is not None:
+        report.lengthscale_bound = searched.bound * data.x_unit
     report.losses = {stage: [loss + shift for loss in losses]
                      for stage, losses in report.losses.items()}
     report.local_losses = [loss + shift for loss in report.local_losses]

@@ -63,6 +63,19 @@ class FitReport:
     local_losses: List[float] = field(default_factory=list)
     calibration: Dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def begin(cls, report: Optional[FitReport], schedule: Any) -> FitReport:
+        """``report`` (a new one where ``None``) cleared, with ``schedule``'s sizes: a report
+        passed again describes the new fit only."""
+        if report is not None and not isinstance(report, cls):
+            raise TypeError(f"report must be a {cls.__name__} instance or None, got {report!r}")
+        report = report if report is not None else cls()
+        report.clear()
+        report.schedule, report.num_features = schedule, schedule.num_features
+        report.search_features, report.subsample = schedule.search_features, schedule.subsample
+        report.refine_rows = schedule.refine_rows
+        return report
+
     def clear(self) -> None:
         """Every field back to its default: a report passed to a new fit keeps nothing of an
         earlier one.

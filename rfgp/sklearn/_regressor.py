@@ -61,7 +61,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             (a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one),
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            and the time budget (:func:`rfgp.recipes._schedule.plan_regression`; at most 8192
+            and the time budget (:func:`rfgp.recipes._regression.plan_regression`; at most 8192
             outside the recipe).
         lengthscale: initial lengthscale of a named kernel (not used by ``"auto"``).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,

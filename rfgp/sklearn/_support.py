@@ -25,7 +25,7 @@ from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
 from rfgp.recipes import (
     RegressionOptions,
 )
-from rfgp.recipes._schedule import plan_regression
+from rfgp.recipes._regression import plan_regression
 
 __all__ = [
     "FIT_MAX_FEATURES",

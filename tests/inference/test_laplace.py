@@ -13,7 +13,7 @@ from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
@@ -105,6 +105,31 @@ def test_hessian_at_the_evidence_maximum_is_positive_semidefinite():
     # At a maximum the curvature of -log p is non-negative in every direction, up to the
     # forward differences' O(1e-4) relative error.
     assert float(torch.linalg.eigvalsh(h).min()) > -1e-3 * float(h.abs().max())
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("offset", [1.7e12, -1e12, 1e8])
+def test_hessian_and_evidence_are_invariant_to_an_offset_of_the_inputs(exact, offset):
+    # Both evidences depend on x through differences alone (stationary kernel, cos/sin pairs).
+    # x + offset rounds x to the offset's ulp; (x + offset) - offset is those rounded inputs,
+    # exactly. The two must give the same Hessian up to rounding (~1e-16 / step, step 1e-4),
+    # not one that lost the offset's digits in omega^T x / l or in expanded distances.
+    from rfgp.inference import fourier_kernel_negative_log_evidence
+
+    x, y = data()
+    shifted = x + offset
+    rounded = shifted - offset
+    kernel = FourierFeatureKernel(64, input_dim=2, seed=0).double()
+    ell = torch.tensor([0.7, 1.3], dtype=DT)
+    one = torch.ones((), dtype=DT)
+    h = evidence_hessian(kernel, shifted, y, ell, one, 0.05 * one, exact=exact)
+    reference = evidence_hessian(kernel, rounded, y, ell, one, 0.05 * one, exact=exact)
+    torch.testing.assert_close(h, reference, rtol=0, atol=1e-8 * float(reference.abs().max()))
+    value = fourier_kernel_negative_log_evidence(kernel, shifted, y.unsqueeze(-1), ell, one,
+                                                 0.05 * one, exact)
+    expected = fourier_kernel_negative_log_evidence(kernel, rounded, y.unsqueeze(-1), ell, one,
+                                                    0.05 * one, exact)
+    assert float(value) == pytest.approx(float(expected), rel=1e-12)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -352,7 +377,7 @@ def test_averaged_fit_round_trips_through_state_dict_and_goes_stale_on_change():
 def test_fit_auto_keeps_the_maximum_with_a_warning_when_the_hessian_fails(monkeypatch):
     from linear_operator.utils.errors import NotPSDError
 
-    import rfgp.recipes._averaging as recipe
+    import rfgp.recipes._laplace as recipe
 
     def unfactorisable(*args, **kwargs):
         raise NotPSDError("not positive definite next to the maximum")

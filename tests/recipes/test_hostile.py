@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rfgp.recipes import ClassifierFitReport, FitReport, fit_auto, fit_classifier_auto
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
 from rfgp.recipes._start import initial_hyperparameters
 from tests.helpers import DT, gen
 

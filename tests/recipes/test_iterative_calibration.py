@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rfgp.inference._calibration import feature_model_evidence
+from rfgp.inference._iterative_calibration import calibrate_by_products
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._iterative_calibration import calibrate_by_products
-from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -29,7 +29,7 @@ def _problem(n=3000, d=3, width=512, seed=0, columns=1):
 
 def _exact_profile(evidence, log_c):
     """The profile's value -log p / (N T) and its derivative in log c, from the exact
-    eigendecomposition (module docstring of rfgp.recipes._iterative_calibration)."""
+    eigendecomposition (module docstring of rfgp.inference._iterative_calibration)."""
     lam, proj = evidence.eigenvalues, evidence.projections
     n, t = evidence.num_data, evidence.num_columns
     c = math.exp(log_c)
@@ -60,7 +60,7 @@ def test_the_scales_are_a_root_of_the_exact_profile_within_its_standard_error(co
 
 
 def test_the_scales_agree_with_the_weight_space_maximum():
-    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
@@ -79,8 +79,8 @@ def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
     # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
     # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
     # the preconditioner handed to the fit keeps B's condition near the target.
+    from rfgp.inference._calibration import maximize_scale_evidence
     from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
-    from rfgp.recipes._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
@@ -150,7 +150,7 @@ def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
 
 def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kernel():
     from rfgp.recipes import calibrated_fit
-    from rfgp.recipes._averaging import lengthscale_mixture_kernel
+    from rfgp.recipes._laplace import lengthscale_mixture_kernel
 
     kernel, x, y = _problem(n=2000)
     before = float(kernel.outputscale)
@@ -159,7 +159,7 @@ def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kerne
     assert float(kernel.outputscale) == before
     assert cg.solve_used == "cg" and weight.solve_used != "cg"
     exact = feature_model_evidence(kernel, x, y)
-    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     factor, noise, _ = maximize_scale_evidence(exact, 1.0)
     assert float(weight.noise) == pytest.approx(noise, rel=1e-8)

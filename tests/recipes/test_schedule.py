@@ -7,18 +7,16 @@ import pytest
 import torch
 
 from rfgp.inference._blocks import kd_blocks
-from rfgp.recipes import RegressionOptions, measure_machine_rate
-from rfgp.recipes._schedule import (
+from rfgp.inference._fit_cost import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
-    FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
-    MIN_FEATURES,
-    default_budget,
     exact_evidence_cost,
     final_fit_cost,
-    plan_regression,
 )
+from rfgp.recipes import RegressionOptions, measure_machine_rate
+from rfgp.recipes._regression import plan_regression
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -108,7 +106,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:

@@ -1,7 +1,7 @@
 r"""Calibration beyond the ``D x D`` path: the outputscale and noise of a large-``D`` model by
 its own evidence, from products with its features alone.
 
-The same rule as :mod:`~rfgp.recipes._calibration`: the final model's outputscale factor
+The same rule as :mod:`~rfgp.inference._calibration`: the final model's outputscale factor
 :math:`a` and noise :math:`\sigma^2` maximise the evidence of that ``D``-feature model. With
 :math:`G = \Phi^\top \Phi` (features at the kernel's outputscale), :math:`b_t = \Phi^\top y_t`
 and :math:`c = a / \sigma^2`, the noise that maximises the evidence for a fixed :math:`c` is
@@ -24,7 +24,7 @@ log-determinant by Lanczos quadrature. The probes are drawn once, so the root is
 smooth function; its standard error is reported. One Nyström sketch of :math:`G` serves every
 :math:`c` (its eigenvalues scale with :math:`c`).
 
-Internal: not part of the public API (see :mod:`rfgp.recipes`).
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive
+from rfgp.inference._calibration import CHUNK_ROWS
 from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_cost import CALIBRATION_EVALUATIONS
 from rfgp.inference._iterative import (
     conjugate_gradients,
     lanczos_condition,
@@ -48,12 +50,9 @@ from rfgp.inference._iterative import (
 )
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
-from rfgp.recipes._schedule import CALIBRATION_EVALUATIONS
 
 __all__ = ["IterativeCalibration", "calibrate_by_products"]
 
-# Rows of features formed at once.
-_CHUNK_ROWS = 4096
 # The root in log c is kept to this width (1% in c); at most this many evaluations.
 _ROOT_WIDTH = 0.01
 _MAX_EVALUATIONS = 14
@@ -116,11 +115,13 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         An :class:`IterativeCalibration`.
 
     Example:
-        >>> from rfgp.recipes._start import make_ard_kernel
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(2000, 2, generator=g, dtype=torch.float64)
         >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(2000, generator=g, dtype=torch.float64)
-        >>> k = make_ard_kernel(256, 2, seed=0)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", input_dim=2,
+        ...                                      ard_num_dims=2, seed=0)).double()
         >>> out = calibrate_by_products(k, x, y - y.mean(), 0.1, generator=g)
         >>> 0.005 < out.noise < 0.02
         True
@@ -135,7 +136,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     columns = y.reshape(n, -1).to(torch.float64)
     t = columns.shape[1]
     op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
-                         torch.float64, _CHUNK_ROWS, cache_bytes)
+                         torch.float64, CHUNK_ROWS, cache_bytes)
     op.column_noise = torch.ones(t, dtype=torch.float64, device=x.device)
     width = op.width
     with torch.no_grad():

@@ -29,14 +29,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
+from gpytorch.kernels import AdditiveKernel, Kernel
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive, check_tensor
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
+from rfgp.kernels._composition import feature_kernel
 
-__all__ = ["ScaleEvidence", "kernel_spectral_statistics", "maximize_scale_evidence",
-           "spectral_statistics"]
+__all__ = ["CHUNK_ROWS", "ScaleEvidence", "feature_model_evidence", "kernel_spectral_statistics",
+           "maximize_scale_evidence", "spectral_statistics"]
+
+#: Rows of features formed at once, for a Gram matrix or a product with the features: a few
+#: hundred MB at D = 8192.
+CHUNK_ROWS = 4096
 
 # Newton's method on two smooth parameters: the iteration stops when a step changes the loss
 # per datum by less than this, or after _MAX_NEWTON steps.
@@ -147,6 +156,51 @@ def kernel_spectral_statistics(kernel_matrix: Tensor, y: Tensor) -> ScaleEvidenc
     projections = (vectors.transpose(0, 1) @ y).square().sum(-1)
     return ScaleEvidence(eigenvalues.clamp_min(0.0), projections, float(y.square().sum()),
                          y.shape[0], y.shape[1], weight_space=False)
+
+
+def feature_model_evidence(kernel: Kernel, x: Tensor, y: Tensor,
+                           products: Optional[list] = None) -> ScaleEvidence:
+    """The spectral statistics of ``kernel``'s feature model on ``(x, y)``: its Gram matrix
+    accumulated over row chunks in float64 and factorised (the kernel matrix on fewer rows
+    than features). A ``products`` list receives ``(Z^T Z, Z^T Y, outputscale)`` (weight
+    space only; the outputscale ``Z`` was formed at), so that a fit of the same features at
+    another outputscale need not form them again
+    (:func:`~rfgp.inference.fit_calibrated`).
+
+    Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> k = ScaleKernel(FourierFeatureKernel(64, input_dim=2, ard_num_dims=2)).double()
+        >>> x = torch.randn(100, 2, dtype=torch.float64)
+        >>> ev = feature_model_evidence(k, x, torch.randn(100, dtype=torch.float64))
+        >>> tuple(ev.eigenvalues.shape), ev.weight_space
+        ((64,), True)
+    """
+    feature_map = FeatureMap(feature_kernel(kernel))
+    width = feature_map.num_real_features
+    n = x.shape[0]
+    columns = y.reshape(n, -1).to(torch.float64)
+    with torch.no_grad():
+        if n < width:
+            phi = feature_map.real_rows(x).to(torch.float64)
+            return kernel_spectral_statistics(phi @ phi.transpose(0, 1), columns)
+        gram = torch.zeros(width, width, dtype=torch.float64, device=x.device)
+        rhs = torch.zeros(width, columns.shape[1], dtype=torch.float64, device=x.device)
+        for start in range(0, n, CHUNK_ROWS):
+            z = feature_map.real_rows(x[start:start + CHUNK_ROWS]).to(torch.float64)
+            accumulate_gram(gram, z)
+            rhs += z.transpose(0, 1) @ columns[start:start + CHUNK_ROWS]
+        gram = symmetrize_upper(gram)
+    if products is not None:
+        products.append((gram, rhs, kernel_outputscale(kernel)))
+    return spectral_statistics(gram, rhs, float(columns.square().sum()), n)
+
+
+def kernel_outputscale(kernel: Kernel) -> float:
+    """The outputscale of ``kernel``'s first ``ScaleKernel`` part (a calibration scales every
+    part by one factor)."""
+    part = kernel.kernels[0] if isinstance(kernel, AdditiveKernel) else kernel
+    return float(part.outputscale.detach())
 
 
 def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,

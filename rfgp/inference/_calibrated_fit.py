@@ -1,0 +1,223 @@
+r"""The calibrated fit: a feature model whose outputscale and noise maximise its own evidence.
+
+Hyperparameters chosen for a cheaper model (a subsample, fewer features, the exact kernel on
+blocks) do not belong to the ``D``-feature model that predicts: a variation its features
+cannot follow is noise to it, and only its own evidence says how much. Given a kernel, data
+and a solve path, :func:`calibrate_scales` finds the factor :math:`a` on the kernel's
+outputscale and the noise :math:`\sigma^2` that maximise the evidence of that model, and
+:func:`fit_calibrated` fits it, reusing what the calibration computed:
+
+* ``"weight"`` (the ``D x D`` path, or ``N x N`` on fewer rows): exactly, from one
+  eigendecomposition of the Gram matrix
+  (:func:`~rfgp.inference._calibration.maximize_scale_evidence`); the fit rescales that Gram
+  matrix instead of forming it again.
+* ``"cg"`` (beyond the ``D x D`` path): from products with the features alone
+  (:func:`~rfgp.inference._iterative_calibration.calibrate_by_products`); the fit's conjugate
+  gradients start from the calibration's Nyström preconditioner, which is that of the fit's
+  matrix at the root.
+
+:func:`calibrated_fit` is both steps for a user's kernel. The cost of either path, and the
+path a feature count takes, are :mod:`~rfgp.inference._fit_cost`'s.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
+from torch import Tensor
+
+from rfgp._validation import check_choice, check_evidence_rows, check_positive
+from rfgp.inference._calibration import (
+    feature_model_evidence,
+    kernel_outputscale,
+    maximize_scale_evidence,
+)
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_cost import final_path
+from rfgp.inference._iterative_calibration import IterativeCalibration, calibrate_by_products
+from rfgp.inference._linalg import available_memory
+from rfgp.kernels._composition import feature_kernel
+
+__all__ = ["ScaleCalibration", "calibrate_scales", "calibrated_fit", "fit_calibrated"]
+
+# The smallest noise, relative to the largest eigenvalue of the model's (scaled) Gram matrix,
+# at which its weight-space matrix still factorises reliably in the dtype.
+_CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+@dataclass
+class ScaleCalibration:
+    """The outcome of :func:`calibrate_scales`.
+
+    Attributes:
+        path: ``"weight"`` or ``"cg"``, the path of the calibration and of the fit.
+        factor: :math:`a`, the factor on the kernel's outputscale.
+        noise: :math:`\\sigma^2`.
+        loss: :math:`-\\log p(y)` at ``(factor, noise)`` (an estimate on the ``"cg"`` path).
+        reuse: what the fit of the calibrated model takes over: ``(Z^T Z, Z^T Y,
+            outputscale)`` of the features (``"weight"``) or the Nyström preconditioner of the
+            fit's matrix (``"cg"``); ``None``: the fit computes its own.
+        iterative: the iterative calibration's record (``"cg"`` only).
+    """
+
+    path: str
+    factor: float
+    noise: float
+    loss: float = math.nan
+    reuse: Any = None
+    iterative: Optional[IterativeCalibration] = None
+
+
+def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                     path: str = "weight", factor: float = 1.0, noise_floor: float = 0.0,
+                     keep: bool = True, seed: int = 0) -> ScaleCalibration:
+    r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 \ge \sigma^2_0` that maximise
+    the evidence of ``kernel``'s feature model on ``(x, y)``, started at ``(factor, noise)``.
+    The noise also stays above :math:`c\, a \lambda_{\max}(G)` (:math:`c = 10^{-10}` in
+    float64, :math:`10^{-5}` in float32), so that the fit's matrix :math:`a G / \sigma^2 + I`
+    factorises: a target the features fit exactly would otherwise drive the noise to its floor.
+
+    Args:
+        kernel: a random-feature kernel (or a ``ScaleKernel``, or a sum of such) at the
+            lengthscales to calibrate; its outputscale is the reference of ``factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise: the starting noise (positive); factor: the starting factor (positive).
+        path: ``"weight"`` (exact, one eigendecomposition) or ``"cg"`` (feature products).
+        noise_floor: :math:`\sigma^2_0`.
+        keep: keep the Gram matrix for the fit (``"weight"``; ``False`` frees it at once).
+        seed: the seed of the iterative calibration's probes and sketch.
+
+    Returns:
+        A :class:`ScaleCalibration`.
+
+    Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.2
+        >>> calibration = calibrate_scales(k, x, y - y.mean(), 1.0)
+        >>> 0.005 < calibration.noise < 0.02, calibration.path
+        (True, 'weight')
+    """
+    condition = _CONDITION[x.dtype]
+    if path == "cg":
+        result = calibrate_by_products(
+            kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
+            cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
+        return ScaleCalibration("cg", result.factor, result.noise,
+                                -result.log_evidence * y.numel(), result.preconditioner, result)
+    products: Optional[list] = [] if keep else None
+    evidence = feature_model_evidence(kernel, x, y, products)
+    factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                  factor_start=factor, condition=condition)
+    return ScaleCalibration("weight", factor, noise, loss, products[0] if products else None)
+
+
+def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalibration,
+                   target_unit: float = 1.0) -> RandomFeatureGP:
+    r"""Fit the calibrated model: ``kernel`` at the calibrated outputscale (``a`` times the
+    calibration's), noise :math:`\sigma^2 u^2`, on ``(x, y)`` whose targets are ``target_unit``
+    :math:`= u` times those the calibration saw, by the calibration's path, reusing what it
+    computed. The calibration's Gram matrix and projections serve where ``kernel`` has the same
+    features up to the outputscale (they scale by the square root of the outputscales' ratio,
+    read from the kernels, so the outputscale constraint's rounding is followed) and the inputs
+    are the calibration's or a power-of-two rescaling of them (exact).
+
+    Args:
+        kernel: the final kernel, its outputscale already times ``calibration.factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` targets.
+        calibration: from :func:`calibrate_scales` on the same features (its ``reuse`` is
+            consumed: the Gram matrix is scaled in place).
+        target_unit: :math:`u`.
+
+    Returns:
+        The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the ``"cg"`` path).
+    """
+    noise = torch.as_tensor(calibration.noise, dtype=x.dtype) * target_unit**2
+    options = ({"solve": "cg", "cache_bytes": _cache_bytes(x, kernel)}
+               if calibration.path == "cg" else {})
+    gp = RandomFeatureGP(kernel, noise=noise, **options)
+    with torch.no_grad():
+        reuse = calibration.reuse
+        if isinstance(reuse, tuple):
+            gram, rhs, outputscale = reuse
+            ratio = kernel_outputscale(kernel) / outputscale
+            reuse = gram.mul_(ratio), rhs * (math.sqrt(ratio) * target_unit)
+        return gp._fit_batches([(x, y, None)], None, reuse=reuse)
+
+
+def _cache_bytes(x: Tensor, kernel: Kernel) -> int:
+    """Bytes of feature rows an iterative fit keeps: all ``N x width`` of them, up to a
+    quarter of the memory (the rest are recomputed at every product)."""
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
+    whole = x.shape[0] * width * x.element_size()
+    return int(min(whole, available_memory(x.device) // 4))
+
+
+def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                   solve: str = "auto", noise_floor: float = 0.0,
+                   seed: int = 0) -> RandomFeatureGP:
+    r"""Fit ``kernel``'s feature model with its outputscale and noise chosen by its own
+    evidence: the rule of :func:`~rfgp.recipes.fit_auto`'s last stage, for lengthscales found
+    elsewhere. With :math:`D` features the factor :math:`a` on the outputscale and the noise
+    :math:`\sigma^2` maximise :math:`\log p(y)` of that :math:`D`-feature model; up to 8192
+    features (``solve="weight"``) exactly, from one eigendecomposition of its Gram matrix,
+    beyond (``solve="cg"``) from products with its features alone (a stochastic estimate whose
+    error is far below the evidence's curvature).
+
+    Args:
+        kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
+            ``gp.kernel`` of a model from :func:`~rfgp.recipes.fit_auto`); copied, not changed.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise: the starting noise (positive).
+        solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
+            ``"cg"``.
+        noise_floor: the noise's lower bound.
+        seed: the seed of the iterative calibration's probes.
+
+    Returns:
+        The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
+
+    Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.2
+        >>> gp = calibrated_fit(k, x, y - y.mean(), noise=1.0)
+        >>> 0.005 < float(gp.noise) < 0.02
+        True
+    """
+    solve = check_choice("solve", solve, ("auto", "weight", "cg"))
+    noise = check_positive("noise", noise)
+    if not noise_floor >= 0:
+        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    x, y = check_evidence_rows(x, y, "calibrated_fit")
+    kernel = copy.deepcopy(kernel)
+    parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
+    if not all(isinstance(part, ScaleKernel) for part in parts):
+        raise TypeError(
+            "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
+            f"(its outputscale is calibrated), got {type(kernel).__name__}"
+        )
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
+    path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]
+    with torch.no_grad():
+        calibration = calibrate_scales(kernel, x, y, noise, path=path,
+                                       noise_floor=noise_floor, seed=seed)
+        for part in parts:
+            part.outputscale = part.outputscale * calibration.factor
+    return fit_calibrated(kernel, x, y, calibration)
