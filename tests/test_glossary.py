@@ -48,6 +48,12 @@ def test_the_stage_table_names_every_report_key():
     assert keys == {row[1].strip("`") for row in _stage_table() if row[1] != "(none)"}
 
 
+def test_each_stage_is_named_by_its_report_key():
+    # A stage's module, function and report key share its name.
+    assert all(row[0].split()[0] == row[1].strip("`")
+               for row in _stage_table() if row[1] != "(none)")
+
+
 def test_the_stage_table_names_existing_options():
     options = {field.name for field in dataclasses.fields(RegressionOptions)}
     named = {name for row in _stage_table() for name in re.findall(r"`(\w+)`", row[3])}
