@@ -13,7 +13,12 @@ regressions,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
 with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
-``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`).
+``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`). The final model has the
+schedule's ``D`` features on all rows, and its outputscale is its own: the factor :math:`a` on
+the search's outputscale that maximises the final model's evidence
+:math:`\log p(\tilde Y \mid a)`, exactly, from one eigendecomposition per class of its
+weighted Gram matrix
+(:func:`~rfgp.classification._calibration.maximize_outputscale_evidence`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
 from rfgp._validation import EVIDENCE_DTYPES, check_int
+from rfgp.classification._calibration import (
+    dirichlet_scale_evidence,
+    maximize_outputscale_evidence,
+)
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.inference import (
@@ -63,7 +72,7 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
 
     Example:
         >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
-        2048
+        1024
     """
     num_classes = check_int("num_classes", num_classes, minimum=1)
     opts, n = options, num_rows
@@ -99,10 +108,12 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     noise per point and class on centred targets; the recipe learns the shared ARD
     lengthscales and the outputscale by maximising the evidence of the ``C`` regressions, with
     the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`, and fits
-    the classifier with the schedule's ``D`` features on all rows. The noise is the
-    transform's, so there is no calibration stage. ``alpha_epsilon`` is kept unless
-    ``select_alpha=True``: then it is chosen on a validation split at the found
-    hyperparameters (:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
+    the classifier with the schedule's ``D`` features on all rows, its outputscale chosen by
+    that ``D``-feature model's own evidence (the factor on the search's outputscale that
+    maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is the
+    transform's. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
+    on a validation split at the found hyperparameters
+    (:meth:`~rfgp.DirichletGPClassifier.select_alpha`) before the outputscale is calibrated.
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
@@ -115,7 +126,9 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     Returns:
         The fitted classifier; its kernel is a ``ScaleKernel`` around an ARD
         :class:`~rfgp.kernels.FourierFeatureKernel` with orthogonal frequencies (the
-        outputscale in the kernel, ``outputscale=1.0`` in the classifier).
+        calibrated outputscale in the kernel, ``outputscale=1.0`` in the classifier). The
+        report's ``calibration`` holds the ``factor`` on the search's outputscale, the
+        ``outputscale`` and the final model's ``negative_log_evidence`` per datum and class.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -228,10 +241,31 @@ def _refit(data: RecipeData, state: _Dirichlet,
     )
     with torch.no_grad():
         if opts.select_alpha:
-            model.select_alpha(data.x_data, state.labels, seed=opts.seed)
-        else:
-            model.fit(data.x_data, state.labels)
+            model.select_alpha(data.x_data, state.labels, seed=opts.seed, refit=False)
+        _calibrate_outputscale(data, model, state.labels, report)
+        model.fit(data.x_data, state.labels)
     return model
+
+
+def _calibrate_outputscale(data: RecipeData, model: DirichletGPClassifier, labels: Any,
+                           report: ClassifierFitReport) -> None:
+    """The final model's outputscale by its own evidence, at the model's ``alpha_epsilon``.
+
+    The search's outputscale is the best for its own features on its subsample; with ``D``
+    features on all rows the evidence has its maximum elsewhere (more features represent more
+    of the kernel, so less of the targets is left to the noise)."""
+    indices, classes = encode_labels(labels, data.options.num_classes)
+    likelihood = DirichletLikelihood(classes.numel(), model.alpha_epsilon, centre=True)
+    targets = likelihood.set_train_labels(indices, dtype=data.x.dtype).transpose(0, 1)
+    noise = likelihood.noise.transpose(0, 1).to(data.x)
+    evidence = dirichlet_scale_evidence(model.kernel, data.x_data, targets.to(data.x), noise)
+    factor, value = maximize_outputscale_evidence(evidence)
+    model.kernel.outputscale = model.kernel.outputscale * factor
+    report.calibration = {
+        "factor": factor,
+        "outputscale": model.kernel.outputscale.detach().clone(),
+        "negative_log_evidence": value / targets.numel(),
+    }
 
 
 #: The classifier's stages, in the order they run (their costs are

@@ -111,6 +111,8 @@ class FitReport:
 class ClassifierFitReport(FitReport):
     """What :func:`~rfgp.recipes.fit_classifier_auto` did: the fields of :class:`FitReport`,
     where ``initial`` holds the starting ``lengthscale`` and ``outputscale`` (the Dirichlet
-    transform fixes the noise), ``losses`` are per datum and class, and ``calibration`` is
-    empty (the transform fixes the noise; the outputscale is the search's).
+    transform fixes the noise), ``losses`` are per datum and class, and ``calibration`` holds
+    the final model's own outputscale: the ``factor`` on the search's, the ``outputscale``
+    and the final model's ``negative_log_evidence`` per datum and class (the transform fixes
+    the noise).
     """
