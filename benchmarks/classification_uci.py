@@ -13,7 +13,7 @@ prediction.
 Methods, each as a user would run it:
 
 * ``rfgp default``: :func:`rfgp.fit_classifier_auto` with its default time budget
-  (:func:`rfgp.recipes.default_budget`), ``seed`` = split; probabilities by its
+  (:func:`rfgp.recipes._schedule.default_budget`), ``seed`` = split; probabilities by its
   ``predict_proba`` (Monte Carlo, 1000 draws). ``rfgp 4x budget``: the same with
   ``time_budget`` four times the default. ``rfgp alpha``: the default budget with
   ``select_alpha=True`` (``alpha_epsilon`` chosen by the held-out NLL on a validation split

@@ -33,7 +33,13 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_choice, check_evidence_rows, check_positive
+from rfgp._validation import (
+    check_choice,
+    check_evidence_rows,
+    check_positive,
+    check_real,
+    check_seed,
+)
 from rfgp.inference._calibration import (
     feature_model_evidence,
     kernel_outputscale,
@@ -183,11 +189,17 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
             ``"cg"``.
-        noise_floor: the noise's lower bound.
-        seed: the seed of the iterative calibration's probes.
+        noise_floor: the noise's lower bound (a finite number >= 0); where it binds, the
+            outputscale maximises the evidence with the noise held at it.
+        seed: the seed of the iterative calibration's probes, an integer in
+            ``[0, 2**64 - 1]``.
 
     Returns:
         The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
+
+    Raises:
+        ValueError: for ``y`` zero in every entry (the evidence then has no maximum), and for
+            any argument out of its range, naming it; TypeError for one of the wrong type.
 
     Example:
         >>> from gpytorch.kernels import ScaleKernel
@@ -203,8 +215,8 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     """
     solve = check_choice("solve", solve, ("auto", "weight", "cg"))
     noise = check_positive("noise", noise)
-    if not noise_floor >= 0:
-        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    seed = check_seed("seed", seed)
     x, y = check_evidence_rows(x, y, "calibrated_fit")
     kernel = copy.deepcopy(kernel)
     parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]

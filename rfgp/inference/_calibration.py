@@ -35,7 +35,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_tensor
+from rfgp._validation import check_int, check_positive, check_real, check_tensor
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
@@ -208,7 +208,10 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
                             factor_start: float = 1.0,
                             condition: float = 0.0) -> tuple[float, float, float]:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 > \sigma^2_0` that maximise
-    the evidence of a feature model, by Newton's method from ``(factor_start, noise)``. With
+    the evidence of a feature model, by Newton's method from ``(factor_start, noise)`` and from
+    a start in the data's own units (half the targets' mean square as noise, half as signal),
+    the better end kept; the search runs in those units, so that targets scaled by
+    :math:`s` give :math:`s^2` times both scales at any :math:`s` float64 holds. With
     :math:`\Phi^\top\Phi = Q \Lambda Q^\top` and :math:`\tilde b = Q^\top \Phi^\top y`,
 
     .. math::
@@ -241,15 +244,38 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
         >>> abs(noise - 0.25) < 0.02, 4 < factor < 20
         (True, True)
     """
+    if not isinstance(evidence, ScaleEvidence):
+        raise TypeError(
+            "evidence must be a ScaleEvidence (from spectral_statistics or "
+            f"kernel_spectral_statistics), got {type(evidence).__name__}"
+        )
     noise = check_positive("noise", noise)
     factor_start = check_positive("factor_start", factor_start)
-    if not noise_floor >= 0:
-        raise ValueError(f"noise_floor must be >= 0, got {noise_floor!r}")
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    # A negative c would lower the noise below its floor (to negative values), and NaN or inf
+    # make every noise non-finite: only finite c >= 0 bound the condition number.
+    condition = check_real("condition", condition, low=0.0)
+    # The search runs in the data's own units: the targets divided by their mean square m
+    # and the features by their mean eigenvalue v. The evidence's maximum is equivariant
+    # (a / m * v and sigma^2 / m there, -log p less N T log(m) / 2), while its Hessian's
+    # autograd passes through powers of sigma^2 that over- or underflow at targets scaled
+    # by 1e-100 (a NaN Hessian: Newton would not move).
+    scale = 1.0 / (evidence.num_data * evidence.num_columns)
+    mean_square = evidence.target_squares * scale
+    unit = mean_square if mean_square > 0 and math.isfinite(mean_square) else 1.0
+    trace = float(evidence.eigenvalues.sum())
+    width = evidence.eigenvalues.numel()
+    level = trace / width if trace > 0 and math.isfinite(trace) else 1.0
+    evidence = ScaleEvidence(
+        evidence.eigenvalues / level,
+        evidence.projections / (unit * level if evidence.weight_space else unit),
+        evidence.target_squares / unit, evidence.num_data, evidence.num_columns,
+        evidence.weight_space)
+    noise, noise_floor, factor_start = noise / unit, noise_floor / unit, factor_start / unit * level
     # Parameters: log a and log(sigma^2 - floor), started inside the domain.
     start_noise = max(noise - noise_floor, noise * 1e-3, 1e-300)
     params = torch.tensor([math.log(factor_start), math.log(start_noise)],
                           dtype=torch.float64)
-    scale = 1.0 / (evidence.num_data * evidence.num_columns)
 
     top = float(evidence.eigenvalues.max()) * condition
 
@@ -259,32 +285,48 @@ def maximize_scale_evidence(evidence: ScaleEvidence, noise: float,
     def loss(p: Tensor) -> Tensor:
         return evidence.negative_log_evidence(p[0], noise_of(p)) * scale
 
-    value = loss(params)
-    for _ in range(_MAX_NEWTON):
-        grad = torch.autograd.functional.jacobian(loss, params)
-        hess = torch.autograd.functional.hessian(loss, params)
-        # Newton on |H|: the Newton step where the Hessian is positive definite; along a
-        # direction of negative or vanishing curvature, the gradient over the curvature's
-        # magnitude (a long step where the loss is flat, as it is along the factor when the
-        # evidence wants a larger outputscale: a plain gradient step there crawls). Always a
-        # descent direction; clamped, then halved until the loss falls.
-        curvature, vectors = torch.linalg.eigh(hess)
-        magnitude = curvature.abs().clamp_min(1e-12 * max(float(curvature.abs().max()), 1.0))
-        step = -(vectors @ ((vectors.transpose(0, 1) @ grad) / magnitude))
-        step = step.clamp(-5.0, 5.0)
-        for _ in range(60):
-            trial = params + step
-            trial_value = loss(trial)
-            if torch.isfinite(trial_value) and trial_value <= value:
+    def newton(params: Tensor) -> tuple:
+        value = loss(params)
+        for _ in range(_MAX_NEWTON):
+            grad = torch.autograd.functional.jacobian(loss, params)
+            hess = torch.autograd.functional.hessian(loss, params)
+            # Newton on |H|: the Newton step where the Hessian is positive definite; along a
+            # direction of negative or vanishing curvature, the gradient over the curvature's
+            # magnitude (a long step where the loss is flat, as it is along the factor when
+            # the evidence wants a larger outputscale: a plain gradient step there crawls).
+            # Always a descent direction; clamped, then halved until the loss falls.
+            curvature, vectors = torch.linalg.eigh(hess)
+            magnitude = curvature.abs().clamp_min(
+                1e-12 * max(float(curvature.abs().max()), 1.0))
+            step = -(vectors @ ((vectors.transpose(0, 1) @ grad) / magnitude))
+            step = step.clamp(-5.0, 5.0)
+            for _ in range(60):
+                trial = params + step
+                trial_value = loss(trial)
+                if torch.isfinite(trial_value) and trial_value <= value:
+                    break
+                step = step / 2
+            else:
                 break
-            step = step / 2
-        else:
-            break
-        improvement = float(value - trial_value)
-        params, value = trial, trial_value
-        if improvement < _NEWTON_TOLERANCE:
-            break
-    factor = float(params[0].exp())
-    return factor, float(noise_of(params).detach()), float(value) / scale
+            improvement = float(value - trial_value)
+            params, value = trial, trial_value
+            if improvement < _NEWTON_TOLERANCE:
+                break
+        return params, value
 
-
+    params, value = newton(params)
+    # A start in other units than the data's (a noise of 1e-30 for targets of order one, or
+    # targets scaled by 1e150 against a kernel at outputscale 1) can leave Newton's clamped
+    # steps short of the maximum, or in the flat region of the condition bound. A second
+    # start, half the targets' mean square as noise and half as signal (a tr G = N m / 2:
+    # in these units noise 1/2 and factor N / (2 D)), does not depend on them; the better
+    # end is kept.
+    data_noise = max(0.5 - noise_floor, 0.5e-3)
+    data_start = torch.tensor(
+        [math.log(0.5 * evidence.num_data / width), math.log(data_noise)], dtype=torch.float64)
+    other, other_value = newton(data_start)
+    if bool(torch.isfinite(other_value)) and not other_value >= value:
+        params, value = other, other_value
+    factor = float(params[0].exp()) * unit / level
+    noise_out = float(noise_of(params).detach()) * unit
+    return factor, noise_out, float(value) / scale + 0.5 * math.log(unit) / scale

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from rfgp._validation import check_int, check_real
+from rfgp._validation import check_dtype, check_int, check_real
 from rfgp.inference._blocks import kd_levels
 
 __all__ = [
@@ -80,7 +80,8 @@ def largest_features_within(cost: Callable[[int], float], budget: float, smalles
     :math:`\text{cost}(D) \le \text{budget}`; ``smallest`` where none fits.
 
     Every size is tried (not only until the first that does not fit): a cost need not grow
-    with :math:`D` where the path changes (the ``D x D`` solve gives way to CG).
+    with :math:`D` where the path changes (the ``D x D`` solve gives way to CG). An infinite
+    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget.
 
     Args:
         cost: multiply-adds (or seconds) of a fit with ``D`` features.
@@ -95,7 +96,8 @@ def largest_features_within(cost: Callable[[int], float], budget: float, smalles
     """
     best, size = smallest, smallest
     while size <= largest:
-        if cost(size) <= budget:
+        value = cost(size)
+        if value <= budget and math.isfinite(value):
             best = size
         size *= 2
     return best
@@ -125,27 +127,38 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
         num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
         block_rows: the most rows of a block (0: one block of every row).
 
+    Returns:
+        The multiply-adds as a float; ``math.inf`` where they exceed the float range.
+
     Raises:
         TypeError / ValueError: for a non-integer or out-of-range argument.
 
     Example:
         >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
         True
+        >>> exact_evidence_cost(10**200, 4)
+        inf
     """
     num_rows = check_int("num_rows", num_rows)
     input_dim = check_int("input_dim", input_dim, minimum=0)
     block_rows = check_int("block_rows", block_rows, minimum=0)
-    if block_rows and num_rows > block_rows:
-        blocks = 2 ** kd_levels(num_rows, block_rows)
-        return blocks * exact_evidence_cost(math.ceil(num_rows / blocks), input_dim)
-    n = float(num_rows)
-    return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
+    try:
+        if block_rows and num_rows > block_rows:
+            blocks = 2 ** kd_levels(num_rows, block_rows)
+            # ceil(num_rows / blocks) in integers: a float quotient of huge counts overflows.
+            return blocks * exact_evidence_cost(-(-num_rows // blocks), input_dim)
+        n = float(num_rows)
+        return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
+    except OverflowError:
+        # A count of multiply-adds beyond the float range: more than any budget holds.
+        return math.inf
 
 
 def measure_machine_rate(size: int = 1024, repeats: int = 3,
                          dtype: torch.dtype = torch.float64) -> float:
     """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
-    of ``repeats``): pass it as ``machine_rate`` to budget in this machine's seconds.
+    of ``repeats``) in the floating ``dtype`` (a ``torch.dtype`` or its name, e.g.
+    ``"float32"``): pass it as ``machine_rate`` to budget in this machine's seconds.
 
     Example:
         >>> measure_machine_rate(64, 1) > 0
@@ -153,6 +166,8 @@ def measure_machine_rate(size: int = 1024, repeats: int = 3,
     """
     size = check_int("size", size, minimum=2)
     repeats = check_int("repeats", repeats)
+    # A floating dtype (the products the fits run); integer and unknown dtypes are refused.
+    dtype = check_dtype("dtype", dtype)
     a = torch.randn(size, size, dtype=dtype)
     best = math.inf
     for _ in range(repeats + 1):  # the first product warms the library up

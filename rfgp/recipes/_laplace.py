@@ -21,7 +21,7 @@ from gpytorch.kernels import AdditiveKernel
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_tensor
+from rfgp._validation import all_finite, check_int, check_seed, check_tensor
 from rfgp.inference import evidence_hessian, lengthscale_draws
 from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import Plan
@@ -137,7 +137,7 @@ def lengthscale_mixture_kernel(
         )
     if not float(outputscale) > 0:
         raise ValueError(f"outputscale must be positive, got {float(outputscale)}")
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     frequencies = num_features // 2
     parts = min(lengthscales.shape[0], frequencies)
     sizes = [frequencies // parts + (i < frequencies % parts) for i in range(parts)]

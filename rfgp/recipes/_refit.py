@@ -165,9 +165,11 @@ def plan_final_growth(plan: Plan) -> None:
     n, d, opts = plan.num_rows, plan.input_dim, plan.options
     features, candidates = plan.num_features, plan.candidates
     while opts.num_features is None and features < MAX_ITERATIVE_FEATURES:
-        extra = (final_path(n, 2 * features, d, opts.solve, candidates)[1]
-                 - final_path(n, features, d, opts.solve, candidates)[1])
-        if plan.spent + extra > plan.total:
+        path, cost = final_path(n, 2 * features, d, opts.solve, candidates)
+        extra = cost - final_path(n, features, d, opts.solve, candidates)[1]
+        # No path at 2 D (beyond every cap the solve allows) ends the doubling whatever the
+        # budget; so does a cost beyond what is left (NaN included: "not <=").
+        if path is None or not extra <= plan.left():
             break
         features, plan.spent = 2 * features, plan.spent + extra
     plan.num_features = features

@@ -82,6 +82,11 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
     Returns:
         The fitted model, ``D`` features, conditioned on all rows.
 
+    Raises:
+        ValueError: for ``y`` zero in every entry (centred constant targets: the evidence
+            then has no maximum), for data or an option out of range, naming it; TypeError
+            for one of the wrong type (``seed`` is an integer in ``[0, 2**64 - 1]``).
+
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(300, 2, generator=g, dtype=torch.float64)

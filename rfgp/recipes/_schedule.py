@@ -20,6 +20,7 @@ fit is reproducible; the report compares each stage's predicted seconds with its
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Sequence
 
@@ -163,7 +164,10 @@ def plan_stages(num_rows: int, input_dim: int, options: Any, stages: Sequence[An
     """
     budget = options.time_budget if options.time_budget is not None else default_budget(num_rows)
     rate = options.machine_rate
-    plan = Plan(num_rows, input_dim, options, budget * rate)
+    # Multiply-adds beyond the float range (a budget of 1e300 s) are an unbounded budget: held
+    # at the largest float, so that what the stages leave stays a number (inf - inf is NaN,
+    # and NaN compares false with every cost).
+    plan = Plan(num_rows, input_dim, options, min(budget * rate, sys.float_info.max))
     steps = sorted(((order, index, book) for index, stage in enumerate(stages)
                     for order, book in stage.plans), key=lambda step: step[:2])
     for _, _, book in steps:

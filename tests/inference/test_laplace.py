@@ -114,7 +114,7 @@ def test_hessian_and_evidence_are_invariant_to_an_offset_of_the_inputs(exact, of
     # x + offset rounds x to the offset's ulp; (x + offset) - offset is those rounded inputs,
     # exactly. The two must give the same Hessian up to rounding (~1e-16 / step, step 1e-4),
     # not one that lost the offset's digits in omega^T x / l or in expanded distances.
-    from rfgp.inference import fourier_kernel_negative_log_evidence
+    from rfgp.inference._evidence import fourier_kernel_negative_log_evidence
 
     x, y = data()
     shifted = x + offset
@@ -391,12 +391,18 @@ def test_fit_auto_keeps_the_maximum_with_a_warning_when_the_hessian_fails(monkey
     torch.testing.assert_close(gp.kernel.base_kernel.lengthscale.reshape(-1), report.lengthscale)
 
 
+def test_fit_auto_on_a_single_zero_row_is_refused_naming_y():
+    # One centred target is zero: the evidence has no maximum (it grows as the outputscale
+    # and the noise shrink together), so there are no scales to draw around: refused by name.
+    with pytest.raises(ValueError, match="y must not be zero in every entry"):
+        fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.zeros(1, dtype=DT),
+                 num_features=16, report=FitReport())
+
+
 def test_fit_auto_on_a_single_row_needs_no_draws():
-    # One centred target is zero: the outputscale goes to zero, where every lengthscale gives
-    # the same (zero) kernel; the fit stays finite without an average.
-    report = FitReport()
-    gp = fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.zeros(1, dtype=DT),
-                  num_features=16, report=report)
+    # One non-zero target: the fit stays finite with or without an average.
+    gp = fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.ones(1, dtype=DT),
+                  num_features=16, report=FitReport())
     mean, std = gp.predict(torch.zeros(2, 2, dtype=DT), return_std=True)
     assert bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())
 
