@@ -4,10 +4,10 @@ For a ``D``-feature model with fixed lengthscales, the outputscale and noise tha
 own evidence, found three ways on the same features:
 
 * ``exact``: the weight-space maximum (one eigendecomposition of the ``D x D`` Gram matrix,
-  ``rfgp.inference.maximize_scale_evidence``), where ``D <= 8192``;
-* ``search``: the root search of ``rfgp.inference.calibrate_by_products`` (a preconditioned CG
+  ``rfgp.inference._calibration``), where ``D <= 8192``;
+* ``search``: the root search of ``rfgp.inference._iterative_calibration`` (a preconditioned CG
   solve over the targets and probes at every evaluation);
-* ``krylov``: ``rfgp.inference.calibrate_by_krylov`` (one Galerkin subspace of CG runs serves
+* ``krylov``: ``rfgp.inference._krylov_calibration`` (one Galerkin subspace of CG runs serves
   every ``c``).
 
 Both iterative methods start where the recipe starts them: at the weight-space calibration of
@@ -45,22 +45,41 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibrated_features import kernel_at, latest, load  # noqa: E402
 
-from rfgp.inference import (  # noqa: E402
-    calibrate_by_krylov,
-    calibrate_by_products,
+from rfgp.inference._calibration import (  # noqa: E402
     feature_model_evidence,
     maximize_scale_evidence,
 )
-
-#: The recipe's noise floor relative to the targets' mean square (``NOISE_FLOOR`` of
-#: ``rfgp/recipes/_units.py``, internal).
-NOISE_FLOOR = 1e-6
+from rfgp.inference._cg_solver import FeatureOperator  # noqa: E402
+from rfgp.inference._iterative_calibration import calibrate_by_products  # noqa: E402
+from rfgp.inference._krylov_calibration import calibrate_by_krylov  # noqa: E402
+from rfgp.recipes._units import NOISE_FLOOR  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 RECORDS = OUT / "krylov_calibration.jsonl"
 MODELS = OUT / "calibrated_features.jsonl"
 CONDITION = 1e-10
 START_FEATURES = 2048
+
+
+class ProductCounter:
+    """Counts the columns of every product with ``G`` (``FeatureOperator.gram``)."""
+
+    def __init__(self) -> None:
+        self.columns = 0
+        self._gram = FeatureOperator.gram
+
+    def __enter__(self) -> ProductCounter:
+        counter = self
+
+        def gram(op, v, columns):
+            counter.columns += int(v.shape[1])
+            return counter._gram(op, v, columns)
+
+        FeatureOperator.gram = gram
+        return self
+
+    def __exit__(self, *exc) -> None:
+        FeatureOperator.gram = self._gram
 
 
 def recipe_model(name: str) -> dict:
@@ -88,32 +107,30 @@ def measure(name: str, sizes: list, rows: int, seed: int) -> list:
                   "machine": platform.machine()}
         cache = xtr.shape[0] * size * 8
         for method in ("krylov", "search"):
-            started = time.perf_counter()
-            if method == "krylov":
-                out = calibrate_by_krylov(kernel, xtr, ytr, noise, factor=factor,
-                                          noise_floor=floor, condition=CONDITION,
-                                          cache_bytes=cache,
-                                          generator=torch.Generator().manual_seed(seed))
-                # Its own count of the column products with G, by purpose (the trace
-                # estimate that places the start is counted with the sketch).
-                extra = {"products": sum(out.products.values()),
-                         "sketch_products": out.products["sketch"]
-                         + out.products.get("trace", 0),
-                         "run_products": out.products["runs"],
-                         "run_scales": out.run_scales}
-            else:
-                # The root search does not count its products (they were counted by
-                # patching an internal class for the records on the page).
-                out = calibrate_by_products(kernel, xtr, ytr, noise, factor=factor,
-                                            noise_floor=floor, condition=CONDITION,
-                                            cache_bytes=cache,
-                                            generator=torch.Generator().manual_seed(seed))
-                extra = {}
-            seconds = time.perf_counter() - started
+            with ProductCounter() as counter:
+                started = time.perf_counter()
+                if method == "krylov":
+                    out = calibrate_by_krylov(kernel, xtr, ytr, noise, factor=factor,
+                                              noise_floor=floor, condition=CONDITION,
+                                              cache_bytes=cache,
+                                              generator=torch.Generator().manual_seed(seed))
+                    # The trace estimate that places the start is counted with the sketch.
+                    extra = {"sketch_products": out.products["sketch"]
+                             + out.products.get("trace", 0),
+                             "run_products": out.products["runs"],
+                             "run_scales": out.run_scales}
+                else:
+                    out = calibrate_by_products(kernel, xtr, ytr, noise, factor=factor,
+                                                noise_floor=floor, condition=CONDITION,
+                                                cache_bytes=cache,
+                                                generator=torch.Generator().manual_seed(seed))
+                    extra = {}
+                seconds = time.perf_counter() - started
             records.append({**common, "method": method, "noise": out.noise,
                             "factor": out.factor, "log_evidence": out.log_evidence,
                             "standard_error": out.standard_error, "rank": out.rank,
-                            "iterations": out.iterations, "seconds": seconds, **extra})
+                            "iterations": out.iterations, "products": counter.columns,
+                            "seconds": seconds, **extra})
             print(json.dumps(records[-1]), flush=True)
         if size <= 8192:
             started = time.perf_counter()

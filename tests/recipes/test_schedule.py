@@ -8,11 +8,17 @@ import math
 import pytest
 import torch
 
-from rfgp.inference import MAX_WEIGHT_FEATURES, exact_evidence_cost, final_fit_cost, kd_blocks
-from rfgp.inference._fit_cost import EXACT_DISTANCE_COST, EXACT_ELEMENTWISE_COST
-from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._fit_cost import (
+    EXACT_DISTANCE_COST,
+    EXACT_ELEMENTWISE_COST,
+    MAX_WEIGHT_FEATURES,
+    exact_evidence_cost,
+    final_fit_cost,
+)
+from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
-from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -104,7 +110,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path below
     # 2 * 10^4 rows, and beyond takes at least 16,384 features by CG (4 * 10^4 rows of 9
@@ -195,9 +201,9 @@ def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
     # one; the searches are the same, so the two final models differ in D alone. The larger
     # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
     # feature draws (three standard deviations of five draws).
-    from rfgp.inference import feature_model_evidence, maximize_scale_evidence
-    from rfgp.recipes import FitReport, fit_auto, make_ard_kernel
-    from rfgp.recipes._start import set_hyperparameters
+    from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
+    from rfgp.recipes import FitReport, fit_auto
+    from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(400, 2, generator=g, dtype=torch.float64)
