@@ -5,8 +5,10 @@ own evidence, found three ways on the same features:
 
 * ``exact``: the weight-space maximum (one eigendecomposition of the ``D x D`` Gram matrix,
   ``rfgp.inference._calibration``), where ``D <= 8192``;
-* ``search``: the root search of ``rfgp.inference._iterative_calibration`` (a preconditioned CG
-  solve over the targets and probes at every evaluation);
+* ``search``: the per-evaluation root search the Krylov calibration replaced (a preconditioned
+  CG solve over the targets and probes at every evaluation; ``calibrate_by_products`` of
+  ``rfgp/inference/_iterative_calibration.py``, removed since): its records are kept and
+  shown, but it is no longer run;
 * ``krylov``: ``rfgp.inference._krylov_calibration`` (one Galerkin subspace of CG runs serves
   every ``c``).
 
@@ -50,7 +52,6 @@ from rfgp.inference._calibration import (  # noqa: E402
     maximize_scale_evidence,
 )
 from rfgp.inference._cg_solver import FeatureOperator  # noqa: E402
-from rfgp.inference._iterative_calibration import calibrate_by_products  # noqa: E402
 from rfgp.inference._krylov_calibration import calibrate_by_krylov  # noqa: E402
 from rfgp.recipes._units import NOISE_FLOOR  # noqa: E402
 
@@ -106,32 +107,21 @@ def measure(name: str, sizes: list, rows: int, seed: int) -> list:
                   "start_factor": factor, "threads": torch.get_num_threads(),
                   "machine": platform.machine()}
         cache = xtr.shape[0] * size * 8
-        for method in ("krylov", "search"):
-            with ProductCounter() as counter:
-                started = time.perf_counter()
-                if method == "krylov":
-                    out = calibrate_by_krylov(kernel, xtr, ytr, noise, factor=factor,
-                                              noise_floor=floor, condition=CONDITION,
-                                              cache_bytes=cache,
-                                              generator=torch.Generator().manual_seed(seed))
-                    # The trace estimate that places the start is counted with the sketch.
-                    extra = {"sketch_products": out.products["sketch"]
-                             + out.products.get("trace", 0),
-                             "run_products": out.products["runs"],
-                             "run_scales": out.run_scales}
-                else:
-                    out = calibrate_by_products(kernel, xtr, ytr, noise, factor=factor,
-                                                noise_floor=floor, condition=CONDITION,
-                                                cache_bytes=cache,
-                                                generator=torch.Generator().manual_seed(seed))
-                    extra = {}
-                seconds = time.perf_counter() - started
-            records.append({**common, "method": method, "noise": out.noise,
-                            "factor": out.factor, "log_evidence": out.log_evidence,
-                            "standard_error": out.standard_error, "rank": out.rank,
-                            "iterations": out.iterations, "products": counter.columns,
-                            "seconds": seconds, **extra})
-            print(json.dumps(records[-1]), flush=True)
+        with ProductCounter() as counter:
+            started = time.perf_counter()
+            out = calibrate_by_krylov(kernel, xtr, ytr, noise, factor=factor,
+                                      noise_floor=floor, condition=CONDITION, cache_bytes=cache,
+                                      generator=torch.Generator().manual_seed(seed))
+            seconds = time.perf_counter() - started
+        # The trace estimate that places the start is counted with the sketch.
+        records.append({**common, "method": "krylov", "noise": out.noise,
+                        "factor": out.factor, "log_evidence": out.log_evidence,
+                        "standard_error": out.standard_error, "rank": out.rank,
+                        "iterations": out.iterations, "products": counter.columns,
+                        "seconds": seconds,
+                        "sketch_products": out.products["sketch"] + out.products.get("trace", 0),
+                        "run_products": out.products["runs"], "run_scales": out.run_scales})
+        print(json.dumps(records[-1]), flush=True)
         if size <= 8192:
             started = time.perf_counter()
             evidence = feature_model_evidence(kernel, xtr, ytr)

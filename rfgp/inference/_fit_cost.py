@@ -25,7 +25,6 @@ from rfgp._validation import check_dtype, check_int, check_real
 from rfgp.inference._blocks import kd_levels
 
 __all__ = [
-    "CALIBRATION_EVALUATIONS",
     "CALIBRATION_PROBES",
     "CALIBRATION_RUNS",
     "CG_ITERATIONS",
@@ -67,10 +66,7 @@ CHOICE_FEATURES = 2048
 #: 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at 8,192 features
 #: the sketch's rule chose rank 1,024 and the runs took 100 and 70 iterations, about twice
 #: the model, whose constants are those of the typical, noisier set.
-#: ``CALIBRATION_EVALUATIONS`` is the evaluations of the root search that solves at every c
-#: (:mod:`~rfgp.inference._iterative_calibration`, which sizes its sketch for them).
 CALIBRATION_RUNS = 1.5
-CALIBRATION_EVALUATIONS = 8
 CG_ITERATIONS = 40
 CALIBRATION_PROBES = 8
 SKETCH_RANK = 512
