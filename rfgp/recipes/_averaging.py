@@ -63,7 +63,9 @@ def laplace_stage(ctx: RecipeContext) -> None:
             return
         bound = ctx.bound
         fixed = None if bound is None else centre >= _AT_BOUND * bound
-        draws = lengthscale_draws(centre, hessian * ctx.y.numel(), num_draws, ctx.generator,
+        # The Hessian is per datum: scaled to every row (the stage's rows may be fewer).
+        entries = ctx.num_rows * (ctx.y.numel() // ctx.y.shape[0])
+        draws = lengthscale_draws(centre, hessian * entries, num_draws, ctx.generator,
                                   fixed, bound)
         ctx.draws = draws / centre
 

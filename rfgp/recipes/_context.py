@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp._data import draw_rows
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import Schedule
@@ -46,6 +47,12 @@ class RecipeContext:
         draws: ``(S, d)`` Laplace draws of the lengthscales, relative to the centre
             (``draws / centre``), or ``None``.
         extra: stage-specific values (the classifier's targets and noise).
+        source: where the rows are not all held (a memory-map, chunks, a process's shard),
+            their :class:`~rfgp._data.DataSource` in the data's units; ``x``, ``y`` (and
+            ``x_data``, ``y_data``) then hold the working set, the longest head of the
+            random order, in that order.
+        target_mean_square: with a ``source``, the mean of ``y^2`` over every row in the
+            search's units.
     """
 
     options: Any
@@ -67,11 +74,19 @@ class RecipeContext:
     candidates: Dict[str, Tensor] = field(default_factory=dict)
     draws: Optional[Tensor] = None
     extra: Dict[str, Any] = field(default_factory=dict)
+    source: Any = None
+    target_mean_square: Optional[float] = None
     _bar: Any = None
 
     @property
     def num_rows(self) -> int:
-        return self.x.shape[0]
+        return self.source.num_rows if self.source is not None else self.x.shape[0]
+
+    def mean_square(self) -> float:
+        """The mean of ``y^2`` over every row (search units)."""
+        if self.target_mean_square is not None:
+            return self.target_mean_square
+        return float(self.y.square().mean())
 
     @property
     def input_dim(self) -> int:
@@ -82,9 +97,13 @@ class RecipeContext:
         ``count`` covers them): ``(x, y, rows)``."""
         if count >= self.num_rows:
             return self.x, self.y, None
+        if self.source is not None:  # the working set is the order's head, in its order
+            rows = torch.arange(count, device=self.x.device)
+            return self.x[rows], self.y[rows], rows
         if self.order is None:
-            self.order = torch.randperm(self.num_rows, generator=self.generator).to(
-                self.x.device)
+            # One draw for the longest head: a shorter head is its prefix.
+            longest = max(count, self.schedule.subsample, self.schedule.refine_rows)
+            self.order = draw_rows(self.num_rows, longest, self.generator).to(self.x.device)
         rows = self.order[:count]
         return self.x[rows], self.y[rows], rows
 

@@ -49,6 +49,7 @@ from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._iterative_calibration import calibrate_by_products
 from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
+from rfgp.recipes._streaming import source_evidence, stream_fit
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data
 
 __all__ = ["calibrated_fit", "feature_model_evidence", "refit_stage"]
@@ -131,7 +132,8 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
         kept: list = []
         losses = {}
         shift = math.log(ctx.y_unit)  # a log density per datum in the data's units
-        floor = NOISE_FLOOR * float(ctx.y.square().mean())
+        floor = NOISE_FLOOR * ctx.mean_square()
+        entries = ctx.num_rows * (ctx.y.numel() // ctx.y.shape[0])
         condition = _CONDITION[ctx.x.dtype]
         # Several candidates are compared at no more than CHOICE_FEATURES features (the
         # chosen one then calibrates at the final D): on the iterative path always, on the
@@ -145,14 +147,13 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
                 break
             kernel = _final_kernel(ctx, centre, outputscale, False, choice)
             products: list = []
-            evidence = feature_model_evidence(kernel, ctx.x, ctx.y,
-                                              None if iterative or choice else products)
+            evidence = _model_evidence(ctx, kernel, None if iterative or choice else products)
             # The solve factors B = a G / noise + I: a noise below the largest eigenvalue
             # times the dtype's usable condition leaves B unfactorisable (a nearly
             # noise-free target), so the noise is kept above it.
             factor, calibrated, loss = maximize_scale_evidence(evidence, noise, floor,
                                                                condition=condition)
-            losses[name] = loss / ctx.y.numel() + shift
+            losses[name] = loss / entries + shift
             if len(losses) == 1 or losses[name] < losses[best[0]]:
                 best, kept = (name, centre, factor, calibrated), products
             del products, evidence
@@ -162,7 +163,7 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             # scales as every candidate did (the fewer features' outputscale factor can be
             # far from its own); its Gram matrix then serves the fit.
             kernel = _final_kernel(ctx, centre, outputscale, False)
-            evidence = feature_model_evidence(kernel, ctx.x, ctx.y, kept)
+            evidence = _model_evidence(ctx, kernel, kept)
             factor, calibrated, _ = maximize_scale_evidence(evidence, noise, floor,
                                                             condition=condition)
             del evidence
@@ -200,10 +201,21 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             # calibration (the units cancel in a / noise), so its preconditioner serves.
             reuse = (_rescaled_products(kept, kernel, ctx.y_unit) if kept else
                      result.preconditioner if iterative and ctx.options.calibrate else None)
-            gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None, reuse=reuse)
+            if ctx.source is not None:
+                stream_fit(gp, ctx.source)
+            else:
+                gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None, reuse=reuse)
     report.lengthscale = centre * ctx.x_unit
     report.lengthscale_draws = None if ctx.draws is None else ctx.draws * centre * ctx.x_unit
     return gp
+
+
+def _model_evidence(ctx: RecipeContext, kernel: Kernel, products: Optional[list]):
+    """:func:`feature_model_evidence` on every row: in memory, or streamed from the source
+    (whose final fit streams again, so it keeps no products)."""
+    if ctx.source is not None:
+        return source_evidence(kernel, ctx)
+    return feature_model_evidence(kernel, ctx.x, ctx.y, products)
 
 
 def _rescaled_products(kept: list, kernel: Kernel, target_unit: float = 1.0) -> tuple:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from rfgp._data import ArraySource, DataSource, draw_rows
 from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._selection import ConvergenceWarning
@@ -35,18 +36,28 @@ from rfgp.recipes._refit import refit_stage
 from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import plan_regression
 from rfgp.recipes._search import two_path_search
-from rfgp.recipes._start import initial_hyperparameters, search_model
+from rfgp.recipes._start import search_model, start_from_moments
+from rfgp.recipes._streaming import (
+    MEDIAN_ROWS,
+    agree_on_stages,
+    agreed,
+    longest_head,
+    median_rows,
+    moments,
+    open_source,
+    working_set,
+)
 from rfgp.recipes._units import (
     check_recipe_data,
     check_variances_representable,
-    column_unit,
-    target_unit,
+    column_unit_of,
+    unit_of_mean_square,
 )
 
 __all__ = ["fit_auto"]
 
 
-def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
+def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
              **options: Any) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe.
 
@@ -62,9 +73,20 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
     The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
     predictions. Inputs need no scaling: the search runs in units near each column's spread.
 
+    **Rows not in memory.** ``x`` and ``y`` may be numpy arrays or memory-maps
+    (``np.load(path, mmap_mode="r")``), or ``x`` a re-iterable source of ``(x, y)`` chunks (a
+    ``DataLoader``, a list, a callable returning a fresh iterator) with ``y=None``. The search
+    stages then read a seeded draw of rows (the rows an in-memory fit reads, so the model is
+    the same) and the final fit streams every row in chunks: memory
+    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows, the weight-space path.
+    With ``distributed=True`` under ``torchrun`` each process passes its own shard (any of
+    these forms); every process runs the recipe and returns the same model, the one a single
+    process fits to the shards concatenated in rank order.
+
     Args:
-        x: ``(N, d)`` float32 or float64 inputs.
-        y: ``(N,)`` or ``(N, T)`` centred targets.
+        x: ``(N, d)`` float32 or float64 inputs: a tensor, a numpy array or memory-map, or a
+            source of ``(x, y)`` chunks.
+        y: ``(N,)`` or ``(N, T)`` centred targets (``None`` for a chunk source).
         report: a :class:`~rfgp.recipes.FitReport` to fill in (cleared first).
         **options: any of :class:`~rfgp.recipes.RegressionOptions` (``spectral``,
             ``num_features``, ``time_budget``, ``seed``, ``progress``, ...).
@@ -82,35 +104,89 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
         (True, torch.Size([3]))
     """
     opts = RegressionOptions().replace(**options).checked()
-    ctx = _prepare(x, y, opts, report)
+    source = open_source(x, y, opts.distributed)
+    if source is None:
+        ctx = _prepare(x, y, opts, report)
+    else:
+        ctx = _prepare_source(source, opts, report)
     with ctx.progress(7, "fit_auto"):
-        _search_stage(ctx)
-        choose_bound(ctx)
-        refine_stage(ctx)
-        local_stage(ctx)
-        laplace_stage(ctx)
+        if opts.distributed:
+            agree_on_stages(ctx, source, lambda: _stages(ctx))
+        else:
+            _stages(ctx)
         gp = refit_stage(ctx)
     _report_in_data_units(ctx)
     return gp
+
+
+def _stages(ctx: RecipeContext) -> None:
+    """The stages before the final fit."""
+    _search_stage(ctx)
+    choose_bound(ctx)
+    refine_stage(ctx)
+    local_stage(ctx)
+    laplace_stage(ctx)
 
 
 def _prepare(x: Any, y: Any, opts: RegressionOptions,
              report: Optional[FitReport]) -> RecipeContext:
     """Units, schedule and the search's starting model."""
     x, y = check_recipe_data(x, y, "fit_auto")
+    schedule = plan_regression(x.shape[0], x.shape[1], opts)
+    # The moments are summed over the chunks a memory-map's would be: the same rows give
+    # the same start, whichever way they come.
+    return _context(ArraySource(x, y), opts, report, schedule, (x, y))
+
+
+def _prepare_source(source: DataSource, opts: RegressionOptions,
+                    report: Optional[FitReport]) -> RecipeContext:
+    """:func:`_prepare` for rows behind a source: rank 0's schedule, and the working set (the
+    longest head of the random order) in memory; rows few enough for a stage to hold all of
+    them are read and fitted as in memory."""
+    if opts.solve == "cg":
+        raise ValueError(
+            "solve='cg' needs the rows in memory (every product reads them); rows from a "
+            "memory-map, chunks or process shards are fitted by solve='weight' or 'auto'"
+        )
+    opts = opts.replace(solve="weight")
+    schedule = agreed(lambda: plan_regression(source.num_rows, source.input_dim, opts), source)
+    if longest_head(schedule) >= source.num_rows:
+        return _prepare(*source.load(), opts, report)
+    return _context(source, opts, report, schedule, None)
+
+
+def _context(source: DataSource, opts: RegressionOptions, report: Optional[FitReport],
+             schedule: Any, rows: Optional[tuple]) -> RecipeContext:
+    """The context from streamed moments (units, the start), on the in-memory ``rows`` or,
+    without them, on the source's working set."""
     if report is not None and not isinstance(report, FitReport):
         raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
-    x_unit, y_unit = column_unit(x), target_unit(y)
-    check_variances_representable(y_unit, x.dtype)
+    found = moments(source)
+    x_unit = column_unit_of(found.column_scale)
+    y_unit = unit_of_mean_square(found.target_mean_square)
+    check_variances_representable(y_unit, source.dtype)
     report = report if report is not None else FitReport()
     report.clear()  # a report passed again describes this fit only
-    schedule = plan_regression(x.shape[0], x.shape[1], opts)
     report.schedule, report.num_features = schedule, schedule.num_features
     report.search_features, report.subsample = schedule.search_features, schedule.subsample
     report.refine_rows = schedule.refine_rows
+    generator = torch.Generator().manual_seed(opts.seed)
+    mean_square = found.target_mean_square / y_unit**2
+    # The draws in one order whatever holds the rows: the median's rows, then the stages'.
+    if rows is None:
+        median = median_rows(source, generator) / x_unit
+        x, y = working_set(source, longest_head(schedule), generator)
+        held = None
+    else:
+        x, y = rows
+        n = x.shape[0]
+        median = x if n <= MEDIAN_ROWS else x[draw_rows(n, MEDIAN_ROWS, generator)]
+        median = median / x_unit
+        held = source
     ctx = RecipeContext(opts, schedule, report, x / x_unit, y / y_unit, x, y, x_unit, y_unit,
-                        torch.Generator().manual_seed(opts.seed))
-    start = initial_hyperparameters(ctx.x, ctx.y, generator=ctx.generator)
+                        generator, source=None if held else source,
+                        target_mean_square=mean_square)
+    start = start_from_moments(found.column_scale / x_unit, median, mean_square)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit,
                       "outputscale": start["outputscale"] * y_unit**2,
                       "noise": start["noise"] * y_unit**2}

@@ -21,7 +21,8 @@ from torch import Tensor
 from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_rows, check_tensor
 
-__all__ = ["check_recipe_data", "column_scale", "column_unit", "target_unit",
+__all__ = ["check_recipe_data", "column_scale", "column_unit", "column_unit_of", "target_unit",
+           "unit_of_mean_square",
            "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
 
 #: The dtypes the recipes compute in: the evidence's Cholesky factors and the Laplace Hessian
@@ -87,7 +88,18 @@ def column_unit(x: Tensor) -> Tensor:
         >>> column_unit(x)
         tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
     """
-    return _power_of_two(column_scale(x))
+    return column_unit_of(column_scale(x))
+
+
+def column_unit_of(scale: Tensor) -> Tensor:
+    """:func:`column_unit` from the columns' standard deviations ``(d,)`` (for rows that are
+    not all held, whose deviations are streamed).
+
+    Example:
+        >>> column_unit_of(torch.tensor([3000.0, 0.002], dtype=torch.float64))
+        tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
+    """
+    return _power_of_two(scale)
 
 
 def target_unit(y: Tensor) -> float:
@@ -100,6 +112,18 @@ def target_unit(y: Tensor) -> float:
     """
     peak = power_of_two_scale(y)
     rms = peak * math.sqrt(float((y / peak).square().mean()))
+    return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
+
+
+def unit_of_mean_square(mean_square: float) -> float:
+    """:func:`target_unit` from the targets' mean square (streamed where the rows are not
+    all held): the power of two nearest its square root.
+
+    Example:
+        >>> unit_of_mean_square(9.0)
+        4.0
+    """
+    rms = math.sqrt(mean_square)
     return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 
