@@ -58,6 +58,8 @@ DEFAULT_CHUNK_ROWS = 4096
 #: Up to this many rows a draw is a prefix of one random permutation (``8 N`` bytes); beyond
 #: it, distinct ids are drawn by rejection in ``O(count)`` memory.
 PERMUTATION_ROWS = 1 << 22
+#: Significant bits kept of the streamed moments (:func:`source_moments`).
+MOMENT_BITS = 32
 # Candidates per round of the rejection draw: a constant, so that a longer draw extends a
 # shorter one from the same generator state.
 _CANDIDATES = 1 << 16
@@ -532,7 +534,8 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
     sum of squared deviations in float64, merged over chunks (and ranks, in rank order) by
     Chan's rule :math:`M_{2} = M_{2,a} + M_{2,b} + \delta^2 n_a n_b / (n_a + n_b)`; so no
     square overflows at any magnitude, and the result is the two-pass standard deviation to
-    rounding.
+    rounding. Both are rounded to :data:`MOMENT_BITS` significant bits, so that the same rows
+    give the same moments however they are cut into chunks and shards.
 
     Example:
         >>> src = ArraySource(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64),
@@ -582,7 +585,18 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
     else:
         scale = torch.ones(d, dtype=torch.float64)
     entries = count * max(1, math.prod(source.target_shape))
-    return SourceMoments(count, scale.to(source.dtype), squares / entries * unit_y * unit_y)
+    mean_square = squares / entries * unit_y * unit_y
+    # Rounded to MOMENT_BITS significant bits: the association of the sums (the chunks, the
+    # processes) changes their last bits, and the search's start, on which the path of its
+    # optimiser depends, must not change with it.
+    return SourceMoments(count, _round_bits(scale).to(source.dtype),
+                         float(_round_bits(torch.tensor(mean_square, dtype=torch.float64))))
+
+
+def _round_bits(values: Tensor) -> Tensor:
+    """``values`` (float64) rounded to :data:`MOMENT_BITS` significant bits."""
+    mantissa, exponent = torch.frexp(values)
+    return torch.ldexp((mantissa * 2.0**MOMENT_BITS).round() / 2.0**MOMENT_BITS, exponent)
 
 
 def _merge(n_a: int, mean_a: Tensor, m2_a: Tensor, n_b: int, mean_b: Tensor,
