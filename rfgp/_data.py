@@ -43,12 +43,14 @@ __all__ = [
     "ArraySource",
     "ChunkSource",
     "DataSource",
+    "ScaledTargets",
     "ShardedSource",
     "SourceMoments",
     "as_source",
     "draw_rows",
     "is_source_input",
     "source_moments",
+    "target_moments",
 ]
 
 #: The dtypes a source may hold (those the recipes compute in).
@@ -510,7 +512,7 @@ class SourceMoments:
     Attributes:
         num_rows: ``N``.
         column_scale: ``(d,)`` each input column's standard deviation (1 for a constant
-            column or one row), in the source's dtype.
+            column or one row), in the source's dtype, on the CPU.
         target_mean_square: the mean of :math:`y^2` over every entry (float64).
     """
 
@@ -551,7 +553,7 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
         peak_x = torch.zeros(d, dtype=torch.float64)
         peak_y = 0.0
         for x, y in source.chunks(rows_per_chunk):
-            peak_x = torch.maximum(peak_x, x.abs().amax(0).to(torch.float64))
+            peak_x = torch.maximum(peak_x, x.abs().amax(0).to(torch.float64).cpu())
             peak_y = max(peak_y, float(y.abs().max()))
         return peak_x, peak_y
 
@@ -567,10 +569,10 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
             d, dtype=torch.float64)
         squares = 0.0
         for x, y in source.chunks(rows_per_chunk):
-            z = x.to(torch.float64) / unit_x
+            z = x.to(torch.float64) / unit_x.to(x.device)
             centre = z.mean(0)
-            count, mean, m2 = _merge(count, mean, m2, z.shape[0], centre,
-                                     (z - centre).square().sum(0))
+            count, mean, m2 = _merge(count, mean, m2, z.shape[0], centre.cpu(),
+                                     (z - centre).square().sum(0).cpu())
             squares += float((y.to(torch.float64) / unit_y).square().sum())
         return count, mean, m2, squares
 
@@ -609,3 +611,67 @@ def _merge(n_a: int, mean_a: Tensor, m2_a: Tensor, n_b: int, mean_b: Tensor,
     n = n_a + n_b
     delta = mean_b - mean_a
     return n, mean_a + delta * (n_b / n), m2_a + m2_b + delta.square() * (n_a * n_b / n)
+
+
+def target_moments(source: DataSource, process_group: Any = None) -> Tuple[np.ndarray, np.ndarray]:
+    r"""Each target column's mean and standard deviation (divisor ``N``; 1 where it is 0) over
+    every row of ``source`` (all processes' for a :class:`ShardedSource`), streamed in float64
+    and merged by Chan's rule: ``(mean, std)`` of shape ``target_shape``.
+
+    Example:
+        >>> src = ArraySource(np.zeros((4, 1)), np.array([1.0, 3.0, 1.0, 3.0]))
+        >>> target_moments(src)
+        (array(2.), array(1.))
+    """
+    width = max(1, math.prod(source.target_shape))
+
+    def local() -> Tuple[int, Tensor, Tensor]:
+        count = 0
+        mean = torch.zeros(width, dtype=torch.float64)
+        m2 = torch.zeros(width, dtype=torch.float64)
+        for _, y in source.chunks(DEFAULT_CHUNK_ROWS):
+            z = y.reshape(y.shape[0], -1).to(torch.float64).cpu()
+            centre = z.mean(0)
+            count, mean, m2 = _merge(count, mean, m2, z.shape[0], centre,
+                                     (z - centre).square().sum(0))
+        return count, mean, m2
+
+    if isinstance(source, ShardedSource):
+        parts = gather_checked(local, source.group)
+    else:
+        parts = [local()]
+    count, mean, m2 = 0, torch.zeros(width, dtype=torch.float64), torch.zeros(
+        width, dtype=torch.float64)
+    for part in parts:
+        count, mean, m2 = _merge(count, mean, m2, *part)
+    std = (m2 / count).sqrt()
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return (mean.numpy().reshape(source.target_shape),
+            std.numpy().reshape(source.target_shape))
+
+
+class ScaledTargets(DataSource):
+    """A source whose targets are ``(y - offset) / scale`` (per column) of another's.
+
+    Example:
+        >>> src = ScaledTargets(ArraySource(np.zeros((2, 1)), np.array([1.0, 3.0])), 2.0, 1.0)
+        >>> src.take(torch.tensor([1, 0]))[1]
+        tensor([ 1., -1.], dtype=torch.float64)
+    """
+
+    def __init__(self, inner: DataSource, offset: Any, scale: Any) -> None:
+        self.inner = inner
+        self.num_rows, self.input_dim = inner.num_rows, inner.input_dim
+        self.target_shape, self.dtype = inner.target_shape, inner.dtype
+        self.offset = torch.as_tensor(offset, dtype=torch.float64)
+        self.scale = torch.as_tensor(scale, dtype=torch.float64)
+
+    def _scaled(self, pair: Pair) -> Pair:
+        x, y = pair
+        return x, ((y.to(torch.float64) - self.offset) / self.scale).to(y.dtype)
+
+    def take(self, rows: Tensor) -> Pair:
+        return self._scaled(self.inner.take(rows))
+
+    def chunks(self, rows_per_chunk: int = DEFAULT_CHUNK_ROWS) -> Iterator[Pair]:
+        return (self._scaled(pair) for pair in self.inner.chunks(rows_per_chunk))

@@ -63,6 +63,11 @@ def open_source(x: Any, y: Any, distributed: bool) -> Optional[DataSource]:
 
     With ``distributed`` each process's ``(x, y)`` is its shard (a :class:`ShardedSource`);
     ``torch.distributed`` must be initialised."""
+    if isinstance(x, DataSource):  # built by the estimators
+        if y is not None or distributed != isinstance(x, ShardedSource):
+            raise ValueError("a DataSource x takes y=None, and is a ShardedSource exactly when "
+                             "distributed=True")
+        return x
     if not distributed:
         if isinstance(x, Tensor) and not isinstance(y, np.ndarray):
             return None
