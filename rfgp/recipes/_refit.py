@@ -49,7 +49,7 @@ from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._iterative_calibration import calibrate_by_products
 from rfgp.recipes._schedule import CHOICE_FEATURES, final_path
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
-from rfgp.recipes._streaming import source_evidence, stream_fit
+from rfgp.recipes._streaming import fit_from_products, source_evidence, stream_fit
 from rfgp.recipes._units import NOISE_FLOOR, check_recipe_data
 
 __all__ = ["calibrated_fit", "feature_model_evidence", "refit_stage"]
@@ -201,7 +201,9 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
             # calibration (the units cancel in a / noise), so its preconditioner serves.
             reuse = (_rescaled_products(kept, kernel, ctx.y_unit) if kept else
                      result.preconditioner if iterative and ctx.options.calibrate else None)
-            if ctx.source is not None:
+            if ctx.source is not None and kept:
+                fit_from_products(gp, ctx, reuse)
+            elif ctx.source is not None:
                 stream_fit(gp, ctx.source)
             else:
                 gp._fit_batches([(ctx.x_data, ctx.y_data, None)], None, reuse=reuse)
@@ -211,10 +213,13 @@ def refit_stage(ctx: RecipeContext) -> RandomFeatureGP:
 
 
 def _model_evidence(ctx: RecipeContext, kernel: Kernel, products: Optional[list]):
-    """:func:`feature_model_evidence` on every row: in memory, or streamed from the source
-    (whose final fit streams again, so it keeps no products)."""
+    """:func:`feature_model_evidence` on every row: in memory, or streamed from the source."""
     if ctx.source is not None:
-        return source_evidence(kernel, ctx)
+        sums: Optional[list] = [] if products is not None else None
+        evidence = source_evidence(kernel, ctx, sums)
+        if sums:
+            products.append((*sums[0], _outputscale(kernel)))
+        return evidence
     return feature_model_evidence(kernel, ctx.x, ctx.y, products)
 
 

@@ -12,8 +12,9 @@ shard) into a :class:`~rfgp._data.DataSource` and runs the same stages on it:
   the rows an in-memory fit's stages would see, so the model is the same;
 * **the final fit** streamed: the calibration's Gram matrix :math:`\Phi^\top \Phi` and
   :math:`\Phi^\top y` are summed over chunks (and all-reduced across processes), and the model
-  is fitted by :meth:`~rfgp.RandomFeatureGP.fit_stream` (weight space: its matrices are
-  ``D x D`` whatever ``N``).
+  is fitted from them (:func:`fit_from_products`; weight space: its matrices are ``D x D``
+  whatever ``N``), or, where no such products were formed (no calibration, fewer rows than
+  features), by :meth:`~rfgp.RandomFeatureGP.fit_stream`.
 
 Where the rows are few enough that a stage holds all of them, they are read into memory and
 the in-memory recipe runs. Under ``torch.distributed`` every rank runs the stages on the same
@@ -29,6 +30,7 @@ Internal: not part of the public API (see :mod:`rfgp.recipes`).
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
@@ -51,8 +53,8 @@ from rfgp.kernels._composition import feature_kernel
 from rfgp.recipes._calibration import ScaleEvidence, spectral_statistics
 from rfgp.recipes._context import RecipeContext
 
-__all__ = ["agree_on_stages", "agreed", "longest_head", "open_source", "source_evidence",
-           "stream_fit", "working_set"]
+__all__ = ["agree_on_stages", "agreed", "fit_from_products", "longest_head", "open_source",
+           "source_evidence", "stream_fit", "working_set"]
 
 #: Rows of the median heuristic's draw (those of :func:`~rfgp.recipes.initial_hyperparameters`).
 MEDIAN_ROWS = 1000
@@ -116,11 +118,14 @@ def moments(source: DataSource):
                           source.group if isinstance(source, ShardedSource) else None)
 
 
-def source_evidence(kernel: Any, ctx: RecipeContext) -> ScaleEvidence:
+def source_evidence(kernel: Any, ctx: RecipeContext,
+                    products: Optional[list] = None) -> ScaleEvidence:
     r"""The spectral statistics of ``kernel``'s feature model on every row of ``ctx.source``
     in the search's units: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` summed over chunks of
     :data:`~rfgp._data.DEFAULT_CHUNK_ROWS` rows in float64 (the in-memory chunks, so the sums
-    round alike) and all-reduced across processes."""
+    round alike) and all-reduced across processes. A ``products`` list receives
+    ``(Z^T Z, Z^T Y)``, and ``ctx.extra["column_squares"]`` each target column's
+    :math:`y_t^\top y_t`, for :func:`fit_from_products`."""
     source = ctx.source
     feature_map = FeatureMap(feature_kernel(kernel))
     width = feature_map.num_real_features
@@ -132,7 +137,7 @@ def source_evidence(kernel: Any, ctx: RecipeContext) -> ScaleEvidence:
     columns = max(1, int(np.prod(source.target_shape)))
     gram = torch.zeros(width, width, dtype=torch.float64)
     rhs = torch.zeros(width, columns, dtype=torch.float64)
-    squares = torch.zeros(1, dtype=torch.float64)
+    squares = torch.zeros(columns, dtype=torch.float64)
 
     def accumulate() -> None:
         with torch.no_grad():
@@ -141,7 +146,7 @@ def source_evidence(kernel: Any, ctx: RecipeContext) -> ScaleEvidence:
                 targets = (y / ctx.y_unit).reshape(x.shape[0], -1).to(torch.float64)
                 accumulate_gram(gram, z)
                 rhs.add_(z.transpose(0, 1) @ targets)
-                squares.add_(targets.square().sum())
+                squares.add_(targets.square().sum(0))
 
     if isinstance(source, ShardedSource):
         import torch.distributed as dist
@@ -151,7 +156,37 @@ def source_evidence(kernel: Any, ctx: RecipeContext) -> ScaleEvidence:
             dist.all_reduce(total, group=source.group)
     else:
         accumulate()
-    return spectral_statistics(symmetrize_upper(gram), rhs, float(squares), source.num_rows)
+    gram = symmetrize_upper(gram)
+    if products is not None:
+        products.append((gram, rhs))
+        ctx.extra["column_squares"] = squares
+    return spectral_statistics(gram, rhs, float(squares.sum()), source.num_rows)
+
+
+def fit_from_products(gp: RandomFeatureGP, ctx: RecipeContext, products: tuple) -> None:
+    r"""Fit ``gp`` (weight space, model noise) from the calibration's products of its own
+    features, ``(Z^T Z, Z^T Y)`` in the data's units, without another pass over the rows:
+    the statistics are the products, each target column's :math:`y_t^\top y_t` and ``N``.
+    What a fit on the rows would sum, so the model is that fit's (to rounding)."""
+    gram, rhs = products
+    squares = ctx.extra["column_squares"] * ctx.y_unit**2
+    # The solver's inner pieces: the rows are not passed (they are not held). One working
+    # row gives the layout, the dtype and any lazily drawn weights.
+    factory = gp._factory
+    prepared = factory.prepare(ctx.x_data[:1], ctx.y_data[:1], None, model_noise=gp.noise)
+    layout = factory.new_layout(prepared, False, gp.noise)
+    with torch.no_grad():
+        factory.feature_map.real_rows(prepared[0])
+    largest = float(squares.max().sqrt())
+    # A power of two near the targets' size: dividing by it is exact, and keeps the solve's
+    # sums of squares finite.
+    scale = 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 1.0
+    stats = factory.new_statistics(rhs.shape[1], False, prepared[0])
+    stats.grams[0] = gram.to(device=stats.device, dtype=stats.dtype)
+    stats.rhs = (rhs / scale).to(device=stats.device, dtype=stats.dtype)
+    stats.yy = (squares / scale**2).to(device=stats.device, dtype=stats.dtype)
+    stats.count = ctx.num_rows
+    gp._install(factory.weight_solver(stats, scale), layout, prepared[0], None, None)
 
 
 def stream_fit(gp: RandomFeatureGP, source: DataSource) -> RandomFeatureGP:

@@ -62,6 +62,17 @@ def test_memmap_chunks_and_memory_give_the_same_model(tmp_path):
         torch.testing.assert_close(gp.noise, in_memory.noise, rtol=1e-10, atol=0)
 
 
+def test_uncalibrated_stream_fit_equals_the_in_memory_fit(tmp_path):
+    # without calibration no Gram matrix is formed before the fit: the rows are streamed
+    x, y = _data(1200)
+    opts = dict(OPTIONS, calibrate=False, lengthscale_draws=0, local_search=False)
+    xm, ym = _memmap(tmp_path, x, y)
+    mean, std = fit_auto(x, y, **opts).predict(x[:30], return_std=True)
+    m, s = fit_auto(xm, ym, **opts).predict(x[:30], return_std=True)
+    torch.testing.assert_close(m, mean, rtol=1e-9, atol=1e-9 * float(mean.abs().max()))
+    torch.testing.assert_close(s, std, rtol=1e-9, atol=1e-12)
+
+
 def test_float32_memmap_is_fitted_in_float32(tmp_path):
     x, y = _data(2000, torch.float32)
     xm, ym = _memmap(tmp_path, x, y)
