@@ -162,9 +162,11 @@ def _context(source: DataSource, opts: RegressionOptions, report: Optional[FitRe
     if report is not None and not isinstance(report, FitReport):
         raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
     found = moments(source)
-    x_unit = column_unit_of(found.column_scale)
+    scale = found.column_scale
+    x_unit = column_unit_of(scale)
     y_unit = unit_of_mean_square(found.target_mean_square)
     check_variances_representable(y_unit, source.dtype)
+    _warn_over_budget(schedule, source.num_rows, opts)
     report = report if report is not None else FitReport()
     report.clear()  # a report passed again describes this fit only
     report.schedule, report.num_features = schedule, schedule.num_features
@@ -179,19 +181,36 @@ def _context(source: DataSource, opts: RegressionOptions, report: Optional[FitRe
         held = None
     else:
         x, y = rows
+        scale, x_unit = scale.to(x.device), x_unit.to(x.device)
         n = x.shape[0]
-        median = x if n <= MEDIAN_ROWS else x[draw_rows(n, MEDIAN_ROWS, generator)]
-        median = median / x_unit
+        rows = x if n <= MEDIAN_ROWS else x[draw_rows(n, MEDIAN_ROWS, generator).to(x.device)]
+        median = rows / x_unit
         held = source
     ctx = RecipeContext(opts, schedule, report, x / x_unit, y / y_unit, x, y, x_unit, y_unit,
                         generator, source=None if held else source,
                         target_mean_square=mean_square)
-    start = start_from_moments(found.column_scale / x_unit, median, mean_square)
+    start = start_from_moments(scale / x_unit, median, mean_square)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit,
                       "outputscale": start["outputscale"] * y_unit**2,
                       "noise": start["noise"] * y_unit**2}
     ctx.model = search_model(schedule.search_features, start, opts.spectral, opts.seed, ctx.x)
     return ctx
+
+
+def _warn_over_budget(schedule: Any, num_rows: int, opts: RegressionOptions) -> None:
+    """Warn where even the schedule's cheapest plan is predicted to overrun the budget: the
+    final fit's cost grows linearly with the rows, and at its fewest features it can alone
+    exceed a budget given for many rows."""
+    predicted = sum(schedule.predicted.values())
+    if opts.num_features is None and predicted > 1.1 * schedule.budget:
+        warnings.warn(
+            f"fit_auto: on {num_rows} rows the cheapest schedule is predicted to take about "
+            f"{predicted:.0f} s at machine_rate={opts.machine_rate:.3g}, more than "
+            f"time_budget={schedule.budget:.0f} s (its final fit, at "
+            f"{schedule.num_features} features, {schedule.predicted.get('refit', 0.0):.0f} s, "
+            "grows linearly with the rows); expect that time, or raise time_budget",
+            UserWarning,
+        )
 
 
 def _search_stage(ctx: RecipeContext) -> None:

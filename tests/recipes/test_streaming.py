@@ -207,3 +207,39 @@ def test_estimator_fits_memmaps_and_chunks_as_arrays(tmp_path):
     np.testing.assert_allclose(mapped.predict(X[:40]), chunked.predict(X[:40]), rtol=1e-12)
     with pytest.raises(ValueError, match="optimizer='auto'"):
         RandomFeatureGPRegressor(optimizer="lbfgs").fit([(X, y)])
+
+
+def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
+    from rfgp.recipes._options import RegressionOptions
+    from rfgp.recipes._schedule import plan_regression
+
+    opts = RegressionOptions().checked()
+    plans = {n: plan_regression(n, 10, opts) for n in (10**6, 10**7, 10**8)}
+    # the default budget keeps the final D (its most weight-space features) at every size
+    assert {plan.num_features for plan in plans.values()} == {8192}
+    for stage in ("search", "refine", "local", "laplace"):
+        assert len({plan.predicted[stage] for plan in plans.values()}) == 1
+    # the final fit: a + b N (the D^3 eigendecompositions and factor, the features and Gram
+    # matrices per row), so its increments over 9 10^6 and 9 10^7 rows differ tenfold
+    refit = [plans[n].predicted["refit"] for n in (10**6, 10**7, 10**8)]
+    assert (refit[2] - refit[1]) / (refit[1] - refit[0]) == pytest.approx(10.0, rel=1e-9)
+    assert refit[0] < refit[1] < refit[2] < 10 * refit[1]
+    for plan in plans.values():
+        assert sum(plan.predicted.values()) <= plan.budget
+
+
+def test_a_budget_below_the_cheapest_plan_warns():
+    from rfgp.recipes._options import RegressionOptions
+    from rfgp.recipes._regression import _warn_over_budget
+    from rfgp.recipes._schedule import plan_regression
+
+    tight = RegressionOptions(time_budget=600.0).checked()
+    with pytest.warns(UserWarning, match="predicted to take about"):
+        _warn_over_budget(plan_regression(10**8, 10, tight), 10**8, tight)
+    import warnings
+
+    default = RegressionOptions().checked()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_over_budget(plan_regression(10**7, 10, default), 10**7, default)
+        _warn_over_budget(plan_regression(10**7, 10, tight), 10**7, tight)
