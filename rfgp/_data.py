@@ -48,7 +48,7 @@ __all__ = [
     "SourceMoments",
     "as_source",
     "draw_rows",
-    "is_source_input",
+    "gather_checked",
     "source_moments",
     "target_moments",
 ]
@@ -135,11 +135,6 @@ class DataSource(abc.ABC):
     def chunks(self, rows_per_chunk: int = DEFAULT_CHUNK_ROWS) -> Iterator[Pair]:
         """Every row once, in order, as ``(x, y)`` tensors of ``rows_per_chunk`` rows (the
         last may be shorter); for a :class:`ShardedSource`, this process's rows."""
-
-    @property
-    def local_rows(self) -> int:
-        """The rows :meth:`chunks` yields (``num_rows`` but for a shard)."""
-        return self.num_rows
 
     def load(self) -> Pair:
         """Every row as tensors (for sources small enough to hold)."""
@@ -454,10 +449,6 @@ class ShardedSource(DataSource):
         self.num_rows, self.input_dim = self.offsets[-1], self.localsource.input_dim
         self.target_shape, self.dtype = self.localsource.target_shape, self.localsource.dtype
 
-    @property
-    def local_rows(self) -> int:
-        return self.localsource.num_rows
-
     def take(self, rows: Tensor) -> Pair:
         import torch.distributed as dist
 
@@ -480,14 +471,6 @@ class ShardedSource(DataSource):
 
     def chunks(self, rows_per_chunk: int = DEFAULT_CHUNK_ROWS) -> Iterator[Pair]:
         return self.localsource.chunks(rows_per_chunk)
-
-
-def is_source_input(x: Any) -> bool:
-    """Whether ``x`` asks for a source (a memory-map or chunks) rather than in-memory rows."""
-    return isinstance(x, np.memmap) or not isinstance(x, (Tensor, np.ndarray, list, tuple,
-                                                          float, int)) or (
-        isinstance(x, (list, tuple)) and len(x) > 0 and isinstance(x[0], (tuple, list))
-        and len(x[0]) == 2 and isinstance(x[0][0], (Tensor, np.ndarray)))
 
 
 def as_source(x: Any, y: Any, rank: Optional[int] = None) -> DataSource:
@@ -513,12 +496,13 @@ class SourceMoments:
         num_rows: ``N``.
         column_scale: ``(d,)`` each input column's standard deviation (1 for a constant
             column or one row), in the source's dtype, on the CPU.
-        target_mean_square: the mean of :math:`y^2` over every entry (float64).
+        target_rms: the root mean square of ``y`` over every entry (float64, computed without
+            squaring ``y`` itself, so at any magnitude a float64 holds).
     """
 
     num_rows: int
     column_scale: Tensor
-    target_mean_square: float
+    target_rms: float
 
 
 def _power_of_two(values: Tensor) -> Tensor:
@@ -529,7 +513,7 @@ def _power_of_two(values: Tensor) -> Tensor:
 
 def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
                    process_group: Any = None) -> SourceMoments:
-    r"""The inputs' column standard deviations and the targets' mean square, streamed.
+    r"""The inputs' column standard deviations and the targets' root mean square, streamed.
 
     Two passes: the columns' largest magnitudes (all-reduced for a :class:`ShardedSource`),
     then, on ``x`` divided by a power of two near them (exact), each chunk's count, mean and
@@ -543,7 +527,7 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
         >>> src = ArraySource(torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64),
         ...                   torch.tensor([1.0, -1.0], dtype=torch.float64))
         >>> m = source_moments(src)
-        >>> m.column_scale, m.target_mean_square
+        >>> m.column_scale, m.target_rms
         (tensor([1.4142, 1.0000], dtype=torch.float64), 1.0)
     """
     sharded = isinstance(source, ShardedSource)
@@ -587,12 +571,12 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
     else:
         scale = torch.ones(d, dtype=torch.float64)
     entries = count * max(1, math.prod(source.target_shape))
-    mean_square = squares / entries * unit_y * unit_y
+    rms = unit_y * math.sqrt(squares / entries)
     # Rounded to MOMENT_BITS significant bits: the association of the sums (the chunks, the
     # processes) changes their last bits, and the search's start, on which the path of its
     # optimiser depends, must not change with it.
     return SourceMoments(count, _round_bits(scale).to(source.dtype),
-                         float(_round_bits(torch.tensor(mean_square, dtype=torch.float64))))
+                         float(_round_bits(torch.tensor(rms, dtype=torch.float64))))
 
 
 def _round_bits(values: Tensor) -> Tensor:

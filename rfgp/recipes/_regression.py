@@ -51,7 +51,7 @@ from rfgp.recipes._units import (
     check_recipe_data,
     check_variances_representable,
     column_unit_of,
-    unit_of_mean_square,
+    unit_of_rms,
 )
 
 __all__ = ["fit_auto"]
@@ -164,7 +164,7 @@ def _context(source: DataSource, opts: RegressionOptions, report: Optional[FitRe
     found = moments(source)
     scale = found.column_scale
     x_unit = column_unit_of(scale)
-    y_unit = unit_of_mean_square(found.target_mean_square)
+    y_unit = unit_of_rms(found.target_rms)
     check_variances_representable(y_unit, source.dtype)
     _warn_over_budget(schedule, source.num_rows, opts)
     report = report if report is not None else FitReport()
@@ -173,7 +173,7 @@ def _context(source: DataSource, opts: RegressionOptions, report: Optional[FitRe
     report.search_features, report.subsample = schedule.search_features, schedule.subsample
     report.refine_rows = schedule.refine_rows
     generator = torch.Generator().manual_seed(opts.seed)
-    mean_square = found.target_mean_square / y_unit**2
+    mean_square = (found.target_rms / y_unit) ** 2
     # The draws in one order whatever holds the rows: the median's rows, then the stages'.
     if rows is None:
         median = median_rows(source, generator) / x_unit

@@ -22,7 +22,7 @@ from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_rows, check_tensor
 
 __all__ = ["check_recipe_data", "column_scale", "column_unit", "column_unit_of", "target_unit",
-           "unit_of_mean_square",
+           "unit_of_rms",
            "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
 
 #: The dtypes the recipes compute in: the evidence's Cholesky factors and the Laplace Hessian
@@ -115,15 +115,14 @@ def target_unit(y: Tensor) -> float:
     return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 
-def unit_of_mean_square(mean_square: float) -> float:
-    """:func:`target_unit` from the targets' mean square (streamed where the rows are not
-    all held): the power of two nearest its square root.
+def unit_of_rms(rms: float) -> float:
+    """:func:`target_unit` from the targets' root mean square (streamed where the rows are
+    not all held): the power of two nearest it.
 
     Example:
-        >>> unit_of_mean_square(9.0)
+        >>> unit_of_rms(3.0)
         4.0
     """
-    rms = math.sqrt(mean_square)
     return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 

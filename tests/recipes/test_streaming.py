@@ -147,12 +147,12 @@ def test_source_moments_equal_the_in_memory_statistics():
         # equal to rounding, then rounded to MOMENT_BITS significant bits
         tolerance = 2.0**-MOMENT_BITS
         torch.testing.assert_close(found.column_scale, column_scale(x), rtol=tolerance, atol=0)
-        assert found.target_mean_square == pytest.approx(float(y.square().mean()),
-                                                         rel=tolerance)
+        assert found.target_rms == pytest.approx(float(y.square().mean().sqrt()),
+                                                 rel=tolerance)
     # the same rows cut into other chunks give the same moments, bit for bit
     other = source_moments(ArraySource(x, y), rows_per_chunk=97)
     assert torch.equal(other.column_scale, found.column_scale)
-    assert other.target_mean_square == found.target_mean_square
+    assert other.target_rms == found.target_rms
 
 
 def test_take_returns_rows_in_the_asked_order():
