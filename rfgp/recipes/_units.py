@@ -96,7 +96,7 @@ def column_unit_of(scale: Tensor) -> Tensor:
     not all held, whose deviations are streamed).
 
     Example:
-        >>> column_unit_of(torch.tensor([3000.0, 0.002], dtype=torch.float64))
+        >>> column_unit_of(torch.tensor([2000.0, 0.002], dtype=torch.float64))
         tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
     """
     return _power_of_two(scale)
