@@ -46,6 +46,7 @@ __all__ = [
     "ScaledTargets",
     "ShardedSource",
     "SourceMoments",
+    "all_reduce_sum",
     "as_source",
     "draw_rows",
     "gather_checked",
@@ -399,6 +400,19 @@ def gather_checked(work: Callable[[], Any], process_group: Any = None) -> List[A
     return [part[1] for part in parts]
 
 
+def all_reduce_sum(tensor: Tensor, process_group: Any = None) -> Tensor:
+    """The sum of ``tensor`` over the group's processes, on ``tensor``'s device: reduced on
+    this process's GPU where the backend is NCCL (which reduces CUDA tensors only)."""
+    import torch.distributed as dist
+
+    if dist.get_backend(process_group) == "nccl" and tensor.device.type != "cuda":
+        moved = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(moved, group=process_group)
+        return moved.to(tensor.device)
+    dist.all_reduce(tensor, group=process_group)
+    return tensor
+
+
 class ShardedSource(DataSource):
     """This process's shard of rows spread over ``torch.distributed`` processes.
 
@@ -450,7 +464,6 @@ class ShardedSource(DataSource):
         self.target_shape, self.dtype = self.localsource.target_shape, self.localsource.dtype
 
     def take(self, rows: Tensor) -> Pair:
-        import torch.distributed as dist
 
         rows = torch.as_tensor(rows, dtype=torch.int64).reshape(-1)
         start, stop = self.offsets[self.rank], self.offsets[self.rank + 1]
@@ -465,7 +478,7 @@ class ShardedSource(DataSource):
 
         gather_checked(read, self.group)
         # Each row is non-zero on one rank only: the sum is that rank's row, exactly.
-        dist.all_reduce(buffer, group=self.group)
+        buffer = all_reduce_sum(buffer, self.group)
         x, y = buffer[:, :self.input_dim], buffer[:, self.input_dim:]
         return x.contiguous(), y.reshape((rows.numel(),) + self.target_shape).contiguous()
 

@@ -41,6 +41,7 @@ from rfgp._data import (
     DEFAULT_CHUNK_ROWS,
     DataSource,
     ShardedSource,
+    all_reduce_sum,
     as_source,
     draw_rows,
     gather_checked,
@@ -149,11 +150,9 @@ def source_evidence(kernel: Any, ctx: RecipeContext,
                 squares.add_(targets.square().sum(0))
 
     if isinstance(source, ShardedSource):
-        import torch.distributed as dist
-
         gather_checked(accumulate, source.group)
-        for total in (gram, rhs, squares):
-            dist.all_reduce(total, group=source.group)
+        gram, rhs, squares = (all_reduce_sum(total, source.group)
+                              for total in (gram, rhs, squares))
     else:
         accumulate()
     gram = symmetrize_upper(gram)
