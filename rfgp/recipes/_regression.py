@@ -148,8 +148,9 @@ def _prepare_source(source: DataSource, opts: RegressionOptions,
             "solve='cg' needs the rows in memory (every product reads them); rows from a "
             "memory-map, chunks or process shards are fitted by solve='weight' or 'auto'"
         )
-    opts = opts.replace(solve="weight")
-    schedule = agreed(lambda: plan_regression(source.num_rows, source.input_dim, opts), source)
+    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all.
+    opts, schedule = agreed(lambda: (opts.replace(solve="weight"), plan_regression(
+        source.num_rows, source.input_dim, opts.replace(solve="weight"))), source)
     if longest_head(schedule) >= source.num_rows:
         return _prepare(*source.load(), opts, report)
     return _context(source, opts, report, schedule, None)
