@@ -50,6 +50,7 @@ __all__ = [
     "as_source",
     "draw_rows",
     "gather_checked",
+    "open_source",
     "source_moments",
     "target_moments",
 ]
@@ -672,3 +673,28 @@ class ScaledTargets(DataSource):
 
     def chunks(self, rows_per_chunk: int = DEFAULT_CHUNK_ROWS) -> Iterator[Pair]:
         return (self._scaled(pair) for pair in self.inner.chunks(rows_per_chunk))
+
+
+def open_source(x: Any, y: Any, distributed: bool) -> Optional[DataSource]:
+    """The source of ``fit_auto``'s data, or ``None`` for in-memory tensors in one process.
+
+    With ``distributed`` each process's ``(x, y)`` is its shard (a :class:`ShardedSource`);
+    ``torch.distributed`` must be initialised."""
+    if isinstance(x, DataSource):  # built by the estimators
+        if y is not None or distributed != isinstance(x, ShardedSource):
+            raise ValueError("a DataSource x takes y=None, and is a ShardedSource exactly when "
+                             "distributed=True")
+        return x
+    if not distributed:
+        if isinstance(x, Tensor) and not isinstance(y, np.ndarray):
+            return None
+        return as_source(x, y)
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "distributed=True needs an initialised torch.distributed process group (run under "
+            "torchrun and call torch.distributed.init_process_group first), got none"
+        )
+    rank = dist.get_rank()
+    return ShardedSource(lambda: as_source(x, y, rank))

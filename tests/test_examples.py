@@ -162,3 +162,50 @@ def test_the_command_line_takes_the_output_folder_and_the_examples(monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["rfgp.demo", *argv])
     runpy.run_module("rfgp.demo", run_name="__main__")
     assert calls == [expected]
+
+
+@pytest.mark.parametrize("threads", ["abc", "0", "-2", "1.5", ""])
+def test_a_bad_thread_count_is_named_before_any_example_runs(monkeypatch, tmp_path, threads):
+    import rfgp.demo
+
+    ran = []
+    for name in rfgp.demo.EXAMPLES:
+        module = importlib.import_module(f"rfgp.demo._{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir: ran.append(1) or [])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", threads)
+    with pytest.raises(ValueError, match="RFGP_DEMO_THREADS must be a positive integer"):
+        rfgp.demo.main(str(tmp_path / "out"))
+    assert not ran and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("examples, match", [
+    ("regression", r"examples must be None or a list of names.*pass \['regression'\]"),
+    ([3], "examples must be None or a list of names"),
+    (b"regression", "examples must be None or a list of names"),
+])
+def test_examples_must_be_a_list_of_names_not_a_string(tmp_path, examples, match):
+    import rfgp.demo
+
+    # A string is a sequence of letters: it used to run nothing, "unknown example(s) ['e', ...]".
+    with pytest.raises(TypeError, match=match):
+        rfgp.demo.main(str(tmp_path), examples)
+
+
+def test_the_output_folder_must_be_a_path(tmp_path):
+    import rfgp.demo
+
+    with pytest.raises(TypeError, match="output_dir must be a path"):
+        rfgp.demo.main(3)
+    assert not (tmp_path / "3").exists()
+
+
+def test_a_path_object_and_a_tuple_of_names_are_taken(monkeypatch, tmp_path):
+    import rfgp.demo
+
+    row = {"method": "m", "data": "d", "metrics": {"RMSE": 0.5}, "time_s": 1.0}
+    for name in rfgp.demo.EXAMPLES:
+        module = importlib.import_module(f"rfgp.demo._{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir, n=name: [{**row, "data": n}])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", str(__import__("torch").get_num_threads()))
+    rows = rfgp.demo.main(tmp_path / "out", ("regression",))
+    assert [r["example"] for r in rows] == ["regression"] and (tmp_path / "out").is_dir()

@@ -1,8 +1,10 @@
 r"""The default fitting recipes: :func:`fit_auto` (regression) and :func:`fit_classifier_auto`.
 
-Each recipe is a short pipeline of stages, one internal module each, over one context and one
-options table (:class:`RegressionOptions`, :class:`ClassifierOptions`) that the scikit-learn
-estimators share; a time budget schedules the stages.
+Each recipe is a short pipeline of stages, one internal module each (module, function and
+report key share the stage's name), each a function of the data and of what the stages before
+handed on, with its own declared cost; one options table (:class:`RegressionOptions`,
+:class:`ClassifierOptions`) is shared with the scikit-learn estimators, and a time budget
+schedules the stages from their costs.
 
 **The stages of** :func:`fit_auto`:
 
@@ -13,8 +15,9 @@ estimators share; a time budget schedules the stages.
   maximised on a subsample: the exact kernel's evidence on at most ``exact_rows`` rows, else
   the evidence of ``search_features`` features, along two paths (L-BFGS, and L-BFGS after an
   Adam warm-up), the higher kept (:func:`maximize_evidence`).
-* *Model choice.* Where the search held every row, cross-validation chooses between the
-  unbounded lengthscales and lengthscales bounded by ``max_lengthscale`` column spreads.
+* *Model choice* (``"select"``). Where the search held every row, cross-validation chooses
+  between the unbounded lengthscales and lengthscales bounded by ``max_lengthscale`` column
+  spreads.
 * *Refinement and the local stage.* A few L-BFGS iterations on more rows; then the exact
   evidences of k-d blocks of neighbouring rows from further starts, each shortening one
   lengthscale, as many as the budget allows.
@@ -27,7 +30,10 @@ estimators share; a time budget schedules the stages.
   weight-space path, from feature products alone on the conjugate-gradient path beyond 8192
   features. The fit then reuses what the calibration computed (the chosen candidate's Gram
   matrix, or the Nyström preconditioner at the root) instead of another pass over the rows.
-  :func:`calibrated_fit` applies the rule to lengthscales found elsewhere.
+  The calibration and the fit are :mod:`rfgp.inference`'s
+  (:func:`~rfgp.inference.calibrate_scales`, :func:`~rfgp.inference.fit_calibrated`); the
+  stage keeps the choice among the candidates. :func:`calibrated_fit` (re-exported from
+  :mod:`rfgp.inference`) applies the rule to lengthscales found elsewhere.
 
 **The budget.** A cost model converts ``time_budget`` seconds at ``machine_rate``
 multiply-adds a second into a :class:`Schedule`: the final fit gets the most features that fit
@@ -38,19 +44,18 @@ and what they leave doubles ``D``. The default budget (:func:`default_budget`) i
 the rows; :func:`measure_machine_rate` measures this machine's rate.
 """
 
-from rfgp.recipes._averaging import lengthscale_mixture_kernel
-from rfgp.recipes._calibration import maximize_scale_evidence
-from rfgp.recipes._classification import fit_classifier_auto
-from rfgp.recipes._options import ClassifierOptions, RegressionOptions
-from rfgp.recipes._refit import calibrated_fit
-from rfgp.recipes._regression import fit_auto
-from rfgp.recipes._report import ClassifierFitReport, FitReport
-from rfgp.recipes._schedule import (
-    Schedule,
-    default_budget,
+from rfgp.inference import (
+    calibrated_fit,
     exact_evidence_cost,
+    maximize_scale_evidence,
     measure_machine_rate,
 )
+from rfgp.recipes._classification import fit_classifier_auto
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
+from rfgp.recipes._options import ClassifierOptions, RegressionOptions
+from rfgp.recipes._regression import fit_auto
+from rfgp.recipes._report import ClassifierFitReport, FitReport
+from rfgp.recipes._schedule import Schedule, default_budget
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from rfgp.recipes._units import column_scale, column_unit

@@ -13,39 +13,19 @@ final solve, which runs in the data's units).
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
 
 import torch
 from torch import Tensor
 
 from rfgp._ops import power_of_two_scale
-from rfgp._validation import check_rows, check_tensor
+from rfgp._validation import check_tensor
 
-__all__ = ["check_recipe_data", "column_scale", "column_unit", "column_unit_of", "target_unit",
-           "unit_of_rms",
-           "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
+__all__ = ["column_scale", "column_unit", "column_unit_of", "target_unit", "unit_of_rms",
+           "check_variances_representable", "NOISE_FLOOR"]
 
-#: The dtypes the recipes compute in: the evidence's Cholesky factors and the Laplace Hessian
-#: need at least single precision's range and digits.
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
 #: The noise is at least this share of the targets' mean square: a floor that keeps the
 #: weight-space matrix factorisable without a barrier in the search.
 NOISE_FLOOR = 1e-6
-
-
-def check_recipe_data(x: Any, y: Any, caller: str) -> Tuple[Tensor, Tensor]:
-    """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)``, finite, in float32 or float64,
-    detached from any autograd graph (the recipes differentiate their own parameters only)."""
-    for name, value in (("x", x), ("y", y)):
-        if isinstance(value, Tensor) and value.is_floating_point() and (
-                value.dtype not in SUPPORTED_DTYPES):
-            raise TypeError(
-                f"{caller}: {name} must be float32 or float64 (the evidence's factorisations "
-                f"need their range and digits), got {value.dtype}; convert with "
-                f"{name}.double()"
-            )
-    x, y = check_rows(x, y)
-    return x.detach(), y.detach()
 
 
 def column_scale(x: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from rfgp._data import ScaledTargets, ShardedSource, target_moments
+from rfgp._data import ScaledTargets, ShardedSource, open_source, target_moments
 from rfgp._validation import check_int
 from rfgp.inference._feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.recipes import (
@@ -20,11 +20,13 @@ from rfgp.recipes import (
     RegressionOptions,
     fit_auto,
 )
-from rfgp.recipes._streaming import open_source
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     REGRESSION_DEFAULTS,
+    InvalidParameterError,
     as_tensor,
+    check_count,
+    check_kernel_params,
     check_positive_int,
     check_positive_param,
     kernel_from,
@@ -66,7 +68,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             (a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one),
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            and the time budget (:func:`rfgp.recipes._schedule.plan_regression`; at most 8192
+            and the time budget (:func:`rfgp.recipes._regression.plan_regression`; at most 8192
             outside the recipe).
         lengthscale: initial lengthscale of a named kernel (not used by ``"auto"``).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
@@ -80,11 +82,13 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             hyperparameters).
         max_iter: optimiser iterations (``"auto"``: L-BFGS iterations of the evidence search;
             ``"lbfgs"``: outer iterations of up to 20 evaluations).
-        normalize_y: standardise the targets (mean and standard deviation per column);
-            otherwise only the zero prior mean is used.
-        random_state: seed (a non-negative int is the seed itself; a ``RandomState`` or
-            ``None`` draws one) of the random features. A given kernel keeps its own weights
-            when ``None``.
+        normalize_y: (a bool) standardise the targets (mean and standard deviation per
+            column); otherwise only the zero prior mean is used. With ``"auto"``, targets
+            without variation (constant columns, or zeros) are refused naming ``y``: the
+            evidence that chooses the scales has no maximum there.
+        random_state: seed (an int in ``[0, 2**64 - 1]`` is the seed itself, the recipes'
+            ``seed``; a ``RandomState`` or ``None`` draws one) of the random features. A given
+            kernel keeps its own weights when ``None``.
         time_budget: ``"auto"`` only: the recipe's time budget in seconds (``None``: its
             default, linear in the rows).
         max_lengthscale: ``"auto"`` only: the recipe's candidate bound on the lengthscales, in
@@ -190,7 +194,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             )
         check_positive_int("max_iter", self.max_iter)
         if self.num_features is not None:
-            check_positive_int("num_features", self.num_features)
+            check_count("num_features", self.num_features)
+        check_kernel_params(self)
+        if not isinstance(self.normalize_y, (bool, np.bool_)):
+            # bool(nan) is True: a non-bool would be taken as a truth value silently.
+            raise InvalidParameterError(
+                f"normalize_y must be a bool, got {self.normalize_y!r} "
+                f"({type(self.normalize_y).__name__})"
+            )
         seed = seed_from(self.random_state)
         recipe = (self.optimizer == "auto" and isinstance(self.kernel, str)
                   and self.kernel in RECIPE_KERNELS)
@@ -206,6 +217,17 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         y_t = as_tensor((y - self._y_mean) / self._y_std)
         self.fit_report_ = None
         if recipe:
+            if not np.any(y - self._y_mean):
+                # The recipe's evidence has no maximum on targets without variation; say so
+                # in the estimator's terms (fit_auto would see the centred zeros).
+                got = ("every target column is constant (zero once normalize_y centres it)"
+                       if self.normalize_y else "every target is zero")
+                raise ValueError(
+                    f"y must vary, got {X.shape[0]} sample{'s' * (X.shape[0] != 1)} where "
+                    f"{got}: the evidence by which "
+                    "optimizer='auto' chooses the outputscale and the noise has no maximum "
+                    "(it grows without bound as both shrink to zero)"
+                )
             gp = self._fit_recipe(x_t, y_t, options)
         else:
             kernel = kernel_from(self, seed, X.shape[0])

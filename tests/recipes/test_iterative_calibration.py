@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rfgp.inference import feature_model_evidence
+from rfgp.inference._iterative_calibration import calibrate_by_products
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._iterative_calibration import calibrate_by_products
-from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -29,7 +29,7 @@ def _problem(n=3000, d=3, width=512, seed=0, columns=1):
 
 def _exact_profile(evidence, log_c):
     """The profile's value -log p / (N T) and its derivative in log c, from the exact
-    eigendecomposition (module docstring of rfgp.recipes._iterative_calibration)."""
+    eigendecomposition (module docstring of rfgp.inference._iterative_calibration)."""
     lam, proj = evidence.eigenvalues, evidence.projections
     n, t = evidence.num_data, evidence.num_columns
     c = math.exp(log_c)
@@ -60,7 +60,7 @@ def test_the_scales_are_a_root_of_the_exact_profile_within_its_standard_error(co
 
 
 def test_the_scales_agree_with_the_weight_space_maximum():
-    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
@@ -79,8 +79,8 @@ def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
     # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
     # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
     # the preconditioner handed to the fit keeps B's condition near the target.
+    from rfgp.inference._calibration import maximize_scale_evidence
     from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
-    from rfgp.recipes._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
@@ -235,3 +235,54 @@ def test_the_fits_reuse_what_the_calibration_computed(monkeypatch):
     cg.noise = cg.noise * 2
     cg.predict(q)
     assert len(sketches) == 2
+
+
+def _dense_negative_log_evidence(kernel_matrix, y, factor, noise):
+    """-log N(y | 0, factor K + noise I) per datum, by a dense Cholesky factor."""
+    n = y.shape[0]
+    cov = factor * kernel_matrix + noise * torch.eye(n, dtype=DT)
+    chol = torch.linalg.cholesky(cov)
+    alpha = torch.cholesky_solve(y.reshape(n, 1), chol)
+    value = 0.5 * (float(y @ alpha[:, 0]) + 2 * float(chol.diagonal().log().sum())
+                   + n * math.log(2 * math.pi))
+    return value / n
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_binding_noise_floor_is_the_constrained_maximum_of_the_dense_evidence(columns):
+    from rfgp.recipes import calibrated_fit
+
+    # Noise 0.01 below a floor of 0.1: the evidence's maximum over the factor with the noise
+    # held at the floor, not the unconstrained ratio a / noise times the floor.
+    kernel, x, y = _problem(n=300, width=128, seed=7, columns=columns)
+    floor = 0.1
+    with torch.no_grad():
+        k0 = kernel(x).to_dense()
+    targets = y.reshape(300, -1)
+
+    def dense(log_factor):
+        return sum(_dense_negative_log_evidence(k0, targets[:, t], math.exp(log_factor), floor)
+                   for t in range(targets.shape[1]))
+
+    # The dense optimum over log a by golden sections (the evidence is unimodal in it here).
+    low, high = math.log(1e-3), math.log(1e3)
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        low, high = (low, b) if dense(a) < dense(b) else (a, high)
+    best = 0.5 * (low + high)
+    curvature = (dense(best + 1e-2) - 2 * dense(best) + dense(best - 1e-2)) / 1e-4
+    out = calibrate_by_products(kernel, x, y, 1.0, noise_floor=floor, generator=gen(8))
+    assert out.noise == floor
+    # The root is kept to 0.01 in log c and its slope estimate is off by its standard error
+    # (per datum and column): the loss is then within a quadratic's reach of the optimum.
+    step = 0.01 + 4 * out.gradient_standard_error * columns / curvature
+    assert abs(math.log(out.factor) - best) <= step
+    assert dense(math.log(out.factor)) - dense(best) <= 0.5 * curvature * step**2 + 1e-9
+    # calibrated_fit's CG path is this calibration; its weight path the exact maximum.
+    cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg", noise_floor=floor)
+    weight = calibrated_fit(kernel, x, y, noise=1.0, solve="weight", noise_floor=floor)
+    outputscale = float(kernel.outputscale.detach())
+    assert abs(math.log(float(cg.kernel.outputscale.detach()) / outputscale) - best) <= step
+    assert abs(math.log(float(weight.kernel.outputscale.detach()) / outputscale) - best) <= 1e-3
+    assert float(cg.noise) == pytest.approx(floor, rel=1e-12)

@@ -3,21 +3,16 @@ that grow with the data and the budget, and the default budget linear in the row
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from rfgp.inference import kd_blocks
+from rfgp.inference import MAX_WEIGHT_FEATURES, exact_evidence_cost, final_fit_cost, kd_blocks
+from rfgp.inference._fit_cost import EXACT_DISTANCE_COST, EXACT_ELEMENTWISE_COST
 from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
-from rfgp.recipes._schedule import (
-    EXACT_DISTANCE_COST,
-    EXACT_ELEMENTWISE_COST,
-    FINAL_SHARE,
-    MAX_WEIGHT_FEATURES,
-    MIN_FEATURES,
-    exact_evidence_cost,
-    final_fit_cost,
-    plan_regression,
-)
+from rfgp.recipes._regression import plan_regression
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -107,7 +102,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:
@@ -157,3 +152,52 @@ def test_exact_evidence_cost_names_its_bad_arguments(args, error):
     # A negative block size used to halve forever; a NaN row count returned NaN.
     with pytest.raises(error, match="num_rows|input_dim|block_rows"):
         exact_evidence_cost(*args)
+
+
+@pytest.mark.parametrize("n", [60, 5000, 100000])
+@pytest.mark.parametrize("solve", ["auto", "weight", "cg"])
+def test_a_budget_beyond_the_float_range_is_planned_within_the_caps(n, solve):
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path
+    from rfgp.inference._fit_cost import MAX_FUNCTION_FEATURES
+
+    # time_budget x machine_rate overflows to inf at 1e300 s: the plan is that of an
+    # unbounded budget, every stage's prediction a number, the final fit on a path that
+    # exists, at a feature count that path allows.
+    caps = {"weight": MAX_FUNCTION_FEATURES if n < MAX_FUNCTION_FEATURES else MAX_WEIGHT_FEATURES,
+            "cg": MAX_ITERATIVE_FEATURES}
+    for budget in (1e300, 1.7e308):
+        plan = _plan(n, 3, time_budget=budget, solve=solve)
+        assert plan.final_solve in ("weight", "cg")
+        assert plan.num_features <= caps[plan.final_solve]
+        assert final_path(n, plan.num_features, 3, solve)[0] == plan.final_solve
+        assert all(math.isfinite(seconds) for seconds in plan.predicted.values())
+        # More budget never buys fewer features than a large finite one.
+        assert plan.num_features >= _plan(n, 3, time_budget=1e6, solve=solve).num_features
+    if solve == "auto":
+        # On fewer rows than features "auto" never solves by CG.
+        assert n > 60 or plan.final_solve == "weight"
+
+
+def test_huge_counts_cost_infinitely_many_multiply_adds():
+    # Beyond the float range the count is inf (more than any budget), not an OverflowError.
+    assert exact_evidence_cost(10**200, 4) == math.inf
+    assert exact_evidence_cost(10**400, 4) == math.inf
+    assert exact_evidence_cost(10**400, 4, 1000) == math.inf
+    assert exact_evidence_cost(10**100, 10**400) == math.inf
+    # Blocks of a huge row count are finitely many blocks of finite cost: n / 2^k blocks of
+    # the same cost each (the blocks' rows in integer arithmetic).
+    from rfgp.inference._blocks import kd_levels
+
+    blocks = 2 ** kd_levels(10**100, 1000)
+    per_block = exact_evidence_cost(-(-10**100 // blocks), 4)
+    assert exact_evidence_cost(10**100, 4, 1000) == pytest.approx(blocks * per_block, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64, "abc", None, 3])
+def test_machine_rate_refuses_a_dtype_it_cannot_multiply_in(dtype):
+    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
+        measure_machine_rate(64, 1, dtype=dtype)
+
+
+def test_machine_rate_takes_a_dtype_by_name():
+    assert measure_machine_rate(32, 1, dtype="float32") > 0

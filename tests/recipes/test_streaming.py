@@ -211,7 +211,7 @@ def test_estimator_fits_memmaps_and_chunks_as_arrays(tmp_path):
 
 def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
     from rfgp.recipes._options import RegressionOptions
-    from rfgp.recipes._schedule import plan_regression
+    from rfgp.recipes._regression import plan_regression
 
     opts = RegressionOptions().checked()
     plans = {n: plan_regression(n, 10, opts) for n in (10**6, 10**7, 10**8)}
@@ -230,8 +230,7 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
 
 def test_a_budget_below_the_cheapest_plan_warns():
     from rfgp.recipes._options import RegressionOptions
-    from rfgp.recipes._regression import _warn_over_budget
-    from rfgp.recipes._schedule import plan_regression
+    from rfgp.recipes._regression import _warn_over_budget, plan_regression
 
     tight = RegressionOptions(time_budget=600.0).checked()
     with pytest.warns(UserWarning, match="predicted to take about"):

@@ -1,7 +1,7 @@
 r"""Calibration beyond the ``D x D`` path: the outputscale and noise of a large-``D`` model by
 its own evidence, from products with its features alone.
 
-The same rule as :mod:`~rfgp.recipes._calibration`: the final model's outputscale factor
+The same rule as :mod:`~rfgp.inference._calibration`: the final model's outputscale factor
 :math:`a` and noise :math:`\sigma^2` maximise the evidence of that ``D``-feature model. With
 :math:`G = \Phi^\top \Phi` (features at the kernel's outputscale), :math:`b_t = \Phi^\top y_t`
 and :math:`c = a / \sigma^2`, the noise that maximises the evidence for a fixed :math:`c` is
@@ -14,7 +14,14 @@ G)^{-1} b_t`, which leaves the profile
     \frac{\partial}{\partial \log c} = T\big(D - \mathrm{tr}(I + c G)^{-1}\big)
         - N T\, \frac{c \sum_t \|u_t\|^2}{Q(c)},\quad u_t = (I + c G)^{-1} b_t .
 
-Its root in :math:`\log c` is found by bracketing and the Illinois rule. Each evaluation is one
+Where :math:`\sigma^2(c)` falls below the floor :math:`\sigma_0^2`, the constrained maximum
+holds the noise at the floor, and the profile's derivative is the same with :math:`Q(c) / (N
+T)` replaced by :math:`\sigma_0^2` (the derivative of :math:`Q(c)/\sigma_0^2` in
+:math:`\log c` is :math:`-c \sum_t \|u_t\|^2 / \sigma_0^2`): the noise in the slope is
+:math:`\max(Q(c)/(N T), \sigma_0^2)`, continuous in :math:`c`.
+Its root in :math:`\log c` is found by bracketing (steps that double, from a start kept within
+:math:`10^8` of the data's own :math:`c_0 = N / \mathrm{tr}\,G`), bisection and the Illinois
+rule. Each evaluation is one
 preconditioned CG solve on :math:`I + c G` whose right-hand sides are the :math:`b_t` and
 Rademacher probes :math:`P^{1/2} v`: the trace is estimated by Hutchinson's method with the
 Nyström preconditioner :math:`P` as a control variate,
@@ -24,7 +31,7 @@ log-determinant by Lanczos quadrature. The probes are drawn once, so the root is
 smooth function; its standard error is reported. One Nyström sketch of :math:`G` serves every
 :math:`c` (its eigenvalues scale with :math:`c`).
 
-Internal: not part of the public API (see :mod:`rfgp.recipes`).
+Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive
+from rfgp.inference._calibration import CHUNK_ROWS
 from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_cost import CALIBRATION_EVALUATIONS
 from rfgp.inference._iterative import (
     conjugate_gradients,
     lanczos_condition,
@@ -48,15 +57,16 @@ from rfgp.inference._iterative import (
 )
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
-from rfgp.recipes._schedule import CALIBRATION_EVALUATIONS
 
 __all__ = ["IterativeCalibration", "calibrate_by_products"]
 
-# Rows of features formed at once.
-_CHUNK_ROWS = 4096
 # The root in log c is kept to this width (1% in c); at most this many evaluations.
 _ROOT_WIDTH = 0.01
 _MAX_EVALUATIONS = 14
+# The search's range of log c: c from about 1e-304 to 1e304, inside the float range.
+_LOG_C_LIMIT = 700.0
+# The start of the search in log c is kept this close to the data's own scale N / tr G.
+_START_WINDOW = math.log(1e8)
 
 
 @dataclass
@@ -116,11 +126,13 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         An :class:`IterativeCalibration`.
 
     Example:
-        >>> from rfgp.recipes._start import make_ard_kernel
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(2000, 2, generator=g, dtype=torch.float64)
         >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(2000, generator=g, dtype=torch.float64)
-        >>> k = make_ard_kernel(256, 2, seed=0)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", input_dim=2,
+        ...                                      ard_num_dims=2, seed=0)).double()
         >>> out = calibrate_by_products(k, x, y - y.mean(), 0.1, generator=g)
         >>> 0.005 < out.noise < 0.02
         True
@@ -135,7 +147,7 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     columns = y.reshape(n, -1).to(torch.float64)
     t = columns.shape[1]
     op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
-                         torch.float64, _CHUNK_ROWS, cache_bytes)
+                         torch.float64, CHUNK_ROWS, cache_bytes)
     op.column_noise = torch.ones(t, dtype=torch.float64, device=x.device)
     width = op.width
     with torch.no_grad():
@@ -145,7 +157,22 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         def gram(v: Tensor) -> Tensor:
             return op.gram(v, [0] * v.shape[1])
 
-        start = factor / noise
+        # The start, in logs (factor / noise of far apart values over- or underflows), kept
+        # within _START_WINDOW of the data's own scale c0 = N / tr G (half the targets'
+        # mean square as signal, a tr G = N m / 2, and half as noise): a start in other
+        # units than the data's (a noise of 1e300 against a kernel at outputscale 1) would
+        # sketch the preconditioner at a c where c G is far below or above the identity.
+        # tr G by Hutchinson's estimate on probes of their own (the search's probes and
+        # sketch keep their draws from generator).
+        trace_probes = (torch.randint(0, 2, (width, 8), dtype=torch.float64,
+                                      generator=torch.Generator().manual_seed(0))
+                        * 2.0 - 1.0).to(op.device)
+        trace = float((trace_probes * gram(trace_probes)).sum(0).mean())
+        log_start = math.log(factor) - math.log(noise)
+        if trace > 0:
+            log_data = math.log(n) - math.log(trace)
+            log_start = min(max(log_start, log_data - _START_WINDOW), log_data + _START_WINDOW)
+        start = math.exp(min(max(log_start, -_LOG_C_LIMIT), _LOG_C_LIMIT))
         # One sketch serves every evaluation's solves (target and probe columns), so its rank
         # grows while that saves more products than it costs.
         solves = CALIBRATION_EVALUATIONS * (t + num_probes)
@@ -185,7 +212,17 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             trace_error = float(samples.std()) / math.sqrt(num_probes)
             logdets = pre.logdet() + width * lanczos_log_quadrature(
                 result, list(range(t, t + num_probes)))
-            slope = t * (width - trace) - n * t * c * float(u.square().sum()) / max(quad, 1e-300)
+            # The slope of the profile over the noise held at or above its floor: where the
+            # unconstrained noise Q / (N T) falls below the floor, the maximum is over the
+            # factor at the floor's noise, and Q / sigma^2's derivative in log c is
+            # -c ||u||^2 / sigma^2 with sigma^2 the floor (continuous across the switch).
+            noise_at = max(quad / (n * t), noise_floor)
+            if not noise_at > 0:
+                # Q <= 0 in rounding: the features fit y exactly at this c. A noise far below
+                # the targets' mean square (relative, so that every scale of y is alike)
+                # makes the slope steeply negative: c moves up, to the condition bound.
+                noise_at = target_squares / (n * t) * 1e-30
+            slope = t * (width - trace) - c * float(u.square().sum()) / noise_at
             records[log_c] = dict(quad=quad, trace_error=trace_error,
                                   logdet=float(logdets.mean()),
                                   logdet_error=float(logdets.std()) / math.sqrt(num_probes),
@@ -202,6 +239,8 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         root = _find_root(evaluate, log_c, log_ceiling)
     chosen = records[root]
     noise_out = max(chosen["quad"] / (n * t), noise_floor)
+    if not noise_out > 0:
+        noise_out = target_squares / (n * t) * 1e-30  # as in the slope: Q <= 0 in rounding
     # -2 log p at the root (the profile; at the floor the quadratic term is Q / sigma^2).
     total = (chosen["quad"] / noise_out + t * chosen["logdet"]
              + n * t * (math.log(noise_out) + LOG_2PI))
@@ -219,33 +258,66 @@ def calibrate_by_products(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 
 def _find_root(slope_at, start: float, ceiling: float) -> float:
     """The root of the increasing-through-zero ``slope_at`` in ``log c`` near ``start``:
-    steps of ``log 4`` bracket it (at most ``ceiling``), then the Illinois rule narrows the
-    bracket to :data:`_ROOT_WIDTH`. Returns the evaluated point nearest the root."""
+    steps of ``log 4``, doubled after the second, bracket it (at most ``ceiling``, and within
+    ``|log c| <=`` :data:`_LOG_C_LIMIT`), bisection narrows a bracket wider than ``2 log 4``,
+    then the Illinois rule narrows it to :data:`_ROOT_WIDTH`. Returns the evaluated point
+    nearest the root.
+
+    A start near the root costs what plain ``log 4`` steps cost; a start in other units
+    (a noise of 1e-30 for targets of order one, or targets scaled by 1e150 against the
+    kernel's outputscale) is bracketed in a number of evaluations logarithmic in the
+    distance, each of which beyond the second adds one to the budget of
+    :data:`_MAX_EVALUATIONS`, instead of stopping at the end of a bracket that never closed.
+    """
     evaluations = 0
+    budget = _MAX_EVALUATIONS
+    ceiling = min(ceiling, _LOG_C_LIMIT)
+    start = min(max(start, -_LOG_C_LIMIT), ceiling)
 
     def f(point: float) -> float:
         nonlocal evaluations
         evaluations += 1
         return slope_at(point)
 
+    def next_step(taken: int, step: float) -> float:
+        nonlocal budget
+        if taken >= 2:
+            budget += 1  # a far start's extra step: paid for by the bracket, not the rule
+            return 2 * step
+        return step
+
     low, f_low = start, f(start)
     high, f_high = low, f_low
-    step = math.log(4.0)
+    step, taken = math.log(4.0), 0
     # Bracket: the slope is negative below the maximum and positive above it.
-    while f_low > 0 and evaluations < _MAX_EVALUATIONS:
+    while f_low > 0 and evaluations < budget and low > -_LOG_C_LIMIT:
         high, f_high = low, f_low
-        low = low - step
+        low = max(low - step, -_LOG_C_LIMIT)
         f_low = f(low)
-    while f_high < 0 and evaluations < _MAX_EVALUATIONS:
+        taken += 1
+        step = next_step(taken, step)
+    while f_high < 0 and evaluations < budget:
         if high >= ceiling:
             return high  # the maximum lies beyond the condition bound: stop there
         low, f_low = high, f_high
         high = min(high + step, ceiling)
         f_high = f(high)
+        taken += 1
+        step = next_step(taken, step)
     if f_low > 0 or f_high < 0:
         return low if abs(f_low) < abs(f_high) else high
+    # A bracket that doubled its way over a long distance is halved first: the slope is
+    # flat far from the root, where a secant's point falls next to the bracket's end.
+    while high - low > 2 * math.log(4.0) and evaluations < budget:
+        budget += 1
+        point = 0.5 * (low + high)
+        value = f(point)
+        if value < 0:
+            low, f_low = point, value
+        else:
+            high, f_high = point, value
     side = 0
-    while high - low > _ROOT_WIDTH and evaluations < _MAX_EVALUATIONS:
+    while high - low > _ROOT_WIDTH and evaluations < budget:
         point = (low * f_high - high * f_low) / (f_high - f_low)
         point = min(max(point, low + 0.05 * (high - low)), high - 0.05 * (high - low))
         value = f(point)

@@ -25,8 +25,8 @@ from rfgp.recipes import (
     make_ard_kernel,
     maximize_evidence,
 )
-from rfgp.recipes._choice import prefer_unbounded
 from rfgp.recipes._search import bounded_lengthscale
+from rfgp.recipes._select import prefer_unbounded
 from tests.helpers import DT, gen
 
 NUS = [None, 0.5, 1.5, 2.5]
