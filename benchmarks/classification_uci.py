@@ -13,7 +13,7 @@ prediction.
 Methods, each as a user would run it:
 
 * ``rfgp default``: :func:`rfgp.fit_classifier_auto` with its default time budget
-  (:func:`rfgp.recipes.default_budget`), ``seed`` = split; probabilities by its
+  (:func:`rfgp.recipes._schedule.default_budget`), ``seed`` = split; probabilities by its
   ``predict_proba`` (Monte Carlo, 1000 draws). ``rfgp 4x budget``: the same with
   ``time_budget`` four times the default. ``rfgp alpha``: the default budget with
   ``select_alpha=True`` (``alpha_epsilon`` chosen by the held-out NLL on a validation split
@@ -80,7 +80,8 @@ from rfgp.datasets import (  # noqa: E402
     load_uci_classification,
     standardize,
 )
-from rfgp.recipes import ClassifierFitReport, default_budget  # noqa: E402
+from rfgp.recipes import ClassifierFitReport  # noqa: E402
+from rfgp.recipes._schedule import default_budget  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 RECORDS = OUT / "classification_uci.jsonl"

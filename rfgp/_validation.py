@@ -614,6 +614,30 @@ def check_evidence_rows(x: Any, y: Any, caller: str) -> tuple:
     return x.detach(), y.detach()
 
 
+
+def check_class_targets(x: Any, targets: Any, noise: Any) -> tuple:
+    """The inputs ``x`` ``(N, d)`` (non-empty) of a Dirichlet classifier's ``C`` regressions,
+    their targets ``(N, C)`` and their positive noise variances ``(N, C)``.
+
+    Example:
+        >>> x, t, s = check_class_targets(torch.zeros(4, 2), torch.zeros(4, 3), torch.ones(4, 3))
+        >>> check_class_targets(x, t, torch.ones(4, 2))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: targets and noise must have shape (N, C) with N = 4 rows of x, got ...
+    """
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
+    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
+    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
+    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
+        raise ValueError(
+            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
+            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
+        )
+    if not bool((noise > 0).all()):
+        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
+    return x, targets, noise
+
 #: The largest seed: a ``torch.Generator`` takes the integers 0 to 2**64 - 1.
 MAX_SEED = 2**64 - 1
 #: The most of anything counted (features, draws, samples): torch's sizes are int64, and a

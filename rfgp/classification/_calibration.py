@@ -38,7 +38,7 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import check_int, check_tensor
+from rfgp._validation import check_class_targets, check_int
 
 __all__ = ["ClassScaleEvidence", "dirichlet_scale_evidence", "maximize_outputscale_evidence"]
 
@@ -113,17 +113,8 @@ def dirichlet_scale_evidence(kernel: ScaleKernel, x: Tensor, targets: Tensor, no
         >>> tuple(ev.eigenvalues.shape)
         (3, 32)
     """
-    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
-    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
+    x, targets, noise = check_class_targets(x, targets, noise)
     chunk_rows = check_int("chunk_rows", chunk_rows, minimum=1)
-    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
-        raise ValueError(
-            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
-            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
-        )
-    if not bool((noise > 0).all()):
-        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
     num_data, num_classes = targets.shape
     weights = noise.reciprocal().to(x.dtype)
     # Each class's most frequent weight (the other classes' rows) is shared with Z^T Z.

@@ -8,11 +8,13 @@ outputscale and the noise :math:`\sigma^2` that maximise the evidence of that mo
 :func:`fit_calibrated` fits it, reusing what the calibration computed:
 
 * ``"weight"`` (the ``D x D`` path, or ``N x N`` on fewer rows): exactly, from one
-  eigendecomposition of the Gram matrix (:func:`~rfgp.inference.maximize_scale_evidence`);
-  the fit rescales that Gram matrix instead of forming it again.
+  eigendecomposition of the Gram matrix
+  (:func:`~rfgp.inference._calibration.maximize_scale_evidence`); the fit rescales that Gram
+  matrix instead of forming it again.
 * ``"cg"`` (beyond the ``D x D`` path): from products with the features alone
-  (:func:`~rfgp.inference.calibrate_by_products`); the fit's conjugate gradients start from
-  the calibration's Nyström preconditioner, which is that of the fit's matrix at the root.
+  (:func:`~rfgp.inference._iterative_calibration.calibrate_by_products`); the fit's conjugate
+  gradients start from the calibration's Nyström preconditioner, which is that of the fit's
+  matrix at the root.
 
 :func:`calibrated_fit` is both steps for a user's kernel. The cost of either path, and the
 path a feature count takes, are :mod:`~rfgp.inference._fit_cost`'s.
@@ -303,7 +305,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 
     Args:
         kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
-            :func:`~rfgp.recipes.lengthscale_mixture_kernel`); it is copied, not changed.
+            ``gp.kernel`` of a model from :func:`~rfgp.recipes.fit_auto`); copied, not changed.
         x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or

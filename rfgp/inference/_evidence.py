@@ -421,7 +421,7 @@ def fourier_kernel_negative_log_evidence(
         noise: 0-d :math:`\sigma^2 > 0`.
         exact: the exact kernel's evidence instead of the features'.
         blocks: with ``exact``, row-index tensors that partition the rows
-            (:func:`~rfgp.inference.kd_blocks`): the sum of the blocks' exact
+            (:func:`~rfgp.inference._blocks.kd_blocks`): the sum of the blocks' exact
             evidences, that of ``K`` with its cross-block entries set to zero,
             :math:`O(\sum_b n_b^3)` instead of :math:`O(N^3)`.
 

@@ -115,7 +115,7 @@ def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> f
 def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
     r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
     rows, :math:`n^3 + c_2 n^2 + c_d n^2 d`, or summed over the blocks that
-    :func:`~rfgp.inference.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
+    :func:`~rfgp.inference._blocks.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
 
     The cubic term is the Cholesky factor and the inverse the gradient needs
     (:math:`n^3 / 3 + 2 n^3 / 3`); :math:`c_d n^2 d` (:data:`EXACT_DISTANCE_COST`) the

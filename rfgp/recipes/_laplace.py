@@ -2,7 +2,7 @@ r"""The Laplace average: the final kernel weighs the lengthscales the data leave
 
 The evidence maximum is one point of a posterior that, on a few hundred or thousand rows, is
 broad. The Hessian of the last search stage's evidence at its maximum
-(:func:`~rfgp.inference.evidence_hessian`, :math:`d + 3` gradient evaluations, scaled
+(:func:`~rfgp.inference._laplace.evidence_hessian`, :math:`d + 3` gradient evaluations, scaled
 to all rows) gives the Laplace approximation, from which ``lengthscale_draws`` lengthscale
 vectors are drawn; the final kernel is their average,
 :math:`\bar k = \frac{s}{S} \sum_i k_{\ell^{(i)}}` (:func:`lengthscale_mixture_kernel`),
@@ -107,7 +107,7 @@ def lengthscale_mixture_kernel(
     Args:
         num_features: ``D`` in all (even).
         lengthscales: ``(S, d)`` positive lengthscales, one row per part (see
-            :func:`~rfgp.inference.lengthscale_draws`).
+            :func:`~rfgp.inference._laplace.lengthscale_draws`).
         outputscale: 0-d positive :math:`s`.
         spectral: ``"rbf"`` or a Matérn kernel.
         seed: seed of the parts' frequencies.

@@ -109,7 +109,7 @@ class RecipeOptions:
         max_iterations: L-BFGS iterations of the first search stage.
         tolerance: L-BFGS gradient tolerance on the loss per datum, in ``(0, 1]``.
         time_budget: seconds the whole fit may take at ``machine_rate``; ``None``: the default,
-            which grows linearly with the rows (:func:`~rfgp.recipes.default_budget`).
+            ``max(30, 20 + N / 400)`` seconds, which grows linearly with the rows.
         machine_rate: multiply-adds per second the schedule's cost model assumes
             (:data:`REFERENCE_RATE`; :func:`~rfgp.recipes.measure_machine_rate`
             measures this machine's).

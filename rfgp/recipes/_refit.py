@@ -2,10 +2,10 @@ r"""The final fit (the stage ``"refit"``, :data:`REFIT`): the hyperparameters be
 model that predicts.
 
 The final kernel has the schedule's ``D`` features (the Laplace average of the lengthscales
-where there are draws, :func:`~rfgp.recipes.lengthscale_mixture_kernel`), on the data as
-given. Its outputscale and noise maximise the evidence of that ``D``-feature model itself, and
-where the search stages left more than one candidate lengthscale vector (the refinement's end,
-the local stage's best) the evidence of the same model with at most
+where there are draws, :func:`~rfgp.recipes._laplace.lengthscale_mixture_kernel`), on the
+data as given. Its outputscale and noise maximise the evidence of that ``D``-feature model
+itself, and where the search stages left more than one candidate lengthscale vector (the
+refinement's end, the local stage's best) the evidence of the same model with at most
 :data:`~rfgp.inference.CHOICE_FEATURES` features, each calibrated, chooses among them (always
 on the ``"cg"`` path, whose own calibration starts from the chosen scales). This stage keeps
 only that choice: the calibration and the fit are :func:`~rfgp.inference.calibrate_scales` and

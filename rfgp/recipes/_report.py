@@ -15,7 +15,7 @@ class FitReport:
     """What :func:`~rfgp.recipes.fit_auto` did, in the data's units.
 
     Attributes:
-        schedule: the :class:`~rfgp.recipes.Schedule` the fit followed (budget,
+        schedule: the schedule the fit followed (budget,
             rows, feature counts, predicted seconds per stage).
         num_features: ``D`` of the final fit.
         search_features: ``D`` of the evidence search.

@@ -27,7 +27,13 @@ from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_positive, check_rows, check_tensor
+from rfgp._validation import (
+    all_finite,
+    check_class_targets,
+    check_int,
+    check_positive,
+    check_rows,
+)
 from rfgp.inference import (
     ConvergenceWarning,
     RandomFeatureGP,
@@ -252,16 +258,7 @@ def dirichlet_objective(kernel: ScaleKernel, x: Tensor, targets: Tensor,
     """
     if not isinstance(kernel, ScaleKernel):
         raise TypeError(f"kernel must be a ScaleKernel, got {type(kernel).__name__}")
-    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
-    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
-    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
-        raise ValueError(
-            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
-            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
-        )
-    if not bool((noise > 0).all()):
-        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
+    x, targets, noise = check_class_targets(x, targets, noise)
     base = kernel.base_kernel
     params = [p for p in kernel.parameters() if p.requires_grad]
     scale = 1.0 / targets.numel()

@@ -17,7 +17,7 @@ same stages on it:
   :func:`~rfgp.inference.fit_calibrated_source`; weight space: its matrices are ``D x D``
   whatever ``N``), or, where no such products were formed (no calibration, fewer rows than
   features), by :meth:`~rfgp.RandomFeatureGP.fit_stream`
-  (:func:`~rfgp.inference.stream_fit`).
+  (:func:`~rfgp.inference._calibrated_fit.stream_fit`).
 
 Where the rows are few enough that a stage holds all of them, they are read into memory and
 the in-memory recipe runs. Under ``torch.distributed`` every rank runs the stages on the same

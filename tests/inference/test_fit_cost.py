@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rfgp.inference._fit_cost as fit_cost
-from rfgp.inference import (
+from rfgp.inference._fit_cost import (
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
     cg_fit_cost,

@@ -12,13 +12,10 @@ from gpytorch.kernels import AdditiveKernel, ScaleKernel
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
-from rfgp.recipes import (
-    FitReport,
-    fit_auto,
-    lengthscale_mixture_kernel,
-    make_ard_kernel,
-    maximize_evidence,
-)
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
+from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 
@@ -117,7 +114,7 @@ def test_hessian_and_evidence_are_invariant_to_an_offset_of_the_inputs(exact, of
     # x + offset rounds x to the offset's ulp; (x + offset) - offset is those rounded inputs,
     # exactly. The two must give the same Hessian up to rounding (~1e-16 / step, step 1e-4),
     # not one that lost the offset's digits in omega^T x / l or in expanded distances.
-    from rfgp.inference import fourier_kernel_negative_log_evidence
+    from rfgp.inference._evidence import fourier_kernel_negative_log_evidence
 
     x, y = data()
     shifted = x + offset

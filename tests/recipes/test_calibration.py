@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference._calibration import kernel_spectral_statistics, spectral_statistics
+from rfgp.inference._calibration import (
+    kernel_spectral_statistics,
+    maximize_scale_evidence,
+    spectral_statistics,
+)
 from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels._composition import as_feature_kernel
-from rfgp.recipes import FitReport, fit_auto, make_ard_kernel, maximize_scale_evidence
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 

@@ -15,15 +15,11 @@ from rfgp.inference._heteroscedastic_evidence import (
     shared_weight_split,
 )
 from rfgp.likelihoods import dirichlet_transform
-from rfgp.recipes import (
-    ClassifierFitReport,
-    ClassifierOptions,
-    default_budget,
-    fit_classifier_auto,
-    make_ard_kernel,
-)
+from rfgp.recipes import ClassifierFitReport, ClassifierOptions, fit_classifier_auto
 from rfgp.recipes._classification import plan_classifier
+from rfgp.recipes._schedule import default_budget
 from rfgp.recipes._search import dirichlet_objective
+from rfgp.recipes._start import make_ard_kernel
 from tests.classification.data import THREE_CENTRES, blobs
 
 DTYPE = torch.float64

@@ -9,14 +9,9 @@ import math
 import pytest
 import torch
 
-from rfgp.recipes import (
-    ClassifierFitReport,
-    FitReport,
-    fit_auto,
-    fit_classifier_auto,
-    initial_hyperparameters,
-    lengthscale_mixture_kernel,
-)
+from rfgp.recipes import ClassifierFitReport, FitReport, fit_auto, fit_classifier_auto
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
+from rfgp.recipes._start import initial_hyperparameters
 from tests.helpers import DT, gen
 
 
@@ -157,8 +152,8 @@ def test_the_largest_seed_is_a_seed():
     (-0.1, ValueError), (None, TypeError),
 ])
 def test_a_bad_noise_floor_is_named(floor, error):
-    from rfgp.inference import feature_model_evidence
-    from rfgp.recipes import calibrated_fit, maximize_scale_evidence
+    from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
+    from rfgp.recipes import calibrated_fit
 
     x, y = _data()
     kernel = lengthscale_mixture_kernel(16, torch.ones(2, 3, dtype=DT), torch.tensor(1.0, dtype=DT))
@@ -175,8 +170,7 @@ def test_a_bad_noise_floor_is_named(floor, error):
     ("1e-8", TypeError),
 ])
 def test_a_bad_condition_is_named(condition, error):
-    from rfgp.inference._calibration import spectral_statistics
-    from rfgp.recipes import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence, spectral_statistics
 
     g = gen(3)
     phi = torch.randn(50, 8, generator=g, dtype=DT)
@@ -189,8 +183,7 @@ def test_a_bad_condition_is_named(condition, error):
 
 
 def test_a_valid_condition_bounds_the_noise_from_below():
-    from rfgp.inference._calibration import spectral_statistics
-    from rfgp.recipes import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence, spectral_statistics
 
     # y in the span of the features: without a bound the noise falls to its floor; with c the
     # noise is at least c a lambda_max (module docstring), and positive.
@@ -241,7 +234,7 @@ def test_one_zero_column_beside_a_varying_one_is_fitted():
 
 
 def _calibration_problem():
-    from rfgp.recipes import make_ard_kernel
+    from rfgp.recipes._start import make_ard_kernel
 
     x, y = _data(60)
     return make_ard_kernel(32, 3, seed=0), x, y
@@ -250,8 +243,7 @@ def _calibration_problem():
 @pytest.mark.parametrize("target_scale", [1e-150, 1e-100, 1e-20, 1e20, 1e100, 1e150])
 @pytest.mark.parametrize("condition", [0.0, 1e-10])
 def test_the_weight_calibration_is_equivariant_in_the_targets_scale(target_scale, condition):
-    from rfgp.inference import feature_model_evidence
-    from rfgp.recipes import maximize_scale_evidence
+    from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
 
     # Targets times s: the evidence's maximum is at s^2 times both scales, and -log p is
     # N log s larger. (A NaN Hessian at 1e-100 used to leave Newton at its start.)
@@ -268,8 +260,7 @@ def test_the_weight_calibration_is_equivariant_in_the_targets_scale(target_scale
 @pytest.mark.parametrize("start", [1e-300, 1e-30, 1e30, 1e300])
 @pytest.mark.parametrize("condition", [0.0, 1e-10])
 def test_the_weight_calibration_reaches_the_maximum_from_a_far_start(start, condition):
-    from rfgp.inference import feature_model_evidence
-    from rfgp.recipes import maximize_scale_evidence
+    from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
 
     # From a noise 1e30 times off, the clamped Newton steps used to stop short (or in the
     # condition bound's flat region) at a loss 3 to 200 times the maximum's.

@@ -11,13 +11,10 @@ from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._laplace import evidence_hessian
 from rfgp.kernels._fourier import stationary_kernel
-from rfgp.recipes import (
-    FitReport,
-    fit_auto,
-    make_ard_kernel,
-    maximize_evidence,
-)
+from rfgp.recipes import FitReport, fit_auto
 from rfgp.recipes._local import LOCAL_SHORT_START
+from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 

@@ -8,11 +8,17 @@ import math
 import pytest
 import torch
 
-from rfgp.inference import MAX_WEIGHT_FEATURES, exact_evidence_cost, final_fit_cost, kd_blocks
-from rfgp.inference._fit_cost import EXACT_DISTANCE_COST, EXACT_ELEMENTWISE_COST
-from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._fit_cost import (
+    EXACT_DISTANCE_COST,
+    EXACT_ELEMENTWISE_COST,
+    MAX_WEIGHT_FEATURES,
+    exact_evidence_cost,
+    final_fit_cost,
+)
+from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
-from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -102,7 +108,7 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path ...
     for n in ROWS:
