@@ -15,8 +15,10 @@ from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._calibrated_fit import (
     ScaleCalibration,
     calibrate_scales,
+    calibrate_source_scales,
     calibrated_fit,
     fit_calibrated,
+    fit_calibrated_source,
 )
 from rfgp.inference._cross_validation import cross_validate
 from rfgp.inference._evidence import (
@@ -59,6 +61,7 @@ __all__ = [
     "MAX_WEIGHT_FEATURES",
     "ScaleCalibration",
     "calibrate_scales",
+    "calibrate_source_scales",
     "classifier_fit_cost",
     "cross_validate",
     "evidence_hessian",
@@ -67,6 +70,7 @@ __all__ = [
     "final_fit_cost",
     "final_path",
     "fit_calibrated",
+    "fit_calibrated_source",
     "fourier_kernel_negative_log_evidence",
     "heteroscedastic_negative_log_evidence",
     "kd_blocks",

@@ -25,14 +25,23 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, List, Optional
 
+import numpy as np
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
+from rfgp._data import (
+    DEFAULT_CHUNK_ROWS,
+    DataSource,
+    ShardedSource,
+    all_reduce_sum,
+    gather_checked,
+)
 from rfgp._validation import (
     check_choice,
     check_evidence_rows,
@@ -44,15 +53,18 @@ from rfgp.inference._calibration import (
     feature_model_evidence,
     kernel_outputscale,
     maximize_scale_evidence,
+    spectral_statistics,
 )
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._fit_cost import final_path
 from rfgp.inference._krylov_calibration import KrylovCalibration, calibrate_by_krylov
 from rfgp.inference._linalg import available_memory
+from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
 
-__all__ = ["ScaleCalibration", "calibrate_scales", "calibrated_fit", "fit_calibrated"]
+__all__ = ["ScaleCalibration", "calibrate_scales", "calibrate_source_scales", "calibrated_fit",
+           "fit_calibrated", "fit_calibrated_source", "stream_fit"]
 
 # The smallest noise, relative to the largest eigenvalue of the model's (scaled) Gram matrix,
 # at which its weight-space matrix still factorises reliably in the dtype.
@@ -73,6 +85,9 @@ class ScaleCalibration:
             fit's matrix (``"cg"``); ``None``: the fit computes its own.
         iterative: the Krylov calibration's record (``"cg"`` only; its ``products`` count
             the column products with the Gram matrix by purpose).
+        column_squares: ``(T,)`` each target column's :math:`y_t^\\top y_t` in the
+            calibration's units, where ``reuse`` was summed over a source's chunks (the fit
+            has no rows to read them from).
     """
 
     path: str
@@ -81,6 +96,7 @@ class ScaleCalibration:
     loss: float = math.nan
     reuse: Any = None
     iterative: Optional[KrylovCalibration] = None
+    column_squares: Optional[Tensor] = None
 
 
 def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
@@ -162,6 +178,111 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
             ratio = kernel_outputscale(kernel) / outputscale
             reuse = gram.mul_(ratio), rhs * (math.sqrt(ratio) * target_unit)
         return gp._fit_batches([(x, y, None)], None, reuse=reuse)
+
+
+def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
+                            x_unit: Any = 1.0, y_unit: float = 1.0, noise_floor: float = 0.0,
+                            keep: bool = True) -> ScaleCalibration:
+    r""":func:`calibrate_scales` (the ``"weight"`` path) on every row of a
+    :class:`~rfgp._data.DataSource` (a memory-map, chunks, process shards) that is not held in
+    memory: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` of the rows over ``x_unit`` and
+    ``y_unit`` are summed over chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS` rows in float64
+    (the in-memory chunks, so the sums round alike) and all-reduced across processes for a
+    :class:`~rfgp._data.ShardedSource`. With ``keep`` the sums (and each target column's
+    :math:`y_t^\top y_t`) are kept for :func:`fit_calibrated_source`; on fewer rows than
+    features the rows are read and the ``N x N`` form is used (nothing kept).
+
+    Memory: ``O(chunk * D + D^2)``.
+    """
+    condition = _CONDITION[source.dtype]
+    feature_map = FeatureMap(feature_kernel(kernel))
+    width = feature_map.num_real_features
+    if source.num_rows < width:  # the N x N form: few rows, read them
+        x, y = source.load()
+        evidence = feature_model_evidence(kernel, x / x_unit, y / y_unit)
+        factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                      condition=condition)
+        return ScaleCalibration("weight", factor, noise, loss)
+    columns = max(1, int(np.prod(source.target_shape)))
+    gram = torch.zeros(width, width, dtype=torch.float64)
+    rhs = torch.zeros(width, columns, dtype=torch.float64)
+    squares = torch.zeros(columns, dtype=torch.float64)
+
+    def accumulate() -> None:
+        with torch.no_grad():
+            for x, y in source.chunks(DEFAULT_CHUNK_ROWS):
+                z = feature_map.real_rows(x / x_unit).to(torch.float64)
+                targets = (y / y_unit).reshape(x.shape[0], -1).to(torch.float64)
+                accumulate_gram(gram, z)
+                rhs.add_(z.transpose(0, 1) @ targets)
+                squares.add_(targets.square().sum(0))
+
+    if isinstance(source, ShardedSource):
+        gather_checked(accumulate, source.group)
+        gram, rhs, squares = (all_reduce_sum(total, source.group)
+                              for total in (gram, rhs, squares))
+    else:
+        accumulate()
+    gram = symmetrize_upper(gram)
+    evidence = spectral_statistics(gram, rhs, float(squares.sum()), source.num_rows)
+    factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                  condition=condition)
+    if not keep:
+        return ScaleCalibration("weight", factor, noise, loss)
+    return ScaleCalibration("weight", factor, noise, loss,
+                            (gram, rhs, kernel_outputscale(kernel)), column_squares=squares)
+
+
+def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: ScaleCalibration,
+                          like: tuple, target_unit: float = 1.0) -> RandomFeatureGP:
+    r""":func:`fit_calibrated` on the rows of ``source`` (the data's units, ``target_unit``
+    :math:`= u` times the calibration's targets), weight space: from the calibration's sums of
+    :func:`calibrate_source_scales` without another pass over the rows (its statistics are
+    those sums, each target column's :math:`y_t^\top y_t` and ``N``: what a fit on the rows
+    would sum, so the model is that fit's to rounding), or, where it kept none,
+    :func:`stream_fit`. ``like``: ``(x, y)`` of one row (or more) as the fit would read them,
+    for the layout, the dtype and any lazily drawn weights.
+    """
+    noise = torch.as_tensor(calibration.noise, dtype=like[0].dtype) * target_unit**2
+    gp = RandomFeatureGP(kernel, noise=noise, solve="weight")
+    with torch.no_grad():
+        if not isinstance(calibration.reuse, tuple):
+            return stream_fit(gp, source)
+        gram, rhs, outputscale = calibration.reuse
+        ratio = kernel_outputscale(kernel) / outputscale
+        squares = calibration.column_squares * target_unit**2
+        return gp._fit_sums(like[0][:1], like[1][:1], gram.mul_(ratio),
+                            rhs * (math.sqrt(ratio) * target_unit), squares, source.num_rows)
+
+
+def stream_fit(gp: RandomFeatureGP, source: DataSource) -> RandomFeatureGP:
+    """``gp.fit_stream`` over every row of ``source`` (the data's units), all-reduced across
+    processes for a :class:`~rfgp._data.ShardedSource`. A read that fails on one rank stops
+    that rank's stream; every rank then raises after the fit's collectives, instead of
+    waiting."""
+    if not isinstance(source, ShardedSource):
+        return gp.fit_stream(source.chunks(DEFAULT_CHUNK_ROWS))
+    chunks = source.chunks(DEFAULT_CHUNK_ROWS)
+    first: List[Any] = []
+    # The first chunk is read before the fit's first collective (its weights' broadcast).
+    gather_checked(lambda: first.append(next(chunks)), source.group)
+    failures: List[BaseException] = []
+
+    def guarded() -> Iterator[Any]:
+        try:
+            yield from chunks
+        except Exception as error:  # raised on every rank once the fit's collectives are done
+            failures.append(error)
+
+    gp.fit_stream(itertools.chain(first, guarded()), distributed=True,
+                  process_group=source.group)
+
+    def check() -> None:
+        if failures:
+            raise failures[0]
+
+    gather_checked(check, source.group)
+    return gp
 
 
 def _cache_bytes(x: Tensor, kernel: Kernel) -> int:

@@ -81,7 +81,8 @@ def laplace(data: RecipeData, searched: Searched, report: FitReport) -> Optional
         return searched
     bound = searched.bound
     fixed = None if bound is None else centre >= _AT_BOUND * bound
-    draws = lengthscale_draws(centre, hessian * data.y.numel(), num_draws, data.generator,
+    # The Hessian is per datum: scaled to every row (the stage's rows may be fewer).
+    draws = lengthscale_draws(centre, hessian * data.num_entries, num_draws, data.generator,
                               fixed, bound)
     return replace(searched, draws=draws / centre)
 

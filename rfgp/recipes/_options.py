@@ -83,6 +83,7 @@ _CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "local_search": check_bool,
     "calibrate": check_bool,
     "solve": lambda name, value: check_choice(name, value, ("auto", "weight", "cg")),
+    "distributed": check_bool,
     "progress": check_bool,
     "seed": check_seed,
     "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
@@ -170,7 +171,12 @@ class RegressionOptions(RecipeOptions):
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
         solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
             ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
-            space up to 8192 features and CG beyond, while ``D`` is at most the rows.
+            space up to 8192 features and CG beyond, while ``D`` is at most the rows. Rows
+            that are not held in memory (a memory-map, chunks, process shards) take the
+            weight space.
+        distributed: each ``torch.distributed`` process passes its own shard of the rows;
+            every process runs the same recipe and returns the same model (statistics
+            all-reduced, rank 0's schedule and stage results adopted by all).
     """
 
     exact_rows: int = 1000
@@ -180,6 +186,7 @@ class RegressionOptions(RecipeOptions):
     local_search: bool = True
     calibrate: bool = True
     solve: str = "auto"
+    distributed: bool = False
 
 
 @dataclass(frozen=True)

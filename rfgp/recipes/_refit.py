@@ -28,8 +28,10 @@ from rfgp.inference import (
     RandomFeatureGP,
     ScaleCalibration,
     calibrate_scales,
+    calibrate_source_scales,
     final_path,
     fit_calibrated,
+    fit_calibrated_source,
     largest_features_within,
 )
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
@@ -77,7 +79,7 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     best = ("search", searched.lengthscale(), ScaleCalibration(path, 1.0, noise))
     losses = {}
     shift = math.log(data.y_unit)  # a log density per datum in the data's units
-    floor = NOISE_FLOOR * float(data.y.square().mean())
+    floor = NOISE_FLOOR * data.mean_square()
     # Several candidates are compared at no more than CHOICE_FEATURES features (the
     # chosen one then calibrates at the final D): on the iterative path always, on the
     # weight path where D is larger.
@@ -89,10 +91,10 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         if not data.options.calibrate:
             break
         # Only the final D-feature model's Gram matrix serves the fit.
-        calibration = calibrate_scales(
-            _final_kernel(data, draws, centre, outputscale, False, choice), data.x, data.y,
-            noise, noise_floor=floor, keep=not (iterative or choice))
-        losses[name] = calibration.loss / data.y.numel() + shift
+        calibration = _calibrate(
+            data, _final_kernel(data, draws, centre, outputscale, False, choice), noise, floor,
+            keep=not (iterative or choice))
+        losses[name] = calibration.loss / data.num_entries + shift
         if len(losses) == 1 or losses[name] < losses[best[0]]:
             best = (name, centre, calibration)
         del calibration
@@ -102,11 +104,14 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         # The chosen lengthscales' D-feature model calibrates itself: in weight space from
         # the search's scales as every candidate did (the fewer features' outputscale
         # factor can be far from its own), by CG from the fewer features' scales.
-        calibration = calibrate_scales(
-            _final_kernel(data, draws, centre, outputscale, False), data.x, data.y,
-            start.noise if iterative else noise, path=path,
-            factor=start.factor if iterative else 1.0, noise_floor=floor,
-            seed=data.options.seed)
+        kernel = _final_kernel(data, draws, centre, outputscale, False)
+        if data.source is not None:  # the weight path (a source's rows are never "cg")
+            calibration = _calibrate(data, kernel, noise, floor)
+        else:
+            calibration = calibrate_scales(
+                kernel, data.x, data.y, start.noise if iterative else noise, path=path,
+                factor=start.factor if iterative else 1.0, noise_floor=floor,
+                seed=data.options.seed)
     kernel = _final_kernel(data, draws, centre, outputscale * calibration.factor, True)
     if data.options.calibrate:
         report.calibration = {
@@ -131,10 +136,26 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     # The final features are the evidence's in the data's units (the input units are
     # powers of two: exact); on the CG path, B - I of the fit is c G of the calibration
     # (the units cancel in a / noise), so its preconditioner serves.
-    gp = fit_calibrated(kernel, data.x_data, data.y_data, calibration, data.y_unit)
+    if data.source is not None:
+        # Rows behind a source: from the calibration's sums over them (streamed where it
+        # kept none).
+        gp = fit_calibrated_source(kernel, data.source, calibration,
+                                   (data.x_data, data.y_data), data.y_unit)
+    else:
+        gp = fit_calibrated(kernel, data.x_data, data.y_data, calibration, data.y_unit)
     report.lengthscale = centre * data.x_unit
     report.lengthscale_draws = None if draws is None else draws * centre * data.x_unit
     return gp
+
+
+def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
+               keep: bool = True) -> ScaleCalibration:
+    """The weight-path calibration of ``kernel`` on every row: in memory, or summed over the
+    chunks of the data's source."""
+    if data.source is not None:
+        return calibrate_source_scales(kernel, data.source, noise, x_unit=data.x_unit,
+                                       y_unit=data.y_unit, noise_floor=floor, keep=keep)
+    return calibrate_scales(kernel, data.x, data.y, noise, noise_floor=floor, keep=keep)
 
 
 def plan_final_share(plan: Plan) -> None:

@@ -37,6 +37,12 @@ class RecipeData:
         generator: the recipe's later random draws (the Laplace draws).
         order: a random order of the rows (``None`` where the subsample is every row): the
             subsample is its head, the refinement's rows a longer head.
+        source: where the rows are not all held (a memory-map, chunks, a process's shard),
+            their :class:`~rfgp._data.DataSource` in the data's units; ``x``, ``y`` (and
+            ``x_data``, ``y_data``) then hold the working set, the longest head of the
+            random order, in that order.
+        target_mean_square: the mean of ``y^2`` over every row in the search's units (from the
+            streamed moments; ``None``: that of ``y``).
     """
 
     options: Any
@@ -49,10 +55,24 @@ class RecipeData:
     y_unit: float
     generator: torch.Generator
     order: Optional[Tensor] = None
+    source: Any = None
+    target_mean_square: Optional[float] = None
 
     @property
     def num_rows(self) -> int:
-        return self.x.shape[0]
+        """``N``: every row, held or behind the source."""
+        return self.source.num_rows if self.source is not None else self.x.shape[0]
+
+    @property
+    def num_entries(self) -> int:
+        """The target entries of every row, ``N`` times the columns."""
+        return self.num_rows * (self.y.numel() // self.y.shape[0])
+
+    def mean_square(self) -> float:
+        """The mean of ``y^2`` over every row (search units)."""
+        if self.target_mean_square is not None:
+            return self.target_mean_square
+        return float(self.y.square().mean())
 
     @property
     def input_dim(self) -> int:
@@ -63,6 +83,9 @@ class RecipeData:
         ``count`` covers them): ``(x, y, rows)``."""
         if count >= self.num_rows:
             return self.x, self.y, None
+        if self.source is not None:  # the working set is the order's head, in its order
+            rows = torch.arange(count, device=self.x.device)
+            return self.x[rows], self.y[rows], rows
         rows = self.order[:count]
         return self.x[rows], self.y[rows], rows
 

@@ -20,8 +20,8 @@ from torch import Tensor
 from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_tensor
 
-__all__ = ["column_scale", "column_unit", "target_unit", "check_variances_representable",
-           "NOISE_FLOOR"]
+__all__ = ["column_scale", "column_unit", "column_unit_of", "target_unit", "unit_of_rms",
+           "check_variances_representable", "NOISE_FLOOR"]
 
 #: The noise is at least this share of the targets' mean square: a floor that keeps the
 #: weight-space matrix factorisable without a barrier in the search.
@@ -68,7 +68,18 @@ def column_unit(x: Tensor) -> Tensor:
         >>> column_unit(x)
         tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
     """
-    return _power_of_two(column_scale(x))
+    return column_unit_of(column_scale(x))
+
+
+def column_unit_of(scale: Tensor) -> Tensor:
+    """:func:`column_unit` from the columns' standard deviations ``(d,)`` (for rows that are
+    not all held, whose deviations are streamed).
+
+    Example:
+        >>> column_unit_of(torch.tensor([2000.0, 0.002], dtype=torch.float64))
+        tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
+    """
+    return _power_of_two(scale)
 
 
 def target_unit(y: Tensor) -> float:
@@ -81,6 +92,17 @@ def target_unit(y: Tensor) -> float:
     """
     peak = power_of_two_scale(y)
     rms = peak * math.sqrt(float((y / peak).square().mean()))
+    return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
+
+
+def unit_of_rms(rms: float) -> float:
+    """:func:`target_unit` from the targets' root mean square (streamed where the rows are
+    not all held): the power of two nearest it.
+
+    Example:
+        >>> unit_of_rms(3.0)
+        4.0
+    """
     return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 

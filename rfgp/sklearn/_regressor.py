@@ -12,6 +12,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from rfgp._data import ScaledTargets, ShardedSource, open_source, target_moments
 from rfgp._validation import check_int
 from rfgp.inference._feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.recipes import (
@@ -36,6 +37,9 @@ from rfgp.sklearn._support import (
 )
 
 __all__ = ["RandomFeatureGPRegressor"]
+
+# Rows of a memory-mapped query predicted at once.
+_PREDICT_ROWS = 65536
 
 
 class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
@@ -96,6 +100,18 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             average (``0``: the kernel at the evidence maximum).
         local_search: ``"auto"`` only: after the refinement, the exact kernel's evidence on
             blocks of neighbouring rows from as many starts as the budget allows.
+        distributed: ``"auto"`` only: each ``torch.distributed`` process calls ``fit`` with
+            its own shard of the rows (:func:`rfgp.fit_auto`'s ``distributed=True``); every
+            process gets the same model. The targets are standardised by the mean and
+            standard deviation of all shards.
+
+    Rows not in memory: ``fit`` also takes a float32 or float64 numpy memory-map ``X``
+    (``np.load(path, mmap_mode="r")``, with ``y`` an array or memory-map, read in ``X``'s
+    dtype) or a re-iterable of ``(X, y)``
+    chunks with ``y=None`` (a ``DataLoader``, a list, a callable returning an iterator); the
+    recipe then reads a seeded draw of rows for its search and streams the rest (see
+    :func:`rfgp.fit_auto`), and the targets are standardised by streamed moments.
+    ``predict`` takes a memory-map in chunks.
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -141,6 +157,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         cv_folds: int = REGRESSION_DEFAULTS.cv_folds,
         lengthscale_draws: int = REGRESSION_DEFAULTS.lengthscale_draws,
         local_search: bool = REGRESSION_DEFAULTS.local_search,
+        distributed: bool = False,
     ) -> None:
         store_params(self, locals())
 
@@ -149,16 +166,23 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> RandomFeatureGPRegressor:
+    def fit(self, X: Any, y: Any = None) -> RandomFeatureGPRegressor:
         """Fit the GP (after optimising the hyperparameters when ``optimizer`` is set).
 
         Args:
-            X: ``(n_samples, n_features)`` inputs.
-            y: ``(n_samples,)`` or ``(n_samples, n_targets)`` targets.
+            X: ``(n_samples, n_features)`` inputs (a memory-map, or a source of ``(X, y)``
+                chunks, is streamed: see the class docstring).
+            y: ``(n_samples,)`` or ``(n_samples, n_targets)`` targets (``None`` for chunks).
 
         Returns:
             ``self``.
         """
+        # A memory-map streams where the recipe fits; the other paths read it into memory.
+        mapped = (isinstance(X, np.memmap) and X.dtype in (np.float32, np.float64)
+                  and self.optimizer == "auto" and isinstance(self.kernel, str)
+                  and self.kernel in RECIPE_KERNELS)
+        if self.distributed or mapped or (y is None and not isinstance(X, np.ndarray)):
+            return self._fit_streamed(X, y)
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
         # Strings that are not numbers fail here as in scikit-learn's regressors ("could not
         # convert string to float"); numeric strings are converted, as they are there.
@@ -222,6 +246,46 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         self.log_marginal_likelihood_value_ = float(gp.log_marginal_likelihood())
         return self
 
+    def _fit_streamed(self, X: Any, y: Any) -> RandomFeatureGPRegressor:
+        """The recipe on rows it reads in chunks (a memory-map, chunks, process shards)."""
+        if not (self.optimizer == "auto" and isinstance(self.kernel, str)
+                and self.kernel in RECIPE_KERNELS):
+            raise ValueError(
+                "rows from a memory-map, chunks or process shards are fitted by the recipe "
+                f"only: optimizer='auto' with kernel in {list(RECIPE_KERNELS)}, got "
+                f"optimizer={self.optimizer!r}, kernel={self.kernel!r}"
+            )
+        if self.num_features is not None:
+            check_positive_int("num_features", self.num_features)
+        check_positive_int("max_iter", self.max_iter)
+        options = recipe_options(
+            RegressionOptions, self,
+            ("max_iter", "time_budget", "max_lengthscale", "cv_folds", "lengthscale_draws",
+             "local_search", "distributed"),
+            spectral=self.kernel, seed=seed_from(self.random_state),
+            num_features=self.num_features)
+        if isinstance(X, np.ndarray) and y is not None and np.asarray(y).dtype != X.dtype:
+            # The targets in the inputs' dtype, as the recipe computes (a copy of y only).
+            y = np.asarray(y, dtype=X.dtype)
+        source = open_source(X, y, bool(self.distributed))
+        if self.normalize_y:
+            self._y_mean, self._y_std = target_moments(source)
+        else:
+            self._y_mean = np.zeros(source.target_shape)
+            self._y_std = np.ones(source.target_shape)
+        scaled = ScaledTargets(source, self._y_mean, self._y_std)
+        if isinstance(source, ShardedSource):
+            # The shards, read again, with the targets standardised by all of them.
+            scaled = ShardedSource(lambda: ScaledTargets(source.localsource, self._y_mean,
+                                                         self._y_std), source.group)
+        self.n_features_in_ = source.input_dim
+        gp = self._fit_recipe(scaled, None, options)
+        self.gp_ = gp
+        self.kernel_ = gp.kernel
+        self.noise_ = (gp.noise.detach().double().numpy() * self._y_std**2).squeeze()
+        self.log_marginal_likelihood_value_ = float(gp.log_marginal_likelihood())
+        return self
+
     def _fit_recipe(self, x: torch.Tensor, y: torch.Tensor,
                     options: RegressionOptions) -> RandomFeatureGP:
         """The default recipe, :func:`rfgp.fit_auto`, with the estimator's options."""
@@ -272,6 +336,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise RuntimeError("at most one of return_std and return_cov can be requested")
         check_is_fitted(self)
+        if isinstance(X, np.memmap) and not return_cov:
+            # Chunk by chunk: a memory-map is read, never copied whole.
+            parts = [self.predict(np.asarray(X[start:start + _PREDICT_ROWS]), return_std)
+                     for start in range(0, X.shape[0], _PREDICT_ROWS)]
+            if not return_std:
+                return np.concatenate(parts)
+            return (np.concatenate([m for m, _ in parts]),
+                    np.concatenate([s for _, s in parts]))
         X = validate_data(self, X, reset=False, dtype=np.float64)
         x_t = as_tensor(X)
         if return_cov:
