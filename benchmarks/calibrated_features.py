@@ -51,12 +51,9 @@ from _pages import device_name, synchronize, write_page  # noqa: E402
 from rfgp import fit_auto  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.kernels import RandomFeatureKernel  # noqa: E402
-from rfgp.recipes import (  # noqa: E402
-    FitReport,
-    calibrated_fit,
-    lengthscale_mixture_kernel,
-    make_ard_kernel,
-)
+from rfgp.recipes import FitReport, calibrated_fit  # noqa: E402
+from rfgp.recipes._laplace import lengthscale_mixture_kernel  # noqa: E402
+from rfgp.recipes._start import make_ard_kernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 Z95 = 1.959963984540054

@@ -97,7 +97,7 @@ def evidence_cost(repeats: int = 3):
     """Seconds of one evaluation of the 10-class evidence with its gradient (digits' size:
     N = 1348, D = 512): the closed form of the recipe against automatic differentiation
     through one weighted Gram matrix per class. Best of ``repeats``."""
-    from rfgp.inference import heteroscedastic_negative_log_evidence
+    from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
     from rfgp.likelihoods import dirichlet_transform
 
     n, width, classes = 1348, 512, 10

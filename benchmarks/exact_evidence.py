@@ -1,10 +1,10 @@
 """One evaluation of the exact GP's log evidence with its gradient: rfgp against GPyTorch.
 
 The recipe's search maximises the exact kernel's evidence on sets of at most 1000 rows
-(:func:`rfgp.inference.fourier_kernel_negative_log_evidence` with ``exact=True``, the gradient
-in closed form). This script times one evaluation with its gradient in the lengthscales (ARD), the
-outputscale and the noise, side by side in one process, for an RBF kernel on ``d = 8``
-inputs:
+(:func:`rfgp.inference._evidence.fourier_kernel_negative_log_evidence` with ``exact=True``,
+the gradient in closed form). This script times one evaluation with its gradient in the
+lengthscales (ARD), the outputscale and the noise, side by side in one process, for an RBF
+kernel on ``d = 8`` inputs:
 
 * ``rfgp closed form``: the recipe's evaluation;
 * ``autograd``: the same formula (distances, kernel, Cholesky, Gaussian terms) differentiated
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from _pages import best_of, study_options, write_page  # noqa: E402
 
-from rfgp.inference import fourier_kernel_negative_log_evidence  # noqa: E402
+from rfgp.inference._evidence import fourier_kernel_negative_log_evidence  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"

@@ -49,18 +49,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _harness import Records  # noqa: E402
 from _pages import write_page  # noqa: E402
-from regression_uci import (  # noqa: E402
-    EXACT_MAX,
-    done_keys,
+from _regression_methods import (  # noqa: E402
     exact_gp,
-    load_rows,
-    record_fit,
     rfgp_default,
     sgpr,
     standardised_split,
     svgp,
 )
+from regression_uci import EXACT_MAX, load_rows, record_fit  # noqa: E402
 
 from rfgp.datasets import UCI_DATASETS, load_uci  # noqa: E402
 
@@ -83,7 +81,7 @@ def default_budget(rows, name: str) -> float:
     raise RuntimeError(f"no default fit recorded for {name}")
 
 
-def run(args, records: Path) -> None:
+def run(args, records: Records) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     for name in args.sets:
@@ -91,7 +89,7 @@ def run(args, records: Path) -> None:
         xtr, ytr, xte, yte = standardised_split(x, y, 0)
         if args.max_train:
             xtr, ytr = xtr[:args.max_train], ytr[:args.max_train]
-        done = done_keys(records)
+        done = records.done("set", "split", "method")
         for multiplier in args.multipliers:
             method = rfgp_label(multiplier)
             if (name, 0, method) in done:
@@ -232,7 +230,7 @@ def main() -> None:
         sizes = {name: load_uci(name)[0].shape[0] for name in UCI_DATASETS}
         args.sets = sorted((n for n in UCI_DATASETS if sizes[n] >= MIN_ROWS), key=sizes.get)
     out.mkdir(parents=True, exist_ok=True)
-    records = out / "regression_curves.jsonl"
+    records = Records(out / "regression_curves.jsonl")
     if not args.page_only:
         run(args, records)
     write_markdown(load_rows(records), out)

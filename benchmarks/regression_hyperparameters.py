@@ -9,8 +9,8 @@ RBF-ARD kernel and the exact GP predictive, so only the hyperparameters differ.
 Estimators, per random 90/10 split (inputs and targets standardised with the training statistics):
 
 * ``ML-II (rfgp)``: rfgp's evidence search as ``fit_auto`` runs it on small sets: data-driven
-  start (:func:`rfgp.recipes.initial_hyperparameters`), L-BFGS on the exact kernel's
-  evidence (:func:`rfgp.recipes.maximize_evidence` with ``exact=True``) to convergence.
+  start (:func:`rfgp.recipes._start.initial_hyperparameters`), L-BFGS on the exact kernel's
+  evidence (:func:`rfgp.recipes._search.maximize_evidence` with ``exact=True``) to convergence.
 * ``GPyTorch Adam``: ``gpytorch.models.ExactGP`` with a constant mean and
   ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.1) for 100 steps from GPyTorch's initial values,
   as in ``regression_uci.py``.
@@ -26,8 +26,8 @@ Estimators, per random 90/10 split (inputs and targets standardised with the tra
   computed exactly.
 * ``Lengthscale average``: ``fit_auto``'s step 5 with the exact kernel: 32 lengthscale vectors
   drawn from the marginal over the log lengthscales of the same Laplace approximation
-  (:func:`rfgp.inference.evidence_hessian`,
-  :func:`rfgp.inference.lengthscale_draws`) around the ML-II solution, and one GP
+  (:func:`rfgp.inference._laplace.evidence_hessian`,
+  :func:`rfgp.inference._laplace.lengthscale_draws`) around the ML-II solution, and one GP
   whose kernel is the average of the kernels at the draws (outputscale and noise at ML-II):
   a single Gaussian predictive.
 
@@ -63,13 +63,10 @@ from _pages import paired_difference, study_options, write_page  # noqa: E402
 
 from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
-from rfgp.inference import evidence_hessian, lengthscale_draws  # noqa: E402
+from rfgp.inference._laplace import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
-from rfgp.recipes import (  # noqa: E402
-    initial_hyperparameters,
-    make_ard_kernel,
-    maximize_evidence,
-)
+from rfgp.recipes._search import maximize_evidence  # noqa: E402
+from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SETS = [("yacht", 5), ("boston", 5), ("energy", 5), ("concrete", 5), ("wine-quality-red", 2)]

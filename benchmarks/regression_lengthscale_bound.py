@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from _pages import paired_difference, study_options, write_page  # noqa: E402
 
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
-from rfgp.inference import held_out_log_density  # noqa: E402
+from rfgp.inference._cross_validation import held_out_log_density  # noqa: E402
 from rfgp.recipes import FitReport, fit_auto  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"

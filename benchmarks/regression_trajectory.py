@@ -49,10 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _pages import write_page  # noqa: E402
-from regression_uci import (  # noqa: E402
-    _gpytorch_predict,
+from _regression_methods import (  # noqa: E402
     exact_model,
     exact_trainer,
+    gpytorch_predict,
     rfgp_default,
     scores,
     sgpr_model,
@@ -93,7 +93,7 @@ def trajectory(method, xtr, ytr, xte, yte, checkpoints):
         trained += time.perf_counter() - started
         done = steps
         started = time.perf_counter()
-        mean, var = _gpytorch_predict(model, likelihood, xte)
+        mean, var = gpytorch_predict(model, likelihood, xte)
         predicted = time.perf_counter() - started
         points.append({"steps": steps, "time": trained + predicted,
                        **scores(yte.numpy(), mean, var)})
@@ -115,7 +115,7 @@ def warm_up(xtr, ytr, xte):
     for method in ["SGPR 512", "exact GP", "SVGP"]:
         model, likelihood, run = _baseline(method, x, y)
         run(2)
-        _gpytorch_predict(model, likelihood, xte[:8])
+        gpytorch_predict(model, likelihood, xte[:8])
 
 
 def run_set(task):

@@ -52,16 +52,13 @@ Writes docs/benchmarks/regression_uci.md and regression_uci.png (MNLL against ti
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import sys
 import tempfile
-import time
 import warnings
 from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -69,15 +66,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _exact_gp import exact_gp as cholesky_exact_gp  # noqa: E402
+from _harness import Records, grouped, mean_spread, run_missing, timed  # noqa: E402
 from _pages import write_page  # noqa: E402
+from _regression_methods import (  # noqa: E402
+    exact_gp,
+    rfgp_default,
+    scores,
+    sgpr,
+    standardised_split,
+    svgp,
+)
 
-from rfgp import metrics  # noqa: E402
-from rfgp.datasets import UCI_DATASETS, load_uci, standardize, train_test_split  # noqa: E402
+from rfgp.datasets import UCI_DATASETS, load_uci  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 METHODS = ["rfgp default", "SGPR 512", "SGPR 1024", "SVGP", "exact GP"]
-LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 #: Sets above this many rows get two splits, the others three.
 BIG_ROWS = 40000
 #: The exact GP runs on training sets of at most this many rows (its Cholesky holds n^2
@@ -86,243 +89,7 @@ EXACT_MAX = 20000
 SGPR_STEPS = 100
 
 
-# ====================================================================== metrics
-def scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray,
-           repeated: Optional[np.ndarray] = None) -> dict:
-    """RMSE, MNLL, 95% coverage, calibration error and the coverage per level; with a
-    ``repeated`` mask also the MNLL over the test rows whose input a training row repeats and
-    over the others."""
-    from scipy.stats import norm
-
-    y, mean, var = (np.asarray(a, dtype=np.float64).ravel() for a in (y, mean, var))
-    z = np.abs(y - mean) / np.sqrt(var)
-    coverage = {p: float(np.mean(z <= norm.ppf(0.5 + p / 2))) for p in LEVELS}
-    extra = {}
-    if repeated is not None and repeated.any():
-        nll = 0.5 * np.log(2 * np.pi * var) + 0.5 * (y - mean) ** 2 / var
-        extra = {"n_repeated": int(repeated.sum()), "mnll_repeated": float(nll[repeated].mean()),
-                 "mnll_unique": float(nll[~repeated].mean())}
-    return {
-        "rmse": float(np.sqrt(np.mean((y - mean) ** 2))),
-        "mnll": float(metrics.mnll(torch.from_numpy(y), torch.from_numpy(mean),
-                                   torch.from_numpy(var))),
-        "cov95": coverage[0.95],
-        "cal": float(np.mean([abs(coverage[p] - p) for p in LEVELS])),
-        "cov": {str(p): c for p, c in coverage.items()},
-        **extra,
-    }
-
-
-# ====================================================================== methods
-def rfgp_default(xtr, ytr, xte, seed=0, **params):
-    from rfgp.sklearn import RandomFeatureGPRegressor
-
-    reg = RandomFeatureGPRegressor(random_state=seed, **params).fit(xtr.numpy(), ytr.numpy())
-    mean, std = reg.predict(xte.numpy(), return_std=True)
-    report = reg.fit_report_
-    schedule = report.schedule
-    info = {"D": report.num_features, "n_iter": reg.n_iter_, "budget": schedule.budget,
-            "refine_rows": schedule.refine_rows, "local_starts": schedule.local_starts,
-            "stages": {k: round(v, 2) for k, v in report.seconds.items()},
-            "predicted": {k: round(v, 2) for k, v in schedule.predicted.items()},
-            "calibration": {k: v for k, v in report.calibration.items()
-                            if k in ("chosen", "outputscale_factor", "noise_before",
-                                     "noise_after")}}
-    return mean, std**2 + reg.noise_, info
-
-
-def _gpytorch_predict(model, likelihood, xte):
-    import gpytorch
-
-    model.eval()
-    likelihood.eval()
-    with torch.no_grad(), gpytorch.settings.fast_pred_var():
-        pred = likelihood(model(xte))
-    return pred.mean.numpy(), pred.variance.numpy()
-
-
-def _rbf_ard(d):
-    import gpytorch
-
-    return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
-
-
-def sgpr_model(xtr, ytr, num_inducing, seed=0):
-    """GPyTorch SGPR (``InducingPointKernel`` around :func:`_rbf_ard`, constant mean) in
-    float64, its ``num_inducing`` inducing points drawn from the training inputs without
-    replacement: ``(model, likelihood)``."""
-    import gpytorch
-
-    g = torch.Generator().manual_seed(seed)
-    z = xtr[torch.randperm(xtr.shape[0], generator=g)[:num_inducing]].clone()
-
-    class SGPR(gpytorch.models.ExactGP):
-        def __init__(self, x, y, likelihood):
-            super().__init__(x, y, likelihood)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = gpytorch.kernels.InducingPointKernel(
-                _rbf_ard(x.shape[1]), inducing_points=z, likelihood=likelihood)
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(
-                self.mean_module(x), self.covar_module(x))
-
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    model = SGPR(xtr, ytr, likelihood).double()
-    likelihood.double()
-    return model, likelihood
-
-
-def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0):
-    model, likelihood = sgpr_model(xtr, ytr, num_inducing, seed)
-    exact_trainer(model, likelihood, xtr, ytr)(steps)
-    mean, var = _gpytorch_predict(model, likelihood, xte)
-    return mean, var, {"M": model.covar_module.inducing_points.shape[0]}
-
-
-def exact_model(xtr, ytr):
-    """GPyTorch ``ExactGP`` with :func:`_rbf_ard` and a constant mean, float64:
-    ``(model, likelihood)``."""
-    import gpytorch
-
-    class Exact(gpytorch.models.ExactGP):
-        def __init__(self, x, y, likelihood):
-            super().__init__(x, y, likelihood)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = _rbf_ard(x.shape[1])
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(
-                self.mean_module(x), self.covar_module(x))
-
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    model = Exact(xtr, ytr, likelihood).double()
-    return model, likelihood
-
-
-def exact_gp(xtr, ytr, xte, seed=0):
-    """The exact GP baseline: evidence-maximising hyperparameters by L-BFGS, the exact
-    posterior by a float64 Cholesky (``benchmarks/_exact_gp.py``)."""
-    return cholesky_exact_gp(xtr, ytr, xte, seed=seed)
-
-
-def exact_trainer(model, likelihood, xtr, ytr, lr=0.1):
-    """``run(steps)``: ``steps`` more Adam steps (learning rate ``lr``, one optimiser kept
-    across calls) on the exact marginal likelihood of an ``ExactGP`` (SGPR included)."""
-    import gpytorch
-
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-
-    def run(steps):
-        model.train()
-        likelihood.train()
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = -mll(model(xtr), ytr)
-            loss.backward()
-            opt.step()
-
-    return run
-
-
-def svgp_model(xtr, num_inducing=500, seed=0):
-    """GPyTorch SVGP (``VariationalStrategy``, Cholesky variational distribution, learned
-    inducing points drawn from the training inputs, :func:`_rbf_ard`, constant mean) in float64:
-    ``(model, likelihood, generator)``, the generator to draw the minibatches with."""
-    import gpytorch
-
-    g = torch.Generator().manual_seed(seed)
-    z = xtr[torch.randperm(xtr.shape[0], generator=g)[:num_inducing]].clone()
-
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            dist = gpytorch.variational.CholeskyVariationalDistribution(z.shape[0])
-            strategy = gpytorch.variational.VariationalStrategy(
-                self, z, dist, learn_inducing_locations=True)
-            super().__init__(strategy)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = _rbf_ard(z.shape[1])
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(
-                self.mean_module(x), self.covar_module(x))
-
-    model = SVGP().double()
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    return model, likelihood, g
-
-
-def svgp_trainer(model, likelihood, xtr, ytr, generator, batch=1024, lr=0.01):
-    """``run(steps)``: ``steps`` more Adam steps (one optimiser kept across calls) on the
-    variational ELBO, each on the next ``batch`` rows of a random order of the training rows
-    (a new order when too few rows are left)."""
-    import gpytorch
-
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
-    n = xtr.shape[0]
-    order = {"perm": torch.randperm(n, generator=generator), "pos": 0}
-
-    def run(steps):
-        model.train()
-        likelihood.train()
-        for _ in range(steps):
-            if order["pos"] + batch > n:
-                order["perm"], order["pos"] = torch.randperm(n, generator=generator), 0
-            idx = order["perm"][order["pos"]:order["pos"] + batch]
-            order["pos"] += batch
-            opt.zero_grad()
-            loss = -mll(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
-
-    return run
-
-
-def svgp(xtr, ytr, xte, num_inducing=500, batch=1024, seed=0, tolerance=1e-3, patience=3,
-         max_epochs=300):
-    """SVGP trained until its ELBO stops improving: epochs of minibatch steps until the mean
-    loss per datum of an epoch has not improved on the best by more than ``tolerance`` for
-    ``patience`` epochs (or ``max_epochs``)."""
-    import gpytorch
-
-    model, likelihood, g = svgp_model(xtr, num_inducing, seed)
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
-    n = xtr.shape[0]
-    best, stale, epochs = math.inf, 0, 0
-    model.train()
-    likelihood.train()
-    while stale < patience and epochs < max_epochs:
-        perm = torch.randperm(n, generator=g)
-        total = 0.0
-        for start in range(0, n, batch):
-            idx = perm[start:start + batch]
-            opt.zero_grad()
-            loss = -mll(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss) * idx.numel()
-        epochs += 1
-        loss = total / n
-        stale = 0 if loss < best - tolerance else stale + 1
-        best = min(best, loss)
-    mean, var = _gpytorch_predict(model, likelihood, xte)
-    return mean, var, {"M": model.variational_strategy.inducing_points.shape[0],
-                       "epochs": epochs}
-
-
 # ====================================================================== driver
-def standardised_split(x, y, split: int):
-    """The random 90/10 split number ``split``, inputs and targets standardised with the
-    training rows' statistics: ``(x_train, y_train, x_test, y_test)``."""
-    xtr, ytr, xte, yte = train_test_split(x, y, 0.1, torch.Generator().manual_seed(split))
-    xtr, xte, _, _ = standardize(xtr, xte)
-    ytr, yte, _, _ = standardize(ytr, yte)
-    return xtr, ytr, xte, yte
-
-
 def run_method(method: str, xtr, ytr, xte):
     if method == "rfgp default":
         return rfgp_default(xtr, ytr, xte)
@@ -333,41 +100,37 @@ def run_method(method: str, xtr, ytr, xte):
     return exact_gp(xtr, ytr, xte)
 
 
-def done_keys(records: Path) -> set:
-    if not records.exists():
-        return set()
-    return {(r["set"], r["split"], r["method"]) for r in load_rows(records)}
-
-
-def record_fit(records: Path, head: dict, fit, xtr, yte, threads: int, label: str) -> None:
+def record_fit(records: Records, head: dict, fit, xtr, yte, threads: int, label: str) -> None:
     """Time ``fit()`` (returning test means, variances and an info dict), score it against
     ``yte``, append the record ``head`` + results to ``records`` and print a line."""
-    start = time.perf_counter()
-    mean, var, info = fit()
-    seconds = time.perf_counter() - start
+    (mean, var, info), seconds = timed(fit)
     row = {**head, "n_train": xtr.shape[0], "d": xtr.shape[1], "time": seconds,
            "threads": threads, **scores(yte.numpy(), mean, var), "info": info}
-    with records.open("a") as handle:
-        handle.write(json.dumps(row, default=float) + "\n")
+    records.append(row)
     print(f"{head['set']:18s} {label:15s} rmse {row['rmse']:.3f} mnll {row['mnll']:7.3f} "
           f"cov95 {row['cov95']:.3f} time {seconds:7.1f}s", flush=True)
 
 
-def run_seeds(args, records: Path) -> None:
+def run_seeds(args, records: Records) -> None:
     """The default on split 0 with each of ``args.seeds`` as its ``random_state``."""
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    done = ({(r["set"], r["seed"]) for r in load_rows(records)} if records.exists() else set())
-    for name in args.sets:
-        x, y = load_uci(name)
-        xtr, ytr, xte, yte = standardised_split(x, y, 0)
-        for seed in args.seeds:
-            if (name, seed) in done:
-                continue
-            record_fit(records, {"set": name, "split": 0, "seed": seed,
-                                 "method": "rfgp default"},
-                       partial(rfgp_default, xtr, ytr, xte, seed=seed), xtr, yte, args.threads,
-                       f"seed {seed}")
+
+    def tasks():
+        for name in args.sets:
+            x, y = load_uci(name)
+            xtr, ytr, xte, yte = standardised_split(x, y, 0)
+            for seed in args.seeds:
+                yield {"set": name, "seed": seed, "data": (xtr, ytr, xte, yte)}
+
+    def fit(task):
+        xtr, ytr, xte, yte = task["data"]
+        record_fit(records, {"set": task["set"], "split": 0, "seed": task["seed"],
+                             "method": "rfgp default"},
+                   partial(rfgp_default, xtr, ytr, xte, seed=task["seed"]), xtr, yte,
+                   args.threads, f"seed {task['seed']}")
+
+    run_missing(records, tasks(), ("set", "seed"), fit)
 
 
 def seed_spread(rows, seeded) -> list:
@@ -382,7 +145,7 @@ def seed_spread(rows, seeded) -> list:
            "(seed 0) for comparison.", "",
            "| data set | N | seeds | RMSE | MNLL | MNLL per seed | 95% coverage | time (s) | "
            "MNLL sd over splits |", "|---|---|---|---|---|---|---|---|---|"]
-    table = summarise(rows)
+    table = grouped(rows, "set", "method")
     for name in dict.fromkeys(r["set"] for r in seeded):
         base = [r for r in table.get((name, "rfgp default"), []) if r["split"] == 0]
         # Seed 0 is the main table's split 0 (a seed-0 record here would count it twice).
@@ -391,52 +154,43 @@ def seed_spread(rows, seeded) -> list:
         splits = [r["mnll"] for r in table.get((name, "rfgp default"), [])]
         per_seed = ", ".join(f"{r['mnll']:.3f}" for r in rs)
         seeds = ", ".join(str(r.get("seed", 0)) for r in rs)
-        out.append(f"| {name} | {rs[0]['n_train']} | {seeds} | {_fmt([r['rmse'] for r in rs])} "
-                   f"| {_fmt([r['mnll'] for r in rs])} | {per_seed} "
-                   f"| {_fmt([r['cov95'] for r in rs])} | {_fmt([r['time'] for r in rs], 1)} "
+        cells = [mean_spread([r[key] for r in rs]) for key in ("rmse", "mnll", "cov95")]
+        out.append(f"| {name} | {rs[0]['n_train']} | {seeds} | {cells[0]} | {cells[1]} "
+                   f"| {per_seed} | {cells[2]} | {mean_spread([r['time'] for r in rs], 1)} "
                    f"| {np.std(splits):.3f} |")
     return out
 
 
-def run(args, records: Path) -> None:
+def run(args, records: Records) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    done = done_keys(records)
-    for name in args.sets:
-        x, y = load_uci(name)
-        splits = args.splits if x.shape[0] <= BIG_ROWS else args.big_splits
-        for split in range(splits):
-            xtr, ytr, xte, yte = standardised_split(x, y, split)
-            for method in args.methods:
-                if (name, split, method) in done:
-                    continue
-                if method == "exact GP" and xtr.shape[0] > EXACT_MAX:
-                    continue
-                record_fit(records, {"set": name, "split": split, "method": method},
-                           partial(run_method, method, xtr, ytr, xte), xtr, yte, args.threads,
-                           f"{split} {method}")
+
+    def tasks():
+        for name in args.sets:
+            x, y = load_uci(name)
+            for split in range(args.splits if x.shape[0] <= BIG_ROWS else args.big_splits):
+                xtr, ytr, xte, yte = standardised_split(x, y, split)
+                for method in args.methods:
+                    if method == "exact GP" and xtr.shape[0] > EXACT_MAX:
+                        continue
+                    yield {"set": name, "split": split, "method": method,
+                           "data": (xtr, ytr, xte, yte)}
+
+    def fit(task):
+        xtr, ytr, xte, yte = task["data"]
+        record_fit(records, {key: task[key] for key in ("set", "split", "method")},
+                   partial(run_method, task["method"], xtr, ytr, xte), xtr, yte, args.threads,
+                   f"{task['split']} {task['method']}")
+
+    run_missing(records, tasks(), ("set", "split", "method"), fit)
 
 
 # ====================================================================== report
-def load_rows(records: Path):
-    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
-    # The earlier exact GP (GPyTorch defaults: CG above 800 rows, 100 Adam steps) did not
-    # reach the evidence maximum; its records have no "solver" and are not the exact GP.
-    return [r for r in rows if r["method"] != "exact GP" or "solver" in r.get("info", {})]
-
-
-def summarise(rows):
-    table = {}
-    for row in rows:
-        table.setdefault((row["set"], row["method"]), []).append(row)
-    return table
-
-
-def _fmt(values, digits=3):
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std():.{digits}f}"
+def load_rows(records: Records) -> list:
+    """``records``' rows, less the earlier exact GP's (GPyTorch defaults: CG above 800 rows,
+    100 Adam steps), which did not reach the evidence maximum and have no "solver"."""
+    return [r for r in records.rows()
+            if r["method"] != "exact GP" or "solver" in r.get("info", {})]
 
 
 def _mean(rows, key):
@@ -449,7 +203,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = summarise(rows)
+    table = grouped(rows, "set", "method")
     sets = list(dict.fromkeys(r["set"] for r in rows))
     cols = min(4, len(sets))
     nrows = math.ceil(len(sets) / cols)
@@ -486,7 +240,7 @@ def exact_gap(rows, exact, key: str) -> str:
     """``key`` of ``rows`` minus the exact GP's, over the splits both ran ("-" where none)."""
     theirs = {r["split"]: r[key] for r in exact}
     diffs = [r[key] - theirs[r["split"]] for r in rows if r["split"] in theirs]
-    return _fmt(diffs) if diffs else "-"
+    return mean_spread(diffs) if diffs else "-"
 
 
 def _paired_gap(default, other) -> float:
@@ -499,7 +253,7 @@ def _paired_gap(default, other) -> float:
 def targets(rows, retimed=()):
     """Per set: the default's MNLL against SGPR M = 512's and the best method's, its coverage
     and its time against SGPR M = 512's (against ``retimed`` records where there are some)."""
-    table = summarise(rows)
+    table = grouped(rows, "set", "method")
     out = ["| data set | N | default MNLL | SGPR 512 MNLL | best MNLL (method) | 95% coverage | "
            "time ratio to SGPR 512 | targets |", "|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["set"] for r in rows):
@@ -550,7 +304,7 @@ def targets(rows, retimed=()):
 
 
 def write_markdown(rows, args, path, retimed=(), seeded=()):
-    table = summarise(rows)
+    table = grouped(rows, "set", "method")
     sets = list(dict.fromkeys(r["set"] for r in rows))
     threads = sorted({r["threads"] for r in rows})
     out = ["# Regression on UCI data: accuracy, calibration and time", "",
@@ -585,11 +339,11 @@ def write_markdown(rows, args, path, retimed=(), seeded=()):
             rs = table.get((name, method))
             if not rs:
                 continue
+            cells = [mean_spread([r[key] for r in rs]) for key in ("rmse", "mnll", "cov95", "cal")]
             out.append(f"| {name} | {rs[0]['n_train']} | {rs[0]['d']} | {method} | {len(rs)} "
-                       f"| {_fmt([r['rmse'] for r in rs])} | {_fmt([r['mnll'] for r in rs])} "
+                       f"| {cells[0]} | {cells[1]} "
                        f"| {exact_gap(rs, exact, 'rmse')} | {exact_gap(rs, exact, 'mnll')} "
-                       f"| {_fmt([r['cov95'] for r in rs], 3)} "
-                       f"| {_fmt([r['cal'] for r in rs])} | {_fmt([r['time'] for r in rs], 1)} |")
+                       f"| {cells[2]} | {cells[3]} | {mean_spread([r['time'] for r in rs], 1)} |")
     out += ["", "![MNLL against wall time](regression_uci.png)", "", "## Targets", "",
             "On every set of at least 5,000 rows the default should reach an MNLL at least as "
             "good as SGPR M = 512, a 95% coverage in [0.93, 0.97], in no more than SGPR M = "
@@ -649,16 +403,14 @@ def main():
     if args.sets is None:
         sizes = {name: load_uci(name)[0].shape[0] for name in UCI_DATASETS}
         args.sets = sorted(UCI_DATASETS, key=lambda n: sizes[n])
-    records = out / "regression_uci.jsonl"
-    retimed_path = out / "regression_uci_retimed.jsonl"
-    seeds_path = out / "regression_uci_seeds.jsonl"
+    records = Records(out / "regression_uci.jsonl")
+    retimed = Records(out / "regression_uci_retimed.jsonl")
+    seeded = Records(out / "regression_uci_seeds.jsonl")
     if args.seeds and not args.page_only:
-        run_seeds(args, seeds_path)
+        run_seeds(args, seeded)
     if (not args.seeds or args.quick) and not args.page_only:
-        run(args, retimed_path if args.retime else records)
-    rows = load_rows(records)
-    retimed = load_rows(retimed_path) if retimed_path.exists() else []
-    seeded = load_rows(seeds_path) if seeds_path.exists() else []
+        run(args, retimed if args.retime else records)
+    rows, retimed, seeded = load_rows(records), retimed.rows(), seeded.rows()
     plot(rows, out / "regression_uci.png")
     write_markdown(rows, args, out / "regression_uci.md", retimed, seeded)
     print(f"wrote {out / 'regression_uci.md'}")

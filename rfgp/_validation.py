@@ -30,12 +30,16 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "EVIDENCE_DTYPES",
+    "MAX_COUNT",
+    "MAX_SEED",
     "KERNEL_INPUT_DTYPES",
     "all_finite",
     "check_active_dims",
     "check_bool",
     "check_choice",
     "check_dtype",
+    "check_evidence_rows",
     "check_finite",
     "check_generator",
     "check_int",
@@ -46,6 +50,7 @@ __all__ = [
     "check_positive_values",
     "check_real",
     "check_rows",
+    "check_seed",
     "check_tensor",
     "describe",
     "select_active_columns",
@@ -561,3 +566,111 @@ def check_generator(name: str, value: Any) -> Optional[torch.Generator]:
     raise TypeError(
         f"{name} must be a torch.Generator or None, got {type(value).__name__} {describe(value)}"
     )
+
+
+#: The dtypes an evidence is computed in: its Cholesky factors, eigendecompositions and the
+#: Laplace Hessian need at least single precision's range and digits.
+EVIDENCE_DTYPES = (torch.float32, torch.float64)
+
+
+def check_evidence_rows(x: Any, y: Any, caller: str) -> tuple:
+    """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)`` as :func:`check_rows` takes them, in
+    one of :data:`EVIDENCE_DTYPES` and detached from any autograd graph (whoever maximises an
+    evidence differentiates its own parameters only), and ``y`` not zero in every entry (the
+    evidence of the outputscale and the noise has no maximum there); ``caller`` names the
+    entry point.
+
+    Example:
+        >>> x, y = check_evidence_rows(torch.zeros(3, 2), torch.ones(3), "fit")
+        >>> check_evidence_rows(x.half(), y, "fit")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: fit: x must be float32 or float64 ... got torch.float16; convert with x.double()
+        >>> check_evidence_rows(x, torch.zeros(3), "fit")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: fit: y must not be zero in every entry, got 3 rows of zeros ...
+    """
+    for name, value in (("x", x), ("y", y)):
+        if isinstance(value, Tensor) and value.is_floating_point() and (
+                value.dtype not in EVIDENCE_DTYPES):
+            raise TypeError(
+                f"{caller}: {name} must be float32 or float64 (the evidence's factorisations "
+                f"need their range and digits), got {value.dtype}; convert with "
+                f"{name}.double()"
+            )
+    x, y = check_rows(x, y)
+    if y.numel() and not bool((y != 0).any()):
+        # Targets without variation carry no signal and no noise to measure: the evidence
+        # grows without bound as the outputscale and the noise shrink to zero together, so
+        # the scales chosen by it do not exist.
+        raise ValueError(
+            f"{caller}: y must not be zero in every entry, got {y.shape[0]} "
+            f"row{'s' * (y.shape[0] != 1)} of zeros "
+            "(centred constant targets): the evidence that chooses the outputscale and the "
+            "noise has no maximum (it grows without bound as both shrink to zero); a constant "
+            "target's model is its mean, with nothing left to fit"
+        )
+    return x.detach(), y.detach()
+
+
+
+def check_class_targets(x: Any, targets: Any, noise: Any) -> tuple:
+    """The inputs ``x`` ``(N, d)`` (non-empty) of a Dirichlet classifier's ``C`` regressions,
+    their targets ``(N, C)`` and their positive noise variances ``(N, C)``.
+
+    Example:
+        >>> x, t, s = check_class_targets(torch.zeros(4, 2), torch.zeros(4, 3), torch.ones(4, 3))
+        >>> check_class_targets(x, t, torch.ones(4, 2))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: targets and noise must have shape (N, C) with N = 4 rows of x, got ...
+    """
+    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
+    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
+    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
+    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
+        raise ValueError(
+            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
+            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
+        )
+    if not bool((noise > 0).all()):
+        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
+    return x, targets, noise
+
+#: The largest seed: a ``torch.Generator`` takes the integers 0 to 2**64 - 1.
+MAX_SEED = 2**64 - 1
+#: The most of anything counted (features, draws, samples): torch's sizes are int64, and a
+#: larger count fails deep inside it ("Overflow when unpacking long long").
+MAX_COUNT = 2**62
+
+
+def check_seed(name: str, value: Any) -> int:
+    """Return the seed ``value`` as an ``int``: the one rule of every seed the recipes, the
+    calibrated fit and the estimators take, an integer (not a bool) in ``[0, 2**64 - 1]``,
+    the seeds of a ``torch.Generator``.
+
+    Raises:
+        TypeError: for anything but an integer.
+        ValueError: for an integer outside the range.
+
+    Example:
+        >>> check_seed("seed", 2**40)
+        1099511627776
+        >>> check_seed("seed", -1)
+        Traceback (most recent call last):
+        ...
+        ValueError: seed must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got -1
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got "
+            f"{type(value).__name__} {describe(value)}"
+        )
+    value = int(value)
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"{name} must be an integer in [0, 2**64 - 1] (a torch.Generator's seeds), got "
+            f"{value}"
+        )
+    return value

@@ -5,7 +5,19 @@ import pytest
 import torch
 
 from rfgp import datasets
-from rfgp.datasets import UCI_DATASETS, load_uci, load_wind, standardize, train_test_split
+from rfgp.datasets import (
+    ADULT_CATEGORIES,
+    ADULT_NUMERIC,
+    UCI_CLASSIFICATION_DATASETS,
+    UCI_DATASETS,
+    decode_adult_categories,
+    encode_adult_categories,
+    load_uci,
+    load_uci_classification,
+    load_wind,
+    standardize,
+    train_test_split,
+)
 
 DT = torch.float64
 
@@ -38,6 +50,100 @@ def test_load_uci_refuses_non_floating_dtypes(dtype, error):
 def test_load_uci_refuses_unknown_names():
     with pytest.raises(ValueError, match="name must be one of"):
         load_uci("mnist")
+
+
+# The class counts of the UCI description of each set (letter's .names file; MAGIC: g 12332,
+# h 6688; adult: 24720 + 12435 rows <=50K, 7841 + 3846 rows >50K).
+_LETTER_COUNTS = [789, 766, 736, 805, 768, 775, 773, 734, 755, 747, 739, 761, 792, 783, 753,
+                  803, 783, 758, 748, 796, 813, 764, 752, 787, 786, 734]
+_CLASS_COUNTS = {"letter": _LETTER_COUNTS, "magic": [12332, 6688], "adult": [37155, 11687]}
+
+
+@pytest.mark.parametrize("name", sorted(UCI_CLASSIFICATION_DATASETS))
+def test_uci_classification_sets_have_their_declared_shape_and_class_counts(name):
+    spec = UCI_CLASSIFICATION_DATASETS[name]
+    x, labels = load_uci_classification(name)
+    assert x.dtype == DT and labels.dtype == torch.int64
+    assert x.shape == (sum(spec.rows), spec.num_inputs) and labels.shape == (x.shape[0],)
+    assert torch.isfinite(x).all()
+    counts = torch.bincount(labels, minlength=len(spec.classes))
+    assert counts.tolist() == _CLASS_COUNTS[name]
+
+
+def test_letter_inputs_are_the_integers_0_to_15():
+    x, _ = load_uci_classification("letter")
+    assert torch.equal(x, x.round()) and x.min() == 0 and x.max() == 15
+
+
+def test_adult_given_split_is_the_two_files_in_order():
+    x, labels = load_uci_classification("adult")
+    x_train, y_train = load_uci_classification("adult", split="train")
+    x_test, y_test = load_uci_classification("adult", split="test")
+    assert x_train.shape[0] == 32561 and x_test.shape[0] == 16281
+    assert torch.equal(torch.cat([x_train, x_test]), x)
+    assert torch.equal(torch.cat([y_train, y_test]), labels)
+    # the test file's labels carry a trailing dot in the file: both classes are still found
+    assert torch.bincount(y_test).tolist() == [12435, 3846]
+
+
+def test_adult_rows_are_numbers_then_one_valid_category_or_none_per_variable():
+    x, _ = load_uci_classification("adult", split="train")
+    numeric, one_hot = x[:, :len(ADULT_NUMERIC)], x[:, len(ADULT_NUMERIC):]
+    assert one_hot.shape[1] == sum(len(c) for c in ADULT_CATEGORIES.values())
+    assert float(numeric[:, 0].min()) == 17 and float(numeric[:, 0].max()) == 90  # age
+    decoded = decode_adult_categories(one_hot)
+    # the first row of adult.data, as the file writes it
+    assert decoded[0] == ("State-gov", "Bachelors", "Never-married", "Adm-clerical",
+                          "Not-in-family", "White", "Male", "United-States")
+    # missing values ("?") are kept, as all-zero blocks: the UCI counts of adult.data
+    missing = [sum(row[j] == "?" for row in decoded) for j in range(len(ADULT_CATEGORIES))]
+    assert missing == [1836, 0, 0, 1843, 0, 0, 0, 583]
+
+
+def test_adult_encoding_round_trips_every_category_and_the_missing_mark():
+    names = list(ADULT_CATEGORIES)
+    width = max(len(c) for c in ADULT_CATEGORIES.values())
+    # row i takes category i of each variable (cycled), and a row of missing values
+    rows = [tuple(ADULT_CATEGORIES[n][i % len(ADULT_CATEGORIES[n])] for n in names)
+            for i in range(width)] + [("?",) * len(names)]
+    one_hot = encode_adult_categories(rows)
+    assert one_hot.shape == (len(rows), 99)
+    assert one_hot[:-1].sum(1).tolist() == [len(names)] * width and one_hot[-1].sum() == 0
+    assert decode_adult_categories(one_hot) == rows
+    assert decode_adult_categories(torch.from_numpy(one_hot)) == rows
+
+
+def test_adult_encoding_refuses_unknown_categories_by_name():
+    row = ["Private", "Bachelors", "Never-married", "Sales", "Own-child", "White", "Female",
+           "Atlantis"]
+    unknown = r"rows\[0\]: native-country has no category 'Atlantis'"
+    with pytest.raises(ValueError, match=unknown):
+        encode_adult_categories([row])
+    with pytest.raises(ValueError, match="rows\\[0\\] must hold 8 values"):
+        encode_adult_categories([row[:7]])
+    with pytest.raises(TypeError, match="sex must be a string"):
+        encode_adult_categories([row[:6] + [1, "Cuba"]])
+    two = encode_adult_categories([row[:7] + ["Cuba"]])
+    two[0, 1] = 1.0  # a second workclass
+    with pytest.raises(ValueError, match="sets 2 categories of workclass"):
+        decode_adult_categories(two)
+    with pytest.raises(ValueError, match="only zeros and ones"):
+        decode_adult_categories(two / 2)
+    with pytest.raises(ValueError, match="shape"):
+        decode_adult_categories(np.zeros((1, 98)))
+
+
+def test_load_uci_classification_refuses_bad_names_splits_and_dtypes():
+    with pytest.raises(ValueError, match="name must be one of \\['adult', 'letter', 'magic'\\]"):
+        load_uci_classification("mnist")
+    with pytest.raises(ValueError, match="split must be one of \\['all'\\], got 'test'"):
+        load_uci_classification("letter", split="test")
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_uci_classification("adult", split="validation")
+    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
+        load_uci_classification("magic", dtype=torch.int64)
+    x, _ = load_uci_classification("magic", dtype="float32")
+    assert x.dtype == torch.float32
 
 
 def test_wind_field_is_the_sum_of_its_helmholtz_parts():
@@ -137,8 +243,11 @@ def test_standardize_bad_input(args, error, match):
 
 
 def test_public_names():
-    assert set(datasets.__all__) == {"UCI_DATASETS", "WindField", "load_uci", "load_wind",
-                                     "train_test_split", "standardize"}
+    assert set(datasets.__all__) == {
+        "UCI_DATASETS", "WindField", "load_uci", "load_wind", "train_test_split", "standardize",
+        "ADULT_CATEGORIES", "ADULT_MISSING", "ADULT_NUMERIC", "UCI_CLASSIFICATION_DATASETS",
+        "ClassificationSet", "decode_adult_categories", "encode_adult_categories",
+        "load_uci_classification"}
 
 
 @pytest.mark.parametrize("c", [2.0**664, 2.0**-664, 1e200, 1e-200])

@@ -8,7 +8,8 @@ import torch
 
 from rfgp import RandomFeatureGP, fit_auto
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
-from rfgp.recipes import calibrated_fit, make_ard_kernel
+from rfgp.recipes import calibrated_fit
+from rfgp.recipes._start import make_ard_kernel
 
 DEVICES = [
     "cpu",

@@ -1,9 +1,11 @@
-"""Smoke tests of the demo's examples, rfgp.demo (short training so that they stay fast)."""
+"""Smoke tests of the demo's examples, rfgp.demo, and of the scripts in examples/ (short
+training, or their fast setting, so that they stay fast)."""
 
 from __future__ import annotations
 
 import importlib
 import math
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +164,142 @@ def test_the_command_line_takes_the_output_folder_and_the_examples(monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["rfgp.demo", *argv])
     runpy.run_module("rfgp.demo", run_name="__main__")
     assert calls == [expected]
+
+
+@pytest.mark.parametrize("threads", ["abc", "0", "-2", "1.5", ""])
+def test_a_bad_thread_count_is_named_before_any_example_runs(monkeypatch, tmp_path, threads):
+    import rfgp.demo
+
+    ran = []
+    for name in rfgp.demo.EXAMPLES:
+        module = importlib.import_module(f"rfgp.demo._{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir: ran.append(1) or [])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", threads)
+    with pytest.raises(ValueError, match="RFGP_DEMO_THREADS must be a positive integer"):
+        rfgp.demo.main(str(tmp_path / "out"))
+    assert not ran and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("examples, match", [
+    ("regression", r"examples must be None or a list of names.*pass \['regression'\]"),
+    ([3], "examples must be None or a list of names"),
+    (b"regression", "examples must be None or a list of names"),
+])
+def test_examples_must_be_a_list_of_names_not_a_string(tmp_path, examples, match):
+    import rfgp.demo
+
+    # A string is a sequence of letters: it used to run nothing, "unknown example(s) ['e', ...]".
+    with pytest.raises(TypeError, match=match):
+        rfgp.demo.main(str(tmp_path), examples)
+
+
+def test_the_output_folder_must_be_a_path(tmp_path):
+    import rfgp.demo
+
+    with pytest.raises(TypeError, match="output_dir must be a path"):
+        rfgp.demo.main(3)
+    assert not (tmp_path / "3").exists()
+
+
+def test_a_path_object_and_a_tuple_of_names_are_taken(monkeypatch, tmp_path):
+    import rfgp.demo
+
+    row = {"method": "m", "data": "d", "metrics": {"RMSE": 0.5}, "time_s": 1.0}
+    for name in rfgp.demo.EXAMPLES:
+        module = importlib.import_module(f"rfgp.demo._{name}")
+        monkeypatch.setattr(module, "main", lambda output_dir, n=name: [{**row, "data": n}])
+    monkeypatch.setenv("RFGP_DEMO_THREADS", str(__import__("torch").get_num_threads()))
+    rows = rfgp.demo.main(tmp_path / "out", ("regression",))
+    assert [r["example"] for r in rows] == ["regression"] and (tmp_path / "out").is_dir()
+
+
+# ------------------------------------------------------------------ examples/ (user scripts)
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE_SCRIPTS = ["regression", "large_data", "classification", "vector_field", "bayesopt",
+                   "sklearn_pipeline"]
+
+
+def _run_example(monkeypatch, tmp_path, name):
+    """The script's ``main()`` in its fast setting (RFGP_EXAMPLES_FAST=1), its result returned."""
+    import runpy
+
+    monkeypatch.setenv("RFGP_EXAMPLES_FAST", "1")
+    monkeypatch.chdir(tmp_path)  # nothing may be written next to the script
+    namespace = runpy.run_path(str(EXAMPLES_DIR / f"{name}.py"))
+    assert namespace["FAST"] is True
+    return namespace, namespace["main"]()
+
+
+def test_every_example_is_short_documented_and_tested():
+    import ast
+
+    scripts = sorted(path.stem for path in EXAMPLES_DIR.glob("*.py"))
+    assert scripts == sorted(EXAMPLE_SCRIPTS)
+    for name in scripts:
+        source = (EXAMPLES_DIR / f"{name}.py").read_text()
+        assert len(source.splitlines()) < 80, name
+        docstring = ast.get_docstring(ast.parse(source))
+        assert docstring and "Run: ``python examples/" in docstring, name
+        assert "RFGP_EXAMPLES_FAST" in docstring, name
+
+
+def test_regression_example_beats_the_prior(monkeypatch, tmp_path):
+    _, scores = _run_example(monkeypatch, tmp_path, "regression")
+    # On standardised targets, predicting N(0, 1) everywhere scores MNLL log(2 pi e) / 2.
+    assert scores["MNLL"] < 0.5 * math.log(2 * math.pi * math.e)
+    assert 0.0 <= scores["coverage"] <= 1.0 and math.isfinite(scores["RMSE"])
+
+
+def test_large_data_example_streams_every_row(monkeypatch, tmp_path, capsys):
+    namespace, error = _run_example(monkeypatch, tmp_path, "large_data")
+    assert f"conditioned on {namespace['ROWS']} rows" in capsys.readouterr().out
+    # Better than the best constant: the noise-free function's spread over the same box.
+    import numpy as np
+
+    x = np.random.default_rng(3).uniform(-2, 2, size=(4000, 4))
+    assert error < 0.5 * namespace["truth"](x).std()
+    assert list(tmp_path.iterdir()) == []  # the memory-mapped file went with its folder
+
+
+def test_classification_example_beats_uniform_probabilities(monkeypatch, tmp_path):
+    pytest.importorskip("sklearn")
+    _, scores = _run_example(monkeypatch, tmp_path, "classification")
+    # Two classes: probabilities (1/2, 1/2) score MNLL log 2; the majority class is 63% of rows.
+    assert scores["MNLL"] < math.log(2)
+    assert scores["accuracy"] > 0.63
+    assert 0.0 <= scores["ECE"] <= 1.0
+
+
+def test_vector_field_example_beats_the_mean_field(monkeypatch, tmp_path, capsys):
+    _, scores = _run_example(monkeypatch, tmp_path, "vector_field")
+    spread = float(capsys.readouterr().out.split("test points: ")[1].split(" m/s")[0])
+    assert scores["RMSE (m/s)"] < spread
+    assert all(-1.0 <= scores[key] <= 1.0 for key in scores if key.startswith(("curl", "div")))
+
+
+def test_bayesopt_example_finds_no_value_below_the_optimum(monkeypatch, tmp_path):
+    pytest.importorskip("botorch")
+    import torch
+
+    namespace, best = _run_example(monkeypatch, tmp_path, "bayesopt")
+    branin, low, high = namespace["branin"], namespace["LOW"], namespace["HIGH"]
+    minimisers = torch.tensor([[-math.pi, 12.275], [math.pi, 2.275], [9.42478, 2.475]])
+    optimum = branin((minimisers - low) / (high - low))
+    assert torch.allclose(optimum, torch.full((3,), 0.397887), atol=1e-5)
+    assert 0.397887 - 1e-6 <= best < math.inf
+
+
+def test_sklearn_pipeline_example_fits_better_than_the_mean(monkeypatch, tmp_path):
+    pytest.importorskip("sklearn")
+    _, scores = _run_example(monkeypatch, tmp_path, "sklearn_pipeline")
+    assert scores["test R^2"] > 0.0  # the mean of the training targets scores about 0
+    assert 0.0 <= scores["coverage"] <= 1.0
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("classification", "sklearn"), ("bayesopt", "botorch"), ("sklearn_pipeline", "sklearn")])
+def test_an_example_whose_extra_is_missing_says_so(monkeypatch, tmp_path, capsys, name,
+                                                   missing):
+    _without(monkeypatch, missing)
+    _run_example(monkeypatch, tmp_path, name)
+    assert f'pip install "rfgp[{missing}]"' in capsys.readouterr().out

@@ -53,3 +53,9 @@ def test_extras_and_license(pyproject):
     assert any(req.startswith("build") for req in project["optional-dependencies"]["test"])
     assert project["license-files"] == ["LICENSE"] and (ROOT / "LICENSE").is_file()
     assert any(req.startswith("torch>=") for req in project["dependencies"])
+
+
+def test_the_sdist_carries_the_examples_the_tests_run():
+    # tests/test_examples.py runs every script in examples/: an sdist without them fails.
+    lines = (ROOT / "MANIFEST.in").read_text().splitlines()
+    assert "graft tests" in lines and "graft examples" in lines

@@ -1,12 +1,16 @@
 """The package's names live in one place each: no old path or method name resolves, the
 public paths import without a warning, every other module says it is internal by a ``_`` in its
-path, and the benchmarks and examples import public names only."""
+path, and what users read (examples/, the demo, the guide, the README) names public names only;
+the benchmarks may import internals, but only names that exist."""
 
 import ast
 import importlib
+import importlib.util
 import pkgutil
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -155,6 +159,28 @@ def _declared_all(module: str) -> set:
     raise AssertionError(f"{module} has no __all__")
 
 
+#: Names a public package exports for another layer of rfgp, not for users: the recipes import
+#: the inference layer through ``rfgp.inference``'s names, never from its modules, so these are
+#: in its ``__all__``; the API pages do not document them and what users read must not name them.
+LAYER_NAMES = {
+    "rfgp.inference": {
+        "CHOICE_FEATURES", "MAX_ITERATIVE_FEATURES", "MAX_WEIGHT_FEATURES", "ScaleCalibration",
+        "calibrate_scales", "calibrate_source_scales", "classifier_fit_cost", "cross_validate",
+        "evidence_hessian", "exact_evidence_cost", "feature_evidence_cost", "final_fit_cost",
+        "final_path", "fit_calibrated", "fit_calibrated_source",
+        "fourier_kernel_negative_log_evidence", "heteroscedastic_negative_log_evidence",
+        "kd_blocks", "largest_features_within", "lengthscale_draws", "measure_machine_rate",
+        "negative_log_evidence",
+    },
+}
+
+
+def _user_facing(module: str) -> set:
+    """The names of a public module's ``__all__`` that users may call (without the names it
+    exports for another layer of the package)."""
+    return _declared_all(module) - LAYER_NAMES.get(module, set())
+
+
 def _rfgp_imports(path: Path):
     """``(module, name or None, line)`` of every import of rfgp in a file, at any depth."""
     for node in ast.walk(ast.parse(path.read_text())):
@@ -168,18 +194,97 @@ def _rfgp_imports(path: Path):
                     yield alias.name, None, node.lineno
 
 
-USER_FACING = sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "rfgp" / "demo").glob("*.py")])
+USER_FACING = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "rfgp" / "demo").glob("*.py")])
+BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
+#: Guide pages for contributors, which name the internal modules they describe.
+CONTRIBUTOR_PAGES = [ROOT / "docs" / "guide" / "architecture.md"]
+USER_PAGES = sorted([*(ROOT / "docs" / "guide").glob("*.md"), ROOT / "README.md",
+                     ROOT / "docs" / "index.md"])
+USER_PAGES = [page for page in USER_PAGES if page not in CONTRIBUTOR_PAGES]
+
+
+def _import_problems(imports):
+    """What is wrong with ``(module, name, line)`` imports a user reads: internal modules, or
+    names outside the module's ``__all__``."""
+    problems = []
+    for module, name, line in imports:
+        if module not in PUBLIC_MODULES:
+            problems.append(f"line {line}: {module} is internal")
+        elif name is not None and name not in _user_facing(module):
+            problems.append(f"line {line}: {name} is not a user-facing name of {module}")
+    return problems
 
 
 @pytest.mark.parametrize("path", USER_FACING, ids=[str(p.relative_to(ROOT)) for p in USER_FACING])
-def test_benchmarks_and_examples_import_public_names_only(path):
+def test_examples_and_the_demo_import_public_names_only(path):
+    assert _import_problems(_rfgp_imports(path)) == []
+
+
+def test_there_are_examples_to_check():
+    assert len([p for p in USER_FACING if p.parent.name == "examples"]) >= 6
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=[p.name for p in BENCHMARKS])
+def test_benchmark_imports_resolve(path):
+    # Benchmarks may import internals (they measure them), but every name must exist.
     problems = []
     for module, name, line in _rfgp_imports(path):
-        if module not in PUBLIC_MODULES:
-            problems.append(f"line {line}: {module} is internal")
-        elif name is not None and name not in _declared_all(module):
-            problems.append(f"line {line}: {name} is not in {module}.__all__")
+        if module in ("rfgp.botorch", "rfgp.sklearn"):
+            pytest.importorskip(module.rpartition(".")[2])
+        imported = importlib.import_module(module)
+        if name is not None and not hasattr(imported, name):
+            problems.append(f"line {line}: {module} has no {name}")
     assert problems == []
+
+
+def _code_block_imports(text: str):
+    """``(module, name, line)`` of the rfgp imports in a Markdown page's Python code blocks
+    (indented blocks, as in list items, included)."""
+    for block in re.finditer(r"```python\n(.*?)```", text, flags=re.S):
+        first_line = text.count("\n", 0, block.start()) + 2
+        tree = ast.parse(textwrap.dedent(block.group(1)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rfgp":
+                for alias in node.names:
+                    yield node.module, alias.name, first_line + node.lineno - 1
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "rfgp":
+                        yield alias.name, None, first_line + node.lineno - 1
+
+
+def _private_mentions(text: str):
+    """Dotted ``rfgp.a.b`` names in a text that are not public: after the longest public
+    module, the next part must be in that module's ``__all__`` and no later part private."""
+    for match in re.finditer(r"\brfgp(?:\.\w+)+", text):
+        parts = match.group(0).split(".")
+        depth = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in PUBLIC_MODULES)
+        module, rest = ".".join(parts[:depth]), parts[depth:]
+        if (rest and rest[0] not in _user_facing(module)) or any(
+                part.startswith("_") and not part.startswith("__") for part in rest):
+            yield match.group(0)
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=[str(p.relative_to(ROOT)) for p in USER_PAGES])
+def test_user_pages_name_public_names_only(page):
+    text = page.read_text()
+    problems = _import_problems(_code_block_imports(text))
+    problems += [f"{name} is not public" for name in _private_mentions(text)]
+    assert problems == []
+
+
+def test_the_page_check_finds_private_names():
+    text = (
+        "See `rfgp.recipes._schedule.plan_regression` and `rfgp.fit_auto`.\n\n"
+        "1. A list item:\n\n   ```python\n   from rfgp.inference import RandomFeatureGP\n"
+        "   from rfgp.recipes import not_a_public_name\n   ```\n"
+    )
+    assert list(_private_mentions(text)) == ["rfgp.recipes._schedule.plan_regression"]
+    assert _import_problems(_code_block_imports(text)) == [
+        "line 7: not_a_public_name is not a user-facing name of rfgp.recipes"]
+    assert list(_private_mentions("`rfgp.inference.calibrate_scales`")) == [
+        "rfgp.inference.calibrate_scales"]
+    assert list(_private_mentions("rfgp.RandomFeatureGP.update, rfgp.kernels.real_form")) == []
 
 
 def test_the_import_check_reads_every_kind_of_import(tmp_path):
@@ -216,7 +321,41 @@ def test_api_pages_document_public_paths(page):
         path = line[4:].strip()
         module, _, name = path.rpartition(".")
         public = path in PUBLIC_MODULES or (
-            module in PUBLIC_MODULES and name in _declared_all(module))
+            module in PUBLIC_MODULES and name in _user_facing(module))
         if not public:
             problems.append(path)
     assert problems == []
+
+
+def test_the_layer_names_are_what_the_recipes_import_from_the_inference_layer():
+    # Each is imported from rfgp.inference by a module of rfgp outside it, and the rest of
+    # rfgp.inference's __all__ is documented on an API page.
+    imported = set()
+    for path in (ROOT / "rfgp").rglob("*.py"):
+        if ROOT / "rfgp" / "inference" not in path.parents:
+            imported |= {name for module, name, _ in _rfgp_imports(path)
+                         if module == "rfgp.inference"}
+    assert LAYER_NAMES["rfgp.inference"] <= _declared_all("rfgp.inference")
+    assert LAYER_NAMES["rfgp.inference"] <= imported
+    documented = {line[4:].strip().rpartition(".")[2] for page in API_PAGES
+                  for line in page.read_text().splitlines()
+                  if line.startswith("::: ")}
+    assert _user_facing("rfgp.inference") <= documented
+
+
+@pytest.mark.parametrize("page", CONTRIBUTOR_PAGES, ids=[p.name for p in CONTRIBUTOR_PAGES])
+def test_contributor_pages_name_modules_and_files_that_exist(page):
+    text = page.read_text()
+    missing = []
+    for match in set(re.findall(r"\brfgp(?:\.\w+)+", text)):
+        parts = match.split(".")
+        depth = max(k for k in range(1, len(parts) + 1)
+                    if importlib.util.find_spec(".".join(parts[:k])) is not None)
+        obj = importlib.import_module(".".join(parts[:depth]))
+        for part in parts[depth:]:
+            obj = getattr(obj, part, None)
+        if obj is None:
+            missing.append(match)
+    missing += [name for name in re.findall(r"`(rfgp/[\w/]+\.py)", text)
+                if not (ROOT / name).is_file()]
+    assert missing == []

@@ -110,7 +110,7 @@ def test_default_feature_counts_inside_and_outside_the_recipe():
     # The recipe's refit goes past 8192 features on few rows (function space); a fit outside
     # the recipe (here a fixed-hyperparameter RBF fit) keeps at most 8192.
     from rfgp.recipes import RegressionOptions
-    from rfgp.recipes._schedule import plan_regression
+    from rfgp.recipes._regression import plan_regression
 
     X, y = _regression_data(60)
     recipe = RandomFeatureGPRegressor(random_state=0, cv_folds=0).fit(X, y)
@@ -424,3 +424,95 @@ def test_sample_y_refuses_a_non_integer_count(n_samples, error):
     with pytest.raises(error, match="n_samples must be an integer"):
         reg.sample_y(X[:3], n_samples=n_samples)
     assert reg.sample_y(X[:3], n_samples=np.int64(2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize("random_state, error", [
+    (2**64, ValueError), (-1, ValueError), ("x", TypeError), (1.5, TypeError),
+])
+def test_random_state_follows_the_recipes_seed_rule(random_state, error):
+    X, y = _regression_data(20)
+    rule = r"random_state must be (None, a numpy RandomState or )?an integer in \[0, 2\*\*64 - 1\]"
+    for estimator, target in ((RandomFeatureGPRegressor, y),
+                              (RandomFeatureGPClassifier, (y > 0).astype(int))):
+        with pytest.raises(error, match=rule):
+            estimator(num_features=16, random_state=random_state).fit(X, target)
+    with pytest.raises(error, match=rule):
+        RandomFeatureGPRegressor(num_features=16, optimizer=None).fit(X, y).sample_y(
+            X[:2], random_state=random_state)
+
+
+def test_a_seed_beyond_2_to_the_63_is_the_recipes_seed():
+    # random_state=s fits as fit_auto(seed=s) for every seed the recipe takes, 2**63 included
+    # (numpy's RandomState stops at 2**32, which is not the rule).
+    X, y = _regression_data(40)
+    seed = 2**63 + 5
+    options = dict(num_features=16, lengthscale_draws=0, cv_folds=0, local_search=False)
+    reg = RandomFeatureGPRegressor(random_state=seed, **options).fit(X, y)
+    scaled = (y - y.mean()) / y.std()
+    gp = fit_auto(torch.tensor(X), torch.tensor(scaled), seed=seed, **options)
+    np.testing.assert_allclose(reg.predict(X[:5]), gp.predict(torch.tensor(X[:5])).numpy()
+                               * y.std() + y.mean(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.1, 1 / 3, 7.7, -123.456])
+@pytest.mark.parametrize("normalize_y", [True, False])
+def test_constant_targets_are_refused_naming_y(value, normalize_y):
+    X, _ = _regression_data(30)
+    y = np.full(30, value)
+    if value and not normalize_y:
+        # As given, a non-zero constant is a target to fit (the prior mean is zero).
+        reg = RandomFeatureGPRegressor(num_features=16, normalize_y=False, random_state=0)
+        assert np.all(np.isfinite(reg.fit(X, y).predict(X[:3])))
+        return
+    with pytest.raises(ValueError, match=r"y must vary, got 30 samples where every target"):
+        RandomFeatureGPRegressor(num_features=16, normalize_y=normalize_y,
+                                 random_state=0).fit(X, y)
+
+
+def test_a_constant_column_is_scaled_by_its_value_exactly():
+    from rfgp.sklearn._support import target_scaling
+
+    # The mean of 30 copies of 0.1 is not 0.1 in floating point, and the standard deviation
+    # is then that rounding: the column must not become +-1 in every row.
+    y = np.stack([np.full(30, 0.1), np.arange(30.0)], 1)
+    offset, scale = target_scaling(y, True)
+    assert offset[0] == 0.1 and scale[0] == 1.0
+    assert not np.any((y[:, 0] - offset[0]) / scale[0])
+    assert offset[1] == y[:, 1].mean() and scale[1] == y[:, 1].std()
+    X, _ = _regression_data(30)
+    reg = RandomFeatureGPRegressor(num_features=16, random_state=0).fit(X, y)
+    # The zero column's posterior mean is zero: its prediction is its value, exactly.
+    assert np.all(reg.predict(X[:4])[:, 0] == 0.1)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("lengthscale", "x"), ("lengthscale", float("nan")), ("lengthscale", -1.0),
+    ("lengthscale", None), ("sampling", "sobol"), ("sampling", None), ("sampling", 1),
+    ("degree", 0), ("degree", 2.0), ("degree", True), ("bias", -1.0), ("bias", float("inf")),
+    ("bias", "1"), ("projection", "srht"), ("projection", float("nan")),
+])
+@pytest.mark.parametrize("estimator", [RandomFeatureGPRegressor, RandomFeatureGPClassifier])
+def test_kernel_parameters_are_checked_on_every_path(estimator, name, value):
+    # The default recipe does not use them; an invalid one is still refused, not ignored.
+    X, y = _regression_data(20)
+    target = y if estimator is RandomFeatureGPRegressor else (y > 0).astype(int)
+    with pytest.raises((ValueError, TypeError), match=f"^{name} must be"):
+        estimator(num_features=16, random_state=0, **{name: value}).fit(X, target)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1, "yes", None])
+def test_normalize_y_must_be_a_bool(value):
+    # bool(nan) and bool("yes") are True: such a value was taken as a truth value.
+    X, y = _regression_data(20)
+    with pytest.raises(TypeError, match="normalize_y must be a bool"):
+        RandomFeatureGPRegressor(num_features=16, normalize_y=value).fit(X, y)
+
+
+def test_counts_beyond_torchs_sizes_are_named():
+    X, y = _regression_data(20)
+    with pytest.raises(ValueError, match="num_features must be a positive integer of at most"):
+        RandomFeatureGPRegressor(num_features=2**64).fit(X, y)
+    with pytest.raises(ValueError, match="lengthscale_draws must be an integer in"):
+        RandomFeatureGPRegressor(num_features=16, lengthscale_draws=2**64).fit(X, y)
+    with pytest.raises(ValueError, match="mc_samples must be a positive integer of at most"):
+        RandomFeatureGPClassifier(num_features=16, mc_samples=2**64).fit(X, (y > 0).astype(int))

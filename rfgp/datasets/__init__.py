@@ -4,6 +4,9 @@
   ``wine-quality-red``): see ``data/uci/LICENSE-source.txt``; the larger ``elevators``,
   ``pol``, ``bike``, ``pumadyn32nm``, ``tamielectric`` and ``keggundirected`` (8192 to 63608
   rows): see ``data/uci-large/LICENSE-source.txt``.
+* UCI classification sets (``letter``, ``magic``, ``adult``; 19,020 to 48,842 rows) with
+  :func:`load_uci_classification` and adult's one-hot encoding
+  (:func:`encode_adult_categories`): see ``data/uci-cls/LICENSE-source.txt``.
 * The 200 hPa global wind field with its Helmholtz decomposition: see
   ``data/wind/LICENSE-source.txt``.
 """
@@ -29,9 +32,21 @@ from rfgp._validation import (
     check_real,
     describe,
 )
+from rfgp.datasets._classification import (
+    ADULT_CATEGORIES,
+    ADULT_MISSING,
+    ADULT_NUMERIC,
+    UCI_CLASSIFICATION_DATASETS,
+    ClassificationSet,
+    decode_adult_categories,
+    encode_adult_categories,
+    load_uci_classification,
+)
 
 __all__ = ["UCI_DATASETS", "WindField", "load_uci", "load_wind", "train_test_split",
-           "standardize"]
+           "standardize", "ADULT_CATEGORIES", "ADULT_MISSING", "ADULT_NUMERIC",
+           "UCI_CLASSIFICATION_DATASETS", "ClassificationSet", "decode_adult_categories",
+           "encode_adult_categories", "load_uci_classification"]
 
 #: name -> (file name, number of input columns); the target is the last column. The first six
 #: (277 to 9568 rows) are in ``data/uci``, the larger six (8192 to 63608 rows) in

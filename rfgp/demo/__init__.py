@@ -33,7 +33,7 @@ import importlib.util
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 __all__ = ["EXAMPLES", "REQUIRES", "format_table", "main", "pyplot"]
 
@@ -87,18 +87,60 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(output_dir: str = "demo_output", examples: Optional[List[str]] = None) -> List[dict]:
-    """Run every example that can run here (or those named in ``examples``, names from
-    :data:`EXAMPLES`), print the summary table and return its rows."""
-    import torch
+def _demo_threads() -> int:
+    """The torch threads the demo runs on: ``RFGP_DEMO_THREADS`` (a positive integer), else 1;
+    a ``ValueError`` naming the variable where it is set to anything else."""
+    text = os.environ.get("RFGP_DEMO_THREADS", "1")
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(
+            "the environment variable RFGP_DEMO_THREADS must be a positive integer (the demo's "
+            f"torch threads), got {text!r}; unset it to run on one thread"
+        )
+    return threads
 
+
+def main(output_dir: Union[str, os.PathLike] = "demo_output",
+         examples: Optional[Sequence[str]] = None) -> List[dict]:
+    """Run every example that can run here (or those named in ``examples``, names from
+    :data:`EXAMPLES`), print the summary table and return its rows.
+
+    Args:
+        output_dir: the folder for the plots (created where missing).
+        examples: a list of names from :data:`EXAMPLES` (``None``: all), e.g.
+            ``["regression"]``; a single name as a string is refused, not split into letters.
+
+    Raises:
+        TypeError: for an ``output_dir`` that is not a path, or ``examples`` that is not a
+            list of names.
+        ValueError: for an unknown example, or an ``RFGP_DEMO_THREADS`` that is not a positive
+            integer.
+    """
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"output_dir must be a path (str or os.PathLike), got {type(output_dir).__name__} "
+            f"{output_dir!r}"
+        )
+    if examples is not None and (isinstance(examples, (str, bytes)) or not all(
+            isinstance(name, str) for name in examples)):
+        hint = f"; pass [{examples!r}]" if isinstance(examples, str) else ""
+        raise TypeError(
+            f"examples must be None or a list of names from {EXAMPLES}, got "
+            f"{type(examples).__name__} {examples!r}{hint}"
+        )
     unknown = sorted(set(examples or []) - set(EXAMPLES))
     if unknown:
         raise ValueError(f"unknown example(s) {unknown}; the examples are {EXAMPLES}")
+    threads = _demo_threads()
+
+    import torch
 
     # The examples are small: a second thread gains little, and on a shared machine spinning
     # OpenMP threads can make them many times slower. RFGP_DEMO_THREADS overrides.
-    torch.set_num_threads(int(os.environ.get("RFGP_DEMO_THREADS", "1")))
+    torch.set_num_threads(threads)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     rows: List[dict] = []

@@ -2,7 +2,7 @@ r"""Blocks of neighbouring rows: the partition behind the recipe's local stage.
 
 :func:`kd_blocks` cuts the rows into blocks of at most ``max_rows`` rows, each a cell of input
 space, so that an evidence summed over the blocks (the kernel matrix without its cross-block
-entries, :func:`rfgp.recipes.maximize_evidence` with ``blocks``) sees every block's
+entries, :func:`rfgp.recipes._search.maximize_evidence` with ``blocks``) sees every block's
 rows at the data's full density, at :math:`O(\sum_b n_b^3)` per evaluation.
 """
 

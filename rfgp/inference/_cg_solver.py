@@ -32,14 +32,18 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._iterative import (
     CGResult,
     CGSettings,
+    check_resolvable,
     conjugate_gradients,
+    lanczos_largest,
     lanczos_log_quadrature,
 )
+from rfgp.inference._linalg import check_memory
 from rfgp.inference._noise import equal_noise_columns
 from rfgp.inference._nystrom import NystromPreconditioner, rank_memory_cap
 from rfgp.inference._solvers import Solver, WeightFactor, _to
@@ -308,24 +312,30 @@ class ConjugateGradientSolver(Solver):
     def tolerance(self) -> float:
         return self.settings.tolerance_for(self.dtype)
 
-    def precondition(self, residual: Tensor, columns: Sequence[int]) -> Tensor:
-        """Each column through its noise group's :math:`P^{-1}`."""
+    def precondition(self, residual: Tensor, columns: Sequence[int],
+                     root: bool = False) -> Tensor:
+        """Each column through its noise group's :math:`P^{-1}` (``root``: :math:`P^{-1/2}`)."""
         group_of = self._group_of()
         out = residual.clone()
         for g, pre in enumerate(self.preconditioners):
             idx = [j for j, c in enumerate(columns) if group_of[c] == g]
             if idx and pre.rank:
-                out[:, idx] = pre.inverse(residual[:, idx])
+                apply = pre.inverse_sqrt if root else pre.inverse
+                out[:, idx] = apply(residual[:, idx])
         return out
 
     def solve(self, rhs: Tensor, columns: Sequence[int], what: str,
-              initial: Optional[Tensor] = None) -> CGResult:
-        """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``."""
+              initial: Optional[Tensor] = None,
+              energy_tolerance: Optional[float] = None) -> CGResult:
+        """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``
+        (``energy_tolerance``: see :func:`~rfgp.inference._iterative.conjugate_gradients`)."""
         columns = list(columns)
         return conjugate_gradients(
             lambda v: self.operator.apply(v, columns), rhs,
             lambda r: self.precondition(r, columns), self.tolerance(),
             self.settings.max_iterations, what, initial=initial,
+            energy_tolerance=energy_tolerance,
+            precondition_root=lambda r: self.precondition(r, columns, root=True),
         )
 
     def build_preconditioners(self, operator: FeatureOperator) -> List[NystromPreconditioner]:
@@ -370,7 +380,17 @@ class ConjugateGradientSolver(Solver):
             start = self.mean_weights
             if start is not None and start.shape != rhs.shape:
                 start = None
-            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start)
+            # A preconditioner's top eigenvalue estimates B's before any iteration; without
+            # one the run's Ritz values do (B >= I, so its largest eigenvalue bounds kappa).
+            largest = max((float(p.eigenvalues.max()) for p in self.preconditioners if p.rank),
+                          default=0.0)
+            check_resolvable(1.0 + largest, self.dtype)
+            # The mean within `tolerance` posterior standard deviations at every input, not
+            # only a relative residual (which allows many where B is ill-conditioned); the
+            # targets are stored divided by target_scale, and so is the bound.
+            result = self.solve(rhs, range(t), "the mean weights B w = Phi^H S^-1 y", start,
+                                self.tolerance() / self.target_scale)
+            check_resolvable(lanczos_largest(result), self.dtype)
         self.mean_weights, self.iterations = result.solution, result.iterations
 
     # ------------------------------------------------------------------ posterior
@@ -436,7 +456,8 @@ class ConjugateGradientSolver(Solver):
 
                     view = torch.view_as_real(xi) if xi.is_complex() else xi
                     dist.broadcast(view, src=0, group=op.process_group)
-                sample = self.solve(rhs + xi, [cols[0]] * k, "the posterior draws").solution
+                sample = self.solve(rhs + xi, [cols[0]] * k, "the posterior draws",
+                                    energy_tolerance=self.tolerance()).solution
                 mean = (self.mean_weights[:, cols] * self.target_scale).unsqueeze(1)
                 draws.append((cols, mean + sample.reshape(op.width, num_samples, len(cols))))
         return draws
@@ -479,20 +500,76 @@ class ConjugateGradientSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        data = [tuple(batch) for batch in state["data"]]
-        settings = CGSettings(**state["settings"])
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        batches = state.sequence("data")
+        if not len(batches):
+            raise ValueError(f"checkpoint entry {state.name('data')} must hold the training "
+                             "batches of the solve='cg' fit, got an empty list")
+        data = []
+        for index in range(len(batches)):
+            batches.items(index, 3)
+            batch = batches.sequence(index)
+            data.append((batch.tensor(0, ndim=2), batch.tensor(1, ndim=2),
+                         batch.tensor(2, optional=True, ndim=2)))
+            x, targets, noise = data[-1]
+            if (targets.shape[1] != data[0][1].shape[1] or (noise is None) != (data[0][2] is None)
+                    or (noise is not None and noise.shape != targets.shape)):
+                raise ValueError(
+                    f"checkpoint entry {batches.name(index)} must hold targets (R, T) with the "
+                    "first batch's T columns and a noise of their shape (or None in every "
+                    f"batch), got {tuple(targets.shape)} and "
+                    f"{None if noise is None else tuple(noise.shape)}"
+                )
+        settings_record = state.record("settings")
+        known = set(CGSettings.__dataclass_fields__)
+        unknown = sorted(set(settings_record.values) - known)
+        if unknown:
+            raise ValueError(f"checkpoint entry {state.name('settings')} holds unknown settings "
+                             f"{unknown}; expected some of {sorted(known)}")
+        try:
+            settings = CGSettings(**settings_record.values)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"checkpoint entry {state.name('settings')}: {err}") from None
         # The feature map is bound by the model before any use (its kernel is loaded after).
-        op = FeatureOperator(None, data, complex_solve, data[0][1].dtype, int(state["chunk"]),
-                             settings.cache_bytes, None, bool(state["distributed"]))
+        op = FeatureOperator(None, data, complex_solve, data[0][1].dtype,
+                             state.integer("chunk", 1), settings.cache_bytes, None,
+                             state.boolean("distributed"))
         op.detached = op.distributed
         op.distributed = False
-        op.column_noise = state["column_noise"]
-        solver = cls(op, settings, complex_solve, jitter, target_scale, int(state["num_rows"]))
-        solver._groups = [list(c) for c in state["groups"]]
-        solver.mean_weights = state["mean_weights"]
-        solver.preconditioners = [NystromPreconditioner(b, e) for b, e in state["preconditioners"]]
-        solver.iterations = int(state["iterations"])
+        op.column_noise = state.tensor("column_noise", optional=op.fixed_noise, ndim=1)
+        solver = cls(op, settings, complex_solve, jitter, target_scale,
+                     state.integer("num_rows", 1))
+        groups = state.sequence("groups")
+        solver._groups = [groups.columns(i) for i in range(len(groups))]
+        solver.mean_weights = state.tensor("mean_weights", ndim=2)
+        num_columns = data[0][1].shape[1]
+        if solver.mean_weights.shape[1] != num_columns or (
+                op.column_noise is not None and op.column_noise.shape != (num_columns,)):
+            raise ValueError(
+                f"checkpoint entries {state.name('mean_weights')} and "
+                f"{state.name('column_noise')} must have the targets' {num_columns} columns, "
+                f"got {tuple(solver.mean_weights.shape)} and "
+                f"{None if op.column_noise is None else tuple(op.column_noise.shape)}"
+            )
+        preconditioners = state.sequence("preconditioners")
+        solver.preconditioners = []
+        for index in range(len(preconditioners)):
+            preconditioners.items(index, 2)
+            pair = preconditioners.sequence(index)
+            basis, eigenvalues = pair.tensor(0, ndim=2), pair.tensor(1, ndim=1)
+            width = solver.mean_weights.shape[0]
+            if basis.shape[0] != width or basis.shape[1] != eigenvalues.shape[0]:
+                raise ValueError(
+                    f"checkpoint entry {preconditioners.name(index)} must hold a (W, r) basis "
+                    f"with the mean weights' W = {width} rows and r eigenvalues, got "
+                    f"{tuple(basis.shape)} and {tuple(eigenvalues.shape)}")
+            solver.preconditioners.append(NystromPreconditioner(basis, eigenvalues))
+        if len(solver.preconditioners) != len(solver._groups):
+            raise ValueError(
+                f"checkpoint entry {state.name('preconditioners')} must hold one preconditioner "
+                f"per noise group ({len(solver._groups)}), got {len(solver.preconditioners)}")
+        solver.iterations = state.integer("iterations")
         return solver
 
 
@@ -528,6 +605,9 @@ def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Gen
     """
     op, probes = solver.operator, solver.settings.num_probes
     groups = solver.groups()
+    # Four (W, P G) blocks: the probes, their images, the CG iterate and its residual.
+    check_memory((4 * op.width, probes * len(groups)), op.vector_dtype, op.device,
+                 f"the log-determinant probes (num_probes={probes})", "use fewer num_probes")
     v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
     rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
     for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):

@@ -105,7 +105,7 @@ def held_out_log_density(
             matching shapes, or a noise that is not a finite 0-d tensor.
 
     Example:
-        >>> from rfgp.recipes import make_ard_kernel
+        >>> from rfgp.recipes._start import make_ard_kernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.randn(40, 2, dtype=torch.float64, generator=g)
         >>> y = torch.sin(x[:, 0])
@@ -192,7 +192,7 @@ def cross_validate(
         divided by ``T``, is the cross-validated log predictive density (higher is better).
 
     Example:
-        >>> from rfgp.recipes import make_ard_kernel
+        >>> from rfgp.recipes._start import make_ard_kernel
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.randn(60, 1, dtype=torch.float64, generator=g)
         >>> y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(60, dtype=torch.float64, generator=g)

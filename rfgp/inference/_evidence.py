@@ -405,7 +405,9 @@ def fourier_kernel_negative_log_evidence(
     own frequencies (:func:`fourier_negative_log_evidence` in weight space, ``N >= D``;
     :func:`negative_log_evidence` of :math:`\sqrt s\,\Phi` in function space). The gradient is
     in closed form in every case, and the hyperparameters are explicit tensors, so a caller
-    can differentiate in whatever parametrisation it needs.
+    can differentiate in whatever parametrisation it needs. Both depend on ``x`` only through
+    differences, so ``x`` is centred first (exact in exact arithmetic; in floating point it
+    keeps the digits that a large common offset would take).
 
     Args:
         kernel: the kernel: its spectral density and, without ``exact``, its frequencies. A
@@ -419,7 +421,7 @@ def fourier_kernel_negative_log_evidence(
         noise: 0-d :math:`\sigma^2 > 0`.
         exact: the exact kernel's evidence instead of the features'.
         blocks: with ``exact``, row-index tensors that partition the rows
-            (:func:`~rfgp.inference.kd_blocks`): the sum of the blocks' exact
+            (:func:`~rfgp.inference._blocks.kd_blocks`): the sum of the blocks' exact
             evidences, that of ``K`` with its cross-block entries set to zero,
             :math:`O(\sum_b n_b^3)` instead of :math:`O(N^3)`.
 
@@ -444,6 +446,12 @@ def fourier_kernel_negative_log_evidence(
         ...                    negative_log_evidence(z, y, 0.1 * one)))
         True
     """
+    if x.shape[0]:
+        # Both evidences depend on x only through differences (a stationary kernel; cos/sin
+        # pairs, cos(a - b) = cos a cos b + sin a sin b): centred, an offset such as a
+        # timestamp's no longer costs the digits of the projections omega^T x / l, of their
+        # derivatives in l (x / l times the frequency) and of the expanded squared distances.
+        x = x - x.detach().mean(0)
     if blocks is not None:
         if not exact:
             raise ValueError("fourier_kernel_negative_log_evidence(blocks=...) needs exact=True")

@@ -16,13 +16,20 @@ The work is done by the solvers (:mod:`~rfgp.inference._solvers`, the iterative
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._validation import check_bool, check_choice, check_int, check_real
+from rfgp._validation import (
+    check_bool,
+    check_choice,
+    check_generator,
+    check_int,
+    check_real,
+)
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._fit_state import Batch, FitState, StaleFitError
 from rfgp.inference._fitting import SolverFactory
@@ -93,7 +100,8 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
         statistics_dtype: dtype of the statistics and factorisations (default: the data's).
         cg_tolerance, max_cg_iterations, preconditioner_rank, cache_bytes: the iterative solve's
             settings (relative residual, default ``1e-6``
-            in float64; iterations; Nyström rank, ``None`` automatic; bytes of cached features).
+            in float64, and the bound on the mean's error in posterior standard deviations;
+            iterations; Nyström rank, ``None`` automatic; bytes of cached features).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
@@ -260,6 +268,30 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
                                                process_group, reallocate, reuse)
         self._install(solver, layout, x0, None if distributed else list(batches), chunk,
                       allocated)
+        return self
+
+    def _fit_sums(self, x: Tensor, y: Tensor, gram: Tensor, rhs: Tensor, squares: Tensor,
+                  count: int) -> RandomFeatureGP:
+        r"""Fit (weight space, model noise) from sums over rows that are not passed:
+        :math:`Z^\top Z`, :math:`Z^\top Y`, each target column's :math:`y_t^\top y_t` and the
+        row count. ``(x, y)``: a row (or more) as a fit would read them, for the layout, the
+        dtype and any lazily drawn weights (they are not added). Nothing is held for a
+        refit."""
+        factory = self._factory
+        prepared = factory.prepare(x, y, None, model_noise=self.noise)
+        layout = factory.new_layout(prepared, False, self.noise)
+        with torch.no_grad():
+            factory.feature_map.real_rows(prepared[0])
+        largest = float(squares.max().sqrt())
+        # A power of two near the targets' size: dividing by it is exact, and keeps the
+        # solve's sums of squares finite.
+        scale = 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 1.0
+        stats = factory.new_statistics(rhs.shape[1], False, prepared[0])
+        stats.grams[0] = gram.to(device=stats.device, dtype=stats.dtype)
+        stats.rhs = (rhs / scale).to(device=stats.device, dtype=stats.dtype)
+        stats.yy = (squares / scale**2).to(device=stats.device, dtype=stats.dtype)
+        stats.count = count
+        self._install(factory.weight_solver(stats, scale), layout, prepared[0], None, None)
         return self
 
     def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor, held: Optional[List[Batch]],
@@ -524,6 +556,7 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
             of this posterior; it moves with ``.to()`` and saves with ``torch.save``.
         """
         num_samples = check_int("num_samples", num_samples)
+        generator = check_generator("generator", generator)
         state = self._current("sample_functions")
         with torch.no_grad():
             draws = state.solver.draw_weights(num_samples, generator,

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rfgp._ops import power_of_two_scale
 from rfgp.inference._cg_solver import ConjugateGradientSolver
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._fingerprint import Fingerprint
 from rfgp.inference._noise import NoiseLayout, check_noise_usable
 from rfgp.inference._solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
@@ -112,19 +113,48 @@ class FitState:
         }
 
     @classmethod
-    def from_dict(cls, state: dict, complex_solve: bool, jitter) -> Optional[FitState]:
-        if not state.get("fitted"):
+    def from_dict(cls, state: Any, complex_solve: bool, jitter) -> Optional[FitState]:
+        """The fit saved by :meth:`to_dict`; a missing or malformed entry is refused, named
+        (:class:`~rfgp.inference._checkpoint_record.CheckpointRecord`)."""
+        record = CheckpointRecord(state, "'_extra_state'")
+        if not record.boolean("fitted"):
             return None
-        solver_state = state["solver"]
-        solver = _SOLVER_TYPES[solver_state["solver"]].from_state(
-            solver_state, complex_solve, jitter, state["target_scale"]
+        solver_record = record.record("solver")
+        kind = solver_record.choice("solver", _SOLVER_TYPES)
+        solver = _SOLVER_TYPES[kind].from_state(
+            solver_record, complex_solve, jitter, record.positive("target_scale")
         )
+        layout = record.record("layout")
+        fingerprint = record.record("fingerprint")
+        num_columns = layout.integer("num_columns", 1)
+        outputs = layout.integer("outputs_per_input", 1)
+        if isinstance(solver, ConjugateGradientSolver):
+            for index, (x, targets, _) in enumerate(solver.operator.data):
+                if x.shape[0] * outputs != targets.shape[0]:
+                    raise ValueError(
+                        f"checkpoint entry {solver_record.path}['data'][{index}] must hold "
+                        f"{outputs} target rows per input row, got {x.shape[0]} inputs and "
+                        f"{targets.shape[0]} target rows"
+                    )
+        covered = sorted(c for cols in solver.groups() for c in cols)
+        if covered != list(range(num_columns)):
+            raise ValueError(
+                f"checkpoint entry {solver_record.path}: its factors (or noise groups) must "
+                f"cover the {num_columns} output columns once each, got columns {covered}"
+            )
         return cls(
             solver=solver,
-            layout=NoiseLayout(**state["layout"]),
-            fingerprint=Fingerprint(dict(state["fingerprint"])),
-            factor_noise=state["factor_noise"],
-            feature_dtype=getattr(torch, state["feature_dtype"]),
-            device=torch.device(state["device"]),
-            allocated_by_fit=bool(state.get("allocated_by_fit", False)),
+            layout=NoiseLayout(
+                num_columns=num_columns,
+                y_ndim=layout.integer("y_ndim", 1),
+                outputs_per_input=outputs,
+                fixed=layout.boolean("fixed"),
+                frozen=layout.tensor("frozen", optional=True),
+            ),
+            fingerprint=Fingerprint({name: fingerprint.tensor(name, floating=False)
+                                     for name in fingerprint.values}),
+            factor_noise=record.tensor("factor_noise"),
+            feature_dtype=record.dtype("feature_dtype"),
+            device=record.device("device"),
+            allocated_by_fit=record.boolean("allocated_by_fit", False),
         )

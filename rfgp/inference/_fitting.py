@@ -107,13 +107,21 @@ class SolverFactory:
         return NoiseLayout(first[1].shape[1], first[3], p, fixed, frozen)
 
     # ------------------------------------------------------------------ solvers
-    def use_function_space(self, rows: int) -> bool:
-        """Whether the ``N x N`` solve is chosen for ``rows`` rows."""
+    def use_function_space(self, rows: int, like: Tensor) -> bool:
+        """Whether the ``N x N`` solve is chosen for ``rows`` rows: ``solve="function"``, or
+        ``"auto"`` when it costs fewer operations than the weight-space solve and its memory
+        (the training features and ``K + S`` with its factor, on ``like``'s device) fits;
+        otherwise ``"auto"`` goes on to the weight-space or iterative solve."""
         if self.solve != "auto":
             return self.solve == "function"
         fm = self.feature_map
         width = fm.num_features if self.complex_solve else fm.num_real_features
-        return rows**2 * width + rows**3 / 3 < rows * width**2 + width**3 / 3
+        if not rows**2 * width + rows**3 / 3 < rows * width**2 + width**3 / 3:
+            return False
+        entries = rows * fm.outputs_per_input
+        item = torch.empty((), dtype=self.stats_dtype(like.dtype)).element_size()
+        needed = (entries * fm.num_real_features + 2 * entries**2) * item
+        return like.device.type not in ("cpu", "cuda") or needed <= available_memory(like.device)
 
     def use_iterative(self, like: Tensor) -> bool:
         """Whether the iterative solve is chosen: ``solve="cg"``, or ``"auto"`` when the
@@ -166,7 +174,8 @@ class SolverFactory:
         fm = self.feature_map
         check_memory((x.shape[0] * fm.outputs_per_input, fm.num_real_features), x.dtype,
                      x.device, "the training features of the function-space solve",
-                     "use solve='weight' (memory O(D^2)) or fit_stream")
+                     "use solve='cg' (matrix-free: memory O(N d + chunk D)), or solve='weight' "
+                     "(memory O(D^2)) where the D x D matrices fit")
         with torch.no_grad():
             rows = fm.rows(x)
         targets = torch.cat([b[1] for b in prepared]).to(self.stats_dtype(x.dtype)) / scale
@@ -210,7 +219,7 @@ class SolverFactory:
         rows; an iterative one takes a :class:`NystromPreconditioner` of its ``B`` as its
         first preconditioner instead of a sketch."""
         rows = sum(b[1].shape[0] for b in prepared)
-        if not distributed and self.use_function_space(rows):
+        if not distributed and self.use_function_space(rows, prepared[0][0]):
             return self.function_solver(prepared, scale)
         if self.use_iterative(prepared[0][0]):
             data = [self.kept(b, scale) for b in prepared]
@@ -316,7 +325,7 @@ class SolverFactory:
             with torch.no_grad():
                 rows = self.feature_map.rows(x)
             solver.add_rows(rows, rows_y.to(solver.dtype) / scale, rows_noise)
-            if self.use_function_space(solver.num_rows):
+            if self.use_function_space(solver.num_rows, x):
                 return solver
             return solver.to_weight_space(self.stats_dtype(x.dtype))
         if isinstance(solver, FunctionSpaceSolver):

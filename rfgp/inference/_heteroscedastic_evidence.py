@@ -25,8 +25,6 @@ Z_{R_t}`, so the ``C`` Gram matrices of ``C`` classes cost :math:`2 N D^2` inste
 With fewer rows than features the ``N x N`` matrices :math:`Z Z^\top + S_t` are used instead:
 :math:`\partial/\partial Z = \sum_t ((Z Z^\top + S_t)^{-1} - a_t a_t^\top) Z`,
 :math:`a_t = (Z Z^\top + S_t)^{-1} y_t`, at :math:`O(2 N^2 D + C N^3)`.
-
-Internal: the function is public as :func:`rfgp.inference.heteroscedastic_negative_log_evidence`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""Matrix-free linear algebra of the iterative solve: conjugate gradients and its cost model.
+r"""Matrix-free linear algebra of the iterative solve: conjugate gradients and Lanczos quadrature.
 
 The iterative solver (:mod:`~rfgp.inference._cg_solver`) never forms the ``D x D`` matrix
 :math:`B = \Phi^H S^{-1}\Phi + I`; it only applies it to blocks of vectors. This module holds
@@ -12,8 +12,8 @@ what works on such products alone:
   (:func:`lanczos_log_quadrature`, :func:`lanczos_condition`).
 * :func:`cg_iterations_bound`: the iterations CG needs at a given condition number (the
   Nyström preconditioner of :mod:`~rfgp.inference._nystrom` aims at a small one).
-* :func:`cg_fit_cost` / :func:`cg_fit_seconds`: the cost model of an iterative fit, and
-  :func:`cg_num_features`, the largest ``D`` within a time budget.
+
+The cost model of an iterative fit (``cg_fit_cost``) is :mod:`~rfgp.inference._fit_cost`'s.
 
 Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import torch
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp._validation import check_int, check_real
@@ -34,11 +35,10 @@ from rfgp.inference._selection import ConvergenceWarning
 __all__ = [
     "CGResult",
     "CGSettings",
-    "cg_fit_cost",
     "cg_iterations_bound",
-    "cg_fit_seconds",
-    "cg_num_features",
+    "check_resolvable",
     "conjugate_gradients",
+    "lanczos_largest",
     "lanczos_condition",
     "lanczos_log_quadrature",
 ]
@@ -55,13 +55,48 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
     return (a * b).sum(0)
 
 
+def _column_units(rhs: Tensor) -> Tensor:
+    """``(k,)`` powers of two within a factor 2 of each column's largest modulus (1 for a zero
+    column): dividing by them is exact and leaves every column's largest entry in [1, 2) (a
+    power just below the largest modulus, so that it stays finite up to the dtype's maximum)."""
+    largest = rhs.abs().amax(0) if rhs.shape[0] else rhs.real.new_zeros(rhs.shape[1])
+    exponent = torch.frexp(largest.to(rhs.real.dtype))[1] - 1
+    unit = torch.ldexp(torch.ones_like(largest), exponent)
+    return torch.where(largest > 0, unit, torch.ones_like(unit)).to(rhs.real.dtype)
+
+
+def _check_positive(active: Tensor, rz: Tensor, curvature: Tensor, what: str,
+                    dtype: torch.dtype) -> None:
+    """Refuse a step where ``r^H P^-1 r`` or ``p^H A p`` of an active column is not positive."""
+    broken = active & ~((rz > 0) & (curvature > 0) & torch.isfinite(rz) & torch.isfinite(curvature))
+    if bool(broken.any()):
+        real = dtype.to_real() if dtype.is_complex else dtype
+        raise NotPSDError(
+            f"conjugate gradients on {what} broke down: the matrix (or its preconditioner) is "
+            f"not positive definite in {real} (the noise is too small against the features' "
+            "scale for this precision); increase the noise or use float64"
+        )
+
+
+def _preconditioned(residual: Tensor, precondition: Optional[Product],
+                    root: Optional[Product]):
+    """``(P^-1 r, r^H P^-1 r)`` per column (see :func:`conjugate_gradients`)."""
+    if root is not None:
+        half = root(residual)
+        return root(half), _dot(half, half)
+    applied = residual if precondition is None else precondition(residual)
+    return applied, _dot(residual, applied)
+
+
 @dataclass
 class CGSettings:
     """The settings of an iterative solve (validated).
 
     Args:
         tolerance: relative residual :math:`\\|b - B w\\| / \\|b\\|` at which a column stops
-            (``None``: ``1e-6`` in float64, ``1e-4`` in float32).
+            (``None``: ``1e-6`` in float64, ``1e-4`` in float32); the mean and posterior draws
+            also stop only once their error is provably within ``tolerance`` posterior
+            standard deviations (``energy_tolerance`` of :func:`conjugate_gradients`).
         max_iterations: iterations before giving up with a :class:`ConvergenceWarning`.
         preconditioner_rank: rank ``r`` of the Nyström preconditioner; ``None`` chooses it from
             the spectrum (doubling from 32 until the ``r``-th eigenvalue estimate of
@@ -131,14 +166,22 @@ def conjugate_gradients(
     what: str = "the system B w = b",
     warn: bool = True,
     initial: Optional[Tensor] = None,
+    energy_tolerance: Optional[float] = None,
+    precondition_root: Optional[Product] = None,
 ) -> CGResult:
     r"""Solve :math:`A w_j = b_j` for every column of ``rhs`` by preconditioned CG.
 
     Each column runs its own CG (its own :math:`\alpha_j, \beta_j`); the columns share one
     product :math:`A V` per iteration. A column stops once
-    :math:`\|b_j - A w_j\| \le \mathrm{tolerance}\, \|b_j\|`. For complex ``rhs`` ``A`` must be
-    Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which equals :math:`u^H v` for
-    the Hermitian forms CG takes.
+    :math:`\|b_j - A w_j\| \le \mathrm{tolerance}\, \|b_j\|` and, with ``energy_tolerance``
+    :math:`\tau`, once also :math:`\sqrt{r^H P^{-1} r} \le \tau`. Where
+    :math:`P \preceq A` (no preconditioner and :math:`A \succeq I`, or a Nyström preconditioner
+    of :math:`A = G + I`), :math:`r^H P^{-1} r \ge r^H A^{-1} r = \|w - A^{-1}b\|_A^2`, so for
+    any :math:`\phi`, :math:`|\phi^H (w - A^{-1} b)| \le \tau \sqrt{\phi^H A^{-1}\phi}`:
+    a posterior mean within :math:`\tau` posterior standard deviations everywhere, which a
+    relative residual alone does not bound when :math:`A` is ill-conditioned. For complex
+    ``rhs`` ``A`` must be Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which
+    equals :math:`u^H v` for the Hermitian forms CG takes.
 
     Args:
         product: ``V -> A V`` for ``(W, k)`` blocks (Hermitian positive definite ``A``).
@@ -150,6 +193,12 @@ def conjugate_gradients(
         warn: warn with a :class:`ConvergenceWarning` when a column does not converge.
         initial: a starting guess ``(W, k)`` (default zero; costs one more product). The
             recorded coefficients are then those of the Lanczos run started at the residual.
+        energy_tolerance: the bound :math:`\tau` on :math:`\sqrt{r^H P^{-1} r}`, in the units
+            of ``rhs`` (default none).
+        precondition_root: ``R -> P^{-1/2} R``; with it :math:`P^{-1} r` is applied as
+            :math:`P^{-1/2}(P^{-1/2} r)` and :math:`r^H P^{-1} r` is
+            :math:`\|P^{-1/2} r\|^2`, non-negative by construction where a preconditioner with
+            eigenvalues beyond :math:`1/\epsilon` rounds the direct form below zero.
 
     Returns:
         A :class:`CGResult`.
@@ -161,37 +210,56 @@ def conjugate_gradients(
         >>> torch.allclose(a @ result.solution, b), result.iterations
         (True, 2)
     """
+    if not bool(torch.isfinite(rhs.abs()).all()):
+        raise NotPSDError(
+            f"conjugate gradients on {what}: the right-hand side holds NaN or infinite entries "
+            f"(in {rhs.real.dtype}: a noise or outputscale beyond its range over- or "
+            "underflows); check the inputs, the noise and the outputscale, rescale the "
+            "targets, or use float64"
+        )
+    # CG is linear in the right-hand side: each column is divided by a power of two near its
+    # largest entry (exact) and the solution multiplied back, so that no inner product
+    # overflows or underflows at any scale of the targets or features, and the step lengths
+    # and ratios (which the Lanczos quadrature reads) are those of the unscaled run.
+    unit = _column_units(rhs)  # (k,)
+    rhs = rhs / unit
     if initial is None:
         solution, residual = torch.zeros_like(rhs), rhs.clone()
     else:
-        solution = initial.to(rhs.dtype).clone()
+        solution = initial.to(rhs.dtype) / unit
         residual = rhs - product(solution)
     scale = _dot(rhs, rhs).sqrt()
     zero = scale == 0
     scale = torch.where(zero, torch.ones_like(scale), scale)
-    applied = residual if precondition is None else precondition(residual)
+    applied, rz = _preconditioned(residual, precondition, precondition_root)
     direction = applied.clone()
-    rz = _dot(residual, applied)
     steps: List[Tensor] = []
     ratios: List[Tensor] = []
     actives: List[Tensor] = []
     relative = _dot(residual, residual).sqrt() / scale
+    # the energy bound in the normalised units, squared (inf: no bound)
+    energy = torch.full_like(scale, math.inf) if energy_tolerance is None else (
+        (energy_tolerance / unit).square())
     iterations = 0
     for _ in range(max_iterations):
-        active = (relative > tolerance) & ~zero
+        active = ((relative > tolerance) | (rz > energy)) & ~zero
         if not bool(active.any()):
             break
         iterations += 1
         image = product(direction)
         curvature = _dot(direction, image)
-        # Frozen (converged) columns take no step; a zero curvature means an exact solution.
-        alpha = torch.where(active & (curvature > 0), rz / curvature.clamp_min(1e-300),
+        # On a positive definite matrix (and preconditioner) both forms are positive for a
+        # column that has not converged; anything else means the matrix is not positive
+        # definite in this precision, where a step would return NaN or nonsense.
+        _check_positive(active, rz, curvature, what, rhs.dtype)
+        # Frozen (converged) columns take no step.
+        alpha = torch.where(active, rz / torch.where(active, curvature, torch.ones_like(rz)),
                             torch.zeros_like(rz))
         solution = solution + alpha * direction
         residual = residual - alpha * image
-        applied = residual if precondition is None else precondition(residual)
-        rz_next = _dot(residual, applied)
-        beta = torch.where(active, rz_next / rz.clamp_min(1e-300), torch.zeros_like(rz))
+        applied, rz_next = _preconditioned(residual, precondition, precondition_root)
+        beta = torch.where(active, rz_next / torch.where(active, rz, torch.ones_like(rz)),
+                           torch.zeros_like(rz))
         direction = torch.where(active, applied + beta * direction, direction)
         rz = torch.where(active, rz_next, rz)
         steps.append(alpha)
@@ -199,12 +267,19 @@ def conjugate_gradients(
         actives.append(active)
         relative = _dot(residual, residual).sqrt() / scale
     relative = torch.where(zero, torch.zeros_like(relative), relative)
-    converged = bool((relative <= tolerance).all())
+    solution = solution * unit
+    within = (rz <= energy) | zero
+    converged = bool((relative <= tolerance).all()) and bool(within.all())
     if warn and not converged:
+        reached = (f"relative residual {float(relative.max()):.3g} reached, tolerance "
+                   f"{tolerance:.3g}")
+        if not bool(within.all()):
+            bound = float((rz.clamp_min(0).sqrt() * unit)[~within].max())
+            reached += (f", error bound sqrt(r^H P^-1 r) {bound:.3g}, energy tolerance "
+                        f"{float(torch.as_tensor(energy_tolerance).max()):.3g}")
         warnings.warn(
             f"conjugate gradients on {what} did not converge in {max_iterations} iterations: "
-            f"relative residual {float(relative.max()):.3g} reached, tolerance {tolerance:.3g}; "
-            "raise max_cg_iterations, the preconditioner_rank, or the noise",
+            f"{reached}; raise max_cg_iterations, the preconditioner_rank, or the noise",
             ConvergenceWarning,
         )
     return CGResult(solution, iterations, relative, converged, steps, ratios, actives)
@@ -212,13 +287,15 @@ def conjugate_gradients(
 
 def _lanczos_tridiagonals(result: CGResult, columns: Optional[List[int]]) -> List[Tensor]:
     """Per column, the Lanczos tridiagonal of its CG run (``(0, 0)`` where it took no step)."""
-    steps = torch.stack(result.steps).double().cpu() if result.steps else torch.zeros(0, 0)
-    ratios = torch.stack(result.ratios).double().cpu() if result.ratios else torch.zeros(0, 0)
-    active = torch.stack(result.active).cpu() if result.active else torch.zeros(0, 0, dtype=bool)
     columns = list(range(result.solution.shape[1])) if columns is None else columns
+    if not result.steps:  # no column took a step (zero right-hand sides)
+        return [torch.zeros(0, 0, dtype=torch.float64) for _ in columns]
+    steps = torch.stack(result.steps).double().cpu()
+    ratios = torch.stack(result.ratios).double().cpu()
+    active = torch.stack(result.active).cpu()
     out = []
     for col in columns:
-        length = int(active[:, col].sum()) if active.numel() else 0
+        length = int(active[:, col].sum())
         alpha, beta = steps[:length, col], ratios[:length, col]
         diag = 1.0 / alpha
         diag[1:] += beta[:-1] / alpha[:-1]
@@ -278,115 +355,42 @@ def lanczos_condition(result: CGResult, columns: Optional[List[int]] = None) -> 
     return largest / smallest if largest > 0 and smallest > 0 else 1.0
 
 
+def lanczos_largest(result: CGResult) -> float:
+    """The largest Ritz value of a CG run's Lanczos tridiagonals (a lower bound on the
+    preconditioned matrix's largest eigenvalue); 1.0 where no column took a step."""
+    tris = [tri for tri in _lanczos_tridiagonals(result, None) if tri.numel()]
+    return max((float(torch.linalg.eigvalsh(tri)[-1]) for tri in tris), default=1.0)
+
+
+def check_resolvable(largest: float, dtype: torch.dtype) -> None:
+    r"""Refuse a matrix :math:`B = \Phi^H S^{-1}\Phi + I` whose largest eigenvalue (so its
+    condition number, as :math:`B \succeq I`) reaches :math:`1/\epsilon` of ``dtype``.
+
+    There :math:`B` is singular in working precision: its Cholesky factor does not exist (the
+    weight-space solve refuses it) and CG's residual recurrence drifts from the true residual
+    by about :math:`\epsilon\kappa`, so a "converged" solve can be off by more than the
+    posterior's own spread.
+
+    Example:
+        >>> check_resolvable(1e9, torch.float64)
+        >>> try:
+        ...     check_resolvable(1e9, torch.float32)
+        ... except NotPSDError as err:
+        ...     print("float32" in str(err))
+        True
+    """
+    real = dtype.to_real() if dtype.is_complex else dtype
+    eps = torch.finfo(real).eps
+    if not largest * eps < 1.0:
+        raise NotPSDError(
+            f"the matrix B = Phi^H S^-1 Phi + I of the iterative solve has a condition number "
+            f"of about {largest:.3g}, beyond what {real} resolves (1/eps = {1 / eps:.3g}): "
+            "the noise is too small against the features' scale for this precision; increase "
+            "the noise or use float64"
+        )
+
+
 def cg_iterations_bound(condition: float, tolerance: float) -> float:
     r"""CG's iterations to reduce the error by ``tolerance`` on a spectrum of condition number
     :math:`\kappa`: :math:`\tfrac12 \sqrt{\kappa} \ln(2 / \epsilon)`."""
     return 0.5 * math.sqrt(max(condition, 1.0)) * math.log(2.0 / tolerance)
-
-
-# ====================================================================== cost model
-def cg_fit_cost(num_rows: int, num_features: int, input_dim: int, iterations: int = 100,
-                rank: int = 0, num_columns: int = 1, feature_cost: float = 4.0,
-                cached: bool = False) -> float:
-    r"""Multiply-adds of an iterative (``solve="cg"``) fit, a model for choosing ``D``.
-
-    With :math:`N` rows, :math:`D` features, :math:`d` input dimensions, :math:`T` target
-    columns, :math:`I` iterations and a Nyström rank :math:`r`, every product
-    :math:`B V = \Phi^H(S^{-1}(\Phi V)) + V` with :math:`k` columns costs :math:`2 N D k`
-    multiply-adds, plus :math:`N D (d + c)` to recompute the features (projection and
-    :math:`c` per entry for the nonlinearity) unless they are cached:
-
-    .. math::
-        C = \underbrace{(I + 2) \cdot F}_{\text{features}}
-            + \underbrace{2 N D (T (I + 1) + r)}_{\text{products}}
-            + \underbrace{2 D r^2}_{\text{Nyström}}, \qquad F = N D (d + c)
-
-    (the right-hand side, the sketch and :math:`I` iterations each pass over the data; cached
-    features are computed once, :math:`F` instead of :math:`(I + 2) F`). The weight-space
-    solve costs :math:`N D^2 + D^3/3` by comparison. Divide by a measured multiply-add rate
-    (:func:`cg_fit_seconds`) for seconds.
-
-    Args:
-        num_rows: ``N`` (rows times outputs per input for multi-output kernels).
-        num_features: ``D`` (real-form columns for complex features: ``2 D``).
-        input_dim: ``d``.
-        iterations: CG iterations ``I`` (preconditioned fits typically need tens).
-        rank: Nyström rank ``r`` (0: no preconditioner).
-        num_columns: target columns ``T`` solved together.
-        feature_cost: multiply-adds per feature entry beyond the projection (``c``).
-        cached: whether the features are cached across products (``cache_bytes``).
-
-    Returns:
-        Multiply-adds (a float).
-
-    Example:
-        >>> n, d = 10**5, 2**15  # against the weight-space solve's N D^2 + D^3 / 3
-        >>> cg_fit_cost(n, d, 8, iterations=50, rank=256) < (n * d**2 + d**3 / 3) / 20
-        True
-    """
-    rows = check_int("num_rows", num_rows)
-    width = check_int("num_features", num_features)
-    dim = check_int("input_dim", input_dim)
-    iterations = check_int("iterations", iterations, minimum=0)
-    rank = check_int("rank", rank, minimum=0)
-    columns = check_int("num_columns", num_columns)
-    per_entry = check_real("feature_cost", feature_cost, low=0.0)
-    features = float(rows) * width * (dim + per_entry)
-    passes = 1 if cached else iterations + 2
-    products = 2.0 * rows * width * (columns * (iterations + 1) + rank)
-    return passes * features + products + 2.0 * width * rank**2
-
-
-def cg_fit_seconds(num_rows: int, num_features: int, input_dim: int, *,
-                   multiply_adds_per_second: float, **options) -> float:
-    r"""Predicted seconds of an iterative fit: :func:`cg_fit_cost` divided by a rate.
-
-    Args:
-        num_rows, num_features, input_dim: as in :func:`cg_fit_cost`.
-        multiply_adds_per_second: the machine's measured rate (e.g. of a large matrix product).
-        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
-
-    Returns:
-        Seconds.
-
-    Example:
-        >>> cg_fit_seconds(1000, 1024, 4, iterations=10, multiply_adds_per_second=1e9) < 1.0
-        True
-    """
-    rate = check_real("multiply_adds_per_second", multiply_adds_per_second, low=0.0,
-                      low_inclusive=False)
-    return cg_fit_cost(num_rows, num_features, input_dim, **options) / rate
-
-
-def cg_num_features(num_rows: int, input_dim: int, seconds: float, *,
-                    multiply_adds_per_second: float, smallest: int = 1024,
-                    largest: int = 1 << 16, **options) -> int:
-    r"""The largest power-of-two ``D`` whose iterative fit fits a time budget.
-
-    Doubles ``D`` from ``smallest`` while :func:`cg_fit_seconds` stays within ``seconds``
-    (at most ``largest``); returns ``smallest`` when even that exceeds the budget.
-
-    Args:
-        num_rows, input_dim: as in :func:`cg_fit_cost`.
-        seconds: the time budget of the fit.
-        multiply_adds_per_second: the machine's measured rate.
-        smallest, largest: the range of ``D``.
-        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
-
-    Returns:
-        ``D``.
-
-    Example:
-        >>> cg_num_features(10**5, 8, 60.0, multiply_adds_per_second=1e10, iterations=50)
-        8192
-    """
-    budget = check_real("seconds", seconds, low=0.0, low_inclusive=False)
-    smallest = check_int("smallest", smallest)
-    largest = check_int("largest", largest, minimum=smallest)
-    width = smallest
-    while 2 * width <= largest and cg_fit_seconds(
-        num_rows, 2 * width, input_dim, multiply_adds_per_second=multiply_adds_per_second,
-        **options,
-    ) <= budget:
-        width *= 2
-    return width

@@ -205,7 +205,7 @@ def kernel_negative_log_evidence(k: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         >>> z = torch.randn(30, 40, dtype=torch.float64, generator=g)
         >>> y = torch.randn(30, 1, dtype=torch.float64, generator=g)
         >>> noise = torch.tensor(0.5, dtype=torch.float64)
-        >>> from rfgp.inference import negative_log_evidence
+        >>> from rfgp.inference._evidence import negative_log_evidence
         >>> bool(torch.isclose(kernel_negative_log_evidence(z @ z.T, y, noise),
         ...                    negative_log_evidence(z, y, noise)))
         True

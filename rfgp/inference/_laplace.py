@@ -17,7 +17,7 @@ A GP whose kernel is the average of the kernels at such draws,
 
 weighs the lengthscales the data leave uncertain instead of betting on one. With random Fourier
 features the average costs nothing extra: ``D / S`` features per draw give ``D`` features in
-all (:func:`rfgp.recipes.lengthscale_mixture_kernel`). With the exact kernel at the
+all (:func:`rfgp.recipes._laplace.lengthscale_mixture_kernel`). With the exact kernel at the
 unbounded evidence maximum (``benchmarks/regression_hyperparameters.py``, five splits, two on wine,
 32 draws) the average lowered the test MNLL on all five small bundled sets: concrete by 0.012,
 boston by 0.024, energy and yacht by 0.008, wine by 0.002.
@@ -74,7 +74,7 @@ def evidence_hessian(
     r"""The Hessian of :math:`-\log p(y \mid \theta) / (N T)` in
     :math:`\theta = (\log \ell, \log s, \log \sigma^2)`, by forward differences of the
     closed-form gradient of
-    :func:`~rfgp.inference.fourier_kernel_negative_log_evidence`
+    :func:`~rfgp.inference._evidence.fourier_kernel_negative_log_evidence`
     (:math:`d + 3` gradient evaluations).
 
     .. math::
@@ -100,7 +100,7 @@ def evidence_hessian(
         step: the forward-difference step :math:`h` in the log-hyperparameters.
         blocks: with ``exact``, a partition of the rows: the Hessian of the blocks' summed
             exact evidence (see
-            :func:`~rfgp.inference.fourier_kernel_negative_log_evidence`).
+            :func:`~rfgp.inference._evidence.fourier_kernel_negative_log_evidence`).
 
     Returns:
         ``(d + 2, d + 2)`` symmetric Hessian per datum, in ``x``'s dtype (computed in
@@ -112,7 +112,7 @@ def evidence_hessian(
             that is not ``(d,)`` positive and finite, or a non-positive outputscale or noise.
         TypeError: for a kernel that is not a ``FourierFeatureKernel``, or (without
             ``exact``) a subclass that redefines its features
-            (:func:`~rfgp.inference.fourier_kernel_negative_log_evidence`).
+            (:func:`~rfgp.inference._evidence.fourier_kernel_negative_log_evidence`).
 
     Example:
         >>> from rfgp.kernels import FourierFeatureKernel

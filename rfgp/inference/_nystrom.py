@@ -17,6 +17,7 @@ import math
 from typing import Optional
 
 import torch
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from rfgp.inference._iterative import Product, cg_iterations_bound
@@ -83,9 +84,12 @@ class NystromPreconditioner:
         return int(self.eigenvalues.shape[0])
 
     def _power(self, v: Tensor, exponent: float) -> Tensor:
-        coeff = (1.0 + self.eigenvalues).pow(exponent) - 1.0  # (r,)
+        # (I - U U^H) v + U (1 + Lambda)^a U^H v, not v + U ((1 + Lambda)^a - 1) U^H v: where
+        # lambda is beyond 1 / eps, (1 + lambda)^-1 - 1 rounds to -1 and P^-1 turns singular.
         basis = self.basis.to(v.dtype)
-        return v + basis @ (coeff.to(v.dtype).unsqueeze(-1) * (basis.transpose(0, 1).conj() @ v))
+        coeff = (1.0 + self.eigenvalues).pow(exponent)  # (r,)
+        inner = basis.transpose(0, 1).conj() @ v  # (r, k)
+        return v - basis @ inner + basis @ (coeff.to(v.dtype).unsqueeze(-1) * inner)
 
     def inverse(self, v: Tensor) -> Tensor:
         """:math:`P^{-1} V`."""
@@ -310,8 +314,19 @@ def _nystrom(basis: Tensor, image: Tensor) -> NystromPreconditioner:
     if basis.shape[1] == 0:
         return NystromPreconditioner(basis, basis.new_zeros(0).real)
     eps = torch.finfo(image.real.dtype).eps
+    if not bool(torch.isfinite(image.abs()).all()):
+        raise NotPSDError(
+            f"the Nystrom preconditioner's products with Phi^H S^-1 Phi hold NaN or infinite "
+            f"entries (in {image.real.dtype}: a noise or outputscale beyond its range over- or "
+            "underflows); check the inputs, the noise and the outputscale, rescale the "
+            "targets, or use float64"
+        )
+    norm = float(torch.linalg.matrix_norm(image, 2))
+    if norm == 0:
+        # A zero Gram (all-zero features, outputscale 0): B = I, so P = I (zero eigenvalues).
+        return NystromPreconditioner(basis, basis.real.new_zeros(basis.shape[1]))
     # The shift keeps the small core matrix numerically positive definite; it is removed below.
-    shift = eps * math.sqrt(basis.shape[0]) * float(torch.linalg.matrix_norm(image, 2))
+    shift = eps * math.sqrt(basis.shape[0]) * norm
     shifted = image + shift * basis
     core = basis.transpose(0, 1).conj() @ shifted
     core = 0.5 * (core + core.transpose(0, 1).conj())

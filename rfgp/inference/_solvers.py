@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_generator
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import (
     check_representable,
     evidence_total,
@@ -290,10 +291,12 @@ class WeightSpaceSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        solver = cls(FeatureStatistics.from_state(state["statistics"]), complex_solve, jitter,
-                     target_scale)
-        solver.factors = [WeightFactor(list(c), ch, w) for c, ch, w in state["factors"]]
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        solver = cls(FeatureStatistics.from_state(state.record("statistics")), complex_solve,
+                     jitter, target_scale)
+        solver.factors = [WeightFactor(*_factor(state.sequence("factors"), i))
+                          for i in range(len(state.items("factors")))]
         return solver
 
 
@@ -351,7 +354,8 @@ class FunctionSpaceSolver(Solver):
         check_memory(
             (2 * self.num_rows, self.num_rows), self.rows.dtype, self.rows.device,
             "the function-space matrix K + S and its Cholesky factor",
-            "use solve='weight' (memory O(D^2)) or fit_stream",
+            "use solve='cg' (matrix-free: memory O(N d + chunk D)), or solve='weight' "
+            "(memory O(D^2)) or fit_stream where the D x D matrices fit",
         )
         rows = _to(self.solver_form(self.rows), self.rows.device, self.dtype)
         return rows @ rows.transpose(0, 1).conj()
@@ -484,8 +488,40 @@ class FunctionSpaceSolver(Solver):
         }
 
     @classmethod
-    def from_state(cls, state: dict, complex_solve: bool, jitter, target_scale) -> Solver:
-        solver = cls(state["rows"], state["targets"], state["row_noise"], complex_solve, jitter,
-                     target_scale)
-        solver.factors = [KernelFactor(list(c), ch, a) for c, ch, a in state["factors"]]
+    def from_state(cls, state: CheckpointRecord, complex_solve: bool, jitter,
+                   target_scale) -> Solver:
+        rows, targets = state.tensor("rows", ndim=2), state.tensor("targets", ndim=2)
+        row_noise = state.tensor("row_noise", optional=True, ndim=2)
+        if rows.shape[0] != targets.shape[0] or (row_noise is not None
+                                                 and row_noise.shape != targets.shape):
+            raise ValueError(
+                f"checkpoint entries {state.name('rows')}, {state.name('targets')} and "
+                f"{state.name('row_noise')} must have as many rows (and the noise the targets' "
+                f"shape), got {tuple(rows.shape)}, {tuple(targets.shape)} and "
+                f"{None if row_noise is None else tuple(row_noise.shape)}"
+            )
+        solver = cls(rows, targets, row_noise, complex_solve, jitter, target_scale)
+        solver.factors = [KernelFactor(*_factor(state.sequence("factors"), i))
+                          for i in range(len(state.items("factors")))]
+        for index, factor in enumerate(solver.factors):
+            if factor.chol.shape[0] != rows.shape[0]:
+                raise ValueError(
+                    f"checkpoint entry {state.sequence('factors').name(index)} must hold a "
+                    f"factor of K + S for the {rows.shape[0]} rows, got "
+                    f"{tuple(factor.chol.shape)}"
+                )
         return solver
+
+
+def _factor(factors: CheckpointRecord, index: int) -> Tuple[List[int], Tensor, Tensor]:
+    """``(columns, Cholesky factor, solved right-hand sides)`` of a saved factor."""
+    factors.items(index, 3)
+    factor = factors.sequence(index)
+    columns, chol, solved = factor.columns(0), factor.tensor(1, ndim=2), factor.tensor(2, ndim=2)
+    if chol.shape[0] != chol.shape[1] or solved.shape != (chol.shape[0], len(columns)):
+        raise ValueError(
+            f"checkpoint entry {factors.name(index)} must hold a square factor (n, n) and "
+            f"(n, {len(columns)}) solved targets for its {len(columns)} columns, got "
+            f"{tuple(chol.shape)} and {tuple(solved.shape)}"
+        )
+    return columns, chol, solved

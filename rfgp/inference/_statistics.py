@@ -31,6 +31,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._linalg import check_memory
 
 __all__ = ["FeatureStatistics", "accumulate_gram"]
@@ -290,13 +291,16 @@ class FeatureStatistics:
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> FeatureStatistics:
-        """The statistics saved by :meth:`state`."""
-        rhs = state["rhs"]
-        stats = cls(rhs.shape[0], rhs.shape[1], state["weighted"], rhs.dtype, rhs.device)
-        stats.grams = list(state["grams"])
-        stats.differ = state["differ"]
+    def from_state(cls, state: CheckpointRecord) -> FeatureStatistics:
+        """The statistics saved by :meth:`state` (a checked record of them)."""
+        rhs = state.tensor("rhs", ndim=2)
+        stats = cls(rhs.shape[0], rhs.shape[1], state.boolean("weighted"), rhs.dtype,
+                    rhs.device)
+        grams = state.sequence("grams")
+        stats.grams = [grams.tensor(i, ndim=2) for i in range(len(grams))]
+        stats.differ = state.tensor("differ", floating=False)
         stats._groups = None
-        stats.rhs, stats.yy = rhs, state["yy"]
-        stats.log_noise_sum, stats.count = state["log_noise_sum"], int(state["count"])
+        stats.rhs, stats.yy = rhs, state.tensor("yy", ndim=1)
+        stats.log_noise_sum = state.tensor("log_noise_sum", ndim=1)
+        stats.count = state.integer("count")
         return stats

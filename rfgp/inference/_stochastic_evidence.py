@@ -25,6 +25,7 @@ feature map and the noise chunk by chunk (recomputing each chunk's features in t
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional, Tuple
 
 import torch
@@ -32,10 +33,12 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from rfgp._ops import power_of_two_scale
+from rfgp._validation import check_generator
 from rfgp.inference._cg_solver import (
     ConjugateGradientSolver,
     FeatureOperator,
     column_logdets,
+    fitted_log_evidence,
     logdet_probes,
     probe_standard_error,
 )
@@ -82,6 +85,12 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
         ``(value, standard_error)``: a scalar tensor and a float, the standard error of the
         log-determinant's Monte Carlo mean.
 
+    Raises:
+        TypeError: ``gp`` is not a :class:`~rfgp.RandomFeatureGP`, or ``generator`` is not a
+            ``torch.Generator``; ValueError: ``num_probes`` below 2 or a generator off the CPU.
+            Arguments are checked before anything is computed; the fitted model's settings
+            are never changed (``num_probes`` applies to this call alone).
+
     Example:
         >>> from rfgp import RandomFeatureGP
         >>> from rfgp.kernels import FourierFeatureKernel
@@ -91,8 +100,17 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
         >>> value.shape, error >= 0
         (torch.Size([]), True)
     """
+    from rfgp.inference._feature_gp import RandomFeatureGP  # it imports this module
+
+    if not isinstance(gp, RandomFeatureGP):
+        raise TypeError(f"gp must be a RandomFeatureGP, got {type(gp).__name__}")
     if (x is None) != (y is None):
         raise ValueError("x and y must be given together (or both omitted)")
+    generator = check_generator("generator", generator)
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator (the probes are drawn on the "
+                         f"CPU), got one on {generator.device}")
+    # Validated before anything else: a fitted model's own settings are never changed.
     settings: CGSettings = gp.cg_settings
     if num_probes is not None:
         settings = CGSettings(**{**settings.state(), "num_probes": num_probes})
@@ -100,12 +118,13 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
         if noise is not None:
             raise ValueError("noise needs x and y; without them the fitted noise is used")
         state = gp._current("stochastic_log_evidence")
-        solver = state.solver
-        if not isinstance(solver, ConjugateGradientSolver):
+        if not isinstance(state.solver, ConjugateGradientSolver):
             return gp.log_marginal_likelihood(), 0.0
+        # A copy of the fitted solver that differs in its settings alone.
+        solver = copy.copy(state.solver)
         solver.settings = settings
-        value = gp.log_marginal_likelihood()
-        return value, solver.evidenceprobe_standard_error
+        value, error = fitted_log_evidence(solver, generator)
+        return value, error
     fm = gp.feature_map
     p = fm.outputs_per_input
     x, rows_y, rows_noise = evidence_rows(fm, gp.noise, x, y, noise)

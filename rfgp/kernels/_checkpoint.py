@@ -14,10 +14,12 @@ a plain entry of the dictionary, so a plain ``dict(k.state_dict())`` keeps it):
   seed of its first draw and the batch operations queued before it, if any (a loaded copy
   then draws the same weights).
 
-Loading follows ``torch.nn.Module.load_state_dict(strict=True)``: a recorded weight the
-dictionary lacks is a missing key, a key that is neither a recorded weight nor a parameter or
-buffer of the kernel is unexpected (never registered as a weight), and a checkpoint without the
-record is missing its ``"_extra_state"`` key. Weights drawn for another kind of kernel, other
+Loading follows ``torch.nn.Module.load_state_dict``: a recorded weight the dictionary lacks
+is a missing key, a key that is neither a recorded weight nor a parameter or buffer of the
+kernel is unexpected (never registered as a weight), and a checkpoint without the record is
+missing its ``"_extra_state"`` key (an error under ``strict=True``; under ``strict=False``
+nothing of the weights is checked, and they load only into weights the kernel already holds).
+A malformed record is refused, naming the entry. Weights drawn for another kind of kernel, other
 settings, another input dimension or of another shape are refused whatever ``strict`` says, as
 torch refuses a size mismatch. Checkpoints from before the record lived in the dictionary kept
 it in the ``OrderedDict``'s metadata; they still load.
@@ -116,6 +118,32 @@ def _saved_record(state_dict: Dict[str, Any], prefix: str,
     return None, False
 
 
+def _record_errors(record: Any, key: str) -> List[str]:
+    """What is malformed in a checkpoint's record (hand-edited, or not written by
+    :func:`checkpoint_state`): each entry named with what it should hold."""
+    if not isinstance(record, dict):
+        return [f"{key!r} must be the record dict that state_dict() saves, got "
+                f"{type(record).__name__}"]
+    checks = {
+        "random_buffers": (lambda v: isinstance(v, (list, tuple))
+                           and all(isinstance(n, str) for n in v), "a list of weight names"),
+        "input_dim": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)
+                                              and v >= 1), "None or an integer >= 1"),
+        "weight_settings": (lambda v: v is None or isinstance(v, dict), "None or a dict"),
+        "seed": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+                 "None or an integer"),
+        "pending_batch_ops": (lambda v: v is None or (isinstance(v, (list, tuple))
+                                                      and len(v) == 2), "None or a pair "
+                              "(batch shape, operations)"),
+    }
+    errors = []
+    for field, (valid, expected) in checks.items():
+        if field in record and not valid(record[field]):
+            errors.append(f"{key!r}[{field!r}] must be {expected}, got "
+                          f"{type(record[field]).__name__} {record[field]!r:.80}")
+    return errors
+
+
 def _settings_errors(kernel: Any, settings: Optional[Dict[str, Any]]) -> List[str]:
     name = type(kernel).__name__
     if not settings:
@@ -141,15 +169,18 @@ def load_checkpoint(kernel: Any, state_dict: Dict[str, Any], prefix: str,
     checkpoint, so loading a trained model needs no dummy forward pass.
     """
     name = type(kernel).__name__
+    key = prefix + EXTRA_STATE_KEY
+    if key in state_dict:
+        malformed = _record_errors(state_dict[key], key)
+        if malformed:
+            error_msgs.extend(f"{name}: {message}" for message in malformed)
+            return
     record, legacy = _saved_record(state_dict, prefix, local_metadata)
     if record is None:
+        # A missing record is a missing key, which torch reports under strict=True and
+        # leaves out under strict=False (nothing of the random weights is then checked, as
+        # torch checks nothing of a missing key); torch's own pass below records it.
         names: List[str] = []
-        if strict:
-            error_msgs.append(
-                f"{name}: the checkpoint has no record of the kernel's random weights (key "
-                f"{prefix + EXTRA_STATE_KEY!r}), so they cannot be checked; save it with "
-                "state_dict() (a plain dict of it keeps the record)"
-            )
     else:
         errors = _settings_errors(kernel, record.get("weight_settings"))
         input_dim = record.get("input_dim")

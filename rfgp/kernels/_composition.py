@@ -55,6 +55,7 @@ parameters and random weights.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -188,6 +189,12 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         self.tree = kernel
         self.is_complex = complex_
         self._outputs_per_input = outputs
+        # The parts may have been moved (.double(), .cuda()) before composing: the anchor that
+        # this kernel's own weights and dtype follow starts where they are, not in float32.
+        for tensor in itertools.chain(kernel.parameters(), kernel.buffers()):
+            if tensor.is_floating_point():
+                self._dtype_anchor = self._dtype_anchor.to(tensor)
+                break
 
     # ------------------------------------------------------------------ structure
     def _shape_of(self, node: Kernel, path: str, counter: List[int]) -> Tuple[int, bool, int]:

@@ -12,66 +12,56 @@ regressions,
     \log p(\tilde Y) = \textstyle\sum_c \log N\big(\tilde y_c;\, 0,\,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
-with the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`
-(:func:`~rfgp.recipes._search.dirichlet_objective` as the objective), and fits the classifier
-with the schedule's ``D`` features on all rows. The noise is the transform's, so there is no
-calibration stage. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
-on a validation split at the found hyperparameters
-(:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
-
-Example:
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(200, 2, generator=g, dtype=torch.float64)
-    >>> labels = (x[:, 0] * x[:, 1] > 0).long()
-    >>> clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
-    >>> bool((clf.predict(x) == labels).double().mean() > 0.9)
-    True
+with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
+``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`). The final model has the
+schedule's ``D`` features on all rows, and its outputscale is its own: the factor :math:`a` on
+the search's outputscale that maximises the final model's evidence
+:math:`\log p(\tilde Y \mid a)`, exactly, from one eigendecomposition per class of its
+weighted Gram matrix
+(:func:`~rfgp.classification._calibration.maximize_outputscale_evidence`).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
+from gpytorch.kernels import ScaleKernel
+from torch import Tensor
 
-from rfgp._validation import check_int
+from rfgp._validation import EVIDENCE_DTYPES, check_int
+from rfgp.classification._calibration import (
+    dirichlet_scale_evidence,
+    maximize_outputscale_evidence,
+)
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._inputs import check_inputs, encode_labels
-from rfgp.inference._selection import ConvergenceWarning
+from rfgp.inference import (
+    MAX_WEIGHT_FEATURES,
+    ConvergenceWarning,
+    classifier_fit_cost,
+    feature_evidence_cost,
+    largest_features_within,
+)
 from rfgp.likelihoods import DirichletLikelihood
-from rfgp.recipes._context import RecipeContext
 from rfgp.recipes._options import ClassifierOptions
-from rfgp.recipes._refine import record_search
 from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
-    MAX_WEIGHT_FEATURES,
     MIN_FEATURES,
     SEARCH_EVALUATIONS,
     Schedule,
     default_budget,
-    feature_evidence_cost,
     refinement_rows,
 )
-from rfgp.recipes._search import dirichlet_objective, search_evidence
+from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence
+from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes._units import SUPPORTED_DTYPES, column_unit
+from rfgp.recipes._units import column_unit
 
-__all__ = ["classifier_fit_cost", "fit_classifier_auto", "plan_classifier"]
-
-
-def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
-    r"""Multiply-adds of the ``C``-class final fit: the cheaper of the weight space,
-    :math:`2 N D^2 + C D^3 / 3` (the shared Gram matrix, each class's correction, one
-    Cholesky factor per class), and the function space, :math:`N^2 D + C N^3 / 3`.
-
-    Example:
-        >>> classifier_fit_cost(100, 64, 3) == min(2 * 100 * 64**2 + 64**3, 100**2 * 64 + 100**3)
-        True
-    """
-    n, m = float(num_rows), float(num_features)
-    return min(2 * n * m * m + num_classes * m**3 / 3, n * n * m + num_classes * n**3 / 3)
+__all__ = ["fit_classifier_auto", "plan_classifier"]
 
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
@@ -82,7 +72,7 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
 
     Example:
         >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
-        2048
+        1024
     """
     num_classes = check_int("num_classes", num_classes, minimum=1)
     opts, n = options, num_rows
@@ -90,11 +80,9 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
     total = budget * opts.machine_rate
     features = opts.num_features
     if features is None:
-        features, size = MIN_FEATURES, MIN_FEATURES
-        while size <= MAX_WEIGHT_FEATURES:
-            if classifier_fit_cost(n, size, num_classes) <= FINAL_SHARE * total:
-                features = size
-            size *= 2
+        features = largest_features_within(
+            lambda size: classifier_fit_cost(n, size, num_classes), FINAL_SHARE * total,
+            MIN_FEATURES, MAX_WEIGHT_FEATURES)
     search_features = min(opts.search_features, features)
     subsample = min(n, opts.subsample)
     # C weighted Gram corrections per evaluation on top of the regression's cost.
@@ -120,10 +108,12 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     noise per point and class on centred targets; the recipe learns the shared ARD
     lengthscales and the outputscale by maximising the evidence of the ``C`` regressions, with
     the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`, and fits
-    the classifier with the schedule's ``D`` features on all rows. The noise is the
-    transform's, so there is no calibration stage. ``alpha_epsilon`` is kept unless
-    ``select_alpha=True``: then it is chosen on a validation split at the found
-    hyperparameters (:meth:`~rfgp.DirichletGPClassifier.select_alpha`).
+    the classifier with the schedule's ``D`` features on all rows, its outputscale chosen by
+    that ``D``-feature model's own evidence (the factor on the search's outputscale that
+    maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is the
+    transform's. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
+    on a validation split at the found hyperparameters
+    (:meth:`~rfgp.DirichletGPClassifier.select_alpha`) before the outputscale is calibrated.
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
@@ -136,21 +126,41 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     Returns:
         The fitted classifier; its kernel is a ``ScaleKernel`` around an ARD
         :class:`~rfgp.kernels.FourierFeatureKernel` with orthogonal frequencies (the
-        outputscale in the kernel, ``outputscale=1.0`` in the classifier).
+        calibrated outputscale in the kernel, ``outputscale=1.0`` in the classifier). The
+        report's ``calibration`` holds the ``factor`` on the search's outputscale, the
+        ``outputscale`` and the final model's ``negative_log_evidence`` per datum and class.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.randn(200, 2, generator=g, dtype=torch.float64)
+        >>> labels = (x[:, 0] * x[:, 1] > 0).long()
+        >>> clf = fit_classifier_auto(x, labels, num_features=256, seed=0)
+        >>> bool((clf.predict(x) == labels).double().mean() > 0.9)
+        True
     """
     opts = ClassifierOptions().replace(**options).checked()
-    ctx = _prepare(x, labels, opts, report)
-    with ctx.progress(3, "fit_classifier_auto"):
-        _dirichlet_search(ctx, "search", ctx.schedule.subsample, opts.max_iterations)
-        if ctx.schedule.refine_rows:
-            _dirichlet_search(ctx, "refine", ctx.schedule.refine_rows, opts.refine_iterations)
-        return _refit(ctx, labels)
+    data, searched, report = _prepare(x, labels, opts, report)
+    timer = StageTimer(report.seconds)
+    with timer.progress(len(_STAGES), "fit_classifier_auto", opts.progress):
+        for stage in _STAGES[:-1]:
+            timer.run(stage, data, searched, report)
+        return timer.run(_STAGES[-1], data, searched, report)
+
+
+@dataclass(frozen=True)
+class _Dirichlet:
+    """What the classifier's stages hand on: the kernel they search (changed in place), the
+    transform's noise ``(N, C)``, and the labels as given."""
+
+    kernel: ScaleKernel
+    noise: Tensor
+    labels: Any
 
 
 def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
-             report: Optional[ClassifierFitReport]) -> RecipeContext:
+             report: Optional[ClassifierFitReport]) -> tuple:
     x = check_inputs(x)
-    if not x.is_floating_point() or x.dtype not in SUPPORTED_DTYPES:
+    if not x.is_floating_point() or x.dtype not in EVIDENCE_DTYPES:
         raise TypeError(
             f"fit_classifier_auto: x must be float32 or float64, got {x.dtype}; convert with "
             "x.double()"
@@ -163,25 +173,23 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
         raise ValueError(
             f"labels must have one entry per row of x ({x.shape[0]}), got {indices.shape[0]}"
         )
-    if report is not None and not isinstance(report, ClassifierFitReport):
-        raise TypeError(f"report must be a ClassifierFitReport instance or None, got {report!r}")
-    report = report if report is not None else ClassifierFitReport()
-    report.clear()
     n, d = x.shape
     num_classes = classes.numel()
     schedule = plan_classifier(n, d, num_classes, opts)
-    report.schedule, report.num_features = schedule, schedule.num_features
-    report.search_features, report.subsample = schedule.search_features, schedule.subsample
-    report.refine_rows = schedule.refine_rows
+    report = ClassifierFitReport.begin(report, schedule)
     # The targets and noise of the C regressions (centred over all rows), as (N, C).
     likelihood = DirichletLikelihood(num_classes, opts.alpha_epsilon, centre=True)
     targets = likelihood.set_train_labels(indices, dtype=x.dtype).transpose(0, 1).to(x.device)
     noise = likelihood.noise.transpose(0, 1).to(x)
     x_unit = column_unit(x)
-    ctx = RecipeContext(opts, schedule, report, x / x_unit, targets, x, targets, x_unit, 1.0,
-                        torch.Generator().manual_seed(opts.seed))
-    ctx.extra["noise"] = noise
-    start = initial_hyperparameters(ctx.x, targets, generator=ctx.generator)
+    generator = torch.Generator().manual_seed(opts.seed)
+    start = initial_hyperparameters(x / x_unit, targets, generator=generator)
+    # The subsample and the refinement's rows are heads of one random order drawn after the
+    # start.
+    order = (torch.randperm(n, generator=generator).to(x.device)
+             if schedule.subsample < n else None)
+    data = RecipeData(opts, schedule, x / x_unit, targets, x, targets, x_unit, 1.0, generator,
+                      order)
     # The targets' mean square goes to the outputscale: the noise is the transform's.
     outputscale = targets.square().mean().clamp_min(1e-12) * torch.ones((), dtype=x.dtype)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit, "outputscale": outputscale}
@@ -189,43 +197,83 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
                              dtype=x.dtype).to(x.device)
     kernel.base_kernel.lengthscale = start["lengthscale"].reshape(1, -1)
     kernel.outputscale = outputscale.to(x.device)
-    ctx.extra["kernel"] = kernel
-    return ctx
+    return data, _Dirichlet(kernel, noise, labels), report
 
 
-def _dirichlet_search(ctx: RecipeContext, name: str, rows: int, iterations: int) -> None:
-    """One search stage of the ``C`` regressions on the first ``rows`` rows of the order."""
-    with ctx.stage(name):
-        xs, targets, picked = ctx.head(rows)
-        noise = ctx.extra["noise"] if picked is None else ctx.extra["noise"][picked]
-        objective = dirichlet_objective(ctx.extra["kernel"], xs, targets, noise)
-        result = search_evidence(objective, iterations, ctx.options.tolerance)
-        record_search(ctx, name, result, "features")
-    if name == "search" and not result.converged:
-        warnings.warn(
-            f"fit_classifier_auto: the evidence search did not converge in {iterations} "
-            "L-BFGS iterations; increase max_iterations",
-            ConvergenceWarning,
-        )
+def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
+                      iterations: Callable[[Any], int]) -> Callable[..., Any]:
+    """A search stage of the ``C`` regressions on the first ``rows(schedule)`` rows of the
+    order (none where that is 0), ``iterations(options)`` L-BFGS iterations."""
+
+    def run(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) -> Any:
+        count = rows(data.schedule)
+        if not count:
+            return None
+        xs, targets, picked = data.head(count)
+        noise = state.noise if picked is None else state.noise[picked]
+        objective = dirichlet_objective(state.kernel, xs, targets, noise)
+        result = search_evidence(objective, iterations(data.options), data.options.tolerance)
+        record_search(report, name, result, "features")
+        if name == "search" and not result.converged:
+            warnings.warn(
+                f"fit_classifier_auto: the evidence search did not converge in "
+                f"{iterations(data.options)} L-BFGS iterations; increase max_iterations",
+                ConvergenceWarning,
+            )
+        return state
+
+    return run
 
 
-def _refit(ctx: RecipeContext, labels: Any) -> DirichletGPClassifier:
-    opts, kernel = ctx.options, ctx.extra["kernel"]
-    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1) * ctx.x_unit
-    ctx.report.lengthscale = lengthscale
-    with ctx.stage("refit"):
-        # The same frequencies as the search's kernel when num_features == search_features.
-        final = make_ard_kernel(ctx.schedule.num_features, ctx.input_dim, opts.spectral,
-                                seed=opts.seed, dtype=ctx.x.dtype).to(ctx.x.device)
-        final.base_kernel.lengthscale = lengthscale.reshape(1, -1)
-        final.outputscale = kernel.outputscale.detach().clone()
-        model = DirichletGPClassifier(
-            final, alpha_epsilon=opts.alpha_epsilon, num_classes=opts.num_classes,
-            centre=True, outputscale=1.0, num_samples=opts.num_samples, seed=opts.seed,
-        )
-        with torch.no_grad():
-            if opts.select_alpha:
-                model.select_alpha(ctx.x_data, labels, seed=opts.seed)
-            else:
-                model.fit(ctx.x_data, labels)
+def _refit(data: RecipeData, state: _Dirichlet,
+           report: ClassifierFitReport) -> DirichletGPClassifier:
+    opts, kernel = data.options, state.kernel
+    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1) * data.x_unit
+    report.lengthscale = lengthscale
+    # The same frequencies as the search's kernel when num_features == search_features.
+    final = make_ard_kernel(data.schedule.num_features, data.input_dim, opts.spectral,
+                            seed=opts.seed, dtype=data.x.dtype).to(data.x.device)
+    final.base_kernel.lengthscale = lengthscale.reshape(1, -1)
+    final.outputscale = kernel.outputscale.detach().clone()
+    model = DirichletGPClassifier(
+        final, alpha_epsilon=opts.alpha_epsilon, num_classes=opts.num_classes,
+        centre=True, outputscale=1.0, num_samples=opts.num_samples, seed=opts.seed,
+    )
+    with torch.no_grad():
+        if opts.select_alpha:
+            model.select_alpha(data.x_data, state.labels, seed=opts.seed, refit=False)
+        _calibrate_outputscale(data, model, state.labels, report)
+        model.fit(data.x_data, state.labels)
     return model
+
+
+def _calibrate_outputscale(data: RecipeData, model: DirichletGPClassifier, labels: Any,
+                           report: ClassifierFitReport) -> None:
+    """The final model's outputscale by its own evidence, at the model's ``alpha_epsilon``.
+
+    The search's outputscale is the best for its own features on its subsample; with ``D``
+    features on all rows the evidence has its maximum elsewhere (more features represent more
+    of the kernel, so less of the targets is left to the noise)."""
+    indices, classes = encode_labels(labels, data.options.num_classes)
+    likelihood = DirichletLikelihood(classes.numel(), model.alpha_epsilon, centre=True)
+    targets = likelihood.set_train_labels(indices, dtype=data.x.dtype).transpose(0, 1)
+    noise = likelihood.noise.transpose(0, 1).to(data.x)
+    evidence = dirichlet_scale_evidence(model.kernel, data.x_data, targets.to(data.x), noise)
+    factor, value = maximize_outputscale_evidence(evidence)
+    model.kernel.outputscale = model.kernel.outputscale * factor
+    report.calibration = {
+        "factor": factor,
+        "outputscale": model.kernel.outputscale.detach().clone(),
+        "negative_log_evidence": value / targets.numel(),
+    }
+
+
+#: The classifier's stages, in the order they run (their costs are
+#: :func:`plan_classifier`'s).
+_STAGES = (
+    Stage("search", _dirichlet_search("search", lambda s: s.subsample,
+                                      lambda o: o.max_iterations)),
+    Stage("refine", _dirichlet_search("refine", lambda s: s.refine_rows,
+                                      lambda o: o.refine_iterations)),
+    Stage("refit", _refit),
+)

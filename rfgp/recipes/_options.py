@@ -21,10 +21,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
-from rfgp._validation import check_bool, check_choice, check_int, check_positive
+from rfgp._validation import (
+    MAX_COUNT,
+    MAX_SEED,
+    check_bool,
+    check_choice,
+    check_int,
+    check_positive,
+    check_real,
+    check_seed,
+)
 from rfgp.kernels._fourier import MATERN_NU
 
-__all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
+__all__ = ["ClassifierOptions", "MAX_COUNT", "MAX_SEED", "RecipeOptions", "RegressionOptions",
+           "REFERENCE_RATE", "check_seed"]
 
 #: Multiply-adds per second of the reference machine (two CPU cores, double-precision matrix
 #: products): the rate at which the default schedule converts seconds of budget into work.
@@ -45,7 +55,7 @@ def _folds(name: str, value: Any) -> int:
 
 
 def _features(name: str, value: Any) -> int:
-    value = check_int(name, value, minimum=2)
+    value = check_int(name, value, minimum=2, maximum=MAX_COUNT)
     if value % 2:
         raise ValueError(f"{name} must be even (a cosine and a sine per frequency), got {value}")
     return value
@@ -59,22 +69,27 @@ _CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "refine_rows": lambda name, value: check_int(name, value, minimum=2),
     "refine_iterations": lambda name, value: check_int(name, value, minimum=0),
     "max_iterations": check_int,
-    "tolerance": check_positive,
+    # A gradient tolerance on the loss per datum above 1 stops every search at its start
+    # (and its square, L-BFGS's change tolerance, overflows beyond 1e154).
+    "tolerance": lambda name, value: check_real(name, value, low=0.0, low_inclusive=False,
+                                                high=1.0),
     "time_budget": _optional(check_positive),
     "machine_rate": check_positive,
     "exact_rows": lambda name, value: check_int(name, value, minimum=0),
     "max_lengthscale": _optional(check_positive),
     "cv_folds": _folds,
-    "lengthscale_draws": lambda name, value: check_int(name, value, minimum=0),
+    "lengthscale_draws": lambda name, value: check_int(name, value, minimum=0,
+                                                        maximum=MAX_COUNT),
     "local_search": check_bool,
     "calibrate": check_bool,
     "solve": lambda name, value: check_choice(name, value, ("auto", "weight", "cg")),
+    "distributed": check_bool,
     "progress": check_bool,
-    "seed": lambda name, value: check_int(name, value, minimum=0),
+    "seed": check_seed,
     "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
     "alpha_epsilon": check_positive,
     "select_alpha": check_bool,
-    "num_samples": check_int,
+    "num_samples": lambda name, value: check_int(name, value, maximum=MAX_COUNT),
 }
 
 
@@ -92,9 +107,9 @@ class RecipeOptions:
             schedule may take fewer to stay within the budget.
         refine_iterations: L-BFGS iterations of the refinement (0: none).
         max_iterations: L-BFGS iterations of the first search stage.
-        tolerance: L-BFGS gradient tolerance on the loss per datum.
+        tolerance: L-BFGS gradient tolerance on the loss per datum, in ``(0, 1]``.
         time_budget: seconds the whole fit may take at ``machine_rate``; ``None``: the default,
-            which grows linearly with the rows (:func:`~rfgp.recipes.default_budget`).
+            ``max(30, 20 + N / 400)`` seconds, which grows linearly with the rows.
         machine_rate: multiply-adds per second the schedule's cost model assumes
             (:data:`REFERENCE_RATE`; :func:`~rfgp.recipes.measure_machine_rate`
             measures this machine's).
@@ -156,7 +171,12 @@ class RegressionOptions(RecipeOptions):
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
         solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
             ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
-            space up to 8192 features and CG beyond, while ``D`` is at most the rows.
+            space up to 8192 features and CG beyond, while ``D`` is at most the rows. Rows
+            that are not held in memory (a memory-map, chunks, process shards) take the
+            weight space.
+        distributed: each ``torch.distributed`` process passes its own shard of the rows;
+            every process runs the same recipe and returns the same model (statistics
+            all-reduced, rank 0's schedule and stage results adopted by all).
     """
 
     exact_rows: int = 1000
@@ -166,6 +186,7 @@ class RegressionOptions(RecipeOptions):
     local_search: bool = True
     calibrate: bool = True
     solve: str = "auto"
+    distributed: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,98 +1,81 @@
-r"""Refinement: the search continued on more rows, then the exact evidence on blocks of
-neighbouring rows from further starts.
+r"""Refinement: the search continued on more rows (the stage ``"refine"``, :data:`REFINE`).
 
-**Refinement.** A subsample's evidence maximum is biased (long lengthscales, large noise):
+A subsample's evidence maximum is biased (long lengthscales, large noise):
 ``refine_iterations`` more L-BFGS iterations on the schedule's ``refine_rows`` rows (a superset
 of the subsample) at the search's feature count correct it, at :math:`O(n D_s^2)` per
-evaluation.
-
-**Local stage.** The :math:`D_s`-feature evidence cannot follow a short lengthscale: a fine
-variation along one input must be called noise, so its landscape hides maxima out there. The
-refinement's rows are cut into blocks of at most ``exact_rows`` neighbouring rows
-(k-d blocks), and the sum of the blocks' exact evidences is
-maximised from the refinement's end and from starts that each shorten one lengthscale to a
-tenth, the most relevant inputs (shortest lengthscale per unit of spread) first, as many
-starts as the schedule affords. The highest block evidence is kept as a *candidate*: the
-final model's own evidence decides between it and the refinement's end
-(:mod:`~rfgp.recipes._refit`), since a lengthscale the exact kernel can follow may be one the
-final ``D`` features cannot.
+evaluation. The refinement's end is the final fit's first candidate lengthscale vector.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
+from typing import Optional
 
-from rfgp.inference._blocks import kd_blocks
-from rfgp.recipes._context import RecipeContext
-from rfgp.recipes._schedule import LOCAL_ITERATIONS
-from rfgp.recipes._search import SearchResult, maximize_evidence
-from rfgp.recipes._start import search_model
-from rfgp.recipes._units import column_scale
+from rfgp.inference import feature_evidence_cost
+from rfgp.recipes._report import FitReport
+from rfgp.recipes._schedule import (
+    EVALUATIONS_PER_ITERATION,
+    REFINE_SHARE,
+    Plan,
+    refinement_rows,
+)
+from rfgp.recipes._search import maximize_evidence, record_search
+from rfgp.recipes._stage import RecipeData, Searched, Stage
 
-__all__ = ["LOCAL_SHORT_START", "local_stage", "record_search", "refine_stage"]
-
-#: The local stage's extra starts: the refinement's end with one lengthscale at this share.
-LOCAL_SHORT_START = 0.1
-
-
-def record_search(ctx: RecipeContext, name: str, result: SearchResult, evidence: str) -> None:
-    """Record a search stage's losses, iterations and convergence in the report."""
-    report = ctx.report
-    report.losses[name], report.iterations[name] = result.losses, result.iterations
-    report.converged[name], report.evidence[name] = result.converged, evidence
+__all__ = ["REFINE", "most_refine_rows", "plan_refine", "refine", "refine_bound"]
 
 
-def refine_stage(ctx: RecipeContext) -> None:
-    """The refinement (module docstring), where the schedule has one."""
-    rows = ctx.schedule.refine_rows
+def plan_refine(plan: Plan) -> None:
+    """Book the refinement: as many rows as its share of the budget allows, never fewer
+    than the subsample (:func:`~rfgp.recipes._schedule.refinement_rows`); its evidence is
+    then the last search stage's. Its bound on the ledger is :func:`refine_bound`."""
+    d = plan.input_dim
+
+    def evaluation(rows: int) -> float:
+        return feature_evidence_cost(rows, plan.search_features, d)
+
+    rows, cost = refinement_rows(plan.num_rows, plan.subsample, plan.options, evaluation,
+                                 plan.total)
+    plan.refine_rows = rows
+    # At any budget its evaluation costs at most that at its most rows; its cost is bounded
+    # by its share (refine_bound).
+    plan.most_evaluation = max(plan.most_evaluation, evaluation(most_refine_rows(plan)))
+    if rows:
+        plan.book("refine", cost)
+        plan.bounds["refine"] = refine_bound(plan)
+        plan.evaluation = evaluation(rows)
+
+
+def most_refine_rows(plan: Plan) -> int:
+    """The most rows of the last search stage at any budget: the refinement's ``refine_rows``
+    (at most ``N``), or the subsample without a refinement."""
+    opts = plan.options
+    return min(plan.num_rows, opts.refine_rows) if opts.refine_iterations else plan.subsample
+
+
+def refine_bound(plan: Plan) -> float:
+    """A bound on the refinement's cost that grows with the budget (unlike its cost, which
+    jumps as its rows double): :data:`~rfgp.recipes._schedule.REFINE_SHARE` of the budget, or
+    its cost at its most rows where less; 0 where the plan has no refinement."""
+    if not plan.refine_rows:
+        return 0.0
+    evaluations = plan.options.refine_iterations * EVALUATIONS_PER_ITERATION
+    return min(REFINE_SHARE * plan.total, evaluations * feature_evidence_cost(
+        most_refine_rows(plan), plan.search_features, plan.input_dim))
+
+
+def refine(data: RecipeData, searched: Searched, report: FitReport) -> Optional[Searched]:
+    """The refinement (module docstring) of ``searched``'s model (in place), where the
+    schedule has one (else ``None``)."""
+    rows = data.schedule.refine_rows
     if not rows:
-        return
-    opts = ctx.options
-    with ctx.stage("refine"):
-        xs, ys, ctx.rows = ctx.head(rows)
-        ctx.blocks, ctx.evidence = None, "features"
-        result = maximize_evidence(ctx.model, xs, ys, opts.refine_iterations, opts.tolerance)
-        record_search(ctx, "refine", result, "features")
-    ctx.candidates = {"search": ctx.lengthscale()}
+        return None
+    opts = data.options
+    xs, ys, picked = data.head(rows)
+    result = maximize_evidence(searched.model, xs, ys, opts.refine_iterations, opts.tolerance)
+    record_search(report, "refine", result, "features")
+    refined = replace(searched, rows=picked, blocks=None, evidence="features")
+    return replace(refined, candidates={"search": refined.lengthscale()})
 
 
-def local_stage(ctx: RecipeContext) -> None:
-    """The local stage (module docstring), with the schedule's number of starts."""
-    starts = ctx.schedule.local_starts
-    if not starts:
-        return
-    opts = ctx.options
-    with ctx.stage("local"):
-        xs, ys = ctx.stage_data()
-        blocks = kd_blocks(xs, opts.exact_rows)
-        centre = ctx.lengthscale()
-        start = {"outputscale": ctx.model.kernel.outputscale.detach(),
-                 "noise": ctx.model.noise.detach()}
-        relevance = (centre / column_scale(xs)).argsort().tolist()
-        candidates = [centre]
-        for j in relevance[:starts - 1]:
-            shorter = centre.clone()
-            shorter[j] = shorter[j] * LOCAL_SHORT_START
-            candidates.append(shorter)
-        best, best_loss, iterations = None, math.inf, 0
-        for lengthscale in candidates:
-            model = search_model(ctx.schedule.search_features,
-                                 {**start, "lengthscale": lengthscale}, opts.spectral,
-                                 opts.seed, xs)
-            result = maximize_evidence(model, xs, ys, LOCAL_ITERATIONS, opts.tolerance,
-                                       exact=True, blocks=blocks)
-            iterations += result.iterations
-            # L-BFGS restores the best point it evaluated: its loss is the smallest.
-            loss = min(result.losses) if result.losses else math.inf
-            ctx.report.local_losses.append(loss)
-            if loss < best_loss:
-                best, best_loss = model, loss
-                ctx.report.converged["local"] = result.converged
-                ctx.report.losses["local"] = result.losses
-        ctx.report.iterations["local"] = iterations
-        ctx.report.local_blocks = len(blocks)
-        ctx.report.evidence["local"] = "blocks"
-        if best is None:  # no start could be evaluated: keep the refinement's end
-            return
-        ctx.model, ctx.blocks, ctx.evidence = best, blocks, "blocks"
-        ctx.candidates["local"] = ctx.lengthscale()
+REFINE = Stage("refine", refine, ((20, plan_refine),))

@@ -1,18 +1,10 @@
 r""":func:`fit_auto`: the default regression recipe, a budgeted pipeline of stages.
 
-**What it does.** It fits a GP with an ARD random Fourier feature kernel: the evidence is
-maximised cheaply (on a subsample, with few features, or with the exact kernel where the rows
-are few), corrected on more rows, and the final ``D``-feature model then chooses its own
-outputscale and noise, and among the search's candidate lengthscales, by its own evidence, so
-that its intervals are honest about what ``D`` features can fit.
-
-**Its budget.** ``time_budget`` seconds (default :math:`20 + N/400`) are shared among the
-stages by a cost model (the schedule): the final fit takes up to 40% and gets
-the most features that fit there; the refinement's rows and the local stage's starts take what
-is left. ``report.timing()`` sets each stage's predicted seconds against the measured ones.
-
-The stages, each an internal module of :mod:`rfgp.recipes`: units and start, search, model
-choice, refinement and the local stage, the Laplace average, calibration and refit.
+The stages (:data:`STAGES`), each an internal module of :mod:`rfgp.recipes` of the stage's
+name: ``search``, ``select`` (the bound's cross-validated choice), ``refine``, ``local``,
+``laplace`` (the Laplace average) and ``refit`` (calibration and the final fit), after the
+units and the start (:func:`_prepare`). What each does, and how the budget is shared among
+them, is :mod:`rfgp.recipes`' overview.
 """
 
 from __future__ import annotations
@@ -23,30 +15,58 @@ from typing import Any, Optional
 
 import torch
 
-from rfgp.inference._blocks import kd_blocks
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.inference._selection import ConvergenceWarning
-from rfgp.recipes._averaging import laplace_stage
-from rfgp.recipes._choice import choose_bound
-from rfgp.recipes._context import RecipeContext
+from rfgp._data import ArraySource, DataSource, draw_rows, open_source
+from rfgp._validation import check_evidence_rows
+from rfgp.inference import RandomFeatureGP
+from rfgp.recipes._laplace import LAPLACE
+from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
-from rfgp.recipes._refine import local_stage, record_search, refine_stage
-from rfgp.recipes._refit import refit_stage
+from rfgp.recipes._refine import REFINE
+from rfgp.recipes._refit import REFIT
 from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import plan_regression
-from rfgp.recipes._search import two_path_search
-from rfgp.recipes._start import initial_hyperparameters, search_model
+from rfgp.recipes._schedule import Schedule, plan_stages
+from rfgp.recipes._search import SEARCH
+from rfgp.recipes._select import SELECT
+from rfgp.recipes._stage import RecipeData, Searched, StageTimer
+from rfgp.recipes._start import search_model, start_from_moments
+from rfgp.recipes._streaming import (
+    MEDIAN_ROWS,
+    agreed,
+    longest_head,
+    median_rows,
+    moments,
+    working_set,
+)
 from rfgp.recipes._units import (
-    check_recipe_data,
     check_variances_representable,
-    column_unit,
-    target_unit,
+    column_unit_of,
+    unit_of_rms,
 )
 
-__all__ = ["fit_auto"]
+__all__ = ["STAGES", "fit_auto", "plan_regression"]
+
+#: The stages of :func:`fit_auto`, in the order they run (each plans its cost at its own
+#: place in the schedule): every one but the last hands on a
+#: :class:`~rfgp.recipes._stage.Searched`; the last returns the fitted model.
+STAGES = (SEARCH, SELECT, REFINE, LOCAL, LAPLACE, REFIT)
 
 
-def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
+def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -> Schedule:
+    """The schedule of :func:`fit_auto` for ``num_rows`` rows of ``input_dim`` inputs under
+    checked :class:`~rfgp.recipes.RegressionOptions`: :data:`STAGES`' costs booked in their
+    planning order (:func:`~rfgp.recipes._schedule.plan_stages`).
+
+    Example:
+        >>> s = plan_regression(40000, 9, RegressionOptions().checked())
+        >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
+        (16384, 2000, 'features', True)
+        >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
+        'exact'
+    """
+    return plan_stages(num_rows, input_dim, options, STAGES)
+
+
+def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
              **options: Any) -> RandomFeatureGP:
     r"""Fit a :class:`~rfgp.RandomFeatureGP` by the default recipe.
 
@@ -62,15 +82,31 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
     The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
     predictions. Inputs need no scaling: the search runs in units near each column's spread.
 
+    **Rows not in memory.** ``x`` and ``y`` may be numpy arrays or memory-maps
+    (``np.load(path, mmap_mode="r")``), or ``x`` a re-iterable source of ``(x, y)`` chunks (a
+    ``DataLoader``, a list, a callable returning a fresh iterator) with ``y=None``. The search
+    stages then read a seeded draw of rows (the rows an in-memory fit reads, so the model is
+    the same) and the final fit streams every row in chunks: memory
+    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows, the weight-space path.
+    With ``distributed=True`` under ``torchrun`` each process passes its own shard (any of
+    these forms); every process runs the recipe and returns the same model, the one a single
+    process fits to the shards concatenated in rank order.
+
     Args:
-        x: ``(N, d)`` float32 or float64 inputs.
-        y: ``(N,)`` or ``(N, T)`` centred targets.
+        x: ``(N, d)`` float32 or float64 inputs: a tensor, a numpy array or memory-map, or a
+            source of ``(x, y)`` chunks.
+        y: ``(N,)`` or ``(N, T)`` centred targets (``None`` for a chunk source).
         report: a :class:`~rfgp.recipes.FitReport` to fill in (cleared first).
         **options: any of :class:`~rfgp.recipes.RegressionOptions` (``spectral``,
             ``num_features``, ``time_budget``, ``seed``, ``progress``, ...).
 
     Returns:
         The fitted model, ``D`` features, conditioned on all rows.
+
+    Raises:
+        ValueError: for ``y`` zero in every entry (centred constant targets: the evidence
+            then has no maximum), for data or an option out of range, naming it; TypeError
+            for one of the wrong type (``seed`` is an integer in ``[0, 2**64 - 1]``).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -82,68 +118,136 @@ def fit_auto(x: Any, y: Any, *, report: Optional[FitReport] = None,
         (True, torch.Size([3]))
     """
     opts = RegressionOptions().replace(**options).checked()
-    ctx = _prepare(x, y, opts, report)
-    with ctx.progress(7, "fit_auto"):
-        _search_stage(ctx)
-        choose_bound(ctx)
-        refine_stage(ctx)
-        local_stage(ctx)
-        laplace_stage(ctx)
-        gp = refit_stage(ctx)
-    _report_in_data_units(ctx)
+    source = open_source(x, y, opts.distributed)
+    if source is None:
+        data, searched, report = _prepare(x, y, opts, report)
+    else:
+        data, searched, report = _prepare_source(source, opts, report)
+    timer = StageTimer(report.seconds)
+    with timer.progress(len(STAGES), "fit_auto", opts.progress):
+        if opts.distributed:
+            searched = _agree_on_stages(timer, data, searched, report)
+        else:
+            searched = _search_stages(timer, data, searched, report)
+        gp = timer.run(STAGES[-1], data, searched, report)
+    _report_in_data_units(data, searched, report)
     return gp
 
 
+def _search_stages(timer: StageTimer, data: RecipeData, searched: Searched,
+                   report: FitReport) -> Searched:
+    """The stages before the final fit, each handing on the next :class:`Searched`."""
+    for stage in STAGES[:-1]:
+        searched = timer.run(stage, data, searched, report) or searched
+    return searched
+
+
+def _agree_on_stages(timer: StageTimer, data: RecipeData, searched: Searched,
+                     report: FitReport) -> Searched:
+    """The stages before the final fit on every rank, then rank 0's results (its
+    :class:`Searched` and report) adopted by all, so that every rank fits the same model."""
+    adopted, record = agreed(
+        lambda: (_search_stages(timer, data, searched, report), report), data.source)
+    seconds = report.seconds  # the timer's: the final fit's time joins rank 0's
+    report.__dict__.update({key: value for key, value in record.__dict__.items()
+                            if key != "seconds"})
+    if record is not report:
+        seconds.clear()
+        seconds.update(record.seconds)
+    return adopted
+
+
 def _prepare(x: Any, y: Any, opts: RegressionOptions,
-             report: Optional[FitReport]) -> RecipeContext:
-    """Units, schedule and the search's starting model."""
-    x, y = check_recipe_data(x, y, "fit_auto")
-    if report is not None and not isinstance(report, FitReport):
-        raise TypeError(f"report must be a FitReport instance or None, got {report!r}")
-    x_unit, y_unit = column_unit(x), target_unit(y)
-    check_variances_representable(y_unit, x.dtype)
-    report = report if report is not None else FitReport()
-    report.clear()  # a report passed again describes this fit only
+             report: Optional[FitReport]) -> tuple:
+    """Units, schedule and the search's starting model: ``(data, start, report)``."""
+    x, y = check_evidence_rows(x, y, "fit_auto")
     schedule = plan_regression(x.shape[0], x.shape[1], opts)
-    report.schedule, report.num_features = schedule, schedule.num_features
-    report.search_features, report.subsample = schedule.search_features, schedule.subsample
-    report.refine_rows = schedule.refine_rows
-    ctx = RecipeContext(opts, schedule, report, x / x_unit, y / y_unit, x, y, x_unit, y_unit,
-                        torch.Generator().manual_seed(opts.seed))
-    start = initial_hyperparameters(ctx.x, ctx.y, generator=ctx.generator)
+    # The moments are summed over the chunks a memory-map's would be: the same rows give
+    # the same start, whichever way they come.
+    return _begin(ArraySource(x, y), opts, report, schedule, (x, y))
+
+
+def _prepare_source(source: DataSource, opts: RegressionOptions,
+                    report: Optional[FitReport]) -> tuple:
+    """:func:`_prepare` for rows behind a source: rank 0's schedule, and the working set (the
+    longest head of the random order) in memory; rows few enough for a stage to hold all of
+    them are read and fitted as in memory."""
+    if opts.solve == "cg":
+        raise ValueError(
+            "solve='cg' needs the rows in memory (every product reads them); rows from a "
+            "memory-map, chunks or process shards are fitted by solve='weight' or 'auto'"
+        )
+    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all.
+    opts, schedule = agreed(lambda: (opts.replace(solve="weight"), plan_regression(
+        source.num_rows, source.input_dim, opts.replace(solve="weight"))), source)
+    if longest_head(schedule) >= source.num_rows:
+        return _prepare(*source.load(), opts, report)
+    return _begin(source, opts, report, schedule, None)
+
+
+def _begin(source: DataSource, opts: RegressionOptions, report: Optional[FitReport],
+           schedule: Any, rows: Optional[tuple]) -> tuple:
+    """Units and start from streamed moments, the report begun and the data, on the
+    in-memory ``rows`` or, without them, on the source's working set: ``(data, start,
+    report)``."""
+    report = FitReport.begin(report, schedule)
+    found = moments(source)
+    scale = found.column_scale
+    x_unit = column_unit_of(scale)
+    y_unit = unit_of_rms(found.target_rms)
+    check_variances_representable(y_unit, source.dtype)
+    _warn_over_budget(schedule, source.num_rows, opts)
+    generator = torch.Generator().manual_seed(opts.seed)
+    mean_square = (found.target_rms / y_unit) ** 2
+    # The draws in one order whatever holds the rows: the median's rows, then the stages'
+    # (the subsample and the refinement's rows are heads of one random order).
+    if rows is None:
+        median = median_rows(source, generator) / x_unit
+        x, y = working_set(source, longest_head(schedule), generator)
+        order, held = None, source
+    else:
+        x, y = rows
+        scale, x_unit = scale.to(x.device), x_unit.to(x.device)
+        n = x.shape[0]
+        picked = x if n <= MEDIAN_ROWS else x[draw_rows(n, MEDIAN_ROWS, generator).to(x.device)]
+        median = picked / x_unit
+        order = (draw_rows(n, longest_head(schedule), generator).to(x.device)
+                 if schedule.subsample < n else None)
+        held = None
+    xs, ys = x / x_unit, y / y_unit
+    data = RecipeData(opts, schedule, xs, ys, x, y, x_unit, y_unit, generator, order,
+                      source=held, target_mean_square=mean_square)
+    start = start_from_moments(scale / x_unit, median, mean_square)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit,
                       "outputscale": start["outputscale"] * y_unit**2,
                       "noise": start["noise"] * y_unit**2}
-    ctx.model = search_model(schedule.search_features, start, opts.spectral, opts.seed, ctx.x)
-    return ctx
+    model = search_model(schedule.search_features, start, opts.spectral, opts.seed, xs)
+    return data, Searched(model), report
 
 
-def _search_stage(ctx: RecipeContext) -> None:
-    """The evidence search on the subsample, with the schedule's evidence, along the two
-    paths of :func:`~rfgp.recipes._search.two_path_search`."""
-    opts = ctx.options
-    with ctx.stage("search"):
-        xs, ys, ctx.rows = ctx.head(ctx.schedule.subsample)
-        ctx.evidence = ctx.schedule.search_evidence
-        ctx.blocks = kd_blocks(xs, opts.exact_rows) if ctx.evidence == "blocks" else None
-        result = two_path_search(ctx.model, xs, ys, opts.max_iterations, opts.tolerance,
-                                 ctx.evidence != "features", ctx.blocks)
-        record_search(ctx, "search", result, ctx.evidence)
-    if not result.converged:
+def _warn_over_budget(schedule: Any, num_rows: int, opts: RegressionOptions) -> None:
+    """Warn where even the schedule's cheapest plan is predicted to overrun the budget: the
+    final fit's cost grows linearly with the rows, and at its fewest features it can alone
+    exceed a budget given for many rows."""
+    predicted = sum(schedule.predicted.values())
+    if opts.num_features is None and predicted > 1.1 * schedule.budget:
         warnings.warn(
-            f"fit_auto: the evidence search did not converge in {opts.max_iterations} L-BFGS "
-            "iterations; increase max_iterations",
-            ConvergenceWarning,
+            f"fit_auto: on {num_rows} rows the cheapest schedule is predicted to take about "
+            f"{predicted:.0f} s at machine_rate={opts.machine_rate:.3g}, more than "
+            f"time_budget={schedule.budget:.0f} s (its final fit, at "
+            f"{schedule.num_features} features, {schedule.predicted.get('refit', 0.0):.0f} s, "
+            "grows linearly with the rows); expect that time, or raise time_budget",
+            UserWarning,
         )
 
 
-def _report_in_data_units(ctx: RecipeContext) -> None:
+def _report_in_data_units(data: RecipeData, searched: Searched, report: FitReport) -> None:
     """The search's records, from its units (inputs over ``x_unit``, targets over ``y_unit``)
     to the data's: bounds times the input units, log densities per datum less
     ``log(y_unit)``."""
-    report, shift = ctx.report, math.log(ctx.y_unit)
-    if ctx.bound is not None:
-        report.lengthscale_bound = ctx.bound * ctx.x_unit
+    shift = math.log(data.y_unit)
+    if searched.bound is not None:
+        report.lengthscale_bound = searched.bound * data.x_unit
     report.losses = {stage: [loss + shift for loss in losses]
                      for stage, losses in report.losses.items()}
     report.local_losses = [loss + shift for loss in report.local_losses]

@@ -15,7 +15,7 @@ class FitReport:
     """What :func:`~rfgp.recipes.fit_auto` did, in the data's units.
 
     Attributes:
-        schedule: the :class:`~rfgp.recipes.Schedule` the fit followed (budget,
+        schedule: the schedule the fit followed (budget,
             rows, feature counts, predicted seconds per stage).
         num_features: ``D`` of the final fit.
         search_features: ``D`` of the evidence search.
@@ -63,6 +63,19 @@ class FitReport:
     local_losses: List[float] = field(default_factory=list)
     calibration: Dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def begin(cls, report: Optional[FitReport], schedule: Any) -> FitReport:
+        """``report`` (a new one where ``None``) cleared, with ``schedule``'s sizes: a report
+        passed again describes the new fit only."""
+        if report is not None and not isinstance(report, cls):
+            raise TypeError(f"report must be a {cls.__name__} instance or None, got {report!r}")
+        report = report if report is not None else cls()
+        report.clear()
+        report.schedule, report.num_features = schedule, schedule.num_features
+        report.search_features, report.subsample = schedule.search_features, schedule.subsample
+        report.refine_rows = schedule.refine_rows
+        return report
+
     def clear(self) -> None:
         """Every field back to its default: a report passed to a new fit keeps nothing of an
         earlier one.
@@ -98,6 +111,8 @@ class FitReport:
 class ClassifierFitReport(FitReport):
     """What :func:`~rfgp.recipes.fit_classifier_auto` did: the fields of :class:`FitReport`,
     where ``initial`` holds the starting ``lengthscale`` and ``outputscale`` (the Dirichlet
-    transform fixes the noise), ``losses`` are per datum and class, and ``calibration`` is
-    empty (the transform fixes the noise; the outputscale is the search's).
+    transform fixes the noise), ``losses`` are per datum and class, and ``calibration`` holds
+    the final model's own outputscale: the ``factor`` on the search's, the ``outputscale``
+    and the final model's ``negative_log_evidence`` per datum and class (the transform fixes
+    the noise).
     """

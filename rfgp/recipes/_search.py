@@ -8,6 +8,10 @@ neighbouring rows, with the noise as a parameter); :func:`dirichlet_objective` t
 classifier's ``C`` regressions with the transform's fixed noise. :func:`maximize_evidence` is
 the regression search in one call; :func:`two_path_search` runs it from a start along two
 paths and keeps the higher evidence.
+
+**The stage** ``"search"`` of :func:`~rfgp.recipes.fit_auto` (:data:`SEARCH`): the evidence
+of the schedule's kind (the exact kernel's on at most ``exact_rows`` rows, the blocks' where
+the subsample is every row, else the features') maximised on the subsample along both paths.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, List, NamedTuple, Optional
 
 import torch
@@ -23,22 +27,43 @@ from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import all_finite, check_int, check_positive, check_rows, check_tensor
-from rfgp.inference._evidence import fourier_kernel_negative_log_evidence, negative_log_evidence
-from rfgp.inference._feature_gp import RandomFeatureGP
-from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
+from rfgp._validation import (
+    all_finite,
+    check_class_targets,
+    check_int,
+    check_positive,
+    check_rows,
+)
+from rfgp.inference import (
+    ConvergenceWarning,
+    RandomFeatureGP,
+    exact_evidence_cost,
+    feature_evidence_cost,
+    fourier_kernel_negative_log_evidence,
+    heteroscedastic_negative_log_evidence,
+    kd_blocks,
+    negative_log_evidence,
+)
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
+from rfgp.recipes._report import FitReport
+from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
+from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel  # noqa: F401  (the examples use it)
 from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = [
+    "SEARCH",
     "EvidenceObjective",
     "SearchResult",
     "bounded_lengthscale",
     "dirichlet_objective",
     "maximize_evidence",
+    "plan_search",
+    "record_search",
     "regression_objective",
+    "search",
+    "search_evaluation",
     "search_evidence",
     "two_path_search",
 ]
@@ -234,16 +259,7 @@ def dirichlet_objective(kernel: ScaleKernel, x: Tensor, targets: Tensor,
     """
     if not isinstance(kernel, ScaleKernel):
         raise TypeError(f"kernel must be a ScaleKernel, got {type(kernel).__name__}")
-    x = check_tensor("x", x, min_dim=2, max_dim=2, non_empty=True)
-    targets = check_tensor("targets", targets, min_dim=2, max_dim=2)
-    noise = check_tensor("noise", noise, min_dim=2, max_dim=2)
-    if targets.shape[0] != x.shape[0] or noise.shape != targets.shape:
-        raise ValueError(
-            f"targets and noise must have shape (N, C) with N = {x.shape[0]} rows of x, got "
-            f"targets {tuple(targets.shape)} and noise {tuple(noise.shape)}"
-        )
-    if not bool((noise > 0).all()):
-        raise ValueError(f"noise must be positive, got minimum {float(noise.min()):.3g}")
+    x, targets, noise = check_class_targets(x, targets, noise)
     base = kernel.base_kernel
     params = [p for p in kernel.parameters() if p.requires_grad]
     scale = 1.0 / targets.numel()
@@ -375,3 +391,56 @@ def _restore(gp: RandomFeatureGP, state) -> None:
         for param, value in zip(gp.kernel.parameters(), values):
             param.copy_(value)
     gp.noise = noise.clone()
+
+
+def record_search(report: FitReport, name: str, result: SearchResult, evidence: str) -> None:
+    """Record a search stage's losses, iterations and convergence in the report."""
+    report.losses[name], report.iterations[name] = result.losses, result.iterations
+    report.converged[name], report.evidence[name] = result.converged, evidence
+
+
+# ====================================================================== the stage
+def plan_search(plan: Plan) -> None:
+    """Book the first search: the subsample, the search's features (never more than a
+    given final ``D``), its evidence, and its two paths' evaluations (:func:`two_path_search`:
+    two runs to convergence and the warm-up's steps)."""
+    opts = plan.options
+    plan.subsample = min(plan.num_rows, opts.subsample)
+    plan.search_features = min(opts.search_features, opts.num_features or opts.search_features)
+    plan.search_evidence, plan.evaluation = search_evaluation(plan)
+    plan.most_evaluation = plan.evaluation
+    plan.book("search", (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * plan.evaluation)
+
+
+def search_evaluation(plan: Plan) -> tuple:
+    """``(evidence, multiply-adds)`` of one evaluation of the first search's evidence on the
+    plan's subsample and search features (booked by :func:`plan_search`)."""
+    n, d, opts, subsample = plan.num_rows, plan.input_dim, plan.options, plan.subsample
+    if subsample <= opts.exact_rows:
+        return "exact", exact_evidence_cost(subsample, d)
+    if subsample == n and opts.exact_rows >= 2:
+        return "blocks", exact_evidence_cost(subsample, d, opts.exact_rows)
+    return "features", feature_evidence_cost(subsample, plan.search_features, d)
+
+
+def search(data: RecipeData, start: Searched, report: FitReport) -> Searched:
+    """The evidence search on the subsample from ``start``'s model (changed in place), with
+    the schedule's evidence, along the two paths of :func:`two_path_search`; warns where it
+    did not converge."""
+    opts = data.options
+    xs, ys, rows = data.head(data.schedule.subsample)
+    evidence = data.schedule.search_evidence
+    blocks = kd_blocks(xs, opts.exact_rows) if evidence == "blocks" else None
+    result = two_path_search(start.model, xs, ys, opts.max_iterations, opts.tolerance,
+                             evidence != "features", blocks)
+    record_search(report, "search", result, evidence)
+    if not result.converged:
+        warnings.warn(
+            f"fit_auto: the evidence search did not converge in {opts.max_iterations} L-BFGS "
+            "iterations; increase max_iterations",
+            ConvergenceWarning,
+        )
+    return replace(start, rows=rows, evidence=evidence, blocks=blocks)
+
+
+SEARCH = Stage("search", search, ((0, plan_search),))

@@ -15,13 +15,15 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._data import draw_rows
 from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_choice, check_int, check_positive, check_rows
-from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference import RandomFeatureGP
 from rfgp.kernels._fourier import MATERN_NU, FourierFeatureKernel
 from rfgp.recipes._units import column_scale
 
-__all__ = ["initial_hyperparameters", "make_ard_kernel", "search_model", "set_hyperparameters"]
+__all__ = ["initial_hyperparameters", "make_ard_kernel", "search_model", "set_hyperparameters",
+           "start_from_moments"]
 
 
 def initial_hyperparameters(
@@ -70,24 +72,40 @@ def initial_hyperparameters(
     if signal_fraction >= 1.0:
         raise ValueError(f"signal_fraction must be in (0, 1), got {signal_fraction!r}")
     n = x.shape[0]
-    scale = column_scale(x)
-    rows = x if n <= max_rows else x[torch.randperm(n, generator=generator)[:max_rows]]
-    dist = torch.pdist(rows / scale)
-    positive = dist[dist > 0]
-    median = float(positive.median()) if positive.numel() else 1.0
-    lengthscale = scale * (median / math.sqrt(2.0))
+    rows = x if n <= max_rows else x[draw_rows(n, max_rows, generator).to(x.device)]
     # The mean square of y / m times m^2, m a power of two near the largest target: squares
     # of targets beyond about 1e154 overflow otherwise (the result itself may still not be a
     # number of the dtype: then the variances cannot be represented, and that is an error).
     peak = power_of_two_scale(y)
     second_moment = float((y / peak).square().mean()) * peak * peak
+    return start_from_moments(column_scale(x), rows, second_moment, signal_fraction)
+
+
+def start_from_moments(scale: Tensor, rows: Tensor, second_moment: float,
+                       signal_fraction: float = 0.9) -> Dict[str, Tensor]:
+    r""":func:`initial_hyperparameters` from what it reads of the data: the columns'
+    standard deviations ``scale`` ``(d,)``, the rows ``(m, d)`` of the median heuristic and
+    the targets' mean square (for rows that are not all held: a memory-map, a stream).
+
+    Example:
+        >>> x = torch.randn(200, 2, dtype=torch.float64)
+        >>> y = torch.randn(200, dtype=torch.float64)
+        >>> a = initial_hyperparameters(x, y)
+        >>> b = start_from_moments(column_scale(x), x, float(y.square().mean()))
+        >>> bool(torch.allclose(a["lengthscale"], b["lengthscale"]))
+        True
+    """
+    dist = torch.pdist(rows / scale)
+    positive = dist[dist > 0]
+    median = float(positive.median()) if positive.numel() else 1.0
+    lengthscale = scale * (median / math.sqrt(2.0))
     if not math.isfinite(second_moment):
         raise ValueError(
             f"y: the targets' mean square (about {second_moment:.3g}) is not a finite number; "
             "rescale the targets (e.g. standardise them)"
         )
     second_moment = second_moment if second_moment > 0 else 1.0
-    like = torch.ones((), dtype=x.dtype, device=x.device)
+    like = torch.ones((), dtype=rows.dtype, device=rows.device)
     return {
         "lengthscale": lengthscale,
         "outputscale": like * signal_fraction * second_moment,

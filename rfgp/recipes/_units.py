@@ -13,38 +13,19 @@ final solve, which runs in the data's units).
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
 
 import torch
 from torch import Tensor
 
 from rfgp._ops import power_of_two_scale
-from rfgp._validation import check_rows, check_tensor
+from rfgp._validation import check_tensor
 
-__all__ = ["check_recipe_data", "column_scale", "column_unit", "target_unit",
-           "check_variances_representable", "NOISE_FLOOR", "SUPPORTED_DTYPES"]
+__all__ = ["column_scale", "column_unit", "column_unit_of", "target_unit", "unit_of_rms",
+           "check_variances_representable", "NOISE_FLOOR"]
 
-#: The dtypes the recipes compute in: the evidence's Cholesky factors and the Laplace Hessian
-#: need at least single precision's range and digits.
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
 #: The noise is at least this share of the targets' mean square: a floor that keeps the
 #: weight-space matrix factorisable without a barrier in the search.
 NOISE_FLOOR = 1e-6
-
-
-def check_recipe_data(x: Any, y: Any, caller: str) -> Tuple[Tensor, Tensor]:
-    """``x`` ``(N, d)`` and ``y`` ``(N,)`` or ``(N, T)``, finite, in float32 or float64,
-    detached from any autograd graph (the recipes differentiate their own parameters only)."""
-    for name, value in (("x", x), ("y", y)):
-        if isinstance(value, Tensor) and value.is_floating_point() and (
-                value.dtype not in SUPPORTED_DTYPES):
-            raise TypeError(
-                f"{caller}: {name} must be float32 or float64 (the evidence's factorisations "
-                f"need their range and digits), got {value.dtype}; convert with "
-                f"{name}.double()"
-            )
-    x, y = check_rows(x, y)
-    return x.detach(), y.detach()
 
 
 def column_scale(x: Tensor) -> Tensor:
@@ -87,7 +68,18 @@ def column_unit(x: Tensor) -> Tensor:
         >>> column_unit(x)
         tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
     """
-    return _power_of_two(column_scale(x))
+    return column_unit_of(column_scale(x))
+
+
+def column_unit_of(scale: Tensor) -> Tensor:
+    """:func:`column_unit` from the columns' standard deviations ``(d,)`` (for rows that are
+    not all held, whose deviations are streamed).
+
+    Example:
+        >>> column_unit_of(torch.tensor([2000.0, 0.002], dtype=torch.float64))
+        tensor([2.0480e+03, 1.9531e-03], dtype=torch.float64)
+    """
+    return _power_of_two(scale)
 
 
 def target_unit(y: Tensor) -> float:
@@ -100,6 +92,17 @@ def target_unit(y: Tensor) -> float:
     """
     peak = power_of_two_scale(y)
     rms = peak * math.sqrt(float((y / peak).square().mean()))
+    return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
+
+
+def unit_of_rms(rms: float) -> float:
+    """:func:`target_unit` from the targets' root mean square (streamed where the rows are
+    not all held): the power of two nearest it.
+
+    Example:
+        >>> unit_of_rms(3.0)
+        4.0
+    """
     return 2.0 ** round(math.log2(rms)) if rms > 0 else 1.0
 
 

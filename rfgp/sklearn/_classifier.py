@@ -23,6 +23,8 @@ from rfgp.recipes._classification import plan_classifier
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     as_tensor,
+    check_count,
+    check_kernel_params,
     check_positive_int,
     check_positive_param,
     kernel_from,
@@ -78,7 +80,8 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         proba_method: ``"mc"``, ``"mean_field"`` or ``"lognormal"`` (see
             :func:`rfgp.classification.softmax_expectation`).
         mc_samples: Monte Carlo samples of ``"mc"``.
-        random_state: seed (int, ``RandomState`` or ``None``) of the features and draws.
+        random_state: seed (an int in ``[0, 2**64 - 1]``, ``RandomState`` or ``None``) of the
+            features and draws.
 
     Attributes:
         classes_ (ndarray): the class labels (any type ``np.unique`` sorts).
@@ -155,12 +158,13 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
             )
-        check_positive_int("mc_samples", self.mc_samples)
+        check_count("mc_samples", self.mc_samples)
         check_positive_int("max_iter", self.max_iter)
         alpha = check_positive_param("alpha_epsilon", self.alpha_epsilon)
         num_features = self.num_features
         if num_features is not None:
-            num_features = check_positive_int("num_features", num_features)
+            num_features = check_count("num_features", num_features)
+        check_kernel_params(self)
         seed = seed_from(self.random_state)
         x_t, labels = as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
         num_classes = len(self.classes_)

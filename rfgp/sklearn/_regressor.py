@@ -12,6 +12,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from rfgp._data import ScaledTargets, ShardedSource, open_source, target_moments
 from rfgp._validation import check_int
 from rfgp.inference._feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.recipes import (
@@ -22,7 +23,10 @@ from rfgp.recipes import (
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     REGRESSION_DEFAULTS,
+    InvalidParameterError,
     as_tensor,
+    check_count,
+    check_kernel_params,
     check_positive_int,
     check_positive_param,
     kernel_from,
@@ -33,6 +37,9 @@ from rfgp.sklearn._support import (
 )
 
 __all__ = ["RandomFeatureGPRegressor"]
+
+# Rows of a memory-mapped query predicted at once.
+_PREDICT_ROWS = 65536
 
 
 class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
@@ -61,7 +68,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             (a :class:`~rfgp.kernels.RandomFeatureKernel` or a ``ScaleKernel`` around one),
             deep-copied at ``fit``.
         num_features: ``D`` of a named kernel; ``None`` chooses it from the number of rows
-            and the time budget (:func:`rfgp.recipes._schedule.plan_regression`; at most 8192
+            and the time budget (:func:`rfgp.recipes._regression.plan_regression`; at most 8192
             outside the recipe).
         lengthscale: initial lengthscale of a named kernel (not used by ``"auto"``).
         sampling: frequency sampling of the Fourier kernels (``"iid"``, ``"orthogonal"``,
@@ -75,11 +82,13 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             hyperparameters).
         max_iter: optimiser iterations (``"auto"``: L-BFGS iterations of the evidence search;
             ``"lbfgs"``: outer iterations of up to 20 evaluations).
-        normalize_y: standardise the targets (mean and standard deviation per column);
-            otherwise only the zero prior mean is used.
-        random_state: seed (a non-negative int is the seed itself; a ``RandomState`` or
-            ``None`` draws one) of the random features. A given kernel keeps its own weights
-            when ``None``.
+        normalize_y: (a bool) standardise the targets (mean and standard deviation per
+            column); otherwise only the zero prior mean is used. With ``"auto"``, targets
+            without variation (constant columns, or zeros) are refused naming ``y``: the
+            evidence that chooses the scales has no maximum there.
+        random_state: seed (an int in ``[0, 2**64 - 1]`` is the seed itself, the recipes'
+            ``seed``; a ``RandomState`` or ``None`` draws one) of the random features. A given
+            kernel keeps its own weights when ``None``.
         time_budget: ``"auto"`` only: the recipe's time budget in seconds (``None``: its
             default, linear in the rows).
         max_lengthscale: ``"auto"`` only: the recipe's candidate bound on the lengthscales, in
@@ -91,6 +100,18 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             average (``0``: the kernel at the evidence maximum).
         local_search: ``"auto"`` only: after the refinement, the exact kernel's evidence on
             blocks of neighbouring rows from as many starts as the budget allows.
+        distributed: ``"auto"`` only: each ``torch.distributed`` process calls ``fit`` with
+            its own shard of the rows (:func:`rfgp.fit_auto`'s ``distributed=True``); every
+            process gets the same model. The targets are standardised by the mean and
+            standard deviation of all shards.
+
+    Rows not in memory: ``fit`` also takes a float32 or float64 numpy memory-map ``X``
+    (``np.load(path, mmap_mode="r")``, with ``y`` an array or memory-map, read in ``X``'s
+    dtype) or a re-iterable of ``(X, y)``
+    chunks with ``y=None`` (a ``DataLoader``, a list, a callable returning an iterator); the
+    recipe then reads a seeded draw of rows for its search and streams the rest (see
+    :func:`rfgp.fit_auto`), and the targets are standardised by streamed moments.
+    ``predict`` takes a memory-map in chunks.
 
     Attributes:
         gp_ (RandomFeatureGP): the fitted solver (standardised targets).
@@ -136,6 +157,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         cv_folds: int = REGRESSION_DEFAULTS.cv_folds,
         lengthscale_draws: int = REGRESSION_DEFAULTS.lengthscale_draws,
         local_search: bool = REGRESSION_DEFAULTS.local_search,
+        distributed: bool = False,
     ) -> None:
         store_params(self, locals())
 
@@ -144,16 +166,23 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> RandomFeatureGPRegressor:
+    def fit(self, X: Any, y: Any = None) -> RandomFeatureGPRegressor:
         """Fit the GP (after optimising the hyperparameters when ``optimizer`` is set).
 
         Args:
-            X: ``(n_samples, n_features)`` inputs.
-            y: ``(n_samples,)`` or ``(n_samples, n_targets)`` targets.
+            X: ``(n_samples, n_features)`` inputs (a memory-map, or a source of ``(X, y)``
+                chunks, is streamed: see the class docstring).
+            y: ``(n_samples,)`` or ``(n_samples, n_targets)`` targets (``None`` for chunks).
 
         Returns:
             ``self``.
         """
+        # A memory-map streams where the recipe fits; the other paths read it into memory.
+        mapped = (isinstance(X, np.memmap) and X.dtype in (np.float32, np.float64)
+                  and self.optimizer == "auto" and isinstance(self.kernel, str)
+                  and self.kernel in RECIPE_KERNELS)
+        if self.distributed or mapped or (y is None and not isinstance(X, np.ndarray)):
+            return self._fit_streamed(X, y)
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
         # Strings that are not numbers fail here as in scikit-learn's regressors ("could not
         # convert string to float"); numeric strings are converted, as they are there.
@@ -165,7 +194,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
             )
         check_positive_int("max_iter", self.max_iter)
         if self.num_features is not None:
-            check_positive_int("num_features", self.num_features)
+            check_count("num_features", self.num_features)
+        check_kernel_params(self)
+        if not isinstance(self.normalize_y, (bool, np.bool_)):
+            # bool(nan) is True: a non-bool would be taken as a truth value silently.
+            raise InvalidParameterError(
+                f"normalize_y must be a bool, got {self.normalize_y!r} "
+                f"({type(self.normalize_y).__name__})"
+            )
         seed = seed_from(self.random_state)
         recipe = (self.optimizer == "auto" and isinstance(self.kernel, str)
                   and self.kernel in RECIPE_KERNELS)
@@ -181,6 +217,17 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         y_t = as_tensor((y - self._y_mean) / self._y_std)
         self.fit_report_ = None
         if recipe:
+            if not np.any(y - self._y_mean):
+                # The recipe's evidence has no maximum on targets without variation; say so
+                # in the estimator's terms (fit_auto would see the centred zeros).
+                got = ("every target column is constant (zero once normalize_y centres it)"
+                       if self.normalize_y else "every target is zero")
+                raise ValueError(
+                    f"y must vary, got {X.shape[0]} sample{'s' * (X.shape[0] != 1)} where "
+                    f"{got}: the evidence by which "
+                    "optimizer='auto' chooses the outputscale and the noise has no maximum "
+                    "(it grows without bound as both shrink to zero)"
+                )
             gp = self._fit_recipe(x_t, y_t, options)
         else:
             kernel = kernel_from(self, seed, X.shape[0])
@@ -193,6 +240,46 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 method = "lbfgs" if self.optimizer == "auto" else self.optimizer
                 self.n_iter_ = self._optimize(gp, x_t, y_t, method)
             gp.fit(x_t, y_t)
+        self.gp_ = gp
+        self.kernel_ = gp.kernel
+        self.noise_ = (gp.noise.detach().double().numpy() * self._y_std**2).squeeze()
+        self.log_marginal_likelihood_value_ = float(gp.log_marginal_likelihood())
+        return self
+
+    def _fit_streamed(self, X: Any, y: Any) -> RandomFeatureGPRegressor:
+        """The recipe on rows it reads in chunks (a memory-map, chunks, process shards)."""
+        if not (self.optimizer == "auto" and isinstance(self.kernel, str)
+                and self.kernel in RECIPE_KERNELS):
+            raise ValueError(
+                "rows from a memory-map, chunks or process shards are fitted by the recipe "
+                f"only: optimizer='auto' with kernel in {list(RECIPE_KERNELS)}, got "
+                f"optimizer={self.optimizer!r}, kernel={self.kernel!r}"
+            )
+        if self.num_features is not None:
+            check_positive_int("num_features", self.num_features)
+        check_positive_int("max_iter", self.max_iter)
+        options = recipe_options(
+            RegressionOptions, self,
+            ("max_iter", "time_budget", "max_lengthscale", "cv_folds", "lengthscale_draws",
+             "local_search", "distributed"),
+            spectral=self.kernel, seed=seed_from(self.random_state),
+            num_features=self.num_features)
+        if isinstance(X, np.ndarray) and y is not None and np.asarray(y).dtype != X.dtype:
+            # The targets in the inputs' dtype, as the recipe computes (a copy of y only).
+            y = np.asarray(y, dtype=X.dtype)
+        source = open_source(X, y, bool(self.distributed))
+        if self.normalize_y:
+            self._y_mean, self._y_std = target_moments(source)
+        else:
+            self._y_mean = np.zeros(source.target_shape)
+            self._y_std = np.ones(source.target_shape)
+        scaled = ScaledTargets(source, self._y_mean, self._y_std)
+        if isinstance(source, ShardedSource):
+            # The shards, read again, with the targets standardised by all of them.
+            scaled = ShardedSource(lambda: ScaledTargets(source.localsource, self._y_mean,
+                                                         self._y_std), source.group)
+        self.n_features_in_ = source.input_dim
+        gp = self._fit_recipe(scaled, None, options)
         self.gp_ = gp
         self.kernel_ = gp.kernel
         self.noise_ = (gp.noise.detach().double().numpy() * self._y_std**2).squeeze()
@@ -249,6 +336,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise RuntimeError("at most one of return_std and return_cov can be requested")
         check_is_fitted(self)
+        if isinstance(X, np.memmap) and not return_cov:
+            # Chunk by chunk: a memory-map is read, never copied whole.
+            parts = [self.predict(np.asarray(X[start:start + _PREDICT_ROWS]), return_std)
+                     for start in range(0, X.shape[0], _PREDICT_ROWS)]
+            if not return_std:
+                return np.concatenate(parts)
+            return (np.concatenate([m for m, _ in parts]),
+                    np.concatenate([s for _, s in parts]))
         X = validate_data(self, X, reset=False, dtype=np.float64)
         x_t = as_tensor(X)
         if return_cov:

@@ -21,11 +21,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install \"rfgp[sklearn]\"` (or `pip install scikit-learn`)"
     ) from error
 
+from rfgp._validation import MAX_COUNT, check_seed
 from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
+from rfgp.kernels._fourier import SAMPLINGS
+from rfgp.kernels._sketches.sampling import PROJECTIONS
 from rfgp.recipes import (
     RegressionOptions,
 )
-from rfgp.recipes._schedule import plan_regression
+from rfgp.recipes._regression import plan_regression
 
 __all__ = [
     "FIT_MAX_FEATURES",
@@ -34,6 +37,8 @@ __all__ = [
     "RECIPE_KERNELS",
     "REGRESSION_DEFAULTS",
     "as_tensor",
+    "check_count",
+    "check_kernel_params",
     "check_positive_int",
     "check_positive_param",
     "kernel_from",
@@ -141,6 +146,37 @@ def check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def check_count(name: str, value: Any) -> int:
+    """:func:`check_positive_int` with the recipes' ``MAX_COUNT`` (2**62) as its upper end."""
+    value = check_positive_int(name, value)
+    if value > MAX_COUNT:
+        raise InvalidParameterError(
+            f"{name} must be a positive integer of at most 2**62 (torch's sizes), got {value}"
+        )
+    return value
+
+
+def check_kernel_params(estimator: BaseEstimator) -> None:
+    """Check the named kernels' hyperparameters (``lengthscale``, ``sampling``, ``degree``,
+    ``bias``, ``projection``) whatever the path: a value that a path does not use is still
+    refused when it is invalid, not ignored (scikit-learn validates every parameter at
+    ``fit``). Raises :class:`InvalidParameterError` naming the parameter."""
+    check_positive_param("lengthscale", estimator.lengthscale)
+    for name, choices in (("sampling", SAMPLINGS), ("projection", PROJECTIONS)):
+        value = getattr(estimator, name)
+        if not isinstance(value, str) or value not in choices:
+            raise InvalidParameterError(
+                f"{name} must be one of {list(choices)}, got {value!r} ({type(value).__name__})"
+            )
+    check_positive_int("degree", estimator.degree)
+    bias = estimator.bias
+    if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
+            math.isfinite(bias) and bias >= 0):
+        raise InvalidParameterError(
+            f"bias must be a finite float >= 0, got {bias!r} ({type(bias).__name__})"
+        )
+
+
 def make_kernel(
     name: str,
     num_features: int = 256,
@@ -190,14 +226,27 @@ def make_kernel(
     return kernel
 
 
-def seed_from(random_state: Any) -> int:
-    """The seed of a fit: a non-negative integer ``random_state`` is the seed itself (so that
-    ``random_state=s`` fits as the recipe's ``seed=s``); ``None`` or a ``RandomState`` draws
-    one."""
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and (
-            0 <= random_state < 2**63):
-        return int(random_state)
-    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+def seed_from(random_state: Any, name: str = "random_state") -> int:
+    """The seed of a fit: an integer ``random_state`` is the seed itself, under the recipes'
+    one rule (:func:`~rfgp._validation.check_seed`: ``[0, 2**64 - 1]``), so that
+    ``random_state=s`` fits as the recipe's ``seed=s``; ``None`` or a ``RandomState`` draws
+    one. Anything else raises :class:`InvalidParameterError` naming ``name``.
+
+    Example:
+        >>> seed_from(2**40)
+        1099511627776
+    """
+    if random_state is None or isinstance(random_state, np.random.RandomState):
+        return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+    try:
+        return check_seed(name, random_state)
+    except TypeError as error:
+        raise InvalidParameterError(
+            f"{name} must be None, a numpy RandomState or an integer in [0, 2**64 - 1] (a "
+            f"torch.Generator's seeds), got {type(random_state).__name__} {random_state!r}"
+        ) from error
+    except ValueError as error:
+        raise InvalidParameterError(str(error)) from error
 
 
 def recipe_options(options_type, estimator: BaseEstimator, names, **fixed: Any):
@@ -257,7 +306,8 @@ def target_scaling(y: np.ndarray, normalize: bool):
     """``(offset, scale)`` per column such that ``(y - offset) / scale`` is of order one.
 
     With ``normalize`` they are the mean and standard deviation (1 where it is 0) of each
-    column, computed on ``y / u`` and multiplied back by ``u``: ``u = 1`` (exact, so the
+    column (a constant column's value, exactly, and 1), computed on ``y / u`` and multiplied
+    back by ``u``: ``u = 1`` (exact, so the
     estimator's targets are bit for bit ``(y - y.mean()) / y.std()``, the targets its docstring
     tells :func:`rfgp.fit_auto` to be given) unless ``max|y|`` is beyond :data:`_HUGE_TARGET`
     or below its inverse, where the squares would overflow or underflow and ``u = max|y|``.
@@ -272,7 +322,13 @@ def target_scaling(y: np.ndarray, normalize: bool):
         unit = np.where((peak < _HUGE_TARGET) & (peak > 1.0 / _HUGE_TARGET), 1.0, peak)
         scaled = y / unit
         std = scaled.std(axis=0)
-        return scaled.mean(axis=0) * unit, np.where(std > 0, std, 1.0) * unit
+        mean, scale = scaled.mean(axis=0) * unit, np.where(std > 0, std, 1.0) * unit
+        # A constant column's computed mean can differ from its value in the last digit, and
+        # its standard deviation is then that rounding: (y - mean) / std would be +-1 in every
+        # row, a signal made of rounding. Its offset is its value, exactly, and its scale 1.
+        constant = np.all(y == y[:1], axis=0) if y.shape[0] else np.zeros(y.shape[1:], bool)
+        return np.where(constant, y[0] if y.shape[0] else 0.0, mean), np.where(
+            constant, 1.0, scale)
     scale = np.where(peak > _HUGE_TARGET, peak, 1.0)
     return np.zeros(y.shape[1:]), scale
 

@@ -196,7 +196,7 @@ def test_targets_with_no_columns_are_rejected_by_every_fitting_entry_point():
 
     from rfgp import fit_auto
     from rfgp.inference._cross_validation import cross_validate, held_out_log_density
-    from rfgp.recipes import initial_hyperparameters
+    from rfgp.recipes._start import initial_hyperparameters
 
     x, y, _ = _data()
     empty = y[:, None][:, :0]

@@ -11,11 +11,9 @@ import torch
 from rfgp import RandomFeatureGP
 from rfgp.inference import ConvergenceWarning
 from rfgp.inference import _cg_solver as cg_solver
+from rfgp.inference._fit_cost import cg_fit_cost, cg_fit_seconds, cg_num_features
 from rfgp.inference._iterative import (
-    cg_fit_cost,
-    cg_fit_seconds,
     cg_iterations_bound,
-    cg_num_features,
     conjugate_gradients,
     lanczos_condition,
     lanczos_log_quadrature,

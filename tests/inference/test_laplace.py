@@ -12,13 +12,10 @@ from gpytorch.kernels import AdditiveKernel, ScaleKernel
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
-from rfgp.recipes import (
-    FitReport,
-    fit_auto,
-    lengthscale_mixture_kernel,
-    make_ard_kernel,
-    maximize_evidence,
-)
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._laplace import lengthscale_mixture_kernel
+from rfgp.recipes._search import maximize_evidence
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 
@@ -108,6 +105,31 @@ def test_hessian_at_the_evidence_maximum_is_positive_semidefinite():
     # At a maximum the curvature of -log p is non-negative in every direction, up to the
     # forward differences' O(1e-4) relative error.
     assert float(torch.linalg.eigvalsh(h).min()) > -1e-3 * float(h.abs().max())
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("offset", [1.7e12, -1e12, 1e8])
+def test_hessian_and_evidence_are_invariant_to_an_offset_of_the_inputs(exact, offset):
+    # Both evidences depend on x through differences alone (stationary kernel, cos/sin pairs).
+    # x + offset rounds x to the offset's ulp; (x + offset) - offset is those rounded inputs,
+    # exactly. The two must give the same Hessian up to rounding (~1e-16 / step, step 1e-4),
+    # not one that lost the offset's digits in omega^T x / l or in expanded distances.
+    from rfgp.inference._evidence import fourier_kernel_negative_log_evidence
+
+    x, y = data()
+    shifted = x + offset
+    rounded = shifted - offset
+    kernel = FourierFeatureKernel(64, input_dim=2, seed=0).double()
+    ell = torch.tensor([0.7, 1.3], dtype=DT)
+    one = torch.ones((), dtype=DT)
+    h = evidence_hessian(kernel, shifted, y, ell, one, 0.05 * one, exact=exact)
+    reference = evidence_hessian(kernel, rounded, y, ell, one, 0.05 * one, exact=exact)
+    torch.testing.assert_close(h, reference, rtol=0, atol=1e-8 * float(reference.abs().max()))
+    value = fourier_kernel_negative_log_evidence(kernel, shifted, y.unsqueeze(-1), ell, one,
+                                                 0.05 * one, exact)
+    expected = fourier_kernel_negative_log_evidence(kernel, rounded, y.unsqueeze(-1), ell, one,
+                                                    0.05 * one, exact)
+    assert float(value) == pytest.approx(float(expected), rel=1e-12)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -355,7 +377,7 @@ def test_averaged_fit_round_trips_through_state_dict_and_goes_stale_on_change():
 def test_fit_auto_keeps_the_maximum_with_a_warning_when_the_hessian_fails(monkeypatch):
     from linear_operator.utils.errors import NotPSDError
 
-    import rfgp.recipes._averaging as recipe
+    import rfgp.recipes._laplace as recipe
 
     def unfactorisable(*args, **kwargs):
         raise NotPSDError("not positive definite next to the maximum")
@@ -369,12 +391,18 @@ def test_fit_auto_keeps_the_maximum_with_a_warning_when_the_hessian_fails(monkey
     torch.testing.assert_close(gp.kernel.base_kernel.lengthscale.reshape(-1), report.lengthscale)
 
 
+def test_fit_auto_on_a_single_zero_row_is_refused_naming_y():
+    # One centred target is zero: the evidence has no maximum (it grows as the outputscale
+    # and the noise shrink together), so there are no scales to draw around: refused by name.
+    with pytest.raises(ValueError, match="y must not be zero in every entry"):
+        fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.zeros(1, dtype=DT),
+                 num_features=16, report=FitReport())
+
+
 def test_fit_auto_on_a_single_row_needs_no_draws():
-    # One centred target is zero: the outputscale goes to zero, where every lengthscale gives
-    # the same (zero) kernel; the fit stays finite without an average.
-    report = FitReport()
-    gp = fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.zeros(1, dtype=DT),
-                  num_features=16, report=report)
+    # One non-zero target: the fit stays finite with or without an average.
+    gp = fit_auto(torch.tensor([[0.3, -1.0]], dtype=DT), torch.ones(1, dtype=DT),
+                  num_features=16, report=FitReport())
     mean, std = gp.predict(torch.zeros(2, 2, dtype=DT), return_std=True)
     assert bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())
 

@@ -80,8 +80,48 @@ def test_another_kind_of_kernel_is_refused_at_load_naming_both(plain):
 def test_a_checkpoint_without_the_record_is_refused_under_strict():
     state = dict(_drawn(FourierFeatureKernel(16, input_dim=3, seed=0)).state_dict())
     del state["_extra_state"]
-    with pytest.raises(RuntimeError, match="no record of the kernel's random weights"):
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "_extra_state"'):
         FourierFeatureKernel(16, input_dim=3).load_state_dict(state)
+
+
+def test_without_the_record_a_non_strict_load_reports_it_missing_and_loads_the_rest():
+    # As torch does for any missing key: strict=False loads what is there and lists the rest.
+    kernel = _drawn(FourierFeatureKernel(16, input_dim=3, seed=0))
+    held = _drawn(FourierFeatureKernel(16, input_dim=3, seed=1))
+    state = dict(kernel.state_dict())
+    del state["_extra_state"]
+    result = held.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["_extra_state"] and result.unexpected_keys == []
+    assert torch.equal(held.frequencies, kernel.frequencies)  # held had its own: replaced
+    x = _x()
+    gp = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1).fit(
+        x, torch.sin(x).sum(-1))
+    before = gp.predict(x)
+    result = gp.load_state_dict({"noise": torch.tensor(0.1, dtype=DT)}, strict=False)
+    assert "kernel._extra_state" in result.missing_keys and "_extra_state" in result.missing_keys
+    assert torch.equal(gp.predict(x), before)  # the fit is kept: nothing of it was loaded
+    gp.load_state_dict({"noise": torch.tensor(0.2, dtype=DT)}, strict=False)
+    assert float(gp.noise) == 0.2
+
+
+@pytest.mark.parametrize("record, match", [
+    ("x", "'_extra_state' must be the record dict that state_dict\\(\\) saves, got str"),
+    (torch.zeros(2), "'_extra_state' must be the record dict .* got Tensor"),
+    ({"random_buffers": 5}, "'_extra_state'\\['random_buffers'\\] must be a list of weight"),
+    ({"random_buffers": [1]}, "'_extra_state'\\['random_buffers'\\] must be a list"),
+    ({"input_dim": "3"}, "'_extra_state'\\['input_dim'\\] must be None or an integer >= 1"),
+    ({"input_dim": 0}, "'_extra_state'\\['input_dim'\\] must be None or an integer >= 1"),
+    ({"weight_settings": [1]}, "'_extra_state'\\['weight_settings'\\] must be None or a dict"),
+    ({"seed": 1.5}, "'_extra_state'\\['seed'\\] must be None or an integer"),
+    ({"pending_batch_ops": 3}, "'_extra_state'\\['pending_batch_ops'\\] must be None or a pair"),
+])
+def test_a_malformed_record_is_refused_naming_the_entry(record, match):
+    state = dict(_drawn(FourierFeatureKernel(16, input_dim=3, seed=0)).state_dict())
+    state["_extra_state"] = record if not isinstance(record, dict) else {
+        **state["_extra_state"], **record}
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match=match):
+            FourierFeatureKernel(16, input_dim=3).load_state_dict(state, strict=strict)
 
 
 def test_an_older_checkpoint_with_the_record_in_its_metadata_still_loads():

@@ -273,6 +273,25 @@ def test_resample_is_reproducible_and_state_dict_round_trips():
     torch.testing.assert_close(clone.features(x), first, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("operator", ["sum", "product"])
+def test_parts_moved_to_float64_before_composing_make_a_float64_kernel(operator):
+    # The composed kernel's own dtype anchor must start where its parts are: a sum of
+    # float64 parts is a float64 kernel whose Gram is the sum (product) of theirs.
+    fourier = FourierFeatureKernel(32, seed=0).double()
+    sketch = PolynomialSketchKernel(2, 32, bias=1.0, seed=1).double()
+    tree = fourier + sketch if operator == "sum" else fourier * sketch
+    composed = as_feature_kernel(tree)
+    assert composed.dtype == DT
+    x = torch.rand(6, 2, generator=torch.Generator().manual_seed(0), dtype=DT)
+    phi = composed.features(x)
+    assert phi.dtype == DT
+    grams = [k.features(x) @ k.features(x).T for k in (fourier, sketch)]
+    if operator == "sum":
+        torch.testing.assert_close(phi @ phi.T, grams[0] + grams[1], rtol=1e-12, atol=1e-12)
+    gp = RandomFeatureGP(tree, noise=0.1).fit(x, x[:, 0])
+    assert gp.predict(x).dtype == DT
+
+
 # ---------------------------------------------------------------- errors
 def test_rejects_what_has_no_feature_map():
     with pytest.raises(TypeError, match=r"kernel.kernels\[1\] must be an rfgp RandomFeatureKernel"):

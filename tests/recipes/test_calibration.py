@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
+from rfgp.inference._calibration import (
+    kernel_spectral_statistics,
+    maximize_scale_evidence,
+    spectral_statistics,
+)
 from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels._composition import as_feature_kernel
-from rfgp.recipes import FitReport, fit_auto, make_ard_kernel, maximize_scale_evidence
-from rfgp.recipes._calibration import kernel_spectral_statistics, spectral_statistics
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
 
@@ -61,7 +66,7 @@ def test_the_maximum_is_reached_from_a_start_far_below_the_factor(true_factor):
     # indefinite on the way. The maximum is still reached: the derivative of the profile
     # -log p(c, sigma^2(c)) in log c (sigma^2(c) its closed-form best noise) vanishes there,
     # and no point of a fine grid of c is better.
-    from rfgp.recipes._calibration import ScaleEvidence
+    from rfgp.inference._calibration import ScaleEvidence
 
     g = gen(11)
     n, width, noise = 20000, 2000, 0.01

@@ -1,5 +1,7 @@
-"""Calibration beyond the D x D path: the scales from products alone are the maximum of the
-same evidence that the weight-space calibration maximises exactly."""
+"""Calibration beyond the D x D path (the Krylov calibration, which calibrate_scales' "cg" path
+and so fit_auto and calibrated_fit use): the scales from products alone are the maximum of the
+same evidence that the weight-space calibration maximises exactly. Its own tests are in
+tests/inference/test_krylov_calibration.py; these are the root search's, which it replaced."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ import math
 import pytest
 import torch
 
+from rfgp.inference._calibration import feature_model_evidence
+from rfgp.inference._krylov_calibration import calibrate_by_krylov
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._iterative_calibration import calibrate_by_products
-from rfgp.recipes._refit import feature_model_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -29,7 +31,7 @@ def _problem(n=3000, d=3, width=512, seed=0, columns=1):
 
 def _exact_profile(evidence, log_c):
     """The profile's value -log p / (N T) and its derivative in log c, from the exact
-    eigendecomposition (module docstring of rfgp.recipes._iterative_calibration)."""
+    eigendecomposition (module docstring of rfgp.inference._krylov_calibration)."""
     lam, proj = evidence.eigenvalues, evidence.projections
     n, t = evidence.num_data, evidence.num_columns
     c = math.exp(log_c)
@@ -46,26 +48,24 @@ def _exact_profile(evidence, log_c):
 def test_the_scales_are_a_root_of_the_exact_profile_within_its_standard_error(columns):
     kernel, x, y = _problem(columns=columns)
     exact = feature_model_evidence(kernel, x, y)
-    out = calibrate_by_products(kernel, x, y, 0.05, generator=gen(1))
+    out = calibrate_by_krylov(kernel, x, y, 0.05, generator=gen(1))
     log_c = math.log(out.factor / out.noise)
     value, slope = _exact_profile(exact, log_c)
-    # The returned point is the evaluated one nearest the root of the estimated slope: the
-    # estimate is off by its standard error, and the bracket is 0.01 wide in log c.
-    curvature = abs(_exact_profile(exact, log_c + 1e-3)[1]
-                    - _exact_profile(exact, log_c - 1e-3)[1]) / 2e-3
-    assert abs(slope) <= 4 * out.gradient_standard_error + 0.01 * curvature
+    # The returned point is the root of the projection's estimated slope: the estimate is off
+    # by its standard error (the bisection's width is far below it).
+    assert abs(slope) <= 4 * out.gradient_standard_error
     # The noise is the profile's sigma^2(c), and the evidence the exact one at that point.
     assert out.log_evidence == pytest.approx(-value, abs=4 * out.standard_error + 1e-9)
     assert out.gradient_standard_error > 0 and out.standard_error > 0
 
 
 def test_the_scales_agree_with_the_weight_space_maximum():
-    from rfgp.recipes._calibration import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
     factor, noise, loss = maximize_scale_evidence(exact, 0.05)
-    out = calibrate_by_products(kernel, x, y, 0.05, generator=gen(3))
+    out = calibrate_by_krylov(kernel, x, y, 0.05, generator=gen(3))
     # The evidence is flat along the factor; at the two points it agrees to the estimate's
     # error, and the noise (the better determined scale) to a percent.
     assert out.noise == pytest.approx(noise, rel=0.01)
@@ -75,17 +75,18 @@ def test_the_scales_agree_with_the_weight_space_maximum():
 
 @pytest.mark.parametrize("rank", [None, 32])
 def test_a_start_far_from_the_root_grows_the_preconditioner(rank):
-    # Started at a noise 10^4 times the root's, the search multiplies c by 4 per step, and a
+    # Started at a noise 10^4 times the root's, the runs move c towards the root, and a
     # sketch sized at the start would leave the root's condition number near 1 + c lambda_r.
-    # The automatic rank grows from the condition each solve met (the fixed rank 32 cannot):
-    # the preconditioner handed to the fit keeps B's condition near the target.
+    # The automatic rank grows from the condition each run met and promises at the next (the
+    # fixed rank 32 cannot): the preconditioner handed to the fit keeps B's condition near
+    # the target.
+    from rfgp.inference._calibration import maximize_scale_evidence
     from rfgp.inference._nystrom import RANK_STOP_EIGENVALUE
-    from rfgp.recipes._calibration import maximize_scale_evidence
 
     kernel, x, y = _problem(seed=2)
     exact = feature_model_evidence(kernel, x, y)
     _, noise, _ = maximize_scale_evidence(exact, 100.0)
-    out = calibrate_by_products(kernel, x, y, 100.0, rank=rank, generator=gen(3))
+    out = calibrate_by_krylov(kernel, x, y, 100.0, rank=rank, generator=gen(3))
     assert out.noise == pytest.approx(noise, rel=0.01)
     c = out.factor / out.noise
     with torch.no_grad():
@@ -110,7 +111,7 @@ def test_the_condition_bound_caps_the_ratio():
     y = y - y.mean()
     gram = feature_model_evidence(kernel, x, y)
     top = float(gram.eigenvalues.max())
-    out = calibrate_by_products(kernel, x, y, 1.0, condition=1e-8, generator=gen(5))
+    out = calibrate_by_krylov(kernel, x, y, 1.0, condition=1e-8, generator=gen(5))
     # The sketch's top eigenvalue is at most the true one, so the bound holds up to it.
     assert out.factor / out.noise <= 1.0 / (1e-8 * top) * 1.05
 
@@ -118,11 +119,11 @@ def test_the_condition_bound_caps_the_ratio():
 def test_bad_arguments_are_named():
     kernel, x, y = _problem(n=200)
     with pytest.raises(ValueError, match="noise"):
-        calibrate_by_products(kernel, x, y, -1.0)
+        calibrate_by_krylov(kernel, x, y, -1.0)
     with pytest.raises(ValueError, match="noise_floor"):
-        calibrate_by_products(kernel, x, y, 0.1, noise_floor=float("nan"))
+        calibrate_by_krylov(kernel, x, y, 0.1, noise_floor=float("nan"))
     with pytest.raises(ValueError, match="num_probes"):
-        calibrate_by_products(kernel, x, y, 0.1, num_probes=1)
+        calibrate_by_krylov(kernel, x, y, 0.1, num_probes=1)
 
 
 def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
@@ -149,7 +150,8 @@ def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
 
 
 def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kernel():
-    from rfgp.recipes import calibrated_fit, lengthscale_mixture_kernel
+    from rfgp.recipes import calibrated_fit
+    from rfgp.recipes._laplace import lengthscale_mixture_kernel
 
     kernel, x, y = _problem(n=2000)
     before = float(kernel.outputscale)
@@ -158,7 +160,7 @@ def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kerne
     assert float(kernel.outputscale) == before
     assert cg.solve_used == "cg" and weight.solve_used != "cg"
     exact = feature_model_evidence(kernel, x, y)
-    from rfgp.recipes import maximize_scale_evidence
+    from rfgp.inference._calibration import maximize_scale_evidence
 
     factor, noise, _ = maximize_scale_evidence(exact, 1.0)
     assert float(weight.noise) == pytest.approx(noise, rel=1e-8)
@@ -235,3 +237,54 @@ def test_the_fits_reuse_what_the_calibration_computed(monkeypatch):
     cg.noise = cg.noise * 2
     cg.predict(q)
     assert len(sketches) == 2
+
+
+def _dense_negative_log_evidence(kernel_matrix, y, factor, noise):
+    """-log N(y | 0, factor K + noise I) per datum, by a dense Cholesky factor."""
+    n = y.shape[0]
+    cov = factor * kernel_matrix + noise * torch.eye(n, dtype=DT)
+    chol = torch.linalg.cholesky(cov)
+    alpha = torch.cholesky_solve(y.reshape(n, 1), chol)
+    value = 0.5 * (float(y @ alpha[:, 0]) + 2 * float(chol.diagonal().log().sum())
+                   + n * math.log(2 * math.pi))
+    return value / n
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_binding_noise_floor_is_the_constrained_maximum_of_the_dense_evidence(columns):
+    from rfgp.recipes import calibrated_fit
+
+    # Noise 0.01 below a floor of 0.1: the evidence's maximum over the factor with the noise
+    # held at the floor, not the unconstrained ratio a / noise times the floor.
+    kernel, x, y = _problem(n=300, width=128, seed=7, columns=columns)
+    floor = 0.1
+    with torch.no_grad():
+        k0 = kernel(x).to_dense()
+    targets = y.reshape(300, -1)
+
+    def dense(log_factor):
+        return sum(_dense_negative_log_evidence(k0, targets[:, t], math.exp(log_factor), floor)
+                   for t in range(targets.shape[1]))
+
+    # The dense optimum over log a by golden sections (the evidence is unimodal in it here).
+    low, high = math.log(1e-3), math.log(1e3)
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        low, high = (low, b) if dense(a) < dense(b) else (a, high)
+    best = 0.5 * (low + high)
+    curvature = (dense(best + 1e-2) - 2 * dense(best) + dense(best - 1e-2)) / 1e-4
+    out = calibrate_by_krylov(kernel, x, y, 1.0, noise_floor=floor, generator=gen(8))
+    assert out.noise == floor and out.noise_at_floor
+    # The root's slope estimate is off by its standard error (per datum and column); with
+    # 0.01 in log c to spare, the loss is then within a quadratic's reach of the optimum.
+    step = 0.01 + 4 * out.gradient_standard_error * columns / curvature
+    assert abs(math.log(out.factor) - best) <= step
+    assert dense(math.log(out.factor)) - dense(best) <= 0.5 * curvature * step**2 + 1e-9
+    # calibrated_fit's CG path is this calibration; its weight path the exact maximum.
+    cg = calibrated_fit(kernel, x, y, noise=1.0, solve="cg", noise_floor=floor)
+    weight = calibrated_fit(kernel, x, y, noise=1.0, solve="weight", noise_floor=floor)
+    outputscale = float(kernel.outputscale.detach())
+    assert abs(math.log(float(cg.kernel.outputscale.detach()) / outputscale) - best) <= step
+    assert abs(math.log(float(weight.kernel.outputscale.detach()) / outputscale) - best) <= 1e-3
+    assert float(cg.noise) == pytest.approx(floor, rel=1e-12)

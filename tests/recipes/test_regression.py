@@ -11,14 +11,9 @@ import torch
 
 from rfgp import RandomFeatureGP
 from rfgp.inference._evidence import fourier_negative_log_evidence, negative_log_evidence
-from rfgp.recipes import (
-    FitReport,
-    fit_auto,
-    initial_hyperparameters,
-    make_ard_kernel,
-    maximize_evidence,
-)
-from rfgp.recipes._search import two_path_search
+from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes._search import maximize_evidence, two_path_search
+from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
 from tests.helpers import DT, gen
 
 

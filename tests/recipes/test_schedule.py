@@ -3,21 +3,22 @@ that grow with the data and the budget, and the default budget linear in the row
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from rfgp.inference import kd_blocks
-from rfgp.recipes import RegressionOptions, default_budget, measure_machine_rate
-from rfgp.recipes._schedule import (
+from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._fit_cost import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
-    FINAL_SHARE,
     MAX_WEIGHT_FEATURES,
-    MIN_FEATURES,
     exact_evidence_cost,
     final_fit_cost,
-    plan_regression,
 )
+from rfgp.recipes import RegressionOptions, measure_machine_rate
+from rfgp.recipes._regression import plan_regression
+from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
 
@@ -54,8 +55,10 @@ def test_the_schedule_is_monotone_in_the_rows():
     assert budgets == sorted(budgets)
     assert [p.subsample for p in plans] == sorted(p.subsample for p in plans)
     assert [p.refine_rows for p in plans] == sorted(p.refine_rows for p in plans)
-    # At a fixed budget, more rows never buy more features.
-    fixed = [_plan(n, time_budget=60.0).num_features for n in ROWS]
+    # At a fixed budget, more rows never buy more features on one path (the CG path beyond
+    # the weight-space limit opens only where the rows are at least the features, so there
+    # a larger set may afford more features than a smaller one is allowed).
+    fixed = [_plan(n, time_budget=60.0, solve="weight").num_features for n in ROWS]
     assert fixed == sorted(fixed, reverse=True)
 
 
@@ -107,11 +110,16 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.recipes._schedule import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
-    # The default budget at the reference rate stays on the weight-space path ...
+    # The default budget at the reference rate stays on the weight-space path below
+    # 2 * 10^4 rows, and beyond takes at least 16,384 features by CG (4 * 10^4 rows of 9
+    # inputs on two cores: the Krylov calibration costs a few CG fits) ...
     for n in ROWS:
-        assert _plan(n).final_solve == "weight"
+        assert _plan(n).final_solve == "weight" or n >= 20000
+    default = _plan(40000, d=9)
+    assert default.final_solve == "cg" and default.num_features >= 16384
+    assert sum(default.predicted.values()) <= default.budget
     # ... a larger one buys more features by CG, never more than the rows, ...
     for n in (20000, 40000, 100000):
         plan = _plan(n, time_budget=2000.0)
@@ -157,3 +165,119 @@ def test_exact_evidence_cost_names_its_bad_arguments(args, error):
     # A negative block size used to halve forever; a NaN row count returned NaN.
     with pytest.raises(error, match="num_rows|input_dim|block_rows"):
         exact_evidence_cost(*args)
+
+
+BUDGET_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+
+
+@pytest.mark.parametrize("solve", ["auto", "cg", "weight"])
+@pytest.mark.parametrize("d", [4, 9, 26])
+def test_more_budget_never_buys_less(solve, d):
+    # The plan is a function of the budget in which every stage's share only grows: the
+    # final D, the refinement's rows and the local stage's starts.
+    for n in ROWS:
+        plans = [_plan(n, d=d, solve=solve, time_budget=factor * default_budget(n))
+                 for factor in BUDGET_FACTORS]
+        for field in ("num_features", "refine_rows", "local_starts", "subsample"):
+            values = [getattr(p, field) for p in plans]
+            assert values == sorted(values), (n, field, values)
+
+
+def test_more_budget_goes_to_features_while_they_are_below_the_rows():
+    # Past the first local starts the budget buys features, not more starts: at 2x the
+    # default the final model on 4 * 10^4 rows has more features than at 1x, and the local
+    # stage takes at most its share.
+    from rfgp.recipes._schedule import LOCAL_SHARE
+
+    one, two = _plan(40000, d=9), _plan(40000, d=9, time_budget=2 * default_budget(40000))
+    assert two.num_features > one.num_features
+    for plan in (one, two):
+        assert plan.predicted.get("local", 0.0) <= LOCAL_SHARE * plan.budget
+
+
+@pytest.mark.slow
+def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
+    # On 400 rows the plan buys 512 features at half a second and 16,384 (function space) at
+    # one; the searches are the same, so the two final models differ in D alone. The larger
+    # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
+    # feature draws (three standard deviations of five draws).
+    from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
+    from rfgp.recipes import FitReport, fit_auto
+    from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(400, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0]) * torch.cos(3 * x[:, 1])
+    y = y + 0.1 * torch.randn(400, generator=g, dtype=torch.float64)
+    options = dict(seed=0, local_search=False, lengthscale_draws=0, cv_folds=0)
+    reports = []
+    for budget in (0.5, 1.0):
+        report = FitReport()
+        fit_auto(x, y, time_budget=budget, report=report, **options)
+        reports.append(report)
+    small, large = reports
+    assert (small.num_features, large.num_features) == (512, 16384)
+    assert torch.allclose(small.lengthscale, large.lengthscale)
+
+    def evidence(report):
+        return -report.calibration["evidence"][report.calibration["chosen"]]
+
+    draws = []
+    centred = y - y.mean()
+    for seed in range(5):
+        kernel = make_ard_kernel(512, 2, seed=seed)
+        set_hyperparameters(kernel, small.lengthscale, torch.tensor(1.0, dtype=torch.float64))
+        _, _, loss = maximize_scale_evidence(feature_model_evidence(kernel, x, centred), 0.1)
+        draws.append(-loss / 400)
+    spread = float(torch.tensor(draws).std())
+    assert evidence(large) >= evidence(small) - 3 * spread, (evidence(large), evidence(small),
+                                                             spread)
+
+
+@pytest.mark.parametrize("n", [60, 5000, 100000])
+@pytest.mark.parametrize("solve", ["auto", "weight", "cg"])
+def test_a_budget_beyond_the_float_range_is_planned_within_the_caps(n, solve):
+    from rfgp.inference import MAX_ITERATIVE_FEATURES, final_path
+    from rfgp.inference._fit_cost import MAX_FUNCTION_FEATURES
+
+    # time_budget x machine_rate overflows to inf at 1e300 s: the plan is that of an
+    # unbounded budget, every stage's prediction a number, the final fit on a path that
+    # exists, at a feature count that path allows.
+    caps = {"weight": MAX_FUNCTION_FEATURES if n < MAX_FUNCTION_FEATURES else MAX_WEIGHT_FEATURES,
+            "cg": MAX_ITERATIVE_FEATURES}
+    for budget in (1e300, 1.7e308):
+        plan = _plan(n, 3, time_budget=budget, solve=solve)
+        assert plan.final_solve in ("weight", "cg")
+        assert plan.num_features <= caps[plan.final_solve]
+        assert final_path(n, plan.num_features, 3, solve)[0] == plan.final_solve
+        assert all(math.isfinite(seconds) for seconds in plan.predicted.values())
+        # More budget never buys fewer features than a large finite one.
+        assert plan.num_features >= _plan(n, 3, time_budget=1e6, solve=solve).num_features
+    if solve == "auto":
+        # On fewer rows than features "auto" never solves by CG.
+        assert n > 60 or plan.final_solve == "weight"
+
+
+def test_huge_counts_cost_infinitely_many_multiply_adds():
+    # Beyond the float range the count is inf (more than any budget), not an OverflowError.
+    assert exact_evidence_cost(10**200, 4) == math.inf
+    assert exact_evidence_cost(10**400, 4) == math.inf
+    assert exact_evidence_cost(10**400, 4, 1000) == math.inf
+    assert exact_evidence_cost(10**100, 10**400) == math.inf
+    # Blocks of a huge row count are finitely many blocks of finite cost: n / 2^k blocks of
+    # the same cost each (the blocks' rows in integer arithmetic).
+    from rfgp.inference._blocks import kd_levels
+
+    blocks = 2 ** kd_levels(10**100, 1000)
+    per_block = exact_evidence_cost(-(-10**100 // blocks), 4)
+    assert exact_evidence_cost(10**100, 4, 1000) == pytest.approx(blocks * per_block, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64, "abc", None, 3])
+def test_machine_rate_refuses_a_dtype_it_cannot_multiply_in(dtype):
+    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
+        measure_machine_rate(64, 1, dtype=dtype)
+
+
+def test_machine_rate_takes_a_dtype_by_name():
+    assert measure_machine_rate(32, 1, dtype="float32") > 0

@@ -6,9 +6,8 @@ import torch
 
 from rfgp import RandomFeatureGP
 from rfgp.datasets import load_uci, standardize
-from rfgp.recipes import initial_hyperparameters, make_ard_kernel, maximize_evidence
-from rfgp.recipes._search import two_path_search
-from rfgp.recipes._start import search_model
+from rfgp.recipes._search import maximize_evidence, two_path_search
+from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel, search_model
 from tests.helpers import DT, gen
 
 

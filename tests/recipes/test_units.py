@@ -15,14 +15,10 @@ import math
 import pytest
 import torch
 
-from rfgp.recipes import (
-    FitReport,
-    column_scale,
-    column_unit,
-    fit_auto,
-    make_ard_kernel,
-)
+from rfgp.recipes import FitReport, fit_auto
 from rfgp.recipes._search import bounded_lengthscale
+from rfgp.recipes._start import make_ard_kernel
+from rfgp.recipes._units import column_scale, column_unit
 from tests.helpers import DT, gen
 
 

@@ -17,16 +17,11 @@ from rfgp.inference._evidence import (
     stationary_negative_log_evidence,
 )
 from rfgp.kernels._fourier import stationary_kernel
-from rfgp.recipes import (
-    FitReport,
-    RegressionOptions,
-    column_scale,
-    fit_auto,
-    make_ard_kernel,
-    maximize_evidence,
-)
-from rfgp.recipes._choice import prefer_unbounded
-from rfgp.recipes._search import bounded_lengthscale
+from rfgp.recipes import FitReport, RegressionOptions, fit_auto
+from rfgp.recipes._search import bounded_lengthscale, maximize_evidence
+from rfgp.recipes._select import prefer_unbounded
+from rfgp.recipes._start import make_ard_kernel
+from rfgp.recipes._units import column_scale
 from tests.helpers import DT, gen
 
 NUS = [None, 0.5, 1.5, 2.5]

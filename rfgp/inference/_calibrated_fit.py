@@ -1,0 +1,357 @@
+r"""The calibrated fit: a feature model whose outputscale and noise maximise its own evidence.
+
+Hyperparameters chosen for a cheaper model (a subsample, fewer features, the exact kernel on
+blocks) do not belong to the ``D``-feature model that predicts: a variation its features
+cannot follow is noise to it, and only its own evidence says how much. Given a kernel, data
+and a solve path, :func:`calibrate_scales` finds the factor :math:`a` on the kernel's
+outputscale and the noise :math:`\sigma^2` that maximise the evidence of that model, and
+:func:`fit_calibrated` fits it, reusing what the calibration computed:
+
+* ``"weight"`` (the ``D x D`` path, or ``N x N`` on fewer rows): exactly, from one
+  eigendecomposition of the Gram matrix
+  (:func:`~rfgp.inference._calibration.maximize_scale_evidence`); the fit rescales that Gram
+  matrix instead of forming it again.
+* ``"cg"`` (beyond the ``D x D`` path): from products with the features alone, by the Krylov
+  calibration (:func:`~rfgp.inference._krylov_calibration.calibrate_by_krylov`: one Galerkin
+  subspace of preconditioned CG runs serves every scale); the fit's conjugate gradients start
+  from the calibration's Nyström preconditioner, which is that of the fit's matrix at the root.
+
+:func:`calibrated_fit` is both steps for a user's kernel. The cost of either path, and the
+path a feature count takes, are :mod:`~rfgp.inference._fit_cost`'s.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional
+
+import numpy as np
+import torch
+from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
+from torch import Tensor
+
+from rfgp._data import (
+    DEFAULT_CHUNK_ROWS,
+    DataSource,
+    ShardedSource,
+    all_reduce_sum,
+    gather_checked,
+)
+from rfgp._validation import (
+    check_choice,
+    check_evidence_rows,
+    check_positive,
+    check_real,
+    check_seed,
+)
+from rfgp.inference._calibration import (
+    feature_model_evidence,
+    kernel_outputscale,
+    maximize_scale_evidence,
+    spectral_statistics,
+)
+from rfgp.inference._feature_gp import RandomFeatureGP
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._fit_cost import final_path
+from rfgp.inference._krylov_calibration import KrylovCalibration, calibrate_by_krylov
+from rfgp.inference._linalg import available_memory
+from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
+from rfgp.kernels._composition import feature_kernel
+
+__all__ = ["ScaleCalibration", "calibrate_scales", "calibrate_source_scales", "calibrated_fit",
+           "fit_calibrated", "fit_calibrated_source", "stream_fit"]
+
+# The smallest noise, relative to the largest eigenvalue of the model's (scaled) Gram matrix,
+# at which its weight-space matrix still factorises reliably in the dtype.
+_CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+@dataclass
+class ScaleCalibration:
+    """The outcome of :func:`calibrate_scales`.
+
+    Attributes:
+        path: ``"weight"`` or ``"cg"``, the path of the calibration and of the fit.
+        factor: :math:`a`, the factor on the kernel's outputscale.
+        noise: :math:`\\sigma^2`.
+        loss: :math:`-\\log p(y)` at ``(factor, noise)`` (an estimate on the ``"cg"`` path).
+        reuse: what the fit of the calibrated model takes over: ``(Z^T Z, Z^T Y,
+            outputscale)`` of the features (``"weight"``) or the Nyström preconditioner of the
+            fit's matrix (``"cg"``); ``None``: the fit computes its own.
+        iterative: the Krylov calibration's record (``"cg"`` only; its ``products`` count
+            the column products with the Gram matrix by purpose).
+        column_squares: ``(T,)`` each target column's :math:`y_t^\\top y_t` in the
+            calibration's units, where ``reuse`` was summed over a source's chunks (the fit
+            has no rows to read them from).
+    """
+
+    path: str
+    factor: float
+    noise: float
+    loss: float = math.nan
+    reuse: Any = None
+    iterative: Optional[KrylovCalibration] = None
+    column_squares: Optional[Tensor] = None
+
+
+def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                     path: str = "weight", factor: float = 1.0, noise_floor: float = 0.0,
+                     keep: bool = True, seed: int = 0) -> ScaleCalibration:
+    r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 \ge \sigma^2_0` that maximise
+    the evidence of ``kernel``'s feature model on ``(x, y)``, started at ``(factor, noise)``.
+    The noise also stays above :math:`c\, a \lambda_{\max}(G)` (:math:`c = 10^{-10}` in
+    float64, :math:`10^{-5}` in float32), so that the fit's matrix :math:`a G / \sigma^2 + I`
+    factorises: a target the features fit exactly would otherwise drive the noise to its floor.
+
+    Args:
+        kernel: a random-feature kernel (or a ``ScaleKernel``, or a sum of such) at the
+            lengthscales to calibrate; its outputscale is the reference of ``factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise: the starting noise (positive); factor: the starting factor (positive).
+        path: ``"weight"`` (exact, one eigendecomposition) or ``"cg"`` (feature products).
+        noise_floor: :math:`\sigma^2_0`.
+        keep: keep the Gram matrix for the fit (``"weight"``; ``False`` frees it at once).
+        seed: the seed of the iterative calibration's probes and sketch.
+
+    Returns:
+        A :class:`ScaleCalibration`.
+
+    Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.2
+        >>> calibration = calibrate_scales(k, x, y - y.mean(), 1.0)
+        >>> 0.005 < calibration.noise < 0.02, calibration.path
+        (True, 'weight')
+    """
+    condition = _CONDITION[x.dtype]
+    if path == "cg":
+        result = calibrate_by_krylov(
+            kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
+            cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
+        return ScaleCalibration("cg", result.factor, result.noise,
+                                -result.log_evidence * y.numel(), result.preconditioner, result)
+    products: Optional[list] = [] if keep else None
+    evidence = feature_model_evidence(kernel, x, y, products)
+    factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                  factor_start=factor, condition=condition)
+    return ScaleCalibration("weight", factor, noise, loss, products[0] if products else None)
+
+
+def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalibration,
+                   target_unit: float = 1.0) -> RandomFeatureGP:
+    r"""Fit the calibrated model: ``kernel`` at the calibrated outputscale (``a`` times the
+    calibration's), noise :math:`\sigma^2 u^2`, on ``(x, y)`` whose targets are ``target_unit``
+    :math:`= u` times those the calibration saw, by the calibration's path, reusing what it
+    computed. The calibration's Gram matrix and projections serve where ``kernel`` has the same
+    features up to the outputscale (they scale by the square root of the outputscales' ratio,
+    read from the kernels, so the outputscale constraint's rounding is followed) and the inputs
+    are the calibration's or a power-of-two rescaling of them (exact).
+
+    Args:
+        kernel: the final kernel, its outputscale already times ``calibration.factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` targets.
+        calibration: from :func:`calibrate_scales` on the same features (its ``reuse`` is
+            consumed: the Gram matrix is scaled in place).
+        target_unit: :math:`u`.
+
+    Returns:
+        The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the ``"cg"`` path).
+    """
+    noise = torch.as_tensor(calibration.noise, dtype=x.dtype) * target_unit**2
+    options = ({"solve": "cg", "cache_bytes": _cache_bytes(x, kernel)}
+               if calibration.path == "cg" else {})
+    gp = RandomFeatureGP(kernel, noise=noise, **options)
+    with torch.no_grad():
+        reuse = calibration.reuse
+        if isinstance(reuse, tuple):
+            gram, rhs, outputscale = reuse
+            ratio = kernel_outputscale(kernel) / outputscale
+            reuse = gram.mul_(ratio), rhs * (math.sqrt(ratio) * target_unit)
+        return gp._fit_batches([(x, y, None)], None, reuse=reuse)
+
+
+def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
+                            x_unit: Any = 1.0, y_unit: float = 1.0, noise_floor: float = 0.0,
+                            keep: bool = True) -> ScaleCalibration:
+    r""":func:`calibrate_scales` (the ``"weight"`` path) on every row of a
+    :class:`~rfgp._data.DataSource` (a memory-map, chunks, process shards) that is not held in
+    memory: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` of the rows over ``x_unit`` and
+    ``y_unit`` are summed over chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS` rows in float64
+    (the in-memory chunks, so the sums round alike) and all-reduced across processes for a
+    :class:`~rfgp._data.ShardedSource`. With ``keep`` the sums (and each target column's
+    :math:`y_t^\top y_t`) are kept for :func:`fit_calibrated_source`; on fewer rows than
+    features the rows are read and the ``N x N`` form is used (nothing kept).
+
+    Memory: ``O(chunk * D + D^2)``.
+    """
+    condition = _CONDITION[source.dtype]
+    feature_map = FeatureMap(feature_kernel(kernel))
+    width = feature_map.num_real_features
+    if source.num_rows < width:  # the N x N form: few rows, read them
+        x, y = source.load()
+        evidence = feature_model_evidence(kernel, x / x_unit, y / y_unit)
+        factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                      condition=condition)
+        return ScaleCalibration("weight", factor, noise, loss)
+    columns = max(1, int(np.prod(source.target_shape)))
+    gram = torch.zeros(width, width, dtype=torch.float64)
+    rhs = torch.zeros(width, columns, dtype=torch.float64)
+    squares = torch.zeros(columns, dtype=torch.float64)
+
+    def accumulate() -> None:
+        with torch.no_grad():
+            for x, y in source.chunks(DEFAULT_CHUNK_ROWS):
+                z = feature_map.real_rows(x / x_unit).to(torch.float64)
+                targets = (y / y_unit).reshape(x.shape[0], -1).to(torch.float64)
+                accumulate_gram(gram, z)
+                rhs.add_(z.transpose(0, 1) @ targets)
+                squares.add_(targets.square().sum(0))
+
+    if isinstance(source, ShardedSource):
+        gather_checked(accumulate, source.group)
+        gram, rhs, squares = (all_reduce_sum(total, source.group)
+                              for total in (gram, rhs, squares))
+    else:
+        accumulate()
+    gram = symmetrize_upper(gram)
+    evidence = spectral_statistics(gram, rhs, float(squares.sum()), source.num_rows)
+    factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
+                                                  condition=condition)
+    if not keep:
+        return ScaleCalibration("weight", factor, noise, loss)
+    return ScaleCalibration("weight", factor, noise, loss,
+                            (gram, rhs, kernel_outputscale(kernel)), column_squares=squares)
+
+
+def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: ScaleCalibration,
+                          like: tuple, target_unit: float = 1.0) -> RandomFeatureGP:
+    r""":func:`fit_calibrated` on the rows of ``source`` (the data's units, ``target_unit``
+    :math:`= u` times the calibration's targets), weight space: from the calibration's sums of
+    :func:`calibrate_source_scales` without another pass over the rows (its statistics are
+    those sums, each target column's :math:`y_t^\top y_t` and ``N``: what a fit on the rows
+    would sum, so the model is that fit's to rounding), or, where it kept none,
+    :func:`stream_fit`. ``like``: ``(x, y)`` of one row (or more) as the fit would read them,
+    for the layout, the dtype and any lazily drawn weights.
+    """
+    noise = torch.as_tensor(calibration.noise, dtype=like[0].dtype) * target_unit**2
+    gp = RandomFeatureGP(kernel, noise=noise, solve="weight")
+    with torch.no_grad():
+        if not isinstance(calibration.reuse, tuple):
+            return stream_fit(gp, source)
+        gram, rhs, outputscale = calibration.reuse
+        ratio = kernel_outputscale(kernel) / outputscale
+        squares = calibration.column_squares * target_unit**2
+        return gp._fit_sums(like[0][:1], like[1][:1], gram.mul_(ratio),
+                            rhs * (math.sqrt(ratio) * target_unit), squares, source.num_rows)
+
+
+def stream_fit(gp: RandomFeatureGP, source: DataSource) -> RandomFeatureGP:
+    """``gp.fit_stream`` over every row of ``source`` (the data's units), all-reduced across
+    processes for a :class:`~rfgp._data.ShardedSource`. A read that fails on one rank stops
+    that rank's stream; every rank then raises after the fit's collectives, instead of
+    waiting."""
+    if not isinstance(source, ShardedSource):
+        return gp.fit_stream(source.chunks(DEFAULT_CHUNK_ROWS))
+    chunks = source.chunks(DEFAULT_CHUNK_ROWS)
+    first: List[Any] = []
+    # The first chunk is read before the fit's first collective (its weights' broadcast).
+    gather_checked(lambda: first.append(next(chunks)), source.group)
+    failures: List[BaseException] = []
+
+    def guarded() -> Iterator[Any]:
+        try:
+            yield from chunks
+        except Exception as error:  # raised on every rank once the fit's collectives are done
+            failures.append(error)
+
+    gp.fit_stream(itertools.chain(first, guarded()), distributed=True,
+                  process_group=source.group)
+
+    def check() -> None:
+        if failures:
+            raise failures[0]
+
+    gather_checked(check, source.group)
+    return gp
+
+
+def _cache_bytes(x: Tensor, kernel: Kernel) -> int:
+    """Bytes of feature rows an iterative fit keeps: all ``N x width`` of them, up to a
+    quarter of the memory (the rest are recomputed at every product)."""
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
+    whole = x.shape[0] * width * x.element_size()
+    return int(min(whole, available_memory(x.device) // 4))
+
+
+def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                   solve: str = "auto", noise_floor: float = 0.0,
+                   seed: int = 0) -> RandomFeatureGP:
+    r"""Fit ``kernel``'s feature model with its outputscale and noise chosen by its own
+    evidence: the rule of :func:`~rfgp.recipes.fit_auto`'s last stage, for lengthscales found
+    elsewhere. With :math:`D` features the factor :math:`a` on the outputscale and the noise
+    :math:`\sigma^2` maximise :math:`\log p(y)` of that :math:`D`-feature model; up to 8192
+    features (``solve="weight"``) exactly, from one eigendecomposition of its Gram matrix,
+    beyond (``solve="cg"``) from products with its features alone (a stochastic estimate whose
+    error is far below the evidence's curvature).
+
+    Args:
+        kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
+            ``gp.kernel`` of a model from :func:`~rfgp.recipes.fit_auto`); copied, not changed.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise: the starting noise (positive).
+        solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
+            ``"cg"``.
+        noise_floor: the noise's lower bound (a finite number >= 0); where it binds, the
+            outputscale maximises the evidence with the noise held at it.
+        seed: the seed of the iterative calibration's probes, an integer in
+            ``[0, 2**64 - 1]``.
+
+    Returns:
+        The fitted :class:`~rfgp.RandomFeatureGP` (``solve="cg"`` on the iterative path).
+
+    Raises:
+        ValueError: for ``y`` zero in every entry (the evidence then has no maximum), and for
+            any argument out of its range, naming it; TypeError for one of the wrong type.
+
+    Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(500, 1, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(500, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, sampling="orthogonal", seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.2
+        >>> gp = calibrated_fit(k, x, y - y.mean(), noise=1.0)
+        >>> 0.005 < float(gp.noise) < 0.02
+        True
+    """
+    solve = check_choice("solve", solve, ("auto", "weight", "cg"))
+    noise = check_positive("noise", noise)
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    seed = check_seed("seed", seed)
+    x, y = check_evidence_rows(x, y, "calibrated_fit")
+    kernel = copy.deepcopy(kernel)
+    parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
+    if not all(isinstance(part, ScaleKernel) for part in parts):
+        raise TypeError(
+            "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
+            f"(its outputscale is calibrated), got {type(kernel).__name__}"
+        )
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
+    path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]
+    with torch.no_grad():
+        calibration = calibrate_scales(kernel, x, y, noise, path=path,
+                                       noise_floor=noise_floor, seed=seed)
+        for part in parts:
+            part.outputscale = part.outputscale * calibration.factor
+    return fit_calibrated(kernel, x, y, calibration)

@@ -1,0 +1,394 @@
+r"""The cost model of a fit: multiply-adds of the iterative (CG) fit and of the calibrated final
+fit, the path (``D x D`` or CG) a feature count takes, and the one rule that turns a budget
+into a feature count.
+
+Every count is the leading terms of the fit's matrix products and factorisations, in
+multiply-adds; divide by a machine's multiply-add rate (:func:`measure_machine_rate`) for
+seconds. The evidence's evaluations are counted too (:func:`feature_evidence_cost`,
+:func:`exact_evidence_cost`), for whoever plans a search of hyperparameters. The feature count a
+budget affords is always found by :func:`largest_features_within`: the largest power of two
+whose cost fits, because a feature map's error shrinks only as :math:`D^{-1/2}` while its fit
+grows at least linearly in :math:`D`.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+
+from rfgp._validation import check_dtype, check_int, check_real
+from rfgp.inference._blocks import kd_levels
+
+__all__ = [
+    "CALIBRATION_PROBES",
+    "CALIBRATION_RUNS",
+    "CG_ITERATIONS",
+    "CHOICE_FEATURES",
+    "EXACT_DISTANCE_COST",
+    "EXACT_ELEMENTWISE_COST",
+    "MAX_FUNCTION_FEATURES",
+    "MAX_ITERATIVE_FEATURES",
+    "MAX_WEIGHT_FEATURES",
+    "SKETCH_RANK",
+    "cg_fit_cost",
+    "classifier_fit_cost",
+    "cg_fit_seconds",
+    "cg_num_features",
+    "exact_evidence_cost",
+    "feature_evidence_cost",
+    "final_fit_cost",
+    "final_path",
+    "iterative_fit_cost",
+    "largest_features_within",
+    "measure_machine_rate",
+]
+
+#: Most features of a weight-space (``D x D``) final fit.
+MAX_WEIGHT_FEATURES = 8192
+#: Most features of a function-space (``N x N``) final fit, on few rows.
+MAX_FUNCTION_FEATURES = 32768
+#: Most features of an iterative (``solve="cg"``) final fit.
+MAX_ITERATIVE_FEATURES = 65536
+#: Features of the weight-space calibration that chooses among candidate lengthscales and
+#: starts the iterative calibration of a larger final model.
+CHOICE_FEATURES = 2048
+#: What the cost model expects of the iterative calibration
+#: (:mod:`~rfgp.inference._krylov_calibration`), in full-length CG runs over the target and
+#: probe columns (a cold run where the recipe starts it and, where the root lies beyond the
+#: accepted radius, a warm-started one, shorter), preconditioned CG iterations per run,
+#: probes, and the Nyström rank (the sketch's automatic rule stops at 512 unless doubling
+#: pays over the runs' few solves). The iterations grow with the signal-to-noise ratio: 8 to
+#: 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at 8,192 features
+#: the sketch's rule chose rank 1,024 and the runs took 100 and 70 iterations, about twice
+#: the model, whose constants are those of the typical, noisier set.
+CALIBRATION_RUNS = 1.5
+CG_ITERATIONS = 40
+CALIBRATION_PROBES = 8
+SKETCH_RANK = 512
+#: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
+#: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
+#: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
+#: distances alone fell short by 2 to 5 times.
+EXACT_ELEMENTWISE_COST = 100.0
+EXACT_DISTANCE_COST = 8.0
+
+
+def largest_features_within(cost: Callable[[int], float], budget: float, smallest: int,
+                            largest: int) -> int:
+    r"""The largest :math:`D = 2^k\,\text{smallest} \le \text{largest}` with
+    :math:`\text{cost}(D) \le \text{budget}`; ``smallest`` where none fits.
+
+    Every size is tried (not only until the first that does not fit): a cost need not grow
+    with :math:`D` where the path changes (the ``D x D`` solve gives way to CG). An infinite
+    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget.
+
+    Args:
+        cost: multiply-adds (or seconds) of a fit with ``D`` features.
+        budget: what the fit may cost, in ``cost``'s unit.
+        smallest, largest: the range of ``D`` (``smallest`` positive).
+
+    Example:
+        >>> largest_features_within(lambda m: m**2, 1e6, 256, 65536)
+        512
+        >>> largest_features_within(lambda m: m**2, 1.0, 256, 65536)
+        256
+    """
+    best, size = smallest, smallest
+    while size <= largest:
+        value = cost(size)
+        if value <= budget and math.isfinite(value):
+            best = size
+        size *= 2
+    return best
+
+
+# ====================================================================== the evidence
+def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> float:
+    r"""Multiply-adds of one evaluation of the random-feature evidence and its gradient:
+    :math:`2 n D^2 + 2 n D d + D^3` (the Gram matrix and its derivative products, the
+    projections, the factor)."""
+    n, m = float(num_rows), float(num_features)
+    return 2 * n * m * m + 2 * n * m * input_dim + m**3
+
+
+def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
+    r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
+    rows, :math:`n^3 + c_2 n^2 + c_d n^2 d`, or summed over the blocks that
+    :func:`~rfgp.inference._blocks.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
+
+    The cubic term is the Cholesky factor and the inverse the gradient needs
+    (:math:`n^3 / 3 + 2 n^3 / 3`); :math:`c_d n^2 d` (:data:`EXACT_DISTANCE_COST`) the
+    distances and the lengthscales' gradient sums; :math:`c_2 n^2`
+    (:data:`EXACT_ELEMENTWISE_COST`) the elementwise passes over the ``n x n`` matrices,
+    which run at memory speed, not at a product's.
+
+    Args:
+        num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
+        block_rows: the most rows of a block (0: one block of every row).
+
+    Returns:
+        The multiply-adds as a float; ``math.inf`` where they exceed the float range.
+
+    Raises:
+        TypeError / ValueError: for a non-integer or out-of-range argument.
+
+    Example:
+        >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
+        True
+        >>> exact_evidence_cost(10**200, 4)
+        inf
+    """
+    num_rows = check_int("num_rows", num_rows)
+    input_dim = check_int("input_dim", input_dim, minimum=0)
+    block_rows = check_int("block_rows", block_rows, minimum=0)
+    try:
+        if block_rows and num_rows > block_rows:
+            blocks = 2 ** kd_levels(num_rows, block_rows)
+            # ceil(num_rows / blocks) in integers: a float quotient of huge counts overflows.
+            return blocks * exact_evidence_cost(-(-num_rows // blocks), input_dim)
+        n = float(num_rows)
+        return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
+    except OverflowError:
+        # A count of multiply-adds beyond the float range: more than any budget holds.
+        return math.inf
+
+
+def measure_machine_rate(size: int = 1024, repeats: int = 3,
+                         dtype: torch.dtype = torch.float64) -> float:
+    """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
+    of ``repeats``) in the floating ``dtype`` (a ``torch.dtype`` or its name, e.g.
+    ``"float32"``): pass it as ``machine_rate`` to budget in this machine's seconds.
+
+    Example:
+        >>> measure_machine_rate(64, 1) > 0
+        True
+    """
+    size = check_int("size", size, minimum=2)
+    repeats = check_int("repeats", repeats)
+    # A floating dtype (the products the fits run); integer and unknown dtypes are refused.
+    dtype = check_dtype("dtype", dtype)
+    a = torch.randn(size, size, dtype=dtype)
+    best = math.inf
+    for _ in range(repeats + 1):  # the first product warms the library up
+        started = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - started)
+    return size**3 / max(best, 1e-9)
+
+
+# ====================================================================== the iterative fit
+def cg_fit_cost(num_rows: int, num_features: int, input_dim: int, iterations: int = 100,
+                rank: int = 0, num_columns: int = 1, feature_cost: float = 4.0,
+                cached: bool = False) -> float:
+    r"""Multiply-adds of an iterative (``solve="cg"``) fit, a model for choosing ``D``.
+
+    With :math:`N` rows, :math:`D` features, :math:`d` input dimensions, :math:`T` target
+    columns, :math:`I` iterations and a Nyström rank :math:`r`, every product
+    :math:`B V = \Phi^H(S^{-1}(\Phi V)) + V` with :math:`k` columns costs :math:`2 N D k`
+    multiply-adds, plus :math:`N D (d + c)` to recompute the features (projection and
+    :math:`c` per entry for the nonlinearity) unless they are cached:
+
+    .. math::
+        C = \underbrace{(I + 2) \cdot F}_{\text{features}}
+            + \underbrace{2 N D (T (I + 1) + r)}_{\text{products}}
+            + \underbrace{2 D r^2}_{\text{Nyström}}, \qquad F = N D (d + c)
+
+    (the right-hand side, the sketch and :math:`I` iterations each pass over the data; cached
+    features are computed once, :math:`F` instead of :math:`(I + 2) F`). The weight-space
+    solve costs :math:`N D^2 + D^3/3` by comparison. Divide by a measured multiply-add rate
+    (:func:`cg_fit_seconds`) for seconds.
+
+    Args:
+        num_rows: ``N`` (rows times outputs per input for multi-output kernels).
+        num_features: ``D`` (real-form columns for complex features: ``2 D``).
+        input_dim: ``d``.
+        iterations: CG iterations ``I`` (preconditioned fits typically need tens).
+        rank: Nyström rank ``r`` (0: no preconditioner).
+        num_columns: target columns ``T`` solved together.
+        feature_cost: multiply-adds per feature entry beyond the projection (``c``).
+        cached: whether the features are cached across products (``cache_bytes``).
+
+    Returns:
+        Multiply-adds (a float).
+
+    Example:
+        >>> n, d = 10**5, 2**15  # against the weight-space solve's N D^2 + D^3 / 3
+        >>> cg_fit_cost(n, d, 8, iterations=50, rank=256) < (n * d**2 + d**3 / 3) / 20
+        True
+    """
+    rows = check_int("num_rows", num_rows)
+    width = check_int("num_features", num_features)
+    dim = check_int("input_dim", input_dim)
+    iterations = check_int("iterations", iterations, minimum=0)
+    rank = check_int("rank", rank, minimum=0)
+    columns = check_int("num_columns", num_columns)
+    per_entry = check_real("feature_cost", feature_cost, low=0.0)
+    features = float(rows) * width * (dim + per_entry)
+    passes = 1 if cached else iterations + 2
+    products = 2.0 * rows * width * (columns * (iterations + 1) + rank)
+    return passes * features + products + 2.0 * width * rank**2
+
+
+def cg_fit_seconds(num_rows: int, num_features: int, input_dim: int, *,
+                   multiply_adds_per_second: float, **options) -> float:
+    r"""Predicted seconds of an iterative fit: :func:`cg_fit_cost` divided by a rate.
+
+    Args:
+        num_rows, num_features, input_dim: as in :func:`cg_fit_cost`.
+        multiply_adds_per_second: the machine's measured rate (e.g. of a large matrix product).
+        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
+
+    Returns:
+        Seconds.
+
+    Example:
+        >>> cg_fit_seconds(1000, 1024, 4, iterations=10, multiply_adds_per_second=1e9) < 1.0
+        True
+    """
+    rate = check_real("multiply_adds_per_second", multiply_adds_per_second, low=0.0,
+                      low_inclusive=False)
+    return cg_fit_cost(num_rows, num_features, input_dim, **options) / rate
+
+
+def cg_num_features(num_rows: int, input_dim: int, seconds: float, *,
+                    multiply_adds_per_second: float, smallest: int = 1024,
+                    largest: int = 1 << 16, **options) -> int:
+    r"""The largest power-of-two ``D`` whose iterative fit fits a time budget:
+    :func:`largest_features_within` of :func:`cg_fit_seconds`.
+
+    Args:
+        num_rows, input_dim: as in :func:`cg_fit_cost`.
+        seconds: the time budget of the fit.
+        multiply_adds_per_second: the machine's measured rate.
+        smallest, largest: the range of ``D`` (``smallest`` when even that exceeds the
+            budget).
+        **options: ``iterations``, ``rank``, ``num_columns``, ``feature_cost``, ``cached``.
+
+    Returns:
+        ``D``.
+
+    Example:
+        >>> cg_num_features(10**5, 8, 60.0, multiply_adds_per_second=1e10, iterations=50)
+        8192
+    """
+    budget = check_real("seconds", seconds, low=0.0, low_inclusive=False)
+    smallest = check_int("smallest", smallest)
+    largest = check_int("largest", largest, minimum=smallest)
+
+    def seconds_of(width: int) -> float:
+        return cg_fit_seconds(num_rows, width, input_dim,
+                              multiply_adds_per_second=multiply_adds_per_second, **options)
+
+    return largest_features_within(seconds_of, budget, smallest, largest)
+
+
+# ====================================================================== the calibrated final fit
+def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
+                   candidates: int = 1) -> float:
+    r"""Multiply-adds of the calibrated final fit on the ``D x D`` (or ``N x N``) path. In
+    weight space, one calibration costs the features (:math:`N D d`), the Gram matrix
+    (:math:`\frac58 N D^2` as a blocked product of its upper triangle) and its
+    eigendecomposition (about :math:`4 D^3`); there is one per candidate lengthscale at
+    :math:`\min(D, D_c)` features (:data:`CHOICE_FEATURES`), one more at :math:`D` where
+    several candidates were compared at fewer, and the Cholesky factor (the fit reuses the
+    chosen Gram matrix). In function space (``N < D``), the features, the kernel matrix
+    :math:`N^2 D` and its eigendecomposition per candidate, and the fit's features, kernel
+    matrix and factor.
+
+    Example:
+        >>> final_fit_cost(10**4, 2048, 8, 2) > final_fit_cost(10**4, 2048, 8)
+        True
+    """
+    n, m, k = float(num_rows), float(num_features), max(1, candidates)
+    if n < m:
+        features = n * m * input_dim
+        return (k + 1) * (features + n * n * m) + 4 * k * n**3 + n**3 / 3
+
+    def calibration(width: float) -> float:
+        return n * width * input_dim + 0.625 * n * width * width + 4 * width**3
+
+    if k > 1 and m > CHOICE_FEATURES:
+        return k * calibration(CHOICE_FEATURES) + calibration(m) + m**3 / 3
+    return k * calibration(m) + m**3 / 3
+
+
+def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
+    r"""Multiply-adds of the Dirichlet classifier's ``C``-class final fit with its outputscale
+    calibration (``rfgp/classification/_calibration.py``). The calibration costs the Gram
+    matrices, :math:`2 N D^2` (the shared one and each class's correction on its own rows),
+    and one eigendecomposition per class, :math:`4 C D^3`, or on fewer rows than features the
+    kernel matrix :math:`N^2 D` and :math:`4 C N^3`; the fit the cheaper of the weight space,
+    :math:`2 N D^2 + C D^3 / 3` (the Gram matrices again, one Cholesky factor per class), and
+    the function space, :math:`N^2 D + C N^3 / 3`.
+
+    Example:
+        >>> n, d, c = 1000, 64, 3
+        >>> weight = 2 * n * d**2 + 4 * c * d**3 + 2 * n * d**2 + c * d**3 / 3
+        >>> classifier_fit_cost(n, d, c) == weight
+        True
+    """
+    n, m, c = float(num_rows), float(num_features), num_classes
+    if n < m:
+        calibration = n * n * m + 4 * c * n**3
+    else:
+        calibration = 2 * n * m * m + 4 * c * m**3
+    return calibration + min(2 * n * m * m + c * m**3 / 3, n * n * m + c * n**3 / 3)
+
+
+def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
+                       candidates: int = 1) -> float:
+    r"""Multiply-adds of the calibrated final fit on the CG path: a weight-space calibration at
+    :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then the Krylov
+    calibration (:mod:`~rfgp.inference._krylov_calibration`) on cached features
+    (:math:`N D (d + 4)`): one Nyström sketch of rank :math:`r` (:math:`2 N D r`, and
+    :math:`8 D r^2` to factorise it), :math:`R` runs of :math:`I` CG iterations over the target
+    and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the Galerkin projection onto
+    their :math:`s = r + R I (1 + p)` directions (:math:`2 D s^2`); and the fit,
+    :func:`cg_fit_cost` with :math:`I` iterations on cached features and the calibration's
+    sketch:
+
+    .. math::
+        C = k\,C_{\text{choice}} + N D \big((d + 4) + 2 r + 8 r^2 / N + 2 s^2 / N
+            + 2 I R (1 + p)\big) + C_{\text{CG fit}}(N, D, d, I).
+
+    Example:
+        >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
+        True
+    """
+    n, m = float(num_rows), float(num_features)
+    choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
+    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES)
+    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * (1 + CALIBRATION_PROBES)
+    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
+    calibration = n * m * ((input_dim + 4) + sketch + solves)
+    fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS, cached=True)
+    return choice + calibration + fit
+
+
+def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
+               candidates: int = 1, forced: bool = False) -> tuple:
+    """``(path, multiply-adds)`` of the calibrated final fit at ``num_features``: ``"weight"``
+    (the ``D x D`` solve, or the ``N x N`` one on fewer rows) where its matrices hold at most
+    ``MAX_WEIGHT_FEATURES**2`` numbers and ``solve`` is ``"auto"`` or ``"weight"``, else
+    ``"cg"`` up to :data:`MAX_ITERATIVE_FEATURES` where ``solve`` is ``"cg"``, or ``"auto"``
+    and ``D <= N``; ``(None, inf)`` where neither. A ``forced`` (user-given) ``D`` takes the
+    path ``solve`` names whatever its size.
+
+    Example:
+        >>> final_path(40000, 4096, 9, "auto")[0], final_path(40000, 16384, 9, "auto")[0]
+        ('weight', 'cg')
+    """
+    n, m = num_rows, num_features
+    fits = m <= MAX_WEIGHT_FEATURES or (
+        n < m and m <= MAX_FUNCTION_FEATURES and n * m <= MAX_WEIGHT_FEATURES**2)
+    if (solve == "weight" and (fits or forced)) or (solve == "auto" and fits):
+        return "weight", final_fit_cost(n, m, input_dim, candidates)
+    # "auto" solves by CG only where D <= N: on fewer rows the N x N path is exact for any D.
+    if solve == "cg" or (solve == "auto" and (forced or m <= min(n, MAX_ITERATIVE_FEATURES))):
+        return "cg", iterative_fit_cost(n, m, input_dim, candidates)
+    return None, math.inf

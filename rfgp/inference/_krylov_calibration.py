@@ -1,0 +1,616 @@
+r"""Large-``D`` calibration from one Krylov space: the outputscale and noise of a feature model
+by its own evidence, for every candidate scale at once.
+
+With :math:`G = \Phi^\top \Phi` (``W x W``, the features at the kernel's outputscale),
+:math:`b_t = \Phi^\top y_t` and :math:`c = a / \sigma^2` (outputscale factor over noise), the
+evidence of the feature model with noise :math:`\sigma^2` is
+
+.. math::
+    -2 \log p(y) = \frac{Q(c)}{\sigma^2} + T \log|A_c| + N T \log(2 \pi \sigma^2),
+    \qquad A_c = I + c G, \quad Q(c) = \sum_t y_t^\top y_t - c\, b_t^\top A_c^{-1} b_t .
+
+For fixed :math:`c` it is maximised by :math:`\sigma^2(c) = \max(Q(c) / (N T), \sigma_0^2)`
+(the floor :math:`\sigma_0^2` binds where the profile's noise falls below it: the outputscale
+is then maximised with the noise held at the floor), and :math:`g(c) = -2 \log p` at
+:math:`(c, \sigma^2(c))` has the derivative
+
+.. math::
+    \frac{d g}{d \log c} = T\big(W - \mathrm{tr}\,A_c^{-1}\big)
+        - \frac{c \sum_t \|A_c^{-1} b_t\|^2}{\sigma^2(c)}
+
+(:math:`dQ / dc = -\sum_t \|A_c^{-1} b_t\|^2`; at the kink the noise's own derivative
+vanishes). Every :math:`A_c` is a shift of :math:`G`, so one subspace :math:`\mathcal Z`
+with known images :math:`G \mathcal Z` serves every :math:`c`: with
+:math:`M = Z^\top Z = S^{-\top} S^{-1}` (truncated to its well-conditioned part) and the Ritz
+decomposition :math:`S^\top Z^\top G Z S = R\,\Theta R^\top`, the Galerkin approximation of a
+bilinear form is
+
+.. math::
+    w^\top A_c^{-1} z \approx \sum_k \frac{\hat w_k \hat z_k}{1 + c\,\theta_k},
+    \qquad \hat z = R^\top S^\top Z^\top z,
+
+:math:`O(s)` per form and per :math:`c` once the ``s``-dimensional subspace is built
+(exact where :math:`\mathcal Z` holds :math:`A_c^{-1} z`, and for symmetric forms a lower
+bound that grows with :math:`\mathcal Z`).
+
+The subspace is built by preconditioned conjugate gradients on :math:`A_{c_0}` (the Nyström
+preconditioner :math:`P_c = I + c\,U \Lambda U^\top` of one sketch of :math:`G` serves every
+:math:`c`, its eigenvalues scaled) over the right-hand sides :math:`b_t` and the probes
+:math:`z_j = P_{c_0}^{1/2} v_j` (Rademacher :math:`v_j`): every search direction and its
+image join :math:`\mathcal Z`, and so does the sketch's test matrix :math:`\Omega`, whose
+image :math:`G \Omega` the sketch holds. A preconditioner breaks the shift invariance of the
+Krylov space itself, not that of a Galerkin projection: the projection is exact at
+:math:`c_0` to the solve's tolerance and degrades slowly away from it, so the root search
+runs on the projection, and where the root lies farther than :data:`ACCEPT_RADIUS` (in
+:math:`\log c`) from every solved point, one more run there adds its directions
+(warm-started from the projection within :data:`COLD_RADIUS` of the anchor below, cold
+beyond it or where the sketch has grown since).
+
+The trace is Hutchinson's with the preconditioner as control variate,
+
+.. math::
+    \mathrm{tr}\,A_c^{-1} = \mathrm{tr}\,P_c^{-1}
+        + \mathbb E\big[w_j^\top A_c^{-1} z_j - v_j^\top P_c^{-1} v_j\big],
+    \qquad w_j = P_{c_0}^{-1/2} v_j,
+
+(:math:`\mathrm{tr}\,P_c^{-1}` and :math:`v^\top P_c^{-1} v` are exact; :math:`P_{c_0}`
+is the preconditioner of the anchor, the latest cold run, whose probes are
+:math:`z_j`), and the log-determinant is Lanczos quadrature at the anchor's :math:`c_0`
+(its CG coefficients:
+:math:`\log|A_{c_0}| = \log|P_{c_0}| + \mathbb E[v^\top \log(P_{c_0}^{-1/2} A_{c_0}
+P_{c_0}^{-1/2}) v]`), carried to any :math:`c` by
+
+.. math::
+    \log|A_c| = \log|A_{c_0}| + \int_{\log c_0}^{\log c} \big(W - \mathrm{tr}\,A_s^{-1}\big)
+        \, d \log s,
+
+probe by probe, so that the reported standard error of the log evidence is the sample
+spread of the per-probe estimates.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from gpytorch.kernels import Kernel
+from torch import Tensor
+
+from rfgp._validation import check_int, check_positive, check_real
+from rfgp.inference._cg_solver import FeatureOperator
+from rfgp.inference._evidence import LOG_2PI
+from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._iterative import CGResult, lanczos_condition, lanczos_log_quadrature
+from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
+from rfgp.kernels._composition import feature_kernel
+
+__all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
+           "krylov_scale_calibration"]
+
+#: A root farther than this from every solved point (in log c) gets a run of its own.
+ACCEPT_RADIUS = math.log(1.5)
+#: The root is searched within this distance (in log c) of the solved points.
+SEARCH_RADIUS = math.log(1e3)
+#: The log-determinant is carried from the latest cold run (the anchor); a run farther than
+#: this from the anchor is cold itself (its own Lanczos quadrature), nearer ones are
+#: warm-started from the projection.
+COLD_RADIUS = math.log(2.0)
+#: Column solves the sketch's rank is sized for (per right-hand side): a first run and, at
+#: most, one warm-started one.
+SKETCH_SOLVES = 2
+#: The probe columns' relative CG residual: their forms' error stays far below the
+#: Hutchinson spread they carry.
+PROBE_TOLERANCE = 1e-5
+# The range of log c: c from about 1e-304 to 1e304, inside the float range.
+_LOG_C_LIMIT = 700.0
+# The first run's log c is kept this close to the data's own scale N / tr G: a start in other
+# units than the data's (a noise of 1e300 against a kernel at outputscale 1) would sketch and
+# run at a c where c G is far below or above the identity, beyond the runs' reach.
+_START_WINDOW = math.log(1e8)
+# Where Q(c) <= 0 in rounding (the features fit y exactly at c), the profile's noise is this
+# fraction of the targets' mean square (relative, so that every scale of y is alike): the
+# slope is then steeply negative and c moves up, to the condition bound.
+_EXACT_FIT_NOISE = 1e-30
+# Rows of features formed at once.
+_CHUNK_ROWS = 4096
+# Subspace directions whose Gram eigenvalue falls below this fraction of the largest (after
+# the columns are normalised) are dropped: they repeat others to working precision.
+_DEPENDENCE = 1e-11
+# Gauss-Legendre nodes of the log-determinant's integral over log c.
+_QUADRATURE_NODES = 24
+_BISECTIONS = 60
+
+
+@dataclass
+class KrylovCalibration:
+    """The outcome of :func:`krylov_scale_calibration`.
+
+    Attributes:
+        factor: the outputscale factor :math:`a = c\\,\\sigma^2`.
+        noise: :math:`\\sigma^2`.
+        log_evidence: the estimated log evidence per datum (per row and column) at the root.
+        standard_error: the standard error of ``log_evidence`` (the probes' spread).
+        gradient_standard_error: the standard error of :math:`dg / d\\log c` at the root over
+            its scale :math:`N T`.
+        noise_at_floor: whether the noise floor binds.
+        rank: the Nyström rank.
+        iterations: CG iterations of each run.
+        run_scales: the :math:`c` of each run.
+        products: column products with :math:`G` (one pass over :math:`\\Phi` and one over
+            :math:`\\Phi^\\top` each), by purpose: ``"trace"`` (8, the estimate of
+            :math:`\\mathrm{tr}\\,G` that places the start), ``"sketch"``, ``"runs"``.
+        preconditioner: the Nyström preconditioner of :math:`A_c` at the root (the ``B`` of
+            the calibrated model's CG fit).
+    """
+
+    factor: float
+    noise: float
+    log_evidence: float
+    standard_error: float
+    gradient_standard_error: float
+    noise_at_floor: bool
+    rank: int
+    iterations: List[int] = field(default_factory=list)
+    run_scales: List[float] = field(default_factory=list)
+    products: Dict[str, int] = field(default_factory=dict)
+    preconditioner: Optional[NystromPreconditioner] = None
+
+
+def _recorded_cg(gram: Callable[[Tensor], Tensor], scale: float, rhs: Tensor,
+                 precondition: Callable[[Tensor], Tensor], tolerance: Tensor,
+                 max_iterations: int, initial: Optional[Tensor] = None
+                 ) -> Tuple[CGResult, List[Tensor], List[Tensor]]:
+    """Preconditioned CG on :math:`(I + c G) X = R` (``c = scale``), every column its own
+    system stopped at its own relative residual (``tolerance``, ``(k,)``), keeping each
+    iteration's search directions and their images under ``G``.
+
+    Returns ``(result, directions, images)``: the :class:`CGResult` (its coefficients give
+    the Lanczos tridiagonals of a cold start) and per iteration the ``(W, k')`` directions
+    of the columns still active and their images ``G P``.
+    """
+    if initial is None:
+        solution, residual = torch.zeros_like(rhs), rhs.clone()
+    else:
+        solution = initial.clone()
+        residual = rhs - solution - scale * gram(solution)
+    norm = rhs.square().sum(0).sqrt()
+    zero = norm == 0
+    norm = torch.where(zero, torch.ones_like(norm), norm)
+    applied = precondition(residual)
+    direction = applied.clone()
+    rz = (residual * applied).sum(0)
+    steps, ratios, actives, directions, images = [], [], [], [], []
+    relative = residual.square().sum(0).sqrt() / norm
+    iterations = 0
+    for _ in range(max_iterations):
+        active = (relative > tolerance) & ~zero
+        if not bool(active.any()):
+            break
+        iterations += 1
+        # Only the active columns are multiplied: a converged column costs nothing more.
+        moving = direction[:, active]
+        image = torch.zeros_like(direction)  # (W, k)
+        image[:, active] = gram(moving)
+        directions.append(moving)
+        images.append(image[:, active])
+        full = direction + scale * image
+        curvature = (direction * full).sum(0)
+        alpha = torch.where(active & (curvature > 0), rz / curvature.clamp_min(1e-300),
+                            torch.zeros_like(rz))
+        solution = solution + alpha * direction
+        residual = residual - alpha * full
+        applied = precondition(residual)
+        rz_next = (residual * applied).sum(0)
+        beta = torch.where(active, rz_next / rz.clamp_min(1e-300), torch.zeros_like(rz))
+        direction = torch.where(active, applied + beta * direction, direction)
+        rz = torch.where(active, rz_next, rz)
+        steps.append(alpha)
+        ratios.append(beta)
+        actives.append(active)
+        relative = residual.square().sum(0).sqrt() / norm
+    relative = torch.where(zero, torch.zeros_like(relative), relative)
+    result = CGResult(solution, iterations, relative, bool((relative <= tolerance).all()),
+                      steps, ratios, actives)
+    return result, directions, images
+
+
+class _Subspace:
+    """The Galerkin projection of every :math:`A_c = I + c G` onto the span of kept vectors
+    ``Z`` with known images ``G Z`` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.blocks: List[Tensor] = []
+        self.images: List[Tensor] = []
+
+    def add(self, vectors: Tensor, images: Tensor) -> None:
+        if vectors.shape[1]:
+            scale = vectors.square().sum(0).sqrt().clamp_min(1e-300)
+            self.blocks.append(vectors / scale)
+            self.images.append(images / scale)
+
+    def ritz(self, forms: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(theta, projected, basis_map)``: the Ritz values of ``G`` on the span, ``forms``
+        ``(W, m)`` projected onto the Ritz vectors (``(s, m)``), and the ``(s_Z, s)`` map
+        ``S R`` from the kept vectors' coefficients to the Ritz coordinates."""
+        z = torch.cat(self.blocks, 1)  # (W, s_Z)
+        gz = torch.cat(self.images, 1)
+        gram = z.transpose(0, 1) @ z
+        gram = 0.5 * (gram + gram.transpose(0, 1))
+        mu, vectors = torch.linalg.eigh(gram)
+        keep = mu > _DEPENDENCE * float(mu.max())
+        transform = vectors[:, keep] / mu[keep].sqrt()  # (s_Z, s): S with S^T M S = I
+        inner = transform.transpose(0, 1) @ (z.transpose(0, 1) @ gz) @ transform
+        theta, rotation = torch.linalg.eigh(0.5 * (inner + inner.transpose(0, 1)))
+        basis_map = transform @ rotation
+        projected = basis_map.transpose(0, 1) @ (z.transpose(0, 1) @ forms)
+        return theta.clamp_min(0.0), projected, basis_map
+
+    def solution(self, basis_map: Tensor, coefficients: Tensor) -> Tensor:
+        """``Z S R coefficients``: Ritz coordinates back to vectors."""
+        return torch.cat(self.blocks, 1) @ (basis_map @ coefficients)
+
+
+class _Profile:
+    """The Galerkin estimates of the profile's pieces at any ``c`` (module docstring)."""
+
+    def __init__(self, theta: Tensor, projected: Tensor, num_columns: int, num_probes: int,
+                 sketch_basis: Tensor, sketch_eigenvalues: Tensor, probes: Tensor) -> None:
+        t, p = num_columns, num_probes
+        self.theta = theta
+        self.b_hat = projected[:, :t]
+        self.z_hat = projected[:, t:t + p]
+        self.w_hat = projected[:, t + p:]
+        self.eigenvalues = sketch_eigenvalues  # of G, the sketch's
+        self.probe_weights = (sketch_basis.transpose(0, 1) @ probes).square()  # (r, p)
+        self.probe_norms = probes.square().sum(0)  # (p,)
+        self.width = probes.shape[0]
+
+    def pieces(self, c: float) -> Tuple[float, float, Tensor]:
+        """``(b^T A^-1 b summed, ||A^-1 b||^2 summed, per-probe trace samples (p,))``."""
+        inverse = 1.0 / (1.0 + c * self.theta)  # (s,)
+        quad = float((self.b_hat.square() * inverse.unsqueeze(1)).sum())
+        norm = float((self.b_hat.square() * inverse.square().unsqueeze(1)).sum())
+        bilinear = (self.w_hat * self.z_hat * inverse.unsqueeze(1)).sum(0)
+        damp = c * self.eigenvalues / (1.0 + c * self.eigenvalues)  # (r,)
+        exact = self.width - float(damp.sum())  # tr P_c^-1
+        control = self.probe_norms - (self.probe_weights * damp.unsqueeze(1)).sum(0)
+        return quad, norm, exact + bilinear - control
+
+
+def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
+                             target_squares: float, num_rows: int, noise: float, *,
+                             factor: float = 1.0, noise_floor: float = 0.0,
+                             condition: float = 0.0, num_probes: int = 8,
+                             rank: Optional[int] = None, tolerance: float = 1e-8,
+                             probe_tolerance: float = PROBE_TOLERANCE,
+                             max_runs: int = 4, max_iterations: int = 1000,
+                             max_rank: Optional[int] = None,
+                             generator: Optional[torch.Generator] = None) -> KrylovCalibration:
+    r"""The outputscale factor and noise that maximise a feature model's evidence, from
+    products with its Gram matrix :math:`G` alone (module docstring).
+
+    Args:
+        gram: ``V -> G V`` for ``(W, k)`` float64 blocks, :math:`G = \Phi^\top \Phi`
+            positive semi-definite.
+        rhs: ``(W,)`` or ``(W, T)`` :math:`\Phi^\top y`.
+        target_squares: :math:`\sum_t y_t^\top y_t` (positive).
+        num_rows: ``N``.
+        noise: the starting noise :math:`\sigma^2` (positive); factor: the starting
+            outputscale factor (positive). The first run is at :math:`c_0 =`
+            ``factor / noise``, kept within a factor :math:`10^8` of the data's own scale
+            :math:`N / \mathrm{tr}\,G` (a start in other units than the data's is beyond
+            the runs' reach) and within :math:`e^{\pm 700}`.
+        noise_floor: :math:`\sigma_0^2 \ge 0`.
+        condition: the largest :math:`c` is ``1 / (condition * lambda_max(G))`` (0:
+            unbounded), the weight-space calibration's bound on the solve's condition number.
+        num_probes: Rademacher probes (at least 2).
+        rank: a fixed Nyström rank (``None``: the sketch's automatic rule, sized for the
+            runs' column solves, and grown where a run meets a worse condition).
+        tolerance: the CG runs' relative residual on the target columns.
+        probe_tolerance: the relative residual on the probe columns (at least
+            ``tolerance``).
+        max_runs: the most CG runs (at least 1).
+        max_iterations: CG iterations per run.
+        max_rank: a cap on the automatic rank (default: the memory cap).
+        generator: the probes' and the sketch's draws.
+
+    Returns:
+        A :class:`KrylovCalibration`.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> phi = torch.randn(2000, 64, dtype=torch.float64, generator=g)
+        >>> y = phi @ torch.randn(64, dtype=torch.float64, generator=g) * 0.3
+        >>> y = y + 0.5 * torch.randn(2000, dtype=torch.float64, generator=g)
+        >>> out = krylov_scale_calibration(lambda v: phi.T @ (phi @ v), phi.T @ y,
+        ...                                float(y @ y), 2000, 1.0, generator=g)
+        >>> abs(out.noise - 0.25) < 0.03, out.noise_at_floor
+        (True, False)
+    """
+    if not callable(gram):
+        raise TypeError(f"gram must be a callable V -> G V, got {type(gram).__name__}")
+    if not isinstance(rhs, Tensor) or rhs.dim() not in (1, 2) or rhs.numel() == 0:
+        raise ValueError(
+            "rhs must be a non-empty (W,) or (W, T) tensor Phi^T y, got "
+            f"{tuple(rhs.shape) if isinstance(rhs, Tensor) else type(rhs).__name__}"
+        )
+    target_squares = check_positive("target_squares", target_squares)
+    n = check_int("num_rows", num_rows)
+    noise = check_positive("noise", noise)
+    factor = check_positive("factor", factor)
+    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
+    condition = check_real("condition", condition, low=0.0)
+    num_probes = check_int("num_probes", num_probes, minimum=2)
+    max_runs = check_int("max_runs", max_runs)
+    tolerance = check_real("tolerance", tolerance, low=0.0, high=1.0, low_inclusive=False)
+    probe_tolerance = check_real("probe_tolerance", probe_tolerance, low=0.0, high=1.0,
+                                 low_inclusive=False)
+    max_iterations = check_int("max_iterations", max_iterations)
+    if rank is not None:
+        rank = check_int("rank", rank, minimum=0)
+    generator = generator or torch.Generator().manual_seed(0)
+    b = rhs.reshape(rhs.shape[0], -1).to(torch.float64)
+    width, t = b.shape
+    device = b.device
+    counts = {"trace": 0, "sketch": 0, "runs": 0}
+    phase = ["sketch"]
+
+    def counted(v: Tensor) -> Tensor:
+        counts[phase[0]] += int(v.shape[1])
+        return gram(v)
+
+    solves = SKETCH_SOLVES * (t + num_probes)
+    if max_rank is None:
+        max_rank = rank_memory_cap(width, torch.float64, device)
+    with torch.no_grad():
+        # The start, in logs (factor / noise of far apart values over- or underflows), kept
+        # within _START_WINDOW of the data's own scale c_d = N / tr G (half the targets'
+        # mean square as signal, a tr G = N m / 2, and half as noise); tr G by Hutchinson's
+        # estimate on probes of their own (the runs' probes and the sketch keep their draws
+        # from generator).
+        phase[0] = "trace"
+        trace_probes = (torch.randint(0, 2, (width, 8), dtype=torch.float64,
+                                      generator=torch.Generator().manual_seed(0))
+                        * 2.0 - 1.0).to(device)
+        trace = float((trace_probes * counted(trace_probes)).sum(0).mean())
+        phase[0] = "sketch"
+        log_start = math.log(factor) - math.log(noise)
+        if trace > 0:
+            log_data = math.log(n) - math.log(trace)
+            log_start = min(max(log_start, log_data - _START_WINDOW), log_data + _START_WINDOW)
+        start = math.exp(min(max(log_start, -_LOG_C_LIMIT), _LOG_C_LIMIT))
+        sketcher = NystromSketch(lambda v: start * counted(v), width, torch.float64, device,
+                                 generator)
+        if rank is not None:
+            sketcher.grow(rank)
+        else:
+            sketcher.adapt(max_rank, solves, n, tolerance)
+
+        def preconditioner(c: float) -> NystromPreconditioner:
+            """The sketch's preconditioner of I + c G (the sketch is of start * G)."""
+            pre = sketcher.preconditioner
+            return NystromPreconditioner(pre.basis, (c / start) * pre.eigenvalues)
+
+        spectrum = sketcher.preconditioner.eigenvalues / start
+        top = float(spectrum.max()) if spectrum.numel() else 0.0
+        ceiling = min(math.log(1.0 / (condition * top)) if condition > 0 and top > 0
+                      else math.inf, _LOG_C_LIMIT)
+        log_c = min(math.log(start), ceiling)
+        probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
+                                dtype=torch.float64) * 2.0 - 1.0).to(device)
+        subspace = _Subspace()
+        # The targets' quadratic forms enter Q(c), whose relative error the CG residual bounds;
+        # the probes' forms carry the Hutchinson spread, far above a looser solve's error.
+        tolerances = torch.full((t + num_probes,), tolerance, dtype=torch.float64,
+                                device=device)
+        tolerances[t:] = max(tolerance, probe_tolerance)
+        phase[0] = "runs"
+        runs: List[float] = []
+        iterations: List[int] = []
+        # The anchor: the latest cold run's log c, its per-probe log|A_c| by Lanczos
+        # quadrature, and its forms [b, P^{1/2} v, P^{-1/2} v] (the quadrature is of the
+        # probes P^{1/2} v of that run's preconditioner P).
+        anchor, anchor_logdets, anchor_rank, forms = math.nan, None, 0, b
+        profile: Optional[_Profile] = None
+        basis_map = None
+        kept_tests = 0
+        for _ in range(max_runs):
+            c = math.exp(log_c)
+            if rank is None:
+                # A sketch made at another c promises the condition 1 + c lambda_r here: the
+                # rank grows before the run where that is above the target.
+                phase[0] = "sketch"
+                smallest = float(sketcher.preconditioner.eigenvalues.min()) / start
+                sketcher.refine(1.0 + c * smallest, c / start, max_rank, solves, n, tolerance)
+                phase[0] = "runs"
+            pre = preconditioner(c)
+            initial = None
+            # A cold run (a new anchor) where the anchor is far or its preconditioner has
+            # since grown: the quadrature's spread is that of the preconditioned remainder.
+            cold = (profile is None or abs(log_c - anchor) > COLD_RADIUS
+                    or sketcher.rank > anchor_rank)
+            if cold:
+                forms = torch.cat([b, pre.sqrt(probes), pre.inverse_sqrt(probes)], 1)
+            else:
+                # Warm start from the projection: the anchor's quadrature serves, so this
+                # run only refines the subspace near its c.
+                inverse = 1.0 / (1.0 + c * profile.theta)
+                coefficients = torch.cat([profile.b_hat, profile.z_hat], 1) * inverse[:, None]
+                initial = subspace.solution(basis_map, coefficients)
+            columns = forms[:, :t + num_probes]  # the right-hand sides [b, P^{1/2} v]
+            result, directions, images = _recorded_cg(counted, c, columns, pre.inverse,
+                                                      tolerances, max_iterations, initial)
+            if initial is not None:
+                counts["runs"] += columns.shape[1]  # the starting residual's product
+            runs.append(log_c)
+            iterations.append(result.iterations)
+            if cold:
+                anchor, anchor_rank = log_c, pre.rank
+                anchor_logdets = pre.logdet() + width * lanczos_log_quadrature(
+                    result, list(range(t, t + num_probes)))
+            if rank is None:
+                phase[0] = "sketch"
+                sketcher.refine(lanczos_condition(result), c / start, max_rank,
+                                solves, n, tolerance)
+                phase[0] = "runs"
+            for block, image in zip(directions, images):
+                subspace.add(block, image)
+            # The sketch's test vectors come with their images: the columns not yet kept.
+            subspace.add(sketcher.test[:, kept_tests:], sketcher.image[:, kept_tests:] / start)
+            kept_tests = sketcher.rank
+            theta, projected, basis_map = subspace.ritz(forms)
+            pre_now = sketcher.preconditioner
+            profile = _Profile(theta, projected, t, num_probes, pre_now.basis,
+                               pre_now.eigenvalues / start, probes)
+            low = max(min(runs) - SEARCH_RADIUS, -_LOG_C_LIMIT)
+            high = min(max(runs) + SEARCH_RADIUS, ceiling)
+            log_c, interior = _minimiser(profile, low, high, target_squares, n, t,
+                                         noise_floor, ceiling)
+            near = min(abs(log_c - r) for r in runs)
+            if interior and near <= ACCEPT_RADIUS and sketcher.rank == anchor_rank:
+                break
+        c = math.exp(log_c)
+        quad, norm, traces = profile.pieces(c)
+        q_value = target_squares - c * quad
+        noise_out = _profile_noise(q_value, target_squares, n * t, noise_floor)
+        at_floor = noise_floor > 0 and q_value / (n * t) <= noise_floor
+        # log|A_c| per probe: the anchor's quadrature carried along log c.
+        per_probe = anchor_logdets + _integrated_slope(profile, anchor, log_c)
+        logdet = float(per_probe.mean())
+        total = q_value / noise_out + t * logdet + n * t * (math.log(noise_out) + LOG_2PI)
+        slope_samples = t * (width - traces) - c * norm / noise_out
+    return KrylovCalibration(
+        factor=c * noise_out, noise=noise_out,
+        log_evidence=-0.5 * total / (n * t),
+        standard_error=0.5 * t * float(per_probe.std()) / math.sqrt(num_probes) / (n * t),
+        gradient_standard_error=float(slope_samples.std()) / math.sqrt(num_probes) / (n * t),
+        noise_at_floor=at_floor, rank=sketcher.rank, iterations=iterations,
+        run_scales=[math.exp(r) for r in runs], products=dict(counts),
+        preconditioner=preconditioner(c),
+    )
+
+
+def _slope(profile: _Profile, log_c: float, target_squares: float, num_rows: int,
+           num_columns: int, noise_floor: float) -> float:
+    """:math:`dg / d\\log c` of the Galerkin profile (module docstring)."""
+    c = math.exp(log_c)
+    quad, norm, traces = profile.pieces(c)
+    noise = _profile_noise(target_squares - c * quad, target_squares, num_rows * num_columns,
+                           noise_floor)
+    return num_columns * (profile.width - float(traces.mean())) - c * norm / noise
+
+
+def _profile_noise(quad: float, target_squares: float, count: int, noise_floor: float) -> float:
+    r""":math:`\sigma^2(c) = \max(Q(c) / (N T), \sigma_0^2)`, or where that is not positive
+    (:math:`Q \le 0` in rounding) :data:`_EXACT_FIT_NOISE` times the targets' mean square."""
+    noise = max(quad / count, noise_floor)
+    return noise if noise > 0 else target_squares / count * _EXACT_FIT_NOISE
+
+
+def _minimiser(profile: _Profile, low: float, high: float, target_squares: float,
+               num_rows: int, num_columns: int, noise_floor: float,
+               ceiling: float) -> Tuple[float, bool]:
+    """``(log c, interior)``: the first point in ``[low, high]`` where the slope turns from
+    negative to positive (the profile's minimum), found on a grid and then by bisection;
+    ``interior`` is False where it lies at an end of the interval (beyond it), except at
+    the ``ceiling``, which bounds the answer itself."""
+    def slope(point: float) -> float:
+        return _slope(profile, point, target_squares, num_rows, num_columns, noise_floor)
+
+    grid = torch.linspace(low, high, 33, dtype=torch.float64).tolist()
+    values = [slope(point) for point in grid]
+    if values[0] >= 0:
+        return low, False
+    for left, right, f_left, f_right in zip(grid, grid[1:], values, values[1:]):
+        if f_left < 0 <= f_right:
+            for _ in range(_BISECTIONS):
+                middle = 0.5 * (left + right)
+                if slope(middle) < 0:
+                    left = middle
+                else:
+                    right = middle
+            return 0.5 * (left + right), True
+    return high, high >= ceiling
+
+
+def _integrated_slope(profile: _Profile, start: float, stop: float) -> Tensor:
+    """Per probe, :math:`\\int_{start}^{stop} (W - \\mathrm{tr}\\,A_s^{-1})\\, d\\log s`
+    by Gauss-Legendre quadrature ((p,))."""
+    if stop == start:
+        return torch.zeros(profile.z_hat.shape[1], dtype=torch.float64)
+    nodes, weights = _gauss_legendre(_QUADRATURE_NODES)
+    middle, half = 0.5 * (start + stop), 0.5 * (stop - start)
+    total = torch.zeros(profile.z_hat.shape[1], dtype=torch.float64)
+    for node, weight in zip(nodes, weights):
+        traces = profile.pieces(math.exp(middle + half * node))[2]
+        total = total + weight * half * (profile.width - traces.cpu())
+    return total
+
+
+def _gauss_legendre(count: int) -> Tuple[List[float], List[float]]:
+    """Nodes and weights on [-1, 1] (Golub-Welsch)."""
+    k = torch.arange(1, count, dtype=torch.float64)
+    off = k / torch.sqrt(4 * k * k - 1)
+    jacobi = torch.diag(off, 1) + torch.diag(off, -1)
+    nodes, vectors = torch.linalg.eigh(jacobi)
+    return nodes.tolist(), (2 * vectors[0].square()).tolist()
+
+
+def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                        factor: float = 1.0, noise_floor: float = 0.0,
+                        condition: float = 0.0, num_probes: int = 8,
+                        rank: Optional[int] = None, cache_bytes: int = 1 << 30,
+                        tolerance: float = 1e-8, probe_tolerance: float = PROBE_TOLERANCE,
+                        max_runs: int = 4, generator: Optional[torch.Generator] = None
+                        ) -> KrylovCalibration:
+    r"""The outputscale factor and noise that maximise the evidence of ``kernel``'s feature
+    model on ``(x, y)``, by :func:`krylov_scale_calibration` on products with its features
+    over row chunks (the ``N x D`` matrix is kept only as far as ``cache_bytes`` allows).
+
+    Args:
+        kernel: a random-feature kernel (or a ``ScaleKernel`` around one, or a sum of such)
+            with its hyperparameters set; its outputscale is the reference of ``factor``.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        noise, factor, noise_floor, condition, num_probes, rank, tolerance,
+            probe_tolerance, max_runs, generator: as in :func:`krylov_scale_calibration`.
+        cache_bytes: bytes of feature rows kept across the products.
+
+    Returns:
+        A :class:`KrylovCalibration`.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(2000, 2, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(2000, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(256, ard_num_dims=2, seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.3
+        >>> out = calibrate_by_krylov(k, x, y - y.mean(), 0.1, generator=g)
+        >>> 0.005 < out.noise < 0.02
+        True
+    """
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be an (N, d) tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    if not isinstance(y, Tensor) or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"y must be an (N,) or (N, T) tensor with the N = {x.shape[0]} rows of x, got "
+            f"{tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__}"
+        )
+    n = x.shape[0]
+    columns = y.reshape(n, -1).to(torch.float64)
+    op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
+                         torch.float64, _CHUNK_ROWS, cache_bytes)
+    op.column_noise = torch.ones(columns.shape[1], dtype=torch.float64, device=x.device)
+    with torch.no_grad():
+        b = op.project(lambda targets, _: targets, columns.shape[1])  # (W, T)
+    return krylov_scale_calibration(
+        lambda v: op.gram(v, [0] * v.shape[1]), b, float(columns.square().sum()), n, noise,
+        factor=factor, noise_floor=noise_floor, condition=condition, num_probes=num_probes,
+        rank=rank, tolerance=tolerance, probe_tolerance=probe_tolerance, max_runs=max_runs,
+        generator=generator)

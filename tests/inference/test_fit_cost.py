@@ -1,0 +1,63 @@
+"""The cost model of a fit: one rule for the largest feature count within a budget, and the
+calibrated CG fit's cost built on the iterative fit's own model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rfgp.inference._fit_cost as fit_cost
+from rfgp.inference._fit_cost import (
+    MAX_ITERATIVE_FEATURES,
+    MAX_WEIGHT_FEATURES,
+    cg_fit_cost,
+    cg_num_features,
+    final_path,
+    iterative_fit_cost,
+    largest_features_within,
+)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_largest_power_of_two_within_a_budget_is_the_best_of_every_size(seed):
+    # A cost that need not grow with D (a path that changes): the rule tries every size.
+    g = torch.Generator().manual_seed(seed)
+    sizes = [256 * 2**k for k in range(9)]
+    costs = dict(zip(sizes, torch.rand(len(sizes), generator=g, dtype=torch.float64).tolist()))
+    budget = float(torch.rand((), generator=g, dtype=torch.float64))
+    within = [size for size in sizes if costs[size] <= budget]
+    expected = max(within) if within else 256
+    assert largest_features_within(costs.__getitem__, budget, 256, sizes[-1]) == expected
+    # The range bounds the answer.
+    assert largest_features_within(costs.__getitem__, math.inf, 256, 1024) == 1024
+
+
+def test_the_iterative_fit_size_follows_the_same_rule():
+    rate, n, d = 1e10, 10**5, 8
+    for seconds in (1.0, 30.0, 600.0):
+        expected = largest_features_within(
+            lambda m: cg_fit_cost(n, m, d, iterations=50) / rate, seconds, 1024, 1 << 16)
+        assert cg_num_features(n, d, seconds, multiply_adds_per_second=rate,
+                               iterations=50) == expected
+
+
+def test_the_calibrated_cg_fit_counts_its_fit_by_the_cg_fit_cost(monkeypatch):
+    # The CG path's cost contains the plain CG fit's cost model exactly once: changing that
+    # model changes the calibrated fit's cost by the same amount, at every D.
+    n, d = 40000, 8
+    before = {m: iterative_fit_cost(n, m, d) for m in (4096, 16384, 65536)}
+    original = fit_cost.cg_fit_cost
+    monkeypatch.setattr(fit_cost, "cg_fit_cost",
+                        lambda *args, **kwargs: original(*args, **kwargs) + 1e6)
+    for m, cost in before.items():
+        assert iterative_fit_cost(n, m, d) == pytest.approx(cost + 1e6, rel=1e-15, abs=1e-3)
+
+
+def test_the_path_changes_where_the_weight_space_matrices_stop_fitting():
+    # D x D up to MAX_WEIGHT_FEATURES; beyond, CG while D <= N, and no path for D > N on
+    # rows too many for the N x N solve.
+    assert final_path(10**5, MAX_WEIGHT_FEATURES, 8, "auto")[0] == "weight"
+    assert final_path(10**5, 2 * MAX_WEIGHT_FEATURES, 8, "auto")[0] == "cg"
+    assert final_path(20000, MAX_ITERATIVE_FEATURES, 8, "auto") == (None, math.inf)

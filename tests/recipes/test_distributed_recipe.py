@@ -1,0 +1,176 @@
+"""fit_auto(..., distributed=True) over two gloo processes on localhost."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rfgp import fit_auto
+from rfgp._data import ArraySource, ShardedSource, draw_rows
+from rfgp.sklearn import RandomFeatureGPRegressor
+
+DT = torch.float64
+WORLD = 2
+ROWS, SPLIT = 1500, 640  # uneven shards
+OPTIONS = dict(subsample=250, refine_rows=500, search_features=64, num_features=256, seed=0,
+               time_budget=30, max_iterations=60, lengthscale_draws=8)
+ESTIMATOR = dict(num_features=128, random_state=0, time_budget=20, lengthscale_draws=0,
+                 max_lengthscale=None, local_search=False)
+# Every scenario ends well within this: a hang in a collective would not.
+DEADLINE_S = 240
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(ROWS, 3, generator=g, dtype=DT) * torch.tensor([1.0, 4.0, 0.5], dtype=DT)
+    y = torch.sin(4 * x[:, 0]) + 0.3 * x[:, 1] + 0.1 * torch.randn(ROWS, generator=g, dtype=DT)
+    xt = torch.rand(30, 3, generator=g, dtype=DT)
+    return x, y - y.mean(), xt
+
+
+def _shard(rank):
+    return slice(0, SPLIT) if rank == 0 else slice(SPLIT, ROWS)
+
+
+def _error(work):
+    try:
+        work()
+    except Exception as error:  # the test checks its kind and message
+        return type(error).__name__, str(error)
+    return None
+
+
+def _failing(xs, ys, rank, fail_at):
+    """A chunk source whose reads on rank 1 fail, from its ``fail_at``-th pass on, at its
+    third chunk; ``opens`` counts the passes."""
+    opens = []
+
+    def chunks():
+        opens.append(1)
+        for i in range(0, xs.shape[0], 200):
+            if rank == 1 and len(opens) >= fail_at and i >= 400:
+                raise OSError("the disk went away")
+            yield xs[i:i + 200], ys[i:i + 200]
+
+    return chunks, opens
+
+
+def _worker(rank, port, out_path, scenario):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        x, y, xt = _data()
+        xs, ys = x[_shard(rank)], y[_shard(rank)]
+        results = {}
+        if scenario == "errors":
+            # the sharded source returns the global rows of one draw
+            source = ShardedSource(lambda: ArraySource(xs, ys))
+            results["rows"] = source.take(draw_rows(ROWS, 300, torch.Generator().manual_seed(5)))
+            # a NaN target in row 7 of rank 1's shard
+            bad = ys.clone()
+            if rank == 1:
+                bad[7] = float("nan")
+            results["nan"] = _error(lambda: fit_auto(xs, bad, distributed=True, **OPTIONS))
+            # one more input column on rank 1
+            wide = torch.cat([xs, xs[:, :1]], 1) if rank == 1 else xs
+            results["columns"] = _error(lambda: fit_auto(wide, ys, distributed=True, **OPTIONS))
+            # an empty shard on rank 0
+            empty = [] if rank == 0 else [(xs, ys)]
+            results["empty"] = _error(lambda: fit_auto(empty, distributed=True, **OPTIONS))
+            # rank 1's reads fail in its second pass (the moments'), after rank 0 has read
+            chunks, _ = _failing(xs, ys, rank, 2)
+            results["read"] = _error(lambda: fit_auto(chunks, distributed=True, **OPTIONS))
+        else:
+            # a shard of chunks, one of tensors: either form on either rank
+            shard = ([(xs[i:i + 200], ys[i:i + 200]) for i in range(0, xs.shape[0], 200)], None)
+            gp = fit_auto(*(shard if rank == 1 else (xs, ys)), distributed=True, **OPTIONS)
+            results["mean"], results["std"] = gp.predict(xt, return_std=True)
+            results["noise"] = gp.noise.detach()
+            # the estimator: targets standardised by every shard's moments
+            reg = RandomFeatureGPRegressor(distributed=True, **ESTIMATOR).fit(
+                xs.numpy(), ys.numpy() + 3.0)
+            results["estimator"] = torch.from_numpy(reg.predict(xt.numpy()))
+            # rank 1's reads fail in the final fit's stream (without calibration the fit
+            # streams the rows once more), its last pass
+            chunks, opens = _failing(xs, ys, rank, 10**9)
+            fit_auto(chunks, distributed=True, calibrate=False, **OPTIONS)
+            passes = len(opens)
+            chunks, _ = _failing(xs, ys, rank, passes)
+            results["read"] = _error(lambda: fit_auto(chunks, distributed=True, calibrate=False,
+                                                      **OPTIONS))
+        torch.save(results, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(tmp_path, scenario):
+    """The worker on two processes; fails the test if they do not finish by the deadline."""
+    out = str(tmp_path / "result")
+    context = mp.spawn(_worker, args=(_free_port(), out, scenario), nprocs=WORLD, join=False)
+    started = time.monotonic()
+    while not context.join(timeout=2):
+        if time.monotonic() - started > DEADLINE_S:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the ranks did not finish within {DEADLINE_S} s: a rank was left "
+                        "waiting")
+    return [torch.load(f"{out}.{r}") for r in range(WORLD)]
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_bad_shards_and_failing_reads_raise_on_every_rank(tmp_path):
+    results = _run(tmp_path, "errors")
+    x, y, _ = _data()
+    rows = draw_rows(ROWS, 300, torch.Generator().manual_seed(5))
+    for res in results:
+        # the subsample does not depend on the number of ranks: global rows in rank order
+        torch.testing.assert_close(res["rows"][0], x[rows], rtol=0, atol=0)
+        torch.testing.assert_close(res["rows"][1], y[rows], rtol=0, atol=0)
+        kind, message = res["nan"]
+        assert kind == "ValueError" and "row 7 of rank 1" in message
+        kind, message = res["columns"]
+        assert kind == "ValueError" and "rank 1 holds 4 input columns" in message
+        kind, message = res["empty"]
+        assert kind == "ValueError" and "rank 0" in message and "no rows" in message
+        kind, message = res["read"]
+        assert kind == "RuntimeError" and "rank 1" in message and "disk went away" in message
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_two_processes_fit_the_one_process_model(tmp_path):
+    results = _run(tmp_path, "fit")
+    x, y, xt = _data()
+    single = fit_auto(x, y, **OPTIONS)
+    mean, std = single.predict(xt, return_std=True)
+    scale = float(mean.abs().max())
+    for res in results:
+        # the same model as one process: only the sums' association differs
+        torch.testing.assert_close(res["mean"], mean, rtol=1e-8, atol=1e-8 * scale)
+        torch.testing.assert_close(res["std"], std, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(res["noise"], single.noise.detach(), rtol=1e-9, atol=0)
+        # a read failing in the final fit's stream, after its first collectives
+        kind, message = res["read"]
+        assert kind == "RuntimeError" and "rank 1" in message and "disk went away" in message
+    torch.testing.assert_close(results[0]["mean"], results[1]["mean"], rtol=0, atol=0)
+    reg = RandomFeatureGPRegressor(**ESTIMATOR).fit(x.numpy(), y.numpy() + 3.0)
+    expected = reg.predict(xt.numpy())
+    for res in results:
+        # the standardisation's moments are merged over shards: equal to rounding, which the
+        # evidence search carries to about 1e-9 of the predictions
+        np.testing.assert_allclose(res["estimator"].numpy(), expected, rtol=1e-6)
