@@ -8,23 +8,16 @@ coverage of the central 95% interval, a calibration error (the mean over the cen
 of levels 10%, ..., 90%, 95% of |empirical coverage - level|) and the wall time of fit and
 prediction.
 
-Methods, each as a new user would run it:
-
-* ``rfgp default``: ``rfgp.sklearn.RandomFeatureGPRegressor(random_state=0)``, all defaults
-  (the recipe ``rfgp.fit_auto`` with its default time budget).
-* ``SGPR M`` (M = 512, 1024): GPyTorch ``InducingPointKernel`` around
-  ``ScaleKernel(RBFKernel(ARD))``, M inducing points drawn from the training inputs (all of
-  them when there are fewer), Adam (lr 0.1), 100 steps on the exact marginal likelihood.
-* ``SVGP``: GPyTorch ``VariationalStrategy`` (500 learned inducing points, Cholesky variational
-  distribution), Adam (lr 0.01) on minibatches of 1024 rows, epochs until the ELBO stops
-  improving (no gain above 1e-3 nats per datum over 3 epochs; at most 300 epochs).
-* ``exact GP``: ``benchmarks/_exact_gp.py``, where the training set has at most 20,000 rows:
-  ARD RBF lengthscales, outputscale, noise and a constant mean by L-BFGS to convergence on the
-  exact evidence (four median-distance starts on 2,000 rows, the best continued on at most
-  10,000), then the exact posterior over all training rows by a float64 Cholesky. Records of
-  the earlier baseline (GPyTorch ``ExactGP`` with its defaults: CG and Lanczos above 800 rows,
-  100 Adam steps) carry no ``solver`` entry and are left out of the page. Every method's RMSE
-  and MNLL gap to this exact GP is shown where it ran.
+Methods, each as a new user would run it (``benchmarks/_regression_methods.py``): ``rfgp
+default`` (``rfgp.sklearn.RandomFeatureGPRegressor(random_state=0)``, all defaults); ``SGPR M``
+(M = 512, 1024 inducing points drawn from the training inputs, ARD RBF, Adam lr 0.1, 100 steps);
+``SVGP`` (500 learned inducing points, Adam lr 0.01 on minibatches of 1024 rows until the ELBO
+stops improving, at most 300 epochs); ``exact GP`` (``benchmarks/_exact_gp.py``, on at most
+20,000 training rows: ARD RBF and a constant mean by L-BFGS to convergence on the exact evidence
+from four starts, then the exact posterior over all training rows by a float64 Cholesky).
+Earlier exact-GP records (GPyTorch ``ExactGP`` defaults: CG above 800 rows, 100 Adam steps)
+carry no ``solver`` entry and are left out of the page. Every method's RMSE and MNLL gap to the
+exact GP is shown where it ran.
 
 Every method of a set runs in one process, one after the other. Each finished (set, split,
 method) is appended to ``docs/benchmarks/regression_uci.jsonl``; the page is written from that
@@ -52,7 +45,6 @@ Writes docs/benchmarks/regression_uci.md and regression_uci.png (MNLL against ti
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import sys
 import tempfile
@@ -76,6 +68,7 @@ from _regression_methods import (  # noqa: E402
     standardised_split,
     svgp,
 )
+from _regression_plot import plot  # noqa: E402
 
 from rfgp.datasets import UCI_DATASETS, load_uci  # noqa: E402
 
@@ -197,56 +190,19 @@ def _mean(rows, key):
     return float(np.mean([r[key] for r in rows]))
 
 
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = grouped(rows, "set", "method")
-    sets = list(dict.fromkeys(r["set"] for r in rows))
-    cols = min(4, len(sets))
-    nrows = math.ceil(len(sets) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
-    markers = dict(zip(METHODS, "oXs*D"))
-    handles = {}
-    for ax, name in zip(axes.flat, sets):
-        points = {m: table[(name, m)] for m in METHODS if (name, m) in table}
-        low = min(_mean(r, "mnll") for r in points.values())
-        top = low + 2.0
-        for method, rs in points.items():
-            t, m = np.array([r["time"] for r in rs]), np.array([r["mnll"] for r in rs])
-            shown = min(m.mean(), top)
-            handles[method] = ax.errorbar(
-                t.mean(), shown, xerr=t.std(), yerr=m.std() if m.mean() < top else None,
-                fmt=markers[method], color=f"C{METHODS.index(method)}", capsize=2, ms=7)
-            if m.mean() > top:
-                ax.annotate(f"{m.mean():.2g}", (t.mean(), shown), textcoords="offset points",
-                            xytext=(4, -10), fontsize=7)
-        ax.set_xscale("log")
-        ax.set_title(f"{name} (N = {next(iter(points.values()))[0]['n_train']})")
-        ax.set_xlabel("wall time (s)")
-        ax.set_ylabel("test MNLL (lower is better)")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(sets):]:
-        ax.axis("off")
-    fig.legend([handles[m] for m in METHODS if m in handles],
-               [m for m in METHODS if m in handles], loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def _split_diffs(rows, other, key: str) -> list:
+    """``key`` of ``rows`` minus ``other``'s, over the splits both ran."""
+    theirs = {r["split"]: r[key] for r in other}
+    return [r[key] - theirs[r["split"]] for r in rows if r["split"] in theirs]
 
 
 def exact_gap(rows, exact, key: str) -> str:
-    """``key`` of ``rows`` minus the exact GP's, over the splits both ran ("-" where none)."""
-    theirs = {r["split"]: r[key] for r in exact}
-    diffs = [r[key] - theirs[r["split"]] for r in rows if r["split"] in theirs]
+    diffs = _split_diffs(rows, exact, key)
     return mean_spread(diffs) if diffs else "-"
 
 
 def _paired_gap(default, other) -> float:
-    """Mean over the splits both ran of the default's MNLL minus the other method's."""
-    theirs = {r["split"]: r["mnll"] for r in other}
-    diffs = [r["mnll"] - theirs[r["split"]] for r in default if r["split"] in theirs]
+    diffs = _split_diffs(default, other, "mnll")
     return float(np.mean(diffs)) if diffs else 0.0
 
 
@@ -309,22 +265,20 @@ def write_markdown(rows, args, path, retimed=(), seeded=()):
     threads = sorted({r["threads"] for r in rows})
     out = ["# Regression on UCI data: accuracy, calibration and time", "",
            "rfgp's default is `RandomFeatureGPRegressor(random_state=0)`, the recipe "
-           "`rfgp.fit_auto` with its default time budget (20 + N/400 seconds at the cost "
-           "model's reference rate): an evidence search on a subsample, a refinement on more "
-           "rows and, where the budget allows, the exact evidence on blocks of neighbouring "
-           "rows; then the final D-feature model chooses its outputscale and noise (and among "
-           "the candidate lengthscales) by its own evidence. GPyTorch's SGPR (M = 512, 1024; "
-           "Adam, 100 steps), SVGP (500 inducing points, trained until its ELBO stops "
-           "improving) and the exact GP (hyperparameters by L-BFGS to convergence on the exact "
-           "evidence from four starts, on at most 10,000 rows; the posterior over all training "
-           "rows by a float64 Cholesky; at most 20,000 training rows) with RBF ARD kernels. "
-           "The gaps are each method's RMSE and MNLL minus the exact GP's, over the splits "
-           "both ran (positive: behind the exact GP). Random 90/10 splits, standardised with "
-           "the training statistics; "
-           "RMSE and MNLL (of y) in units of the standardised targets; coverage of the central "
-           "95% interval; calibration error: mean over the central 10%, ..., 90%, 95% "
-           "intervals of |coverage - level|. Entries: mean ± standard deviation over the "
-           "splits.", "",
+           "`rfgp.fit_auto` with its default time budget (20 + N/400 seconds at the cost model's "
+           "reference rate): an evidence search on a subsample, a refinement on more rows and, "
+           "where the budget allows, the exact evidence on blocks of neighbouring rows; then the "
+           "final D-feature model chooses its outputscale and noise (and among the candidate "
+           "lengthscales) by its own evidence. GPyTorch's SGPR (M = 512, 1024; Adam, 100 steps), "
+           "SVGP (500 inducing points, trained until its ELBO stops improving) and the exact GP "
+           "(hyperparameters by L-BFGS to convergence on the exact evidence from four starts, on "
+           "at most 10,000 rows; the posterior over all training rows, at most 20,000, by a "
+           "float64 Cholesky) with RBF ARD kernels. The gaps are each method's RMSE and MNLL minus"
+           " the exact GP's, over the splits both ran (positive: behind the exact GP). Random "
+           "90/10 splits, standardised with the training statistics; RMSE and MNLL (of y) in units"
+           " of the standardised targets; coverage of the central 95% interval; calibration error:"
+           " mean over the central 10%, ..., 90%, 95% intervals of |coverage - level|. Entries: "
+           "mean ± standard deviation over the splits.", "",
            f"Records of `python benchmarks/regression_uci.py` "
            f"({platform.processor() or platform.machine()}, Python "
            f"{platform.python_version()}, torch {torch.__version__}, {threads} thread(s) per "
@@ -411,7 +365,7 @@ def main():
     if (not args.seeds or args.quick) and not args.page_only:
         run(args, retimed if args.retime else records)
     rows, retimed, seeded = load_rows(records), retimed.rows(), seeded.rows()
-    plot(rows, out / "regression_uci.png")
+    plot(rows, out / "regression_uci.png", METHODS)
     write_markdown(rows, args, out / "regression_uci.md", retimed, seeded)
     print(f"wrote {out / 'regression_uci.md'}")
 
