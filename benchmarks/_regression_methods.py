@@ -9,11 +9,11 @@ functions give the pieces to benchmarks that score a model along its training.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 import torch
+from _elbo import train_until_elbo_stalls
 from _exact_gp import exact_gp as cholesky_exact_gp
 
 from rfgp import metrics
@@ -233,29 +233,11 @@ def svgp(xtr, ytr, xte, num_inducing=500, batch=1024, seed=0, tolerance=1e-3, pa
     """SVGP trained until its ELBO stops improving: epochs of minibatch steps until the mean
     loss per datum of an epoch has not improved on the best by more than ``tolerance`` for
     ``patience`` epochs (or ``max_epochs``)."""
-    import gpytorch
 
     model, likelihood, g = svgp_model(xtr, num_inducing, seed)
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
-    n = xtr.shape[0]
-    best, stale, epochs = math.inf, 0, 0
-    model.train()
-    likelihood.train()
-    while stale < patience and epochs < max_epochs:
-        perm = torch.randperm(n, generator=g)
-        total = 0.0
-        for start in range(0, n, batch):
-            idx = perm[start:start + batch]
-            opt.zero_grad()
-            loss = -mll(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss) * idx.numel()
-        epochs += 1
-        loss = total / n
-        stale = 0 if loss < best - tolerance else stale + 1
-        best = min(best, loss)
+    epochs, _ = train_until_elbo_stalls(model, likelihood, xtr, ytr, g, batch=batch,
+                                        tolerance=tolerance, patience=patience,
+                                        max_epochs=max_epochs)
     mean, var = gpytorch_predict(model, likelihood, xte)
     return mean, var, {"M": model.variational_strategy.inducing_points.shape[0],
                        "epochs": epochs}

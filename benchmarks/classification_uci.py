@@ -74,6 +74,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _elbo import train_until_elbo_stalls  # noqa: E402
+
 from rfgp import fit_classifier_auto, metrics  # noqa: E402
 from rfgp.datasets import (  # noqa: E402
     UCI_CLASSIFICATION_DATASETS,
@@ -194,27 +196,9 @@ def svgp(xtr, ytr, xte, num_classes, num_inducing, seed, quick):
             num_features=latents, num_classes=num_classes, mixing_weights=False)
         targets = ytr
     likelihood = likelihood.double()
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=ytr.shape[0])
-    n, size = xtr.shape[0], 1024
-    best, stale, epochs = math.inf, 0, 0
     max_epochs, patience = (5, 3) if quick else (100, 3)
-    model.train()
-    likelihood.train()
-    while stale < patience and epochs < max_epochs:
-        perm = torch.randperm(n, generator=g)
-        total = 0.0
-        for start in range(0, n, size):
-            idx = perm[start:start + size]
-            opt.zero_grad()
-            loss = -mll(model(xtr[idx]), targets[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss) * idx.numel()
-        epochs += 1
-        loss = total / n
-        stale = 0 if loss < best - 1e-3 else stale + 1
-        best = min(best, loss)
+    epochs, best = train_until_elbo_stalls(model, likelihood, xtr, targets, g,
+                                           patience=patience, max_epochs=max_epochs)
     model.eval()
     likelihood.eval()
     with torch.no_grad(), gpytorch.settings.num_likelihood_samples(LIKELIHOOD_SAMPLES):
