@@ -69,6 +69,11 @@ __all__ = ["ScaleCalibration", "calibrate_scales", "calibrate_source_scales", "c
 # The smallest noise, relative to the largest eigenvalue of the model's (scaled) Gram matrix,
 # at which its weight-space matrix still factorises reliably in the dtype.
 _CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
+# The weight path's statistics are summed and factorised in float64 whatever the features'
+# dtype: the Gram matrix's largest eigenvalue grows like N, so float32's bound above would
+# hold the noise above 1e-5 N times the signal variance, a floor that binds from a few
+# thousand rows on and turns what the features could fit into noise.
+_WEIGHT_DTYPE = torch.float64
 
 
 @dataclass
@@ -104,9 +109,11 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                      keep: bool = True, seed: int = 0) -> ScaleCalibration:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 \ge \sigma^2_0` that maximise
     the evidence of ``kernel``'s feature model on ``(x, y)``, started at ``(factor, noise)``.
-    The noise also stays above :math:`c\, a \lambda_{\max}(G)` (:math:`c = 10^{-10}` in
-    float64, :math:`10^{-5}` in float32), so that the fit's matrix :math:`a G / \sigma^2 + I`
-    factorises: a target the features fit exactly would otherwise drive the noise to its floor.
+    The noise also stays above :math:`c\, a \lambda_{\max}(G)`, so that the fit's matrix
+    :math:`a G / \sigma^2 + I` factorises: a target the features fit exactly would otherwise
+    drive the noise to its floor. On the ``"weight"`` path the evidence is summed and the fit
+    factorised in float64 whatever ``x``'s dtype (:math:`c = 10^{-10}`); on the ``"cg"`` path
+    the products are in ``x``'s dtype (:math:`c = 10^{-5}` in float32).
 
     Args:
         kernel: a random-feature kernel (or a ``ScaleKernel``, or a sum of such) at the
@@ -133,13 +140,14 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < calibration.noise < 0.02, calibration.path
         (True, 'weight')
     """
-    condition = _CONDITION[x.dtype]
-    if path == "cg":
+    if path == "cg":  # products with the features in their own dtype
+        condition = _CONDITION[x.dtype]
         result = calibrate_by_krylov(
             kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
             cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
         return ScaleCalibration("cg", result.factor, result.noise,
                                 -result.log_evidence * y.numel(), result.preconditioner, result)
+    condition = _CONDITION[_WEIGHT_DTYPE]
     products: Optional[list] = [] if keep else None
     evidence = feature_model_evidence(kernel, x, y, products)
     factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
@@ -169,7 +177,7 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
     """
     noise = torch.as_tensor(calibration.noise, dtype=x.dtype) * target_unit**2
     options = ({"solve": "cg", "cache_bytes": _cache_bytes(x, kernel)}
-               if calibration.path == "cg" else {})
+               if calibration.path == "cg" else {"statistics_dtype": _WEIGHT_DTYPE})
     gp = RandomFeatureGP(kernel, noise=noise, **options)
     with torch.no_grad():
         reuse = calibration.reuse
@@ -194,7 +202,7 @@ def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
 
     Memory: ``O(chunk * D + D^2)``.
     """
-    condition = _CONDITION[source.dtype]
+    condition = _CONDITION[_WEIGHT_DTYPE]
     feature_map = FeatureMap(feature_kernel(kernel))
     width = feature_map.num_real_features
     if source.num_rows < width:  # the N x N form: few rows, read them
@@ -244,7 +252,7 @@ def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: Scale
     for the layout, the dtype and any lazily drawn weights.
     """
     noise = torch.as_tensor(calibration.noise, dtype=like[0].dtype) * target_unit**2
-    gp = RandomFeatureGP(kernel, noise=noise, solve="weight")
+    gp = RandomFeatureGP(kernel, noise=noise, solve="weight", statistics_dtype=_WEIGHT_DTYPE)
     with torch.no_grad():
         if not isinstance(calibration.reuse, tuple):
             return stream_fit(gp, source)
