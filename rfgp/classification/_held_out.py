@@ -20,6 +20,10 @@ point with features :math:`z`, :math:`f_c \sim N(z^\top B_c^{-1} h_c + m_c,\;
 \|L_c^{-1} z\|^2)` (:math:`L_c L_c^\top = B_c`, :math:`m_c` the centring offset), and the
 probabilities are the deterministic mean-field :math:`\mathbb{E}[\mathrm{softmax}(f)]`
 (:func:`~rfgp.classification.softmax_expectation`).
+
+On fewer training rows than features the same posterior comes from the ``N_t x N_t`` kernel
+matrix :math:`K = Z Z^\top`: :math:`f_c \sim N(k^\top (K + S_c)^{-1} \tilde y_c + m_c,\;
+z^\top z - \|L_c^{-1} k\|^2)` with :math:`L_c L_c^\top = K + S_c` and :math:`k = Z z`.
 """
 
 from __future__ import annotations
@@ -39,16 +43,20 @@ __all__ = ["held_out_cost", "held_out_nll"]
 
 def held_out_cost(train_rows: int, validation_rows: int, num_features: int, num_classes: int,
                   num_alphas: int) -> float:
-    r"""Multiply-adds of :func:`held_out_nll`: the Gram matrices,
+    r"""Multiply-adds of :func:`held_out_nll`: in weight space the Gram matrices,
     :math:`2 N_t D^2` (the shared one and each class's on its own rows), then per
     ``alpha_epsilon`` and class a Cholesky factor, :math:`D^3 / 3`, and the validation
-    variances, :math:`N_v D^2` (one triangular solve).
+    variances, :math:`N_v D^2` (one triangular solve); on fewer training rows than features
+    the same with the kernel matrices (:math:`N_t^2 D + N_v N_t D`) and ``N_t`` in place of
+    ``D``.
 
     Example:
         >>> held_out_cost(1000, 100, 64, 3, 2) == 2 * 1000 * 64**2 + 6 * (64**3 / 3 + 100 * 64**2)
         True
     """
     n, v, m = float(train_rows), float(validation_rows), float(num_features)
+    if n < m:
+        return n * (n + v) * m + num_alphas * num_classes * (n**3 / 3 + v * n * n)
     return 2 * n * m * m + num_alphas * num_classes * (m**3 / 3 + v * m * m)
 
 
@@ -84,6 +92,10 @@ def held_out_nll(kernel: ScaleKernel, x_train: Tensor, labels_train: Tensor, x_v
     base, scale = kernel.base_kernel, kernel.outputscale.detach().sqrt()
     dtype = torch.float64
     n = x_train.shape[0]
+    if n < base.num_features:
+        means, variances = _function_space(base, scale, x_train, labels_train, x_valid,
+                                           num_classes, alphas)
+        return _nll(means, variances, labels_valid)
     with torch.no_grad():
         gram, sums = None, None
         for start in range(0, n, chunk_rows):
@@ -112,12 +124,43 @@ def held_out_nll(kernel: ScaleKernel, x_train: Tensor, labels_train: Tensor, x_v
                 means[a, :, c] = z_valid @ weights + offset
                 solved = torch.linalg.solve_triangular(factor, z_valid.T, upper=False)
                 variances[a, :, c] = solved.square().sum(0)
-        nll = []
-        for a in range(len(alphas)):
-            log_proba = softmax_expectation(means[a], variances[a], method="mean_field",
-                                            log=True)
-            nll.append(-log_proba.gather(1, labels_valid.reshape(-1, 1)).mean())
+    return _nll(means, variances, labels_valid)
+
+
+def _nll(means: Tensor, variances: Tensor, labels: Tensor) -> Tensor:
+    """``(A,)`` the mean ``-log p(label)`` of mean-field probabilities of ``(A, N_v, C)``
+    latent moments."""
+    nll = []
+    for mean, variance in zip(means, variances):
+        log_proba = softmax_expectation(mean, variance, method="mean_field", log=True)
+        nll.append(-log_proba.gather(1, labels.reshape(-1, 1)).mean())
     return torch.stack(nll)
+
+
+def _function_space(base, scale: Tensor, x_train: Tensor, labels_train: Tensor,
+                    x_valid: Tensor, num_classes: int, alphas: Sequence[float]) -> tuple:
+    """The latent moments ``(A, N_v, C)`` from the kernel matrices (fewer rows than
+    features)."""
+    with torch.no_grad():
+        z = (base.features(x_train) * scale).to(torch.float64)  # (N_t, D)
+        z_valid = (base.features(x_valid) * scale).to(torch.float64)  # (N_v, D)
+        kernel_matrix, cross = z @ z.T, z @ z_valid.T  # (N_t, N_t), (N_t, N_v)
+        prior = z_valid.square().sum(-1)  # (N_v,)
+        means = z.new_zeros(len(alphas), x_valid.shape[0], num_classes)
+        variances = torch.zeros_like(means)
+        for a, alpha in enumerate(alphas):
+            targets, noise = dirichlet_transform(labels_train, num_classes, alpha)
+            offsets = targets.mean(0)
+            for c in range(num_classes):
+                # K + S_c: a kernel matrix plus positive noise, positive definite.
+                factor = torch.linalg.cholesky(kernel_matrix + torch.diag(noise[:, c]))
+                solved = torch.linalg.solve_triangular(
+                    factor, torch.cat([(targets[:, c] - offsets[c]).unsqueeze(-1), cross], -1),
+                    upper=False)  # (N_t, 1 + N_v)
+                means[a, :, c] = solved[:, 1:].T @ solved[:, 0] + offsets[c]
+                # Rounding may leave a variance a hair below zero where the data pin f.
+                variances[a, :, c] = (prior - solved[:, 1:].square().sum(0)).clamp_min(0.0)
+    return means, variances
 
 
 def _own_gram(base, scale: Tensor, x_own: Tensor, chunk_rows: int, like: Tensor) -> Tensor:

@@ -37,10 +37,11 @@ def test_held_out_nll_equals_a_fit_per_alpha(num_features, per_class):
                                atol=1e-10)
 
 
-def test_a_class_absent_from_the_training_rows_keeps_its_prior():
+@pytest.mark.parametrize("num_features", [32, 128])  # weight space, function space
+def test_a_class_absent_from_the_training_rows_keeps_its_prior(num_features):
     x, labels = blobs(30, THREE_CENTRES, 0.8, seed=3)
     train = labels != 2
-    kernel = make_ard_kernel(32, 2, seed=0)
+    kernel = make_ard_kernel(num_features, 2, seed=0)
     ours = held_out_nll(kernel, x[train], labels[train], x[~train], labels[~train], 3, (0.01,))
     theirs = _fitted_nll(kernel, x[train], labels[train], x[~train], labels[~train], 0.01)
     assert float(ours[0]) == pytest.approx(theirs, rel=1e-8)
@@ -50,3 +51,8 @@ def test_held_out_cost_counts_one_gram_for_every_alpha():
     one, six = held_out_cost(1000, 100, 256, 4, 1), held_out_cost(1000, 100, 256, 4, 6)
     gram = 2 * 1000 * 256**2
     assert six - gram == pytest.approx(6 * (one - gram))
+    # on fewer rows than features, the kernel matrices: N_t plays the part of D
+    one, six = held_out_cost(100, 10, 4096, 4, 1), held_out_cost(100, 10, 4096, 4, 6)
+    kernel = 100 * 110 * 4096
+    assert six - kernel == pytest.approx(6 * (one - kernel))
+    assert one - kernel == pytest.approx(4 * (100**3 / 3 + 10 * 100**2))

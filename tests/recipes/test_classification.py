@@ -405,9 +405,15 @@ def test_a_larger_budget_never_plans_less(num_classes):
 # ------------------------------------------------------------------ the held-out choice
 def _choice_cost(n, held, ladder, num_classes, num_alphas=6):
     # The Gram matrices once per D (the shared one and the classes' own rows), then per alpha
-    # and class one Cholesky factor and a triangular solve of the held-out rows' features.
-    return sum(2 * (n - held) * m * m + num_alphas * num_classes * (m**3 / 3 + held * m * m)
-               for m in ladder)
+    # and class one Cholesky factor and a triangular solve of the held-out rows' features;
+    # on fewer training rows than features the kernel matrices, N_t in place of D.
+    t, total = n - held, 0.0
+    for m in ladder:
+        if t < m:
+            total += t * n * m + num_alphas * num_classes * (t**3 / 3 + held * t * t)
+        else:
+            total += 2 * t * m * m + num_alphas * num_classes * (m**3 / 3 + held * m * m)
+    return total
 
 
 @pytest.mark.parametrize("num_classes", [2, 26])
@@ -438,10 +444,11 @@ def test_the_choice_is_booked_within_its_share_and_its_ladder_only_grows(num_cla
 
 
 def test_two_paths_only_where_the_budget_affords_them():
-    options = ClassifierOptions(search_features=128, machine_rate=1e10)
-    tiny = plan_classifier(240, 2, 3, options.replace(time_budget=1.0).checked())
-    ample = plan_classifier(240, 2, 3, options.replace(time_budget=2.0).checked())
-    forced = plan_classifier(240, 2, 3, options.replace(time_budget=1.0, two_paths=True).checked())
+    options = ClassifierOptions(search_features=64, subsample=5000, machine_rate=1e10)
+    tiny = plan_classifier(1200, 2, 3, options.replace(time_budget=1.0).checked())
+    ample = plan_classifier(1200, 2, 3, options.replace(time_budget=3.0).checked())
+    forced = plan_classifier(1200, 2, 3,
+                             options.replace(time_budget=1.0, two_paths=True).checked())
     assert tiny.settings["search_paths"] == 1 and ample.settings["search_paths"] == 2
     assert forced.settings["search_paths"] == 2
     # two L-BFGS runs to convergence and the warm-up's 100 steps against one run
@@ -481,14 +488,15 @@ def test_two_path_search_is_never_worse_than_the_direct_path():
 
 
 def test_the_choice_is_never_worse_with_more_budget():
-    # Budgets of 2, 4 and 8 s at 1e10 multiply-adds per second: ladders up to 512, 1024 and
-    # 1024 features; the search (two paths each time, the same subsample) runs alike.
-    x, labels = blobs(80, THREE_CENTRES, 0.9, seed=8)
+    # Budgets of 3, 6 and 12 s at 1e10 multiply-adds per second: ladders up to 512, 1024 and
+    # 2048 features; the search (on every row, along two paths each time) runs alike.
+    x, labels = blobs(400, THREE_CENTRES, 0.9, seed=8)
     reports = []
     for factor in (1, 2, 4):
         report = ClassifierFitReport()
-        clf = fit_classifier_auto(x, labels, search_features=128, time_budget=2.0 * factor,
-                                  machine_rate=1e10, seed=0, report=report)
+        clf = fit_classifier_auto(x, labels, search_features=64, subsample=5000,
+                                  time_budget=3.0 * factor, machine_rate=1e10, seed=0,
+                                  report=report)
         choice = report.choice
         chosen = (choice["features"].index(choice["num_features"]),
                   choice["alphas"].index(choice["alpha_epsilon"]))
