@@ -13,8 +13,11 @@ regressions,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
 with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
-``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`). The final model has the
-schedule's ``D`` features on all rows, and its outputscale is its own: the factor :math:`a` on
+``search`` and ``refine``; see :func:`fit_classifier_auto`). The stage ``choose`` then picks
+the final ``D`` and ``alpha_epsilon`` by the held-out NLL
+(:func:`~rfgp.classification._held_out.held_out_nll`; the evidence cannot compare two alphas,
+whose transformed targets differ). The final model (``refit``) has that ``D`` on all rows, and
+its outputscale is its own: the factor :math:`a` on
 the search's outputscale that maximises the final model's evidence
 :math:`\log p(\tilde Y \mid a)`, exactly, from one eigendecomposition per class of its
 weighted Gram matrix
