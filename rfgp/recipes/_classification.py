@@ -61,6 +61,7 @@ from rfgp.recipes._schedule import (
     SEARCH_EVALUATIONS,
     Plan,
     Schedule,
+    default_budget,
     plan_stages,
     refinement_rows,
 )
@@ -116,13 +117,23 @@ def _evaluation_cost(plan: Plan, rows: int) -> float:
     return feature_evidence_cost(rows, plan.search_features, plan.input_dim) * per_row
 
 
+def _search_total(plan: Plan) -> float:
+    """The budget the search stages plan with, in multiply-adds: the budget, at most the
+    default's (:func:`~rfgp.recipes._schedule.default_budget`). Beyond it more budget buys
+    only the choice's rungs and the final ``D``: the lengthscales, and with them the
+    candidates the choice compares, are the default budget's."""
+    default = default_budget(plan.num_rows) * plan.options.machine_rate
+    return min(plan.total, default)
+
+
 def _plan_search(plan: Plan) -> None:
     opts = plan.options
     plan.subsample = min(plan.num_rows, opts.subsample)
     plan.search_features = min(opts.search_features, opts.num_features or opts.search_features)
     plan.evaluation = _evaluation_cost(plan, plan.subsample)
     two = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * plan.evaluation
-    paths = opts.two_paths if opts.two_paths is not None else two <= TWO_PATH_SHARE * plan.total
+    affordable = two <= TWO_PATH_SHARE * _search_total(plan)
+    paths = opts.two_paths if opts.two_paths is not None else affordable
     plan.settings["search_paths"] = 2 if paths else 1
     plan.book("search", two if paths else SEARCH_EVALUATIONS * plan.evaluation)
 
@@ -140,7 +151,8 @@ def _plan_final_share(plan: Plan) -> None:
 
 def _plan_refine(plan: Plan) -> None:
     rows, cost = refinement_rows(plan.num_rows, plan.subsample, plan.options,
-                                 lambda count: _evaluation_cost(plan, count), plan.total)
+                                 lambda count: _evaluation_cost(plan, count),
+                                 _search_total(plan))
     plan.refine_rows = rows
     if rows:
         plan.book("refine", cost)
@@ -212,8 +224,10 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     :func:`~rfgp.classification._held_out.held_out_nll`, one pass over the rows per ``D``).
     The evidence cannot make this choice: the transformed targets and their noise change with
     ``alpha``, so evidences at two alphas are densities of different data. The ladder holds
-    every rung a smaller budget holds, and the split does not depend on the budget, so the
-    held-out NLL of the choice never rises with the budget where the search stages ran alike.
+    every rung a smaller budget holds, the split does not depend on the budget, and the search
+    stages plan with at most the default budget, so from the default budget up the held-out
+    NLL of the choice never rises with the budget (below it, where the search stages ran
+    alike).
     Last, the classifier is fitted on all rows at the chosen ``(D, alpha)``, its outputscale
     chosen by that model's own evidence (the factor on the search's outputscale that
     maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is

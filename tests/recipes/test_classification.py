@@ -441,6 +441,10 @@ def test_the_choice_is_booked_within_its_share_and_its_ladder_only_grows(num_cla
         for small, large in zip(plans, plans[1:]):
             assert set(small.settings["choice_features"]) <= set(
                 large.settings["choice_features"])
+            # from the default budget up, the search stages plan alike: the choice compares
+            # candidates of the same lengthscales
+            assert small.settings["search_paths"] == large.settings["search_paths"]
+            assert small.refine_rows == large.refine_rows
 
 
 def test_two_paths_only_where_the_budget_affords_them():
