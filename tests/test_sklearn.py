@@ -152,6 +152,23 @@ def test_classifier_validation_selects_alpha():
     assert clf.score(X, y) > 0.9
 
 
+def test_classifier_recipe_chooses_alpha_unless_told_not_to():
+    from rfgp.classification import ALPHA_GRID
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(120, 2))
+    y = (X[:, 0] + 0.5 * rng.normal(size=120) > 0).astype(int)
+    chosen = RandomFeatureGPClassifier(num_features=64, alpha_epsilon=0.05,
+                                       random_state=0).fit(X, y)
+    assert chosen.fit_report_.choice["alpha_epsilon"] == chosen.classifier_.alpha_epsilon
+    assert chosen.classifier_.alpha_epsilon in ALPHA_GRID
+    kept = RandomFeatureGPClassifier(num_features=64, alpha_epsilon=0.05, select_alpha=False,
+                                     random_state=0).fit(X, y)
+    assert kept.classifier_.alpha_epsilon == 0.05 and kept.fit_report_.choice == {}
+    with pytest.raises(ValueError, match="select_alpha"):
+        RandomFeatureGPClassifier(select_alpha="yes").fit(X, y)
+
+
 def test_pipeline_and_grid_search():
     X, y = _regression_data(100)
     pipe = make_pipeline(StandardScaler(),

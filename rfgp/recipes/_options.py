@@ -89,6 +89,7 @@ _CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
     "alpha_epsilon": check_positive,
     "select_alpha": check_bool,
+    "two_paths": _optional(check_bool),
     "num_samples": lambda name, value: check_int(name, value, maximum=MAX_COUNT),
 }
 
@@ -196,8 +197,13 @@ class ClassifierOptions(RecipeOptions):
 
     Attributes:
         num_classes: ``C``; ``None`` takes the distinct labels.
-        alpha_epsilon: Dirichlet concentration (positive; fixes the transform's noise).
-        select_alpha: choose ``alpha_epsilon`` on a validation split after the search.
+        alpha_epsilon: Dirichlet concentration (positive; fixes the transform's noise); with
+            ``select_alpha`` the value the choice replaces.
+        select_alpha: choose ``alpha_epsilon`` and the final ``D`` together by the held-out
+            NLL on a validation split of the rows (a stage of the schedule, with its cost);
+            ``False`` keeps ``alpha_epsilon`` and the schedule's ``D``.
+        two_paths: search along two paths (L-BFGS, and L-BFGS after an Adam warm-up; the
+            lower loss kept); ``None``: where the budget affords both.
         num_samples: Monte Carlo samples of the classifier's ``predict_proba``.
     """
 
@@ -205,5 +211,6 @@ class ClassifierOptions(RecipeOptions):
     refine_iterations: int = 10
     num_classes: Optional[int] = None
     alpha_epsilon: float = 0.01
-    select_alpha: bool = False
+    select_alpha: bool = True
+    two_paths: Optional[bool] = None
     num_samples: int = 1000

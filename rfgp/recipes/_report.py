@@ -115,4 +115,11 @@ class ClassifierFitReport(FitReport):
     the final model's own outputscale: the ``factor`` on the search's, the ``outputscale``
     and the final model's ``negative_log_evidence`` per datum and class (the transform fixes
     the noise).
+
+    Attributes:
+        choice: the held-out choice (empty without it): the ladder's ``features``, the
+            ``alphas``, ``nll`` ``(rungs, alphas)`` their held-out negative log likelihoods,
+            the ``num_features`` and ``alpha_epsilon`` chosen and the ``validation_rows``.
     """
+
+    choice: Dict[str, Any] = field(default_factory=dict)

@@ -20,7 +20,7 @@ import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, List, NamedTuple, Optional
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional
 
 import torch
 from gpytorch.constraints import Interval
@@ -65,6 +65,7 @@ __all__ = [
     "search",
     "search_evaluation",
     "search_evidence",
+    "search_two_paths",
     "two_path_search",
 ]
 
@@ -355,27 +356,65 @@ def two_path_search(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    start = _hyperparameters(gp)
-    direct = maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
-    reached = _hyperparameters(gp)
-    _restore(gp, start)
-    objective = regression_objective(gp, x, y, exact, blocks)
-    warm = Objective(objective.params, objective.loss, objective.feasible)
+    max_iterations = check_int("max_iterations", max_iterations)
+    tolerance = check_positive("tolerance", tolerance)
+    return search_two_paths(lambda: regression_objective(gp, x, y, exact, blocks),
+                            lambda: _hyperparameters(gp), lambda state: _restore(gp, state),
+                            max_iterations, tolerance)
+
+
+def search_two_paths(objective: Callable[[], EvidenceObjective], save: Callable[[], Any],
+                     restore: Callable[[Any], None], max_iterations: int,
+                     tolerance: float) -> SearchResult:
+    r""":func:`search_evidence` from the current point along two paths, the lower loss kept:
+    L-BFGS from the start, and L-BFGS after :data:`WARM_UP_STEPS` Adam steps (learning rate
+    :data:`WARM_UP_LR`) from the same start. The direct path is the single-path search
+    itself, so the point kept is never worse than it.
+
+    Args:
+        objective: builds the :class:`EvidenceObjective` at the current point (called once
+            per run).
+        save: the state of the parameters the objective changes; ``restore(save())`` puts
+            it back.
+        restore: see ``save``.
+        max_iterations, tolerance: of each L-BFGS run (:func:`search_evidence`).
+
+    Returns:
+        The :class:`SearchResult` of the kept path (its losses last, after the other's).
+
+    Example:
+        >>> w = torch.tensor([3.0], dtype=torch.float64, requires_grad=True)
+        >>> def state():
+        ...     return w.detach().clone()
+        >>> def put(value):
+        ...     w.data.copy_(value)
+        >>> def objective():
+        ...     return EvidenceObjective([w], lambda: (w - 1).square().sum())
+        >>> result = search_two_paths(objective, state, put, 50, 1e-8)
+        >>> round(float(w.detach()), 6)
+        1.0
+    """
+    start = save()
+    direct = search_evidence(objective(), max_iterations, tolerance)
+    reached = save()
+    restore(start)
+    warm_objective = objective()
+    warm = Objective(warm_objective.params, warm_objective.loss, warm_objective.feasible)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a warm-up is not run to convergence
         try:
             warm_losses = minimize_safeguarded(warm, "adam", WARM_UP_STEPS, WARM_UP_LR)
         except ValueError:  # the start itself cannot be evaluated: the direct path stands
             warm_losses = []
-    objective.finish()
-    warmed = maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
+    warm_objective.finish()
+    warmed = search_evidence(objective(), max_iterations, tolerance)
     best_direct = min(direct.losses, default=math.inf)
     best_warmed = min(warmed.losses, default=math.inf)
     iterations = direct.iterations + warmed.iterations
     if best_warmed < best_direct:
         return SearchResult(direct.losses + warm_losses + warmed.losses, iterations,
                             warmed.converged)
-    _restore(gp, reached)
+    restore(reached)
     return SearchResult(warm_losses + warmed.losses + direct.losses, iterations,
                         direct.converged)
 
