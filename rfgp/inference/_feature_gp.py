@@ -17,12 +17,13 @@ The work is done by the solvers (:mod:`~rfgp.inference._solvers`, the iterative
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._data import DataSource
 from rfgp._validation import (
     check_bool,
     check_choice,
@@ -290,6 +291,16 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         stats.yy = (squares / scale**2).to(device=stats.device, dtype=stats.dtype)
         stats.count = count
         self._install(factory.weight_solver(stats, scale), layout, prepared[0], None, None)
+        return self
+
+    def _fit_source(self, source: DataSource, like: Tuple[Tensor, Tensor],
+                    reuse: Any = None) -> RandomFeatureGP:
+        """Fit by CG (the model noise) on every row of a data source, read at every product
+        (``SolverFactory.source``): memory ``O(chunk D + D (r + T))``, one pass over the rows
+        per CG iteration, summed over the processes of a ``ShardedSource``. Nothing is held
+        for a refit."""
+        solver, layout, x0 = self._factory.source(source, like, self.noise, reuse)
+        self._install(solver, layout, x0, None, None)
         return self
 
     def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor, held: Optional[List[Batch]],
