@@ -90,7 +90,9 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     ``DataLoader``, a list, a callable returning a fresh iterator) with ``y=None``. The search
     stages then read a seeded draw of rows (the rows an in-memory fit reads, so the model is
     the same) and the final fit streams every row in chunks: memory
-    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows, the weight-space path.
+    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows on the weight-space path,
+    :math:`O(\text{chunk} \cdot D + D k)` on the CG path, whose every product (``k``
+    columns) is one pass over the rows.
     With ``distributed=True`` under ``torchrun`` each process passes its own shard (any of
     these forms); every process runs the recipe and returns the same model, the one a single
     process fits to the shards concatenated in rank order.
