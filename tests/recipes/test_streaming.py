@@ -243,9 +243,9 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
     from rfgp.recipes._options import RegressionOptions
     from rfgp.recipes._regression import plan_regression
 
-    # rows behind a memory-map, chunks or shards are planned on the weight path
+    # rows behind a memory-map, chunks or shards, planned on the weight path
     opts = RegressionOptions(solve="weight").checked()
-    plans = {n: plan_regression(n, 10, opts) for n in (10**6, 10**7, 10**8)}
+    plans = {n: plan_regression(n, 10, opts, streamed=True) for n in (10**6, 10**7, 10**8)}
     # the default budget keeps the final D (its most weight-space features) at every size
     assert {plan.num_features for plan in plans.values()} == {8192}
     for stage in ("search", "refine", "local", "laplace"):
