@@ -488,10 +488,14 @@ def fitted_log_evidence(solver: ConjugateGradientSolver,
         h = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]), t)
         yy = torch.zeros(t, dtype=op.dtype, device=op.device)
         log_noise = torch.zeros_like(yy)
-        for _, targets, noise in op.data:
-            inverse = op.inverse_noise(noise, index, targets.shape[0])
-            yy += (targets.to(op.dtype).square() * inverse).sum(0)
-            log_noise -= inverse.log().sum(0)
+
+        def local_pass() -> None:
+            for _, targets, noise in op.data:
+                inverse = op.inverse_noise(noise, index, targets.shape[0])
+                yy.add_((targets.to(op.dtype).square() * inverse).sum(0))
+                log_noise.sub_(inverse.log().sum(0))
+
+        op.run(local_pass)  # rows read from a source: a read failing on one rank fails all
         yy, log_noise = op.total(yy), op.total(log_noise)
         quad = (yy - (h * real.mean_weights).sum(0)) * real.target_scale**2
         estimates = logdet_probes(real, generator)[0]

@@ -9,6 +9,7 @@ import torch
 
 from rfgp import RandomFeatureGP
 from rfgp._data import ArraySource, ChunkSource
+from rfgp.inference import stochastic_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
 from rfgp.kernels import FourierFeatureKernel
@@ -66,6 +67,7 @@ def test_cg_fit_on_source_rows_equals_the_in_memory_cg_fit(tmp_path):
     in_memory = RandomFeatureGP(_kernel(), **settings).fit(x, y)
     mean, std = in_memory.predict(xt, return_std=True)
     prior = in_memory.feature_map.real_rows(xt).square().sum(-1).detach().unsqueeze(-1)
+    expected_value, expected_error = stochastic_log_evidence(in_memory)
     for source in _sources(tmp_path, x, y):
         gp = RandomFeatureGP(_kernel(), cache_bytes=0, **settings)
         with torch.no_grad():
@@ -76,6 +78,10 @@ def test_cg_fit_on_source_rows_equals_the_in_memory_cg_fit(tmp_path):
         # variance within cg_tolerance ||phi||^2 (B >= I): twice that between the two fits
         assert bool(((m - mean).abs() <= 2e-8 * std + 1e-13).all())
         assert bool(((s.square() - std.square()).abs() <= 2e-8 * prior).all())
+        # the stochastic evidence passes over the source too: the same probes, so the two
+        # estimates differ by far less than their standard error
+        value, error = stochastic_log_evidence(gp)
+        assert abs(float(value) - float(expected_value)) < 0.01 * expected_error
 
 
 def test_checkpoint_of_a_source_fit_predicts_means(tmp_path):
