@@ -57,8 +57,13 @@ from rfgp.inference._calibration import (
 )
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import FeatureOperator, SourceRows
 from rfgp.inference._fit_cost import final_path
-from rfgp.inference._krylov_calibration import KrylovCalibration, calibrate_by_krylov
+from rfgp.inference._krylov_calibration import (
+    KrylovCalibration,
+    calibrate_by_krylov,
+    calibrate_operator_by_krylov,
+)
 from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
@@ -190,18 +195,38 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
 
 def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
                             x_unit: Any = 1.0, y_unit: float = 1.0, noise_floor: float = 0.0,
-                            keep: bool = True) -> ScaleCalibration:
-    r""":func:`calibrate_scales` (the ``"weight"`` path) on every row of a
-    :class:`~rfgp._data.DataSource` (a memory-map, chunks, process shards) that is not held in
-    memory: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` of the rows over ``x_unit`` and
-    ``y_unit`` are summed over chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS` rows in float64
-    (the in-memory chunks, so the sums round alike) and all-reduced across processes for a
-    :class:`~rfgp._data.ShardedSource`. With ``keep`` the sums (and each target column's
-    :math:`y_t^\top y_t`) are kept for :func:`fit_calibrated_source`; on fewer rows than
-    features the rows are read and the ``N x N`` form is used (nothing kept).
+                            keep: bool = True, path: str = "weight", factor: float = 1.0,
+                            seed: int = 0) -> ScaleCalibration:
+    r""":func:`calibrate_scales` on every row of a :class:`~rfgp._data.DataSource` (a
+    memory-map, chunks, process shards) that is not held in memory, the rows' inputs over
+    ``x_unit`` and targets over ``y_unit``, in chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS`
+    rows (the in-memory chunks, so the sums round alike), summed across processes for a
+    :class:`~rfgp._data.ShardedSource`:
 
-    Memory: ``O(chunk * D + D^2)``.
+    * ``"weight"``: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` summed in float64. With
+      ``keep`` the sums (and each target column's :math:`y_t^\top y_t`) are kept for
+      :func:`fit_calibrated_source`; on fewer rows than features the rows are read and the
+      ``N x N`` form is used (nothing kept). Memory ``O(chunk * D + D^2)``, one pass.
+    * ``"cg"``: the Krylov calibration from ``factor`` (probes and sketch drawn from ``seed``)
+      with every product :math:`G V` one pass over the rows, never held
+      (:func:`~rfgp.inference._krylov_calibration.calibrate_operator_by_krylov` on
+      :class:`~rfgp.inference._feature_operator.SourceRows`); its preconditioner is kept for
+      the fit. Memory ``O(chunk * D + D k)`` for the ``k`` columns of the sketch and runs.
     """
+    if path == "cg":  # the fit's products are in the rows' dtype
+        condition = _CONDITION[source.dtype]
+        rows = SourceRows(source, torch.float64, x_unit, y_unit)
+        sharded = isinstance(source, ShardedSource)
+        op = FeatureOperator(FeatureMap(feature_kernel(kernel)), rows, False, torch.float64,
+                             DEFAULT_CHUNK_ROWS, 0, source.group if sharded else None, sharded)
+        op.column_noise = torch.ones(op.num_columns, dtype=torch.float64)
+        squares = float(op.target_squares().sum())
+        result = calibrate_operator_by_krylov(
+            op, squares, source.num_rows, noise, factor=factor, noise_floor=noise_floor,
+            condition=condition, generator=torch.Generator().manual_seed(seed))
+        return ScaleCalibration("cg", result.factor, result.noise,
+                                -result.log_evidence * source.num_rows * op.num_columns,
+                                result.preconditioner, result)
     condition = _CONDITION[_WEIGHT_DTYPE]
     feature_map = FeatureMap(feature_kernel(kernel))
     width = feature_map.num_real_features
@@ -244,7 +269,9 @@ def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
 def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: ScaleCalibration,
                           like: tuple, target_unit: float = 1.0) -> RandomFeatureGP:
     r""":func:`fit_calibrated` on the rows of ``source`` (the data's units, ``target_unit``
-    :math:`= u` times the calibration's targets), weight space: from the calibration's sums of
+    :math:`= u` times the calibration's targets). On the ``"cg"`` path by CG over the rows,
+    read at every product (one pass per iteration), from the calibration's preconditioner.
+    In weight space: from the calibration's sums of
     :func:`calibrate_source_scales` without another pass over the rows (its statistics are
     those sums, each target column's :math:`y_t^\top y_t` and ``N``: what a fit on the rows
     would sum, so the model is that fit's to rounding), or, where it kept none,
@@ -252,6 +279,10 @@ def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: Scale
     for the layout, the dtype and any lazily drawn weights.
     """
     noise = torch.as_tensor(calibration.noise, dtype=like[0].dtype) * target_unit**2
+    if calibration.path == "cg":
+        gp = RandomFeatureGP(kernel, noise=noise, solve="cg", cache_bytes=0)
+        with torch.no_grad():
+            return gp._fit_source(source, like, calibration.reuse)
     gp = RandomFeatureGP(kernel, noise=noise, solve="weight", statistics_dtype=_WEIGHT_DTYPE)
     with torch.no_grad():
         if not isinstance(calibration.reuse, tuple):

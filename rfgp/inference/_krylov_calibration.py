@@ -81,15 +81,15 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from rfgp._validation import check_int, check_positive, check_real
-from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._iterative import CGResult, lanczos_condition, lanczos_log_quadrature
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
 
 __all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
-           "krylov_scale_calibration"]
+           "calibrate_operator_by_krylov", "krylov_scale_calibration"]
 
 #: A root farther than this from every solved point (in log c) gets a run of its own.
 ACCEPT_RADIUS = math.log(1.5)
@@ -606,11 +606,29 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     columns = y.reshape(n, -1).to(torch.float64)
     op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
                          torch.float64, _CHUNK_ROWS, cache_bytes)
-    op.column_noise = torch.ones(columns.shape[1], dtype=torch.float64, device=x.device)
+    return calibrate_operator_by_krylov(
+        op, float(columns.square().sum()), n, noise, factor=factor, noise_floor=noise_floor,
+        condition=condition, num_probes=num_probes, rank=rank, tolerance=tolerance,
+        probe_tolerance=probe_tolerance, max_runs=max_runs, generator=generator)
+
+
+def calibrate_operator_by_krylov(operator: FeatureOperator, target_squares: float,
+                                 num_rows: int, noise: float, **options) -> KrylovCalibration:
+    r""":func:`krylov_scale_calibration` on the products of ``operator``: real-form float64
+    features over rows whose targets are its target columns (they are read for
+    :math:`b = \Phi^\top y` in one pass), its column noise set to 1, so that its
+    :meth:`~rfgp.inference._feature_operator.FeatureOperator.gram` is :math:`G V`.
+
+    Args:
+        operator: the rows (in memory, or :class:`~rfgp.inference._feature_operator.SourceRows`
+            of a data source: then every product is one pass over the source).
+        target_squares: :math:`\sum_t y_t^\top y_t` over every row (of every process).
+        num_rows: ``N`` (of every process).
+        noise, **options: as in :func:`krylov_scale_calibration`.
+    """
+    operator.column_noise = torch.ones(operator.num_columns, dtype=torch.float64,
+                                       device=operator.device)
     with torch.no_grad():
-        b = op.project(lambda targets, _: targets, columns.shape[1])  # (W, T)
-    return krylov_scale_calibration(
-        lambda v: op.gram(v, [0] * v.shape[1]), b, float(columns.square().sum()), n, noise,
-        factor=factor, noise_floor=noise_floor, condition=condition, num_probes=num_probes,
-        rank=rank, tolerance=tolerance, probe_tolerance=probe_tolerance, max_runs=max_runs,
-        generator=generator)
+        b = operator.project(lambda targets, _: targets, operator.num_columns)  # (W, T)
+    return krylov_scale_calibration(lambda v: operator.gram(v, [0] * v.shape[1]), b,
+                                    target_squares, num_rows, noise, **options)

@@ -71,8 +71,8 @@ def plan_local(plan: Plan) -> None:
     per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
     block_hessian = hessian_cost(opts, d, blocks)
     forced = opts.num_features is not None
-    second = (final_path(n, plan.num_features, d, opts.solve, 2, forced)[1]
-              - final_path(n, plan.num_features, d, opts.solve, 1, forced)[1])
+    second = (final_path(n, plan.num_features, d, opts.solve, 2, forced, plan.streamed)[1]
+              - final_path(n, plan.num_features, d, opts.solve, 1, forced, plan.streamed)[1])
     starts = int(max(0.0, LOCAL_SHARE * plan.total - block_hessian - _choice_second(n, d))
                  // per_start)
     plan.local_starts = min(starts, d + 1)

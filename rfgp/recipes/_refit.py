@@ -105,13 +105,8 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         # the search's scales as every candidate did (the fewer features' outputscale
         # factor can be far from its own), by CG from the fewer features' scales.
         kernel = _final_kernel(data, draws, centre, outputscale, False)
-        if data.source is not None:  # the weight path (a source's rows are never "cg")
-            calibration = _calibrate(data, kernel, noise, floor)
-        else:
-            calibration = calibrate_scales(
-                kernel, data.x, data.y, start.noise if iterative else noise, path=path,
-                factor=start.factor if iterative else 1.0, noise_floor=floor,
-                seed=data.options.seed)
+        calibration = _calibrate(data, kernel, start.noise if iterative else noise, floor,
+                                 path=path, factor=start.factor if iterative else 1.0)
     kernel = _final_kernel(data, draws, centre, outputscale * calibration.factor, True)
     if data.options.calibrate:
         report.calibration = {
@@ -137,8 +132,8 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     # powers of two: exact); on the CG path, B - I of the fit is c G of the calibration
     # (the units cancel in a / noise), so its preconditioner serves.
     if data.source is not None:
-        # Rows behind a source: from the calibration's sums over them (streamed where it
-        # kept none).
+        # Rows behind a source: in weight space from the calibration's sums over them
+        # (streamed where it kept none), by CG with a pass over them per iteration.
         gp = fit_calibrated_source(kernel, data.source, calibration,
                                    (data.x_data, data.y_data), data.y_unit)
     else:
@@ -149,13 +144,16 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
-               keep: bool = True) -> ScaleCalibration:
-    """The weight-path calibration of ``kernel`` on every row: in memory, or summed over the
-    chunks of the data's source."""
+               keep: bool = True, path: str = "weight", factor: float = 1.0) -> ScaleCalibration:
+    """The calibration of ``kernel`` on every row by ``path``, from ``(factor, noise)``: in
+    memory, or over the chunks of the data's source (on the ``"cg"`` path a pass over them
+    per product)."""
     if data.source is not None:
         return calibrate_source_scales(kernel, data.source, noise, x_unit=data.x_unit,
-                                       y_unit=data.y_unit, noise_floor=floor, keep=keep)
-    return calibrate_scales(kernel, data.x, data.y, noise, noise_floor=floor, keep=keep)
+                                       y_unit=data.y_unit, noise_floor=floor, keep=keep,
+                                       path=path, factor=factor, seed=data.options.seed)
+    return calibrate_scales(kernel, data.x, data.y, noise, path=path, factor=factor,
+                            noise_floor=floor, keep=keep, seed=data.options.seed)
 
 
 def plan_final_share(plan: Plan) -> None:
@@ -166,7 +164,7 @@ def plan_final_share(plan: Plan) -> None:
     the first search and the Laplace Hessian leave where that is less (an exact search on a
     couple of thousand rows can take most of a small budget); a given ``num_features`` as it
     is."""
-    n, d, opts = plan.num_rows, plan.input_dim, plan.options
+    d, opts = plan.input_dim, plan.options
     forced = opts.num_features is not None
     if forced:
         features = opts.num_features
@@ -174,11 +172,11 @@ def plan_final_share(plan: Plan) -> None:
         leaves = plan.total - plan.spent - hessian_cost(opts, d, plan.evaluation)
         candidates = 2 if local_possible(plan) else 1
         features = largest_features_within(
-            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
+            lambda size: _final_cost(plan, size, candidates),
             min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
             MAX_ITERATIVE_FEATURES)
     plan.num_features = features
-    plan.spent += final_path(n, features, d, opts.solve, forced=forced)[1]
+    plan.spent += _final_cost(plan, features, 1, forced)
 
 
 def plan_final_growth(plan: Plan) -> None:
@@ -196,16 +194,22 @@ def plan_final_growth(plan: Plan) -> None:
     candidates = 2 if local_possible(plan) else 1
     if opts.num_features is None:
         rest = plan.total - plan.committed(leaving="refit")
-        current = final_path(n, features, d, opts.solve, candidates)[1]
-        larger = largest_features_within(
-            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
-            max(rest, current), features, MAX_ITERATIVE_FEATURES)
-        plan.spent += final_path(n, larger, d, opts.solve, candidates)[1] - current
+        current = _final_cost(plan, features, candidates)
+        larger = largest_features_within(lambda size: _final_cost(plan, size, candidates),
+                                         max(rest, current), features, MAX_ITERATIVE_FEATURES)
+        plan.spent += _final_cost(plan, larger, candidates) - current
         features = larger
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
-                            opts.num_features is not None)
+                            opts.num_features is not None, plan.streamed)
     plan.final_solve, plan.predicted["refit"] = path, cost
+
+
+def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:
+    """Multiply-adds of the calibrated final fit at ``features`` on the path it takes
+    (:func:`~rfgp.inference.final_path`; on rows read from a source, one pass per product)."""
+    return final_path(plan.num_rows, features, plan.input_dim, plan.options.solve, candidates,
+                      forced, plan.streamed)[1]
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))

@@ -51,10 +51,13 @@ __all__ = ["STAGES", "fit_auto", "plan_regression"]
 STAGES = (SEARCH, SELECT, REFINE, LOCAL, LAPLACE, REFIT)
 
 
-def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -> Schedule:
+def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *,
+                    streamed: bool = False) -> Schedule:
     """The schedule of :func:`fit_auto` for ``num_rows`` rows of ``input_dim`` inputs under
     checked :class:`~rfgp.recipes.RegressionOptions`: :data:`STAGES`' costs booked in their
-    planning order (:func:`~rfgp.recipes._schedule.plan_stages`).
+    planning order (:func:`~rfgp.recipes._schedule.plan_stages`). ``streamed``: the rows are
+    read from a data source (a memory-map, chunks, process shards), so that a CG fit passes
+    over them once per product.
 
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
@@ -63,7 +66,7 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
-    return plan_stages(num_rows, input_dim, options, STAGES)
+    return plan_stages(num_rows, input_dim, options, STAGES, streamed)
 
 
 def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
@@ -87,7 +90,9 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     ``DataLoader``, a list, a callable returning a fresh iterator) with ``y=None``. The search
     stages then read a seeded draw of rows (the rows an in-memory fit reads, so the model is
     the same) and the final fit streams every row in chunks: memory
-    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows, the weight-space path.
+    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows on the weight-space path,
+    :math:`O(\text{chunk} \cdot D + D k)` on the CG path, whose every product (``k``
+    columns) is one pass over the rows.
     With ``distributed=True`` under ``torchrun`` each process passes its own shard (any of
     these forms); every process runs the recipe and returns the same model, the one a single
     process fits to the shards concatenated in rank order.
@@ -172,14 +177,10 @@ def _prepare_source(source: DataSource, opts: RegressionOptions,
     """:func:`_prepare` for rows behind a source: rank 0's schedule, and the working set (the
     longest head of the random order) in memory; rows few enough for a stage to hold all of
     them are read and fitted as in memory."""
-    if opts.solve == "cg":
-        raise ValueError(
-            "solve='cg' needs the rows in memory (every product reads them); rows from a "
-            "memory-map, chunks or process shards are fitted by solve='weight' or 'auto'"
-        )
-    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all.
-    opts, schedule = agreed(lambda: (opts.replace(solve="weight"), plan_regression(
-        source.num_rows, source.input_dim, opts.replace(solve="weight"))), source)
+    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all; the
+    # CG path's every product is a pass over the rows, read again (streamed).
+    opts, schedule = agreed(lambda: (opts, plan_regression(
+        source.num_rows, source.input_dim, opts, streamed=True)), source)
     if longest_head(schedule) >= source.num_rows:
         return _prepare(*source.load(), opts, report)
     return _begin(source, opts, report, schedule, None)

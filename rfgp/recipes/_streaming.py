@@ -17,7 +17,9 @@ same stages on it:
   :func:`~rfgp.inference.fit_calibrated_source`; weight space: its matrices are ``D x D``
   whatever ``N``), or, where no such products were formed (no calibration, fewer rows than
   features), by :meth:`~rfgp.RandomFeatureGP.fit_stream`
-  (:func:`~rfgp.inference._calibrated_fit.stream_fit`).
+  (:func:`~rfgp.inference._calibrated_fit.stream_fit`); on the CG path (beyond the weight
+  space's features) every product of the calibration and of the fit is a pass over the chunks
+  instead, all-reduced: memory ``O(chunk D + D k)``, a pass per CG iteration.
 
 Where the rows are few enough that a stage holds all of them, they are read into memory and
 the in-memory recipe runs. Under ``torch.distributed`` every rank runs the stages on the same

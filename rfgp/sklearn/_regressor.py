@@ -336,14 +336,21 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise RuntimeError("at most one of return_std and return_cov can be requested")
         check_is_fitted(self)
-        if isinstance(X, np.memmap) and not return_cov:
-            # Chunk by chunk: a memory-map is read, never copied whole.
-            parts = [self.predict(np.asarray(X[start:start + _PREDICT_ROWS]), return_std)
-                     for start in range(0, X.shape[0], _PREDICT_ROWS)]
+        if (isinstance(X, np.memmap) and X.dtype in (np.float32, np.float64)
+                and not return_cov):
+            # Read chunk by chunk by the model's predict: a memory-map is never copied whole.
+            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has shape {X.shape}, but {type(self).__name__} is expecting "
+                    f"{self.n_features_in_} features as input"
+                )
+            with torch.no_grad():
+                out = self.gp_.predict(X, return_std=return_std, chunk_size=_PREDICT_ROWS)
             if not return_std:
-                return np.concatenate(parts)
-            return (np.concatenate([m for m, _ in parts]),
-                    np.concatenate([s for _, s in parts]))
+                return self._scale(out.double().numpy()) + self._y_mean
+            mean, std = out
+            return (self._scale(mean.double().numpy()) + self._y_mean,
+                    self._scale(std.double().numpy()))
         X = validate_data(self, X, reset=False, dtype=np.float64)
         x_t = as_tensor(X)
         if return_cov:
