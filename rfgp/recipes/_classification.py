@@ -31,6 +31,8 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._report import ClassifierFitReport
+from rfgp._units import column_unit
 from rfgp._validation import EVIDENCE_DTYPES, check_int
 from rfgp.classification._calibration import (
     dirichlet_scale_evidence,
@@ -47,7 +49,6 @@ from rfgp.inference import (
 )
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
-from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
     MIN_FEATURES,
@@ -59,7 +60,6 @@ from rfgp.recipes._schedule import (
 from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes._units import column_unit
 
 __all__ = ["fit_classifier_auto", "plan_classifier"]
 

@@ -27,6 +27,8 @@ from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._report import FitReport
+from rfgp._units import NOISE_FLOOR
 from rfgp._validation import (
     all_finite,
     check_class_targets,
@@ -46,11 +48,9 @@ from rfgp.inference import (
 )
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel  # noqa: F401  (the examples use it)
-from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = [
     "SEARCH",
@@ -180,7 +180,7 @@ def regression_objective(
 ) -> EvidenceObjective:
     r"""The objective :math:`-\log p(y) / (N T)` of ``gp`` over its kernel's trainable
     parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, the floor :math:`\sigma^2_0` being
-    :data:`~rfgp.recipes._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
+    :data:`~rfgp._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
     the model noise to the point reached (the GP is not refitted).
 
     Args:

@@ -17,10 +17,10 @@ from torch import Tensor
 
 from rfgp._data import draw_rows
 from rfgp._ops import power_of_two_scale
+from rfgp._units import column_scale
 from rfgp._validation import check_choice, check_int, check_positive, check_rows
 from rfgp.inference import RandomFeatureGP
 from rfgp.kernels._fourier import MATERN_NU, FourierFeatureKernel
-from rfgp.recipes._units import column_scale
 
 __all__ = ["initial_hyperparameters", "make_ard_kernel", "search_model", "set_hyperparameters",
            "start_from_moments"]

@@ -11,6 +11,7 @@ import torch
 from linear_operator.utils.errors import NotPSDError
 
 from rfgp import RandomFeatureGP
+from rfgp._units import column_scale
 from rfgp.inference._cross_validation import cross_validate, held_out_log_density, kfold_indices
 from rfgp.inference._evidence import (
     kernel_negative_log_evidence,
@@ -21,7 +22,6 @@ from rfgp.recipes import FitReport, RegressionOptions, fit_auto
 from rfgp.recipes._search import bounded_lengthscale, maximize_evidence
 from rfgp.recipes._select import prefer_unbounded
 from rfgp.recipes._start import make_ard_kernel
-from rfgp.recipes._units import column_scale
 from tests.helpers import DT, gen
 
 NUS = [None, 0.5, 1.5, 2.5]

@@ -1,33 +1,14 @@
-r"""The recipe on rows it does not hold: memory-maps, chunk sources and process shards.
+r"""The rows a recipe reads from a :class:`~rfgp._data.DataSource` it does not hold.
 
 :func:`~rfgp.recipes.fit_auto` turns any input other than in-memory tensors (a numpy array or
-memory-map, a re-iterable of ``(x, y)`` chunks, or, with ``distributed=True``, each process's
-shard) into a :class:`~rfgp._data.DataSource` (:func:`~rfgp._data.open_source`) and runs the
-same stages on it:
-
-* **units and start** from streamed moments (:func:`~rfgp._data.source_moments`: the columns'
-  standard deviations and the targets' mean square, two passes), the median heuristic on
-  1,000 drawn rows;
-* **the search stages** on a working set: the schedule's longest head of one seeded draw of
-  row ids (:func:`~rfgp._data.draw_rows`), read with :meth:`~rfgp._data.DataSource.take`:
-  the rows an in-memory fit's stages would see, so the model is the same;
-* **the final fit** streamed: the calibration's Gram matrix :math:`\Phi^\top \Phi` and
-  :math:`\Phi^\top y` are summed over chunks (and all-reduced across processes), and the model
-  is fitted from them (:func:`~rfgp.inference.calibrate_source_scales` and
-  :func:`~rfgp.inference.fit_calibrated_source`; weight space: its matrices are ``D x D``
-  whatever ``N``), or, where no such products were formed (no calibration, fewer rows than
-  features), by :meth:`~rfgp.RandomFeatureGP.fit_stream`
-  (:func:`~rfgp.inference._calibrated_fit.stream_fit`).
-
-Where the rows are few enough that a stage holds all of them, they are read into memory and
-the in-memory recipe runs. Under ``torch.distributed`` every rank runs the stages on the same
-working set; rank 0's schedule and stage results are then adopted by all (so every rank returns
-the same model), and every collective is preceded by a check that makes a rank's error
-(a bad row, a failing read) an error on every rank (:func:`~rfgp._data.gather_checked`).
-
-Memory: ``O(chunk * D + D^2)`` for the final fit, plus the working set (``refine_rows x d``).
-
-Internal: not part of the public API (see :mod:`rfgp.recipes`).
+memory-map, a re-iterable of ``(x, y)`` chunks, or each process's shard) into a data source
+(:func:`~rfgp._data.open_source`). Its units and start come from streamed moments
+(:func:`moments`) and the median heuristic's rows (:func:`median_rows`); its search stages
+read a working set (:func:`working_set`), the longest head (:func:`longest_head`) of one
+seeded draw of row ids, the rows an in-memory fit's stages would see, so the model is the
+same. Under ``torch.distributed`` every rank reads the same working set and adopts rank 0's
+results (:func:`agreed`); an error on any rank is raised on every rank
+(:func:`~rfgp._data.gather_checked`).
 """
 
 from __future__ import annotations
