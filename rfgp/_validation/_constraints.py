@@ -143,7 +143,9 @@ class Interval(Constraint):
             return False
         if self.high is not None and (value > self.high or (value == self.high and not right)):
             return False
-        return value not in self.exclude and value % self.multiple_of == 0
+        if self.kind is Integral and value % self.multiple_of:
+            return False
+        return value not in self.exclude
 
     def __str__(self) -> str:
         if self.text is not None:

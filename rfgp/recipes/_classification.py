@@ -31,9 +31,10 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._report import ClassifierFitReport
 from rfgp._units import column_unit
-from rfgp._validation import EVIDENCE_DTYPES, check_int
+from rfgp._validation import EVIDENCE_DTYPES, check_int, validate_parameters
 from rfgp.classification._calibration import (
     dirichlet_scale_evidence,
     maximize_outputscale_evidence,
@@ -139,6 +140,7 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         True
     """
     opts = ClassifierOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_classifier_auto"], {"report": report})
     data, searched, report = _prepare(x, labels, opts, report)
     timer = StageTimer(report.seconds)
     with timer.progress(len(_STAGES), "fit_classifier_auto", opts.progress):

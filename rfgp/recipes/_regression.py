@@ -16,13 +16,14 @@ from typing import Any, Optional
 import torch
 
 from rfgp._data import ArraySource, DataSource, draw_rows, open_source
+from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._report import FitReport
 from rfgp._units import (
     check_variances_representable,
     column_unit_of,
     unit_of_rms,
 )
-from rfgp._validation import check_evidence_rows
+from rfgp._validation import check_evidence_rows, validate_parameters
 from rfgp._working_set import (
     MEDIAN_ROWS,
     agreed,
@@ -118,6 +119,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
         (True, torch.Size([3]))
     """
     opts = RegressionOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_auto"], {"report": report})
     source = open_source(x, y, opts.distributed)
     if source is None:
         data, searched, report = _prepare(x, y, opts, report)
