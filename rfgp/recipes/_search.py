@@ -32,9 +32,6 @@ from rfgp._units import NOISE_FLOOR
 from rfgp._validation import (
     all_finite,
     check_class_targets,
-    check_int,
-    check_positive,
-    check_rows,
 )
 from rfgp.inference import (
     ConvergenceWarning,
@@ -192,7 +189,6 @@ def regression_objective(
             (k-d blocks of neighbouring rows): the sum of the blocks' exact
             evidences, that of the kernel matrix with its cross-block entries set to zero.
     """
-    x, y = check_rows(x, y)
     if blocks is not None and not exact:
         raise ValueError("regression_objective(blocks=...) needs exact=True")
     floor = NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -307,8 +303,6 @@ def maximize_evidence(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    max_iterations = check_int("max_iterations", max_iterations)
-    tolerance = check_positive("tolerance", tolerance)
     if max_lengthscale is not None:
         if not isinstance(gp.kernel, ScaleKernel):
             raise TypeError(
