@@ -29,7 +29,7 @@ from rfgp._data import (
 
 __all__ = ["MEDIAN_ROWS", "agreed", "longest_head", "median_rows", "moments", "working_set"]
 
-#: Rows of the median heuristic's draw (those of :func:`~rfgp.recipes.initial_hyperparameters`).
+#: Rows of the median heuristic's draw (those of :func:`~rfgp._initial.initial_hyperparameters`).
 MEDIAN_ROWS = 1000
 
 

@@ -31,10 +31,11 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._initial import initial_hyperparameters
 from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._report import ClassifierFitReport
 from rfgp._units import column_unit
-from rfgp._validation import EVIDENCE_DTYPES, check_int, validate_parameters
+from rfgp._validation import EVIDENCE_DTYPES, validate_parameters
 from rfgp.classification._calibration import (
     dirichlet_scale_evidence,
     maximize_outputscale_evidence,
@@ -60,7 +61,7 @@ from rfgp.recipes._schedule import (
 )
 from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
-from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
+from rfgp.recipes._start import make_ard_kernel
 
 __all__ = ["fit_classifier_auto", "plan_classifier"]
 
@@ -75,7 +76,6 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
         >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
         1024
     """
-    num_classes = check_int("num_classes", num_classes, minimum=1)
     opts, n = options, num_rows
     budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
     total = budget * opts.machine_rate

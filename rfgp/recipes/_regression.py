@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from rfgp._data import ArraySource, DataSource, draw_rows, open_source
+from rfgp._initial import start_from_moments
 from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._report import FitReport
 from rfgp._units import (
@@ -42,7 +43,7 @@ from rfgp.recipes._schedule import Schedule, plan_stages
 from rfgp.recipes._search import SEARCH
 from rfgp.recipes._select import SELECT
 from rfgp.recipes._stage import RecipeData, Searched, StageTimer
-from rfgp.recipes._start import search_model, start_from_moments
+from rfgp.recipes._start import search_model
 
 __all__ = ["STAGES", "fit_auto", "plan_regression"]
 
