@@ -42,13 +42,8 @@ from rfgp._data import (
     all_reduce_sum,
     gather_checked,
 )
-from rfgp._validation import (
-    check_choice,
-    check_evidence_rows,
-    check_positive,
-    check_real,
-    check_seed,
-)
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._validation import check_evidence_rows, validate_parameters
 from rfgp.inference._calibration import (
     feature_model_evidence,
     kernel_outputscale,
@@ -374,17 +369,19 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < float(gp.noise) < 0.02
         True
     """
-    solve = check_choice("solve", solve, ("auto", "weight", "cg"))
-    noise = check_positive("noise", noise)
-    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
-    seed = check_seed("seed", seed)
+    checked = validate_parameters(PARAMETER_CONSTRAINTS["calibrated_fit"], {
+        "kernel": kernel, "noise": noise, "solve": solve, "noise_floor": noise_floor,
+        "seed": seed})
+    noise, solve, noise_floor, seed = (checked[name] for name in (
+        "noise", "solve", "noise_floor", "seed"))
     x, y = check_evidence_rows(x, y, "calibrated_fit")
     kernel = copy.deepcopy(kernel)
     parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
-    if not all(isinstance(part, ScaleKernel) for part in parts):
+    odd = [type(part).__name__ for part in parts if not isinstance(part, ScaleKernel)]
+    if odd:  # the terms of a sum
         raise TypeError(
             "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
-            f"(its outputscale is calibrated), got {type(kernel).__name__}"
+            f"(its outputscale is calibrated), got a sum with a term {odd[0]}"
         )
     width = FeatureMap(feature_kernel(kernel)).num_real_features
     path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]

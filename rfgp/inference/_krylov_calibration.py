@@ -80,7 +80,6 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_real
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator
@@ -331,27 +330,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         >>> abs(out.noise - 0.25) < 0.03, out.noise_at_floor
         (True, False)
     """
-    if not callable(gram):
-        raise TypeError(f"gram must be a callable V -> G V, got {type(gram).__name__}")
-    if not isinstance(rhs, Tensor) or rhs.dim() not in (1, 2) or rhs.numel() == 0:
-        raise ValueError(
-            "rhs must be a non-empty (W,) or (W, T) tensor Phi^T y, got "
-            f"{tuple(rhs.shape) if isinstance(rhs, Tensor) else type(rhs).__name__}"
-        )
-    target_squares = check_positive("target_squares", target_squares)
-    n = check_int("num_rows", num_rows)
-    noise = check_positive("noise", noise)
-    factor = check_positive("factor", factor)
-    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
-    condition = check_real("condition", condition, low=0.0)
-    num_probes = check_int("num_probes", num_probes, minimum=2)
-    max_runs = check_int("max_runs", max_runs)
-    tolerance = check_real("tolerance", tolerance, low=0.0, high=1.0, low_inclusive=False)
-    probe_tolerance = check_real("probe_tolerance", probe_tolerance, low=0.0, high=1.0,
-                                 low_inclusive=False)
-    max_iterations = check_int("max_iterations", max_iterations)
-    if rank is not None:
-        rank = check_int("rank", rank, minimum=0)
+    n = num_rows
     generator = generator or torch.Generator().manual_seed(0)
     b = rhs.reshape(rhs.shape[0], -1).to(torch.float64)
     width, t = b.shape
@@ -594,14 +573,6 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < out.noise < 0.02
         True
     """
-    if not isinstance(x, Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be an (N, d) tensor, got "
-                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
-    if not isinstance(y, Tensor) or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"y must be an (N,) or (N, T) tensor with the N = {x.shape[0]} rows of x, got "
-            f"{tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__}"
-        )
     n = x.shape[0]
     columns = y.reshape(n, -1).to(torch.float64)
     op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,

@@ -42,11 +42,11 @@ up to 2048 features), and what they leave doubles ``D``. The default budget,
 measures this machine's rate.
 """
 
+from rfgp._report import ClassifierFitReport, FitReport
 from rfgp.inference import calibrated_fit, measure_machine_rate
 from rfgp.recipes._classification import fit_classifier_auto
 from rfgp.recipes._options import ClassifierOptions, RegressionOptions
 from rfgp.recipes._regression import fit_auto
-from rfgp.recipes._report import ClassifierFitReport, FitReport
 
 __all__ = [
     "ClassifierFitReport",

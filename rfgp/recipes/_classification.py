@@ -36,7 +36,11 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import EVIDENCE_DTYPES, check_int
+from rfgp._initial import initial_hyperparameters
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._report import ClassifierFitReport
+from rfgp._units import column_unit
+from rfgp._validation import EVIDENCE_DTYPES, validate_parameters
 from rfgp.classification._calibration import (
     dirichlet_scale_evidence,
     maximize_outputscale_evidence,
@@ -54,7 +58,6 @@ from rfgp.inference import (
 )
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
-from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
     MIN_FEATURES,
@@ -74,8 +77,7 @@ from rfgp.recipes._search import (
     search_two_paths,
 )
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
-from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes._units import column_unit
+from rfgp.recipes._start import make_ard_kernel
 
 __all__ = ["feature_ladder", "fit_classifier_auto", "plan_classifier", "validation_rows"]
 
@@ -105,7 +107,6 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
         >>> s.num_features, list(s.predicted)
         (1024, ['search', 'refine', 'refit'])
     """
-    num_classes = check_int("num_classes", num_classes, minimum=1)
     opts = dataclasses.replace(options, num_classes=num_classes)
     return plan_stages(num_rows, input_dim, opts, _STAGES)
 
@@ -259,6 +260,7 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         True
     """
     opts = ClassifierOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_classifier_auto"], {"report": report})
     data, searched, report = _prepare(x, labels, opts, report)
     timer = StageTimer(report.seconds)
     with timer.progress(len(_STAGES), "fit_classifier_auto", opts.progress):

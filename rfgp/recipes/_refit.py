@@ -22,6 +22,8 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._report import FitReport
+from rfgp._units import NOISE_FLOOR
 from rfgp.inference import (
     CHOICE_FEATURES,
     MAX_ITERATIVE_FEATURES,
@@ -36,11 +38,9 @@ from rfgp.inference import (
 )
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
-from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = ["REFIT", "plan_final_growth", "plan_final_share", "refit"]
 

@@ -16,20 +16,16 @@ from typing import Any, Optional
 import torch
 
 from rfgp._data import ArraySource, DataSource, draw_rows, open_source
-from rfgp._validation import check_evidence_rows
-from rfgp.inference import RandomFeatureGP
-from rfgp.recipes._laplace import LAPLACE
-from rfgp.recipes._local import LOCAL
-from rfgp.recipes._options import RegressionOptions
-from rfgp.recipes._refine import REFINE
-from rfgp.recipes._refit import REFIT
-from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import Schedule, plan_stages
-from rfgp.recipes._search import SEARCH
-from rfgp.recipes._select import SELECT
-from rfgp.recipes._stage import RecipeData, Searched, StageTimer
-from rfgp.recipes._start import search_model, start_from_moments
-from rfgp.recipes._streaming import (
+from rfgp._initial import start_from_moments
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._report import FitReport
+from rfgp._units import (
+    check_variances_representable,
+    column_unit_of,
+    unit_of_rms,
+)
+from rfgp._validation import check_evidence_rows, validate_parameters
+from rfgp._working_set import (
     MEDIAN_ROWS,
     agreed,
     longest_head,
@@ -37,11 +33,17 @@ from rfgp.recipes._streaming import (
     moments,
     working_set,
 )
-from rfgp.recipes._units import (
-    check_variances_representable,
-    column_unit_of,
-    unit_of_rms,
-)
+from rfgp.inference import RandomFeatureGP
+from rfgp.recipes._laplace import LAPLACE
+from rfgp.recipes._local import LOCAL
+from rfgp.recipes._options import RegressionOptions
+from rfgp.recipes._refine import REFINE
+from rfgp.recipes._refit import REFIT
+from rfgp.recipes._schedule import Schedule, plan_stages
+from rfgp.recipes._search import SEARCH
+from rfgp.recipes._select import SELECT
+from rfgp.recipes._stage import RecipeData, Searched, StageTimer
+from rfgp.recipes._start import search_model
 
 __all__ = ["STAGES", "fit_auto", "plan_regression"]
 
@@ -123,6 +125,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
         (True, torch.Size([3]))
     """
     opts = RegressionOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_auto"], {"report": report})
     source = open_source(x, y, opts.distributed)
     if source is None:
         data, searched, report = _prepare(x, y, opts, report)

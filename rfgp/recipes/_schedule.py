@@ -29,8 +29,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Sequence
 
-from rfgp._validation import check_int
-
 __all__ = [
     "FINAL_SHARE",
     "LOCAL_SHARE",
@@ -76,7 +74,6 @@ def default_budget(num_rows: int) -> float:
         >>> default_budget(1000), default_budget(40000)
         (30.0, 120.0)
     """
-    num_rows = check_int("num_rows", num_rows)
     return max(30.0, 20.0 + num_rows / 400.0)
 
 

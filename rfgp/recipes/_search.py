@@ -27,12 +27,11 @@ from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._report import FitReport
+from rfgp._units import NOISE_FLOOR
 from rfgp._validation import (
     all_finite,
     check_class_targets,
-    check_int,
-    check_positive,
-    check_rows,
 )
 from rfgp.inference import (
     ConvergenceWarning,
@@ -46,11 +45,9 @@ from rfgp.inference import (
 )
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel  # noqa: F401  (the examples use it)
-from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = [
     "SEARCH",
@@ -181,7 +178,7 @@ def regression_objective(
 ) -> EvidenceObjective:
     r"""The objective :math:`-\log p(y) / (N T)` of ``gp`` over its kernel's trainable
     parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, the floor :math:`\sigma^2_0` being
-    :data:`~rfgp.recipes._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
+    :data:`~rfgp._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
     the model noise to the point reached (the GP is not refitted).
 
     Args:
@@ -193,7 +190,6 @@ def regression_objective(
             (k-d blocks of neighbouring rows): the sum of the blocks' exact
             evidences, that of the kernel matrix with its cross-block entries set to zero.
     """
-    x, y = check_rows(x, y)
     if blocks is not None and not exact:
         raise ValueError("regression_objective(blocks=...) needs exact=True")
     floor = NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -308,8 +304,6 @@ def maximize_evidence(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    max_iterations = check_int("max_iterations", max_iterations)
-    tolerance = check_positive("tolerance", tolerance)
     if max_lengthscale is not None:
         if not isinstance(gp.kernel, ScaleKernel):
             raise TypeError(
@@ -356,8 +350,6 @@ def two_path_search(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    max_iterations = check_int("max_iterations", max_iterations)
-    tolerance = check_positive("tolerance", tolerance)
     return search_two_paths(lambda: regression_objective(gp, x, y, exact, blocks),
                             lambda: _hyperparameters(gp), lambda state: _restore(gp, state),
                             max_iterations, tolerance)

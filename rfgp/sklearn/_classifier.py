@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
-from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
+from rfgp.classification import DirichletGPClassifier, softmax_expectation
 from rfgp.inference._feature_gp import ConvergenceWarning
 from rfgp.recipes import (
     ClassifierFitReport,
@@ -23,10 +23,7 @@ from rfgp.recipes._classification import plan_classifier
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     as_tensor,
-    check_count,
-    check_kernel_params,
-    check_positive_int,
-    check_positive_param,
+    check_params,
     kernel_from,
     make_kernel,
     recipe_options,
@@ -156,21 +153,8 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
                 f"{type(self).__name__} needs at least 2 classes in y, got "
                 f"{len(self.classes_)} class"
             )
-        if self.optimizer not in ("auto", "validation", None):
-            raise ValueError(
-                f"optimizer must be 'auto', 'validation' or None, got {self.optimizer!r}"
-            )
-        if self.proba_method not in PROBA_METHODS:
-            raise ValueError(
-                f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
-            )
-        check_count("mc_samples", self.mc_samples)
-        check_positive_int("max_iter", self.max_iter)
-        alpha = check_positive_param("alpha_epsilon", self.alpha_epsilon)
-        num_features = self.num_features
-        if num_features is not None:
-            num_features = check_count("num_features", num_features)
-        check_kernel_params(self)
+        params = check_params(self)
+        alpha, num_features = params["alpha_epsilon"], params["num_features"]
         seed = seed_from(self.random_state)
         x_t, labels = as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
         num_classes = len(self.classes_)

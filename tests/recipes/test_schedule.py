@@ -97,7 +97,7 @@ def test_the_options_are_checked_by_name():
         RegressionOptions(time_budget=-1.0).checked()
     with pytest.raises(TypeError, match="machine_rate"):
         RegressionOptions(machine_rate="fast").checked()
-    with pytest.raises(ValueError, match="num_features must be even"):
+    with pytest.raises(ValueError, match="num_features must be an even integer"):
         RegressionOptions(num_features=63).checked()
     with pytest.raises(TypeError, match="unknown option"):
         RegressionOptions().replace(num_feature=64)

@@ -15,8 +15,8 @@ from rfgp._data import (
     draw_rows,
     source_moments,
 )
+from rfgp._units import column_scale
 from rfgp.recipes import FitReport
-from rfgp.recipes._units import column_scale
 
 DT = torch.float64
 # Few rows and features, but more rows than the refinement reads: the search stages draw
