@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rfgp._data._sources import release_pages
+
 __all__ = ["array_row_chunks"]
 
 
@@ -55,6 +57,7 @@ def array_row_chunks(x: np.ndarray, rows_per_chunk: int, name: str = "x") -> Ite
     num_rows = x.shape[0]
     for start in range(0, max(num_rows, 1), rows_per_chunk):
         chunk = torch.from_numpy(np.array(x[start:start + rows_per_chunk]))  # this chunk only
+        release_pages(x)
         finite = torch.isfinite(chunk if chunk.dim() == 2 else chunk.unsqueeze(-1)).all(1)
         if not bool(finite.all()):
             row = start + int((~finite).nonzero()[0, 0])

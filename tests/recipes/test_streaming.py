@@ -304,3 +304,45 @@ def test_a_budget_below_the_cheapest_plan_warns():
         warnings.simplefilter("error")
         _warn_over_budget(plan_regression(10**7, 10, default), 10**7, default)
         _warn_over_budget(plan_regression(10**7, 10, tight), 10**7, tight)
+
+
+def _resident_bytes(path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (Linux ``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = line.rstrip().endswith(str(path))
+            elif inside and head and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"),
+                    reason="needs /proc/self/smaps (Linux)")
+def test_a_pass_over_a_memmap_leaves_its_pages_unmapped(tmp_path):
+    # 2^20 rows x 4 float32 = 16 MiB: after a pass (and after a draw of rows), the file's
+    # resident pages are at most a chunk's, not the file's, so a pass over a file larger than
+    # memory does not grow the process; prediction over a memory-map reads it the same way.
+    from rfgp._data import array_row_chunks
+
+    path = tmp_path / "x.npy"
+    rows = 1 << 20
+    data = np.random.default_rng(0).random((rows, 4), dtype=np.float32)
+    np.save(path, data)
+    np.save(tmp_path / "y.npy", np.zeros(rows, dtype=np.float32))
+    x = np.load(path, mmap_mode="r")
+    source = ArraySource(x, np.load(tmp_path / "y.npy", mmap_mode="r"))
+    total = sum(float(cx.sum()) for cx, _ in source.chunks(4096))
+    assert total == pytest.approx(float(data.astype(np.float64).sum()), rel=1e-6)
+    assert _resident_bytes(path) <= 4096 * 4 * 4 + 2 * 4096 * 2  # (one chunk, a page each side)
+    source.take(torch.arange(0, rows, 97))
+    assert _resident_bytes(path) <= 4096 * 4 * 4 + 2 * 4096 * 2
+    assert sum(c.shape[0] for c in array_row_chunks(x, 8192)) == rows
+    assert _resident_bytes(path) <= 4096 * 4 * 4 + 2 * 4096 * 2
+    # a copy-on-write map is never released (that would drop the caller's changes)
+    writable = np.load(path, mmap_mode="c")
+    writable[0, 0] = -1.0
+    list(ArraySource(writable, np.zeros(rows, dtype=np.float32)).chunks(1 << 18))
+    assert writable[0, 0] == -1.0
