@@ -9,8 +9,9 @@ RBF-ARD kernel and the exact GP predictive, so only the hyperparameters differ.
 Estimators, per random 90/10 split (inputs and targets standardised with the training statistics):
 
 * ``ML-II (rfgp)``: rfgp's evidence search as ``fit_auto`` runs it on small sets: data-driven
-  start (:func:`rfgp.recipes._start.initial_hyperparameters`), L-BFGS on the exact kernel's
-  evidence (:func:`rfgp.recipes._search.maximize_evidence` with ``exact=True``) to convergence.
+  start (:func:`rfgp._initial.initial_hyperparameters`), L-BFGS on the exact kernel's
+  evidence (:func:`rfgp.inference._evidence_search.maximize_evidence` with ``exact=True``) to
+  convergence.
 * ``GPyTorch Adam``: ``gpytorch.models.ExactGP`` with a constant mean and
   ``ScaleKernel(RBFKernel(ARD))``, Adam (lr 0.1) for 100 steps from GPyTorch's initial values,
   as in ``regression_uci.py``.
@@ -64,9 +65,9 @@ from _pages import paired_difference, study_options, write_page  # noqa: E402
 from rfgp import RandomFeatureGP  # noqa: E402
 from rfgp._initial import initial_hyperparameters  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
+from rfgp.inference._evidence_search import maximize_evidence  # noqa: E402
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
-from rfgp.recipes._search import maximize_evidence  # noqa: E402
 from rfgp.recipes._start import make_ard_kernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"

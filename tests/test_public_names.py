@@ -167,10 +167,10 @@ LAYER_NAMES = {
         "CHOICE_FEATURES", "MAX_ITERATIVE_FEATURES", "MAX_WEIGHT_FEATURES", "ScaleCalibration",
         "calibrate_scales", "calibrate_source_scales", "classifier_fit_cost", "cross_validate",
         "evidence_hessian", "exact_evidence_cost", "feature_evidence_cost", "final_fit_cost",
-        "final_path", "fit_calibrated", "fit_calibrated_source",
-        "fourier_kernel_negative_log_evidence", "heteroscedastic_negative_log_evidence",
-        "kd_blocks", "largest_features_within", "lengthscale_draws", "measure_machine_rate",
-        "negative_log_evidence",
+        "final_path", "fit_calibrated", "fit_calibrated_source", "kd_blocks",
+        "largest_features_within", "lengthscale_draws", "measure_machine_rate",
+        "WARM_UP_STEPS", "EvidenceObjective", "SearchResult", "dirichlet_objective",
+        "maximize_evidence", "search_evidence", "search_two_paths", "two_path_search",
     },
 }
 

@@ -21,9 +21,15 @@ from rfgp.inference._calibrated_fit import (
     fit_calibrated_source,
 )
 from rfgp.inference._cross_validation import cross_validate
-from rfgp.inference._evidence import (
-    fourier_kernel_negative_log_evidence,
-    negative_log_evidence,
+from rfgp.inference._evidence_search import (
+    WARM_UP_STEPS,
+    EvidenceObjective,
+    SearchResult,
+    dirichlet_objective,
+    maximize_evidence,
+    search_evidence,
+    search_two_paths,
+    two_path_search,
 )
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._fit_cost import (
@@ -39,7 +45,6 @@ from rfgp.inference._fit_cost import (
     measure_machine_rate,
 )
 from rfgp.inference._fit_state import StaleFitError
-from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._selection import ConvergenceWarning
@@ -57,6 +62,14 @@ __all__ = [
     "stochastic_log_evidence",
     # For rfgp.recipes (the inference layer's names the recipes import; not user-facing).
     "CHOICE_FEATURES",
+    "WARM_UP_STEPS",
+    "EvidenceObjective",
+    "SearchResult",
+    "dirichlet_objective",
+    "maximize_evidence",
+    "search_evidence",
+    "search_two_paths",
+    "two_path_search",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
     "ScaleCalibration",
@@ -71,11 +84,8 @@ __all__ = [
     "final_path",
     "fit_calibrated",
     "fit_calibrated_source",
-    "fourier_kernel_negative_log_evidence",
-    "heteroscedastic_negative_log_evidence",
     "kd_blocks",
     "largest_features_within",
     "lengthscale_draws",
     "measure_machine_rate",
-    "negative_log_evidence",
 ]

@@ -2,8 +2,8 @@ r"""Blocks of neighbouring rows: the partition behind the recipe's local stage.
 
 :func:`kd_blocks` cuts the rows into blocks of at most ``max_rows`` rows, each a cell of input
 space, so that an evidence summed over the blocks (the kernel matrix without its cross-block
-entries, :func:`rfgp.recipes._search.maximize_evidence` with ``blocks``) sees every block's
-rows at the data's full density, at :math:`O(\sum_b n_b^3)` per evaluation.
+entries, :func:`rfgp.inference._evidence_search.maximize_evidence` with ``blocks``) sees every
+block's rows at the data's full density, at :math:`O(\sum_b n_b^3)` per evaluation.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ regressions,
     \log p(\tilde Y) = \textstyle\sum_c \log N\big(\tilde y_c;\, 0,\,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
-with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
+with :func:`~rfgp.inference._evidence_search.dirichlet_objective` as the objective (the stages
 ``search`` and ``refine``; see :func:`fit_classifier_auto`). The stage ``choose`` then picks
 the final ``D`` and ``alpha_epsilon`` by the held-out NLL
 (:func:`~rfgp.classification._held_out.held_out_nll`; the evidence cannot compare two alphas,
@@ -51,10 +51,15 @@ from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.classification._selection import ALPHA_GRID
 from rfgp.inference import (
     MAX_WEIGHT_FEATURES,
+    WARM_UP_STEPS,
     ConvergenceWarning,
+    EvidenceObjective,
     classifier_fit_cost,
+    dirichlet_objective,
     feature_evidence_cost,
     largest_features_within,
+    search_evidence,
+    search_two_paths,
 )
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
@@ -68,14 +73,7 @@ from rfgp.recipes._schedule import (
     plan_stages,
     refinement_rows,
 )
-from rfgp.recipes._search import (
-    WARM_UP_STEPS,
-    EvidenceObjective,
-    dirichlet_objective,
-    record_search,
-    search_evidence,
-    search_two_paths,
-)
+from rfgp.recipes._search import record_search
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import make_ard_kernel
 
@@ -330,7 +328,7 @@ def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
                       iterations: Callable[[Any], int]) -> Callable[..., Any]:
     """A search stage of the ``C`` regressions on the first ``rows(schedule)`` rows of the
     order (none where that is 0), ``iterations(options)`` L-BFGS iterations along the
-    schedule's ``search_paths`` (:func:`~rfgp.recipes._search.search_two_paths`; the
+    schedule's ``search_paths`` (:func:`~rfgp.inference._evidence_search.search_two_paths`; the
     refinement continues along one)."""
 
     def run(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) -> Any:

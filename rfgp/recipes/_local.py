@@ -26,11 +26,11 @@ from rfgp.inference import (
     final_fit_cost,
     final_path,
     kd_blocks,
+    maximize_evidence,
 )
 from rfgp.recipes._laplace import hessian_cost
 from rfgp.recipes._refine import most_refine_rows
 from rfgp.recipes._schedule import EVALUATIONS_PER_ITERATION, LOCAL_SHARE, Plan
-from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import search_model
 

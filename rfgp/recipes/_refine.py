@@ -12,14 +12,14 @@ from dataclasses import replace
 from typing import Optional
 
 from rfgp._report import FitReport
-from rfgp.inference import feature_evidence_cost
+from rfgp.inference import feature_evidence_cost, maximize_evidence
 from rfgp.recipes._schedule import (
     EVALUATIONS_PER_ITERATION,
     REFINE_SHARE,
     Plan,
     refinement_rows,
 )
-from rfgp.recipes._search import maximize_evidence, record_search
+from rfgp.recipes._search import record_search
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 
 __all__ = ["REFINE", "most_refine_rows", "plan_refine", "refine", "refine_bound"]

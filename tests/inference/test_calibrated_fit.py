@@ -10,7 +10,8 @@ import torch
 from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP
-from rfgp.inference import calibrate_scales, fit_calibrated, negative_log_evidence
+from rfgp.inference import calibrate_scales, fit_calibrated
+from rfgp.inference._evidence import negative_log_evidence
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.kernels import FourierFeatureKernel
 from tests.helpers import DT, gen

@@ -9,12 +9,12 @@ import pytest
 import torch
 from gpytorch.kernels import AdditiveKernel, ScaleKernel
 
+from rfgp.inference._evidence_search import maximize_evidence
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.kernels._fourier import cos_sin_features, stationary_kernel
 from rfgp.recipes import FitReport, fit_auto
 from rfgp.recipes._laplace import lengthscale_mixture_kernel
-from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rfgp.classification import DirichletGPClassifier
+from rfgp.inference._evidence_search import dirichlet_objective
 from rfgp.inference._heteroscedastic_evidence import (
     heteroscedastic_negative_log_evidence,
     shared_weight_split,
@@ -18,7 +19,6 @@ from rfgp.likelihoods import dirichlet_transform
 from rfgp.recipes import ClassifierFitReport, ClassifierOptions, fit_classifier_auto
 from rfgp.recipes._classification import plan_classifier
 from rfgp.recipes._schedule import default_budget
-from rfgp.recipes._search import dirichlet_objective
 from rfgp.recipes._start import make_ard_kernel
 from tests.classification.data import THREE_CENTRES, blobs
 
@@ -460,7 +460,7 @@ def test_two_paths_only_where_the_budget_affords_them():
 
 
 def test_two_path_search_is_never_worse_than_the_direct_path():
-    from rfgp.recipes._search import search_evidence, search_two_paths
+    from rfgp.inference._evidence_search import search_evidence, search_two_paths
 
     # Labels from the first two of four inputs, searched from lengthscales of 30 standard
     # deviations: a nearly flat start.

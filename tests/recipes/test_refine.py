@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._evidence_search import maximize_evidence
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._laplace import evidence_hessian
 from rfgp.kernels._fourier import stationary_kernel
 from rfgp.recipes import FitReport, fit_auto
 from rfgp.recipes._local import LOCAL_SHORT_START
-from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -356,8 +356,8 @@ def test_folds_and_hessian_of_a_whole_set_search_use_blocks(monkeypatch):
     # Every evidence search of the fit on more than exact_rows rows (the search, both searches
     # of each fold, the bounded search) runs on k-d blocks of at most exact_rows rows that
     # partition its rows; the Laplace Hessian gets the search's blocks.
+    import rfgp.inference._evidence_search as search
     import rfgp.recipes._laplace as averaging
-    import rfgp.recipes._search as search
     import rfgp.recipes._select as choice
 
     calls, hessian_blocks = [], []

@@ -12,8 +12,8 @@ import torch
 from rfgp import RandomFeatureGP
 from rfgp._initial import initial_hyperparameters
 from rfgp.inference._evidence import fourier_negative_log_evidence, negative_log_evidence
+from rfgp.inference._evidence_search import maximize_evidence, two_path_search
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._search import maximize_evidence, two_path_search
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 

@@ -17,9 +17,9 @@ from rfgp.inference._evidence import (
     kernel_negative_log_evidence,
     stationary_negative_log_evidence,
 )
+from rfgp.inference._evidence_search import bounded_lengthscale, maximize_evidence
 from rfgp.kernels._fourier import stationary_kernel
 from rfgp.recipes import FitReport, RegressionOptions, fit_auto
-from rfgp.recipes._search import bounded_lengthscale, maximize_evidence
 from rfgp.recipes._select import prefer_unbounded
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen

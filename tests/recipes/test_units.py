@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rfgp._units import column_scale, column_unit
+from rfgp.inference._evidence_search import bounded_lengthscale
 from rfgp.recipes import FitReport, fit_auto
-from rfgp.recipes._search import bounded_lengthscale
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
