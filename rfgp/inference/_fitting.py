@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from rfgp._ops import power_of_two_scale
-from rfgp.inference._cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
+from rfgp.inference._cg_solver import ConjugateGradientSolver
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import DataBatch, FeatureOperator
 from rfgp.inference._iterative import CGSettings
 from rfgp.inference._linalg import available_memory, check_memory
 from rfgp.inference._noise import (
