@@ -12,16 +12,14 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
 
 from rfgp.inference._iterative import lanczos_log_quadrature
 from rfgp.inference._linalg import check_memory
-
-if TYPE_CHECKING:  # the solver module imports this one
-    from rfgp.inference._cg_solver import ConjugateGradientSolver
+from rfgp.inference._solver_base import Solver
 
 __all__ = ["column_logdets", "logdet_probes", "probe_standard_error"]
 
@@ -31,10 +29,12 @@ def _rademacher(shape, generator: Optional[torch.Generator]) -> Tensor:
     return torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0
 
 
-def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Generator]):
+def logdet_probes(solver: Solver, generator: Optional[torch.Generator]):
     """Per noise group: log-determinant estimates ``(P,)``, and the probe pairs ``u, r``.
 
-    ``solver`` is a factorised real-form solver (its groups and preconditioners are used).
+    ``solver`` is a factorised real-form
+    :class:`~rfgp.inference._cg_solver.ConjugateGradientSolver` (its operator, groups and
+    preconditioners are used).
     """
     op, probes = solver.operator, solver.settings.num_probes
     groups = solver.groups()
