@@ -26,7 +26,6 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -42,19 +41,15 @@ from rfgp.inference._iterative import (
     check_resolvable,
     conjugate_gradients,
     lanczos_largest,
-    lanczos_log_quadrature,
 )
-from rfgp.inference._linalg import check_memory
+from rfgp.inference._logdet_probes import column_logdets, logdet_probes, probe_standard_error
 from rfgp.inference._nystrom import NystromPreconditioner, rank_memory_cap
-from rfgp.inference._solvers import Solver, WeightFactor, _to
+from rfgp.inference._solver_base import Solver, WeightFactor, to_device
 
 __all__ = [
     "ConjugateGradientSolver",
     "FeatureOperator",
-    "column_logdets",
     "fitted_log_evidence",
-    "logdet_probes",
-    "probe_standard_error",
     "real_form_solver",
 ]
 
@@ -212,13 +207,13 @@ class ConjugateGradientSolver(Solver):
     # ------------------------------------------------------------------ posterior
     def predict_mean(self, rows: Tensor) -> Tensor:
         """The mean alone: one product with the mean weights, no CG (a variance costs one)."""
-        feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
+        feats = to_device(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
         mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale
         return mean.to(rows.real.dtype)
 
     def predict(self, rows: Tensor, want_root: bool):
         out_dtype = rows.real.dtype
-        feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
+        feats = to_device(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
         num = feats.shape[0]
         mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale  # (M, T)
         var = torch.zeros_like(mean)
@@ -290,16 +285,16 @@ class ConjugateGradientSolver(Solver):
         if op.streamed:
             op.data.to(device, dtype)
         else:
-            op.data = [(x.to(device), _to(t, device, dtype),
-                        None if s is None else _to(s, device, dtype)) for x, t, s in op.data]
+            op.data = [(x.to(device), to_device(t, device, dtype),
+                        None if s is None else to_device(s, device, dtype)) for x, t, s in op.data]
         if op.column_noise is not None:
             op.column_noise = op.column_noise.to(device)
         op.dtype = dtype
         op.clear_cache()
         if self.mean_weights is not None:
-            self.mean_weights = _to(self.mean_weights, device, dtype)
+            self.mean_weights = to_device(self.mean_weights, device, dtype)
         for pre in self.preconditioners:
-            pre.basis = _to(pre.basis, device, dtype)
+            pre.basis = to_device(pre.basis, device, dtype)
             pre.eigenvalues = pre.eigenvalues.to(device=device, dtype=dtype)
 
     def state(self) -> dict:
@@ -420,52 +415,6 @@ def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
 
 
 # ====================================================================== the fitted evidence
-def _rademacher(shape, generator: Optional[torch.Generator]) -> Tensor:
-    generator = generator or torch.Generator().manual_seed(0)
-    return torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0
-
-
-def logdet_probes(solver: ConjugateGradientSolver, generator: Optional[torch.Generator]):
-    """Per noise group: log-determinant estimates ``(P,)``, and the probe pairs ``u, r``.
-
-    ``solver`` is a factorised real-form solver (its groups and preconditioners are used).
-    """
-    op, probes = solver.operator, solver.settings.num_probes
-    groups = solver.groups()
-    # Four (W, P G) blocks: the probes, their images, the CG iterate and its residual.
-    check_memory((4 * op.width, probes * len(groups)), op.vector_dtype, op.device,
-                 f"the log-determinant probes (num_probes={probes})", "use fewer num_probes")
-    v = _rademacher((op.width, probes * len(groups)), generator).to(op.device, op.dtype)
-    rhs, right, columns = torch.empty_like(v), torch.empty_like(v), []
-    for g, (cols, pre) in enumerate(zip(groups, solver.preconditioners)):
-        block = slice(g * probes, (g + 1) * probes)
-        rhs[:, block] = pre.sqrt(v[:, block])
-        right[:, block] = pre.inverse_sqrt(v[:, block])
-        columns += [cols[0]] * probes
-    result = solver.solve(rhs, columns, "the log-determinant probes B u = P^1/2 v")
-    quadrature = lanczos_log_quadrature(result)  # (G P,)
-    estimates = [
-        pre.logdet() + op.width * quadrature[g * probes : (g + 1) * probes]
-        for g, pre in enumerate(solver.preconditioners)
-    ]
-    return estimates, result.solution, right, columns
-
-
-def probe_standard_error(estimates: List[Tensor], groups: List[List[int]]) -> float:
-    """Of ``-1/2 sum_t log|B_g(t)|``: each group's mean counts once per column."""
-    var = sum((len(cols) * float(e.std()) / math.sqrt(e.numel())) ** 2
-              for e, cols in zip(estimates, groups))
-    return 0.5 * math.sqrt(var)
-
-
-def column_logdets(estimates: List[Tensor], groups: List[List[int]], num_columns: int,
-                    like: Tensor) -> Tensor:
-    out = like.new_zeros(num_columns)
-    for e, cols in zip(estimates, groups):
-        out[cols] = float(e.mean())
-    return out
-
-
 def real_form_solver(solver: ConjugateGradientSolver) -> ConjugateGradientSolver:
     """The solver of the real-form matrix (the evidence is the real GP's), factorised."""
     if not solver.complex_solve:

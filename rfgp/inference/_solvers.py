@@ -1,4 +1,5 @@
-r"""The two exact solvers of a random-feature GP, behind one :class:`Solver` interface.
+r"""The two exact solvers of a random-feature GP, behind one :class:`Solver` interface
+(:mod:`~rfgp.inference._solver_base`).
 
 Both compute the same posterior (push-through identity); they differ in the matrix they factorise:
 
@@ -23,8 +24,6 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
@@ -40,6 +39,7 @@ from rfgp.inference._evidence import (
 )
 from rfgp.inference._linalg import check_memory, hermitian_square_norms, robust_cholesky
 from rfgp.inference._noise import equal_noise_columns
+from rfgp.inference._solver_base import KernelFactor, Solver, WeightFactor, to_device
 from rfgp.inference._statistics import FeatureStatistics
 from rfgp.kernels._base import real_form
 
@@ -49,123 +49,6 @@ __all__ = ["FunctionSpaceSolver", "KernelFactor", "Solver", "WeightFactor", "Wei
 Spec = Tuple[List[int], Tensor, Tensor, Tensor, Tensor]
 
 
-@dataclass
-class WeightFactor:
-    """``B = L L^H`` and the posterior mean weights ``B^{-1} Phi^H S^{-1} y`` of ``columns``."""
-
-    columns: List[int]
-    chol: Tensor  # (W, W), W = D (complex solve) or D_r
-    mean_weights: Tensor  # (W, Tg)
-
-
-@dataclass
-class KernelFactor:
-    """``K + S = L L^H`` and ``alpha = (K + S)^{-1} y`` of ``columns``."""
-
-    columns: List[int]
-    chol: Tensor  # (R, R)
-    alpha: Tensor  # (R, Tg)
-
-
-def _to(tensor: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``tensor`` on ``device`` in ``dtype`` (its complex counterpart if it is complex)."""
-    if tensor.is_complex():
-        dtype = (torch.ones((), dtype=dtype) * 1j).dtype
-    return tensor.to(device=device, dtype=dtype)
-
-
-class Solver(ABC):
-    """The posterior of one fit: factorisation, prediction, sampling and evidence.
-
-    Args:
-        complex_solve: solve with the complex features (else with their real form).
-        jitter: value added to the diagonal before the first Cholesky.
-        target_scale: the stored targets are the true ones divided by this power of two.
-    """
-
-    #: the value of ``RandomFeatureGP.solve_used`` for this solver
-    name: str = ""
-
-    def __init__(self, complex_solve: bool, jitter: Optional[float], target_scale: float) -> None:
-        self.complex_solve = complex_solve
-        self.jitter = jitter
-        self.target_scale = target_scale
-
-    def bind(self, feature_map) -> None:
-        """Use ``feature_map`` (the model's kernel now) for any features the solver computes;
-        the direct solvers compute none."""
-        return None
-
-    def solver_form(self, rows: Tensor) -> Tensor:
-        """Feature rows as the solver uses them: complex, or their real form."""
-        return rows if self.complex_solve else real_form(rows)
-
-    @property
-    @abstractmethod
-    def num_rows(self) -> int:
-        """Rows the posterior is conditioned on (``N p``)."""
-
-    @property
-    @abstractmethod
-    def dtype(self) -> torch.dtype:
-        """The real dtype of the factorisation."""
-
-    @abstractmethod
-    def factorise(self, column_noise: Optional[Tensor]) -> None:
-        """(Re)factorise with the model noise per column ``(T,)`` (``None``: noise folded in)."""
-
-    @abstractmethod
-    def groups(self) -> List[List[int]]:
-        """Output columns sharing one factorisation."""
-
-    @abstractmethod
-    def predict(self, rows: Tensor, want_root: bool):
-        """Mean ``(M, T)``, variance ``(M, T)`` and per-group covariance roots at feature rows."""
-
-    def predict_mean(self, rows: Tensor) -> Tensor:
-        """The mean ``(M, T)`` alone (a solver whose variances cost more overrides it)."""
-        return self.predict(rows, want_root=False)[0]
-
-    @abstractmethod
-    def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
-        """The weight-space factors (the sampling distribution of the weights)."""
-
-    @abstractmethod
-    def log_evidence(self, column_noise: Optional[Tensor]) -> Tensor:
-        """The log marginal likelihood of the conditioned data, summed over outputs."""
-
-    @abstractmethod
-    def to(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Move the solver's tensors."""
-
-    @abstractmethod
-    def state(self) -> dict:
-        """Everything needed to rebuild the solver (tensors and plain values)."""
-
-    def draw_weights(
-        self,
-        num_samples: int,
-        generator: Optional[torch.Generator],
-        column_noise: Optional[Tensor],
-    ) -> List[Tuple[List[int], Tensor]]:
-        r"""Posterior weight draws ``w = mu_w + L^{-H} z`` per group, ``(W, S, Tg)`` each, in the
-        true target scale. Complex solves draw :math:`z = a + i b`, :math:`a, b \sim N(0, I)`."""
-        check_generator("generator", generator)
-        draws = []
-        for factor in self.weight_factors(column_noise):
-            width, tcols = factor.mean_weights.shape
-            real_dtype = factor.chol.real.dtype
-            device = generator.device if generator is not None else factor.chol.device
-            shape = (width, num_samples * tcols)
-            z = torch.randn(shape, generator=generator, dtype=real_dtype, device=device)
-            if factor.chol.is_complex():
-                imag = torch.randn(shape, generator=generator, dtype=real_dtype, device=device)
-                z = torch.complex(z, imag)
-            z = z.to(factor.chol.device)
-            eps = torch.linalg.solve_triangular(factor.chol.transpose(0, 1).conj(), z, upper=True)
-            mean = (factor.mean_weights * self.target_scale).unsqueeze(1)
-            draws.append((factor.columns, mean + eps.reshape(width, num_samples, tcols)))
-        return draws
 
 
 # ====================================================================== weight space
@@ -253,7 +136,7 @@ class WeightSpaceSolver(Solver):
 
     def predict(self, rows: Tensor, want_root: bool):
         out_dtype = rows.real.dtype
-        feats = _to(self.solver_form(rows), self.stats.device, self.dtype)
+        feats = to_device(self.solver_form(rows), self.stats.device, self.dtype)
         num_columns = sum(len(f.columns) for f in self.factors)
         mean = feats.new_zeros(feats.shape[0], num_columns, dtype=feats.real.dtype)
         var = torch.zeros_like(mean)
@@ -281,7 +164,8 @@ class WeightSpaceSolver(Solver):
     def to(self, device: torch.device, dtype: torch.dtype) -> None:
         self.stats.to(device, dtype)
         for f in self.factors:
-            f.chol, f.mean_weights = _to(f.chol, device, dtype), _to(f.mean_weights, device, dtype)
+            f.chol = to_device(f.chol, device, dtype)
+            f.mean_weights = to_device(f.mean_weights, device, dtype)
 
     def state(self) -> dict:
         return {
@@ -357,7 +241,7 @@ class FunctionSpaceSolver(Solver):
             "use solve='cg' (matrix-free: memory O(N d + chunk D)), or solve='weight' "
             "(memory O(D^2)) or fit_stream where the D x D matrices fit",
         )
-        rows = _to(self.solver_form(self.rows), self.rows.device, self.dtype)
+        rows = to_device(self.solver_form(self.rows), self.rows.device, self.dtype)
         return rows @ rows.transpose(0, 1).conj()
 
     def factorise(self, column_noise: Optional[Tensor]) -> None:
@@ -375,8 +259,8 @@ class FunctionSpaceSolver(Solver):
 
     def predict(self, rows: Tensor, want_root: bool):
         out_dtype = rows.real.dtype
-        feats = _to(self.solver_form(rows), self.rows.device, self.dtype)
-        train = _to(self.solver_form(self.rows), self.rows.device, self.dtype)
+        feats = to_device(self.solver_form(rows), self.rows.device, self.dtype)
+        train = to_device(self.solver_form(self.rows), self.rows.device, self.dtype)
         cross = feats @ train.transpose(0, 1).conj()  # k_hat(x, x_i), (M, R)
         prior = hermitian_square_norms(feats, -1)
         num_columns = sum(len(f.columns) for f in self.factors)
@@ -427,7 +311,7 @@ class FunctionSpaceSolver(Solver):
         check_generator("generator", generator)
         if self.complex_solve:
             return super().draw_weights(num_samples, generator, column_noise)
-        train = _to(self.solver_form(self.rows), self.rows.device, self.dtype)  # (R, W)
+        train = to_device(self.solver_form(self.rows), self.rows.device, self.dtype)  # (R, W)
         device = generator.device if generator is not None else train.device
         noise_of = {tuple(cols): noise for cols, noise in self.noise_groups(column_noise)}
         draws = []
@@ -470,12 +354,12 @@ class FunctionSpaceSolver(Solver):
         return check_representable(total, self.target_scale)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.rows = _to(self.rows, device, dtype)
-        self.targets = _to(self.targets, device, dtype)
+        self.rows = to_device(self.rows, device, dtype)
+        self.targets = to_device(self.targets, device, dtype)
         if self.row_noise is not None:
-            self.row_noise = _to(self.row_noise, device, dtype)
+            self.row_noise = to_device(self.row_noise, device, dtype)
         for f in self.factors:
-            f.chol, f.alpha = _to(f.chol, device, dtype), _to(f.alpha, device, dtype)
+            f.chol, f.alpha = to_device(f.chol, device, dtype), to_device(f.alpha, device, dtype)
         self._weight_cache = None
 
     def state(self) -> dict:

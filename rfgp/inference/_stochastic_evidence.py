@@ -34,16 +34,11 @@ from torch.utils.checkpoint import checkpoint
 
 from rfgp._ops import power_of_two_scale
 from rfgp._validation import check_generator
-from rfgp.inference._cg_solver import (
-    ConjugateGradientSolver,
-    FeatureOperator,
-    column_logdets,
-    fitted_log_evidence,
-    logdet_probes,
-    probe_standard_error,
-)
+from rfgp.inference._cg_solver import ConjugateGradientSolver, fitted_log_evidence
 from rfgp.inference._evidence import LOG_2PI, check_representable
+from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._iterative import CGSettings
+from rfgp.inference._logdet_probes import column_logdets, logdet_probes, probe_standard_error
 from rfgp.inference._noise import evidence_rows
 
 __all__ = ["stochastic_log_evidence"]

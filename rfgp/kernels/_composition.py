@@ -57,15 +57,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
+from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
 from rfgp._ops import make_generator
 from rfgp._validation import check_choice, check_int, check_tensor, select_active_columns
 from rfgp.kernels._base import RandomFeatureKernel
+from rfgp.kernels._kernel_tree import (
+    check_feature_tree,
+    children_of,
+    feature_leaves,
+    is_composition,
+    is_feature_composition,
+)
 
 __all__ = [
     "ComposedFeatureKernel",
@@ -79,48 +86,6 @@ __all__ = [
 #: How a product of feature maps is formed: Hadamard product of equal widths, or the full
 #: tensor (outer) product.
 PRODUCT_MODES = ("elementwise", "tensor")
-
-
-def _children(node: Kernel) -> List[Tuple[str, Kernel]]:
-    """The sub-kernels of a composition node with their attribute paths."""
-    if isinstance(node, ScaleKernel):
-        return [("base_kernel", node.base_kernel)]
-    if isinstance(node, (AdditiveKernel, ProductKernel)):
-        return [(f"kernels[{i}]", k) for i, k in enumerate(node.kernels)]
-    return []
-
-
-def _leaves(node: Kernel) -> Iterator[RandomFeatureKernel]:
-    if isinstance(node, RandomFeatureKernel):
-        yield node
-        return
-    for _, child in _children(node):
-        yield from _leaves(child)
-
-
-def _check_tree(node: Kernel, path: str) -> None:
-    """Every node is a sum, product, scale or random-feature kernel, without batch shape."""
-    if not isinstance(node, Kernel):
-        raise TypeError(f"{path} must be a gpytorch Kernel, got {type(node).__name__}")
-    if len(node.batch_shape):
-        raise ValueError(
-            f"{path} must have an empty batch_shape, got {tuple(node.batch_shape)} "
-            f"({type(node).__name__})"
-        )
-    if isinstance(node, RandomFeatureKernel):
-        if getattr(node, "needs_allocation", False):
-            raise ValueError(
-                f"{path} ({type(node).__name__}) needs a data-dependent allocation; call its "
-                "allocate(x) (on the inputs its active_dims select) before composing it"
-            )
-        return
-    if not isinstance(node, (ScaleKernel, AdditiveKernel, ProductKernel)):
-        raise TypeError(
-            f"{path} must be an rfgp RandomFeatureKernel, or a gpytorch ScaleKernel, "
-            f"AdditiveKernel or ProductKernel of them, got {type(node).__name__}"
-        )
-    for name, child in _children(node):
-        _check_tree(child, f"{path}.{name}")
 
 
 def _real_to_complex(phi: Tensor) -> Tensor:
@@ -180,7 +145,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     """
 
     def __init__(self, kernel: Kernel, product: str = "elementwise", seed: Optional[int] = None):
-        _check_tree(kernel, "kernel")
+        check_feature_tree(kernel, "kernel")
         # Set before Module.__init__ (plain attributes may be): _shape_of reads it.
         self.product = check_choice("product", product, PRODUCT_MODES)
         self._permutation_specs: List[Tuple[str, int]] = []  # (buffer name, width)
@@ -205,7 +170,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         if isinstance(node, ScaleKernel):
             return self._shape_of(node.base_kernel, f"{path}.base_kernel", counter)
         parts = [
-            self._shape_of(child, f"{path}.{name}", counter) for name, child in _children(node)
+            self._shape_of(child, f"{path}.{name}", counter) for name, child in children_of(node)
         ]
         widths = [w for w, _, _ in parts]
         complex_ = any(c for _, c, _ in parts)
@@ -224,8 +189,8 @@ class ComposedFeatureKernel(RandomFeatureKernel):
                 f"{sorted(outputs)} outputs per input"
             )
         seen: Dict[int, int] = {}
-        for index, (_, child) in enumerate(_children(node)):
-            for leaf in _leaves(child):
+        for index, (_, child) in enumerate(children_of(node)):
+            for leaf in feature_leaves(child):
                 if seen.setdefault(id(leaf), index) != index:
                     raise ValueError(
                         f"{path}: the factors of a product must be independent, but the "
@@ -267,7 +232,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             RuntimeError: if a part's input dimension is unknown (give it ``input_dim`` or
                 ``active_dims``, or evaluate the kernel once).
         """
-        for leaf in _leaves(self.tree):
+        for leaf in feature_leaves(self.tree):
             leaf.resample(generator)
         # The permutations depend on the widths only, not on the input dimension.
         self._set_weights(self._sample_weights(0, generator))
@@ -307,7 +272,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         if isinstance(node, ScaleKernel):
             phi = self._evaluate(node.base_kernel, x, counter, select=False)
             return phi * node.outputscale.sqrt().to(phi.real.dtype)
-        parts = [self._evaluate(child, x, counter, select=True) for _, child in _children(node)]
+        parts = [self._evaluate(child, x, counter, select=True) for _, child in children_of(node)]
         if any(p.is_complex() for p in parts):
             parts = [_real_to_complex(p) for p in parts]
         if isinstance(node, AdditiveKernel):
@@ -330,7 +295,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     @property
     def has_variance_correction(self) -> bool:  # type: ignore[override]
         """Whether a part is a biased (truncated) approximation with a variance correction."""
-        return any(leaf.has_variance_correction for leaf in _leaves(self.tree))
+        return any(leaf.has_variance_correction for leaf in feature_leaves(self.tree))
 
     def variance_correction(self, x: Tensor) -> Tensor:
         r""":math:`k(x, x) - \mathbb{E}[\hat k(x, x)]` of the composition, shape ``(..., N p)``.
@@ -370,7 +335,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
                 None if corr is None else corr * scale
             )
         x = select_active_columns(x, node.active_dims)
-        children = [child for _, child in _children(node)]
+        children = [child for _, child in children_of(node)]
         if isinstance(node, AdditiveKernel):
             parts = [self._correction(child, x, need_diagonal) for child in children]
             corrs = [c for _, c in parts if c is not None]
@@ -398,43 +363,6 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             f"num_features={self.num_features}, product={self.product!r}, "
             f"is_complex={self.is_complex}"
         )
-
-
-def is_composition(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a sum or product node, or ``ScaleKernel`` s around one.
-
-    Example:
-        >>> from rfgp.kernels import FourierFeatureKernel
-        >>> is_composition(FourierFeatureKernel(8) + FourierFeatureKernel(8))
-        True
-        >>> is_composition(ScaleKernel(FourierFeatureKernel(8)))
-        False
-    """
-    while isinstance(kernel, ScaleKernel):
-        kernel = kernel.base_kernel
-    return isinstance(kernel, (AdditiveKernel, ProductKernel))
-
-
-def is_feature_composition(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a composition (:func:`is_composition`) whose leaves are all
-    random-feature kernels, i.e. one that :func:`as_feature_kernel` turns into features.
-
-    Example:
-        >>> from rfgp.kernels import FourierFeatureKernel
-        >>> is_feature_composition(FourierFeatureKernel(8) * FourierFeatureKernel(8))
-        True
-        >>> from gpytorch.kernels import RBFKernel
-        >>> is_feature_composition(FourierFeatureKernel(8) + RBFKernel())
-        False
-    """
-
-    def all_leaves_random(node: Kernel) -> bool:
-        if isinstance(node, RandomFeatureKernel):
-            return True
-        children = _children(node)
-        return bool(children) and all(all_leaves_random(child) for _, child in children)
-
-    return is_composition(kernel) and all_leaves_random(kernel)
 
 
 def feature_kernel(kernel: Kernel) -> Kernel:

@@ -6,6 +6,8 @@ that choose their degrees.
   (public as :mod:`rfgp.variance`).
 * :mod:`~rfgp.kernels._maclaurin.allocation`: the optimiser over degree counts (Algorithms 2-3
   of Wacker et al.).
+* :mod:`~rfgp.kernels._maclaurin.degree_statistics`: the subsample's per-degree U-statistics the
+  optimiser runs on.
 
 Internal: the public names are exported by :mod:`rfgp.kernels` and :mod:`rfgp.variance`.
 """
