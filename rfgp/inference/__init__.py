@@ -28,6 +28,7 @@ from rfgp.inference._evidence import (
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._fit_cost import (
     CHOICE_FEATURES,
+    FEATURE_STEP,
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
     classifier_fit_cost,
@@ -37,6 +38,7 @@ from rfgp.inference._fit_cost import (
     final_path,
     largest_features_within,
     measure_machine_rate,
+    row_capped_features,
 )
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._heteroscedastic_evidence import heteroscedastic_negative_log_evidence
@@ -57,6 +59,7 @@ __all__ = [
     "stochastic_log_evidence",
     # For rfgp.recipes (the inference layer's names the recipes import; not user-facing).
     "CHOICE_FEATURES",
+    "FEATURE_STEP",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
     "ScaleCalibration",
@@ -78,4 +81,5 @@ __all__ = [
     "lengthscale_draws",
     "measure_machine_rate",
     "negative_log_evidence",
+    "row_capped_features",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "CHOICE_FEATURES",
     "EXACT_DISTANCE_COST",
     "EXACT_ELEMENTWISE_COST",
+    "FEATURE_STEP",
     "MAX_FUNCTION_FEATURES",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
@@ -41,11 +42,13 @@ __all__ = [
     "cg_num_features",
     "exact_evidence_cost",
     "feature_evidence_cost",
+    "feature_grid",
     "final_fit_cost",
     "final_path",
     "iterative_fit_cost",
     "largest_features_within",
     "measure_machine_rate",
+    "row_capped_features",
 ]
 
 #: Most features of a weight-space (``D x D``) final fit.
@@ -54,6 +57,8 @@ MAX_WEIGHT_FEATURES = 8192
 MAX_FUNCTION_FEATURES = 32768
 #: Most features of an iterative (``solve="cg"``) final fit.
 MAX_ITERATIVE_FEATURES = 65536
+#: Step of the feature grid from which feature counts are its multiples (:func:`feature_grid`).
+FEATURE_STEP = 1024
 #: Features of the weight-space calibration that chooses among candidate lengthscales and
 #: starts the iterative calibration of a larger final model.
 CHOICE_FEATURES = 2048
@@ -78,32 +83,59 @@ EXACT_ELEMENTWISE_COST = 100.0
 EXACT_DISTANCE_COST = 8.0
 
 
+def feature_grid(smallest: int, largest: int, step: int = 0, cap: int = 0) -> list:
+    r"""The feature counts a budget chooses among, ascending: :math:`2^k\,\text{smallest}`
+    up to ``step``, then the multiples of ``step`` (``step = 0``: powers of two throughout),
+    each at most ``largest``; and ``cap`` where it lies in ``[smallest, largest]`` (a width
+    tied to the data, e.g. the rows, which the CG path allows as its largest).
+
+    Every count is even where ``smallest``, ``step`` and ``cap`` are: the Fourier features
+    take any even count (their orthogonal ``d x d`` blocks are truncated to it).
+
+    Example:
+        >>> feature_grid(512, 5000, 1024, cap=4500)
+        [512, 1024, 2048, 3072, 4096, 4500]
+        >>> feature_grid(256, 4096)
+        [256, 512, 1024, 2048, 4096]
+    """
+    sizes, size = [], smallest
+    while size <= largest:
+        sizes.append(size)
+        size = (size // step + 1) * step if step and size >= step else 2 * size
+    if smallest <= cap <= largest and cap not in sizes:
+        sizes = sorted(sizes + [cap])
+    return sizes
+
+
 def largest_features_within(cost: Callable[[int], float], budget: float, smallest: int,
-                            largest: int) -> int:
-    r"""The largest :math:`D = 2^k\,\text{smallest} \le \text{largest}` with
+                            largest: int, step: int = 0, cap: int = 0) -> int:
+    r"""The largest :math:`D` of :func:`feature_grid` ``(smallest, largest, step, cap)`` with
     :math:`\text{cost}(D) \le \text{budget}`; ``smallest`` where none fits.
 
     Every size is tried (not only until the first that does not fit): a cost need not grow
     with :math:`D` where the path changes (the ``D x D`` solve gives way to CG). An infinite
-    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget.
+    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget. The
+    sizes that fit only gain members as the budget grows, so the answer never falls with it.
 
     Args:
         cost: multiply-adds (or seconds) of a fit with ``D`` features.
         budget: what the fit may cost, in ``cost``'s unit.
         smallest, largest: the range of ``D`` (``smallest`` positive).
+        step, cap: the grid's step and its extra width (:func:`feature_grid`).
 
     Example:
         >>> largest_features_within(lambda m: m**2, 1e6, 256, 65536)
         512
+        >>> largest_features_within(lambda m: m**2, 1e7, 256, 65536, step=1024)
+        3072
         >>> largest_features_within(lambda m: m**2, 1.0, 256, 65536)
         256
     """
-    best, size = smallest, smallest
-    while size <= largest:
+    best = smallest
+    for size in feature_grid(smallest, largest, step, cap):
         value = cost(size)
         if value <= budget and math.isfinite(value):
             best = size
-        size *= 2
     return best
 
 
@@ -368,6 +400,19 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     calibration = n * m * ((input_dim + 4) + sketch + solves)
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS, cached=True)
     return choice + calibration + fit
+
+
+def row_capped_features(num_rows: int) -> int:
+    """The widest ``D`` the CG path takes on ``num_rows`` rows under ``solve="auto"``: the rows,
+    even (a cosine and a sine per frequency), at most :data:`MAX_ITERATIVE_FEATURES`. Beyond
+    the rows the ``N x N`` function-space solve is cheaper than iterating on ``D x D``, and a
+    feature model of ``D >= N`` features already spans every function the rows can tell apart.
+
+    Example:
+        >>> row_capped_features(13501), row_capped_features(10**6)
+        (13500, 65536)
+    """
+    return min(num_rows, MAX_ITERATIVE_FEATURES) // 2 * 2
 
 
 def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,

@@ -15,8 +15,9 @@ evaluation of that evidence's gradient costs :math:`2 N D^2`, more than the whol
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from gpytorch.kernels import Kernel
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from rfgp.inference import (
     CHOICE_FEATURES,
+    FEATURE_STEP,
     MAX_ITERATIVE_FEATURES,
     RandomFeatureGP,
     ScaleCalibration,
@@ -33,6 +35,7 @@ from rfgp.inference import (
     fit_calibrated,
     fit_calibrated_source,
     largest_features_within,
+    row_capped_features,
 )
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
@@ -42,7 +45,13 @@ from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 from rfgp.recipes._units import NOISE_FLOOR
 
-__all__ = ["REFIT", "plan_final_growth", "plan_final_share", "refit"]
+__all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
+           "replan_final"]
+
+#: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
+#: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
+#: (the CG iterations grow with the signal-to-noise ratio).
+REPLAN_SHARE = 0.9
 
 
 def _final_kernel(data: RecipeData, draws: Optional[Tensor], centre: Tensor,
@@ -176,7 +185,7 @@ def plan_final_share(plan: Plan) -> None:
         features = largest_features_within(
             lambda size: final_path(n, size, d, opts.solve, candidates)[1],
             min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
-            MAX_ITERATIVE_FEATURES)
+            MAX_ITERATIVE_FEATURES, FEATURE_STEP, row_capped_features(n))
     plan.num_features = features
     plan.spent += final_path(n, features, d, opts.solve, forced=forced)[1]
 
@@ -199,13 +208,71 @@ def plan_final_growth(plan: Plan) -> None:
         current = final_path(n, features, d, opts.solve, candidates)[1]
         larger = largest_features_within(
             lambda size: final_path(n, size, d, opts.solve, candidates)[1],
-            max(rest, current), features, MAX_ITERATIVE_FEATURES)
+            max(rest, current), features, MAX_ITERATIVE_FEATURES, FEATURE_STEP,
+            row_capped_features(n))
         plan.spent += final_path(n, larger, d, opts.solve, candidates)[1] - current
         features = larger
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None)
     plan.final_solve, plan.predicted["refit"] = path, cost
+    plan.settings["refit_candidates"] = candidates
+
+
+def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
+                 seconds_left: float, rate: float) -> Any:
+    r"""The schedule with the final ``D`` re-planned from the time actually left when the
+    final fit starts (an anytime rule): the largest ``D`` of the feature grid whose fit, on
+    its path, costs at most :data:`REPLAN_SHARE` of ``seconds_left`` at ``rate``
+    multiply-adds per second (the rate the stages before measured), and never fewer than the
+    schedule's own ``D``:
+
+    .. math::
+        D = \maxig(D_{	ext{plan}},\ \max\{D' : C(D') \le 0.9\,t_{	ext{left}}\,r\}ig).
+
+    Both terms only grow (the plan's with the budget, the other with the time left), so more
+    budget or faster stages never give fewer features. A given ``num_features`` (or
+    ``anytime=False``) keeps the schedule as it is; so does a ``D`` already at its cap.
+
+    Args:
+        schedule: the :class:`~rfgp.recipes._schedule.Schedule` planned.
+        num_rows, input_dim: ``N`` and ``d``.
+        options: the checked options.
+        seconds_left: the budget less the seconds spent so far.
+        rate: multiply-adds per second.
+
+    Returns:
+        ``schedule`` itself, or a copy with the larger ``num_features``, its ``final_solve``
+        and its ``predicted["refit"]`` (seconds at ``rate``).
+
+    Example:
+        >>> from rfgp.recipes._options import RegressionOptions
+        >>> from rfgp.recipes._regression import plan_regression
+        >>> opts = RegressionOptions().checked()
+        >>> s = plan_regression(13500, 26, opts)
+        >>> replan_final(s, 13500, 26, opts, 0.0, opts.machine_rate) is s
+        True
+        >>> replan_final(s, 13500, 26, opts, 40.0, opts.machine_rate).num_features > 2048
+        True
+    """
+    if options.num_features is not None or not options.anytime:
+        return schedule
+    candidates = schedule.settings.get("refit_candidates", 1)
+
+    def cost(size: int) -> float:
+        return final_path(num_rows, size, input_dim, options.solve, candidates)[1]
+
+    budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate
+    larger = largest_features_within(cost, budget, schedule.num_features,
+                                     MAX_ITERATIVE_FEATURES, FEATURE_STEP,
+                                     row_capped_features(num_rows))
+    if larger <= schedule.num_features:
+        return schedule
+    path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates)
+    predicted = dict(schedule.predicted, refit=multiply_adds / rate)
+    settings = dict(schedule.settings, replanned_from=schedule.num_features)
+    return dataclasses.replace(schedule, num_features=larger, final_solve=path,
+                               predicted=predicted, settings=settings)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))
