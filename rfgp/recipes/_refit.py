@@ -216,7 +216,6 @@ def plan_final_growth(plan: Plan) -> None:
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None)
     plan.final_solve, plan.predicted["refit"] = path, cost
-    plan.settings["refit_candidates"] = candidates
 
 
 def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
@@ -257,7 +256,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
     """
     if options.num_features is not None or not options.anytime:
         return schedule
-    candidates = schedule.settings.get("refit_candidates", 1)
+    # The candidates the plan counted (plan_final_growth's rule).
+    candidates = 2 if local_possible(Plan(num_rows, input_dim, options, 0.0)) else 1
 
     def cost(size: int) -> float:
         return final_path(num_rows, size, input_dim, options.solve, candidates)[1]
@@ -270,9 +270,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         return schedule
     path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates)
     predicted = dict(schedule.predicted, refit=multiply_adds / rate)
-    settings = dict(schedule.settings, replanned_from=schedule.num_features)
     return dataclasses.replace(schedule, num_features=larger, final_solve=path,
-                               predicted=predicted, settings=settings)
+                               predicted=predicted)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))
