@@ -63,17 +63,20 @@ FEATURE_STEP = 1024
 #: starts the iterative calibration of a larger final model.
 CHOICE_FEATURES = 2048
 #: What the cost model expects of the iterative calibration
-#: (:mod:`~rfgp.inference._krylov_calibration`), in full-length CG runs over the target and
-#: probe columns (a cold run where the recipe starts it and, where the root lies beyond the
-#: accepted radius, a warm-started one, shorter), preconditioned CG iterations per run,
-#: probes, and the Nyström rank (the sketch's automatic rule stops at 512 unless doubling
-#: pays over the runs' few solves). The iterations grow with the signal-to-noise ratio: 8 to
-#: 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at 8,192 features
-#: the sketch's rule chose rank 1,024 and the runs took 100 and 70 iterations, about twice
-#: the model, whose constants are those of the typical, noisier set.
-CALIBRATION_RUNS = 1.5
+#: (:mod:`~rfgp.inference._krylov_calibration`): its runs over the target columns in
+#: full-length CG solves (a cold run where the recipe starts it and, where the root lies
+#: beyond the accepted radius, warm-started ones, shorter), preconditioned CG iterations per
+#: solve, probes, the length of a probe's run relative to the targets' (the probes stop at a
+#: looser residual), and the Nyström rank (the sketch's automatic rule stops at 512 unless
+#: doubling pays over the runs' few solves). The iterations grow with the signal-to-noise
+#: ratio: 8 to 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at
+#: 8,192 features the sketch's rule chose rank 1,024, the target runs took 74, 37 and 29
+#: iterations (1.9 solves of 74, about twice the model's iterations, whose constants are
+#: those of the typical, noisier set) and the probes' runs a sixth of the targets' each.
+CALIBRATION_RUNS = 2.0
 CG_ITERATIONS = 40
 CALIBRATION_PROBES = 8
+PROBE_RUN_SHARE = 0.25
 SKETCH_RANK = 512
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
@@ -378,15 +381,16 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then the Krylov
     calibration (:mod:`~rfgp.inference._krylov_calibration`) on cached features
     (:math:`N D (d + 4)`): one Nyström sketch of rank :math:`r` (:math:`2 N D r`, and
-    :math:`8 D r^2` to factorise it), :math:`R` runs of :math:`I` CG iterations over the target
-    and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the Galerkin projection onto
-    their :math:`s = r + R I (1 + p)` directions (:math:`2 D s^2`); and the fit,
+    :math:`8 D r^2` to factorise it), :math:`R` solves of :math:`I` CG iterations over the
+    target and the :math:`p` probe columns, a probe's run :math:`q` times as long
+    (:math:`2 N D (1 + q p)` per iteration), and the Galerkin projection onto their
+    :math:`s = r + R I (1 + q p)` directions (:math:`2 D s^2`); and the fit,
     :func:`cg_fit_cost` with :math:`I` iterations on cached features and the calibration's
     sketch:
 
     .. math::
         C = k\,C_{\text{choice}} + N D \big((d + 4) + 2 r + 8 r^2 / N + 2 s^2 / N
-            + 2 I R (1 + p)\big) + C_{\text{CG fit}}(N, D, d, I).
+            + 2 I R (1 + q p)\big) + C_{\text{CG fit}}(N, D, d, I).
 
     Example:
         >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
@@ -394,8 +398,9 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     """
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES)
-    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * (1 + CALIBRATION_PROBES)
+    columns = 1 + CALIBRATION_PROBES * PROBE_RUN_SHARE  # target solves per run, probes too
+    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * columns
+    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * columns
     sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
     calibration = n * m * ((input_dim + 4) + sketch + solves)
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS, cached=True)

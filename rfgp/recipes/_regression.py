@@ -61,7 +61,7 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
         >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
-        (16384, 2000, 'features', True)
+        (22528, 2000, 'features', True)
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
