@@ -262,8 +262,9 @@ def test_more_budget_goes_to_features_while_they_are_below_the_rows():
 
 @pytest.mark.slow
 def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
-    # On 400 rows the plan buys 512 features at half a second and 16,384 (function space) at
-    # one; the searches are the same, so the two final models differ in D alone. The larger
+    # On 400 rows the plan buys 512 features at half a second and at least 16,384 (function
+    # space) at one; the searches are the same, so the two final models differ in D alone. The
+    # larger
     # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
     # feature draws (three standard deviations of five draws).
     from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
@@ -281,7 +282,7 @@ def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
         fit_auto(x, y, time_budget=budget, report=report, **options)
         reports.append(report)
     small, large = reports
-    assert (small.num_features, large.num_features) == (512, 16384)
+    assert small.num_features == 512 and large.num_features >= 16384
     assert torch.allclose(small.lengthscale, large.lengthscale)
 
     def evidence(report):
