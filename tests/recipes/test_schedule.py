@@ -264,9 +264,8 @@ def test_more_budget_goes_to_features_while_they_are_below_the_rows():
 def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
     # On 400 rows the plan buys 512 features at half a second and at least 16,384 (function
     # space) at one; the searches are the same, so the two final models differ in D alone. The
-    # larger
-    # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
-    # feature draws (three standard deviations of five draws).
+    # larger one's evidence is not worse beyond the spread of the 512-feature model's evidence
+    # over feature draws (three standard deviations of five draws).
     from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
     from rfgp.recipes import FitReport, fit_auto
     from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
