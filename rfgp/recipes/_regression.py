@@ -45,7 +45,7 @@ from rfgp.recipes._units import (
     unit_of_rms,
 )
 
-__all__ = ["STAGES", "fit_auto", "plan_regression"]
+__all__ = ["STAGES", "fit_auto", "plan_regression", "replanned"]
 
 #: The stages of :func:`fit_auto`, in the order they run (each plans its cost at its own
 #: place in the schedule): every one but the last hands on a
@@ -132,7 +132,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
             searched, data = _agree_on_stages(timer, data, searched, report, started)
         else:
             searched = _search_stages(timer, data, searched, report)
-            data = _replanned(data, report, started)
+            data = replanned(data, report, started)
         gp = timer.run(STAGES[-1], data, searched, report)
     _report_in_data_units(data, searched, report)
     return gp
@@ -146,7 +146,7 @@ def _search_stages(timer: StageTimer, data: RecipeData, searched: Searched,
     return searched
 
 
-def _replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData:
+def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData:
     """``data`` with its schedule's final ``D`` re-planned from the seconds left since
     ``started`` (:func:`~rfgp.recipes._refit.replan_final`), at the multiply-add rate the
     timed stages achieved: the options' rate times their predicted over their measured
@@ -173,7 +173,7 @@ def _agree_on_stages(timer: StageTimer, data: RecipeData, searched: Searched,
     fits the same model: ``(searched, data)``."""
     def run() -> tuple:
         found = _search_stages(timer, data, searched, report)
-        return found, report, _replanned(data, report, started).schedule
+        return found, report, replanned(data, report, started).schedule
 
     adopted, record, schedule = agreed(run, data.source)
     seconds = report.seconds  # the timer's: the final fit's time joins rank 0's

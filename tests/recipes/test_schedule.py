@@ -346,3 +346,30 @@ def test_machine_rate_refuses_a_dtype_it_cannot_multiply_in(dtype):
 
 def test_machine_rate_takes_a_dtype_by_name():
     assert measure_machine_rate(32, 1, dtype="float32") > 0
+
+
+def test_the_final_fit_replans_at_the_rate_the_stages_before_achieved():
+    # Stages that ran four times faster than predicted leave the budget to the features: the
+    # final D grows (to the rows, on 4 * 10^4 rows of 9 inputs), the report shows the new
+    # schedule, and anytime=False keeps the planned one.
+    import time
+
+    from rfgp.recipes import FitReport
+    from rfgp.recipes._regression import replanned
+    from rfgp.recipes._stage import RecipeData
+
+    x, y = torch.zeros(40000, 9, dtype=torch.float64), torch.zeros(40000, dtype=torch.float64)
+    for anytime in (True, False):
+        opts = RegressionOptions(anytime=anytime).checked()
+        plan = plan_regression(40000, 9, opts)
+        data = RecipeData(opts, plan, x, y, x, y, torch.ones(9, dtype=torch.float64), 1.0,
+                          torch.Generator())
+        report = FitReport.begin(None, plan)
+        report.seconds["search"] = plan.predicted["search"] / 4
+        again = replanned(data, report, time.perf_counter())
+        if anytime:
+            assert again.schedule.num_features > plan.num_features
+            assert again.schedule.num_features <= 40000 and again.schedule.final_solve == "cg"
+            assert report.num_features == again.schedule.num_features
+        else:
+            assert again is data and report.num_features == plan.num_features
