@@ -159,11 +159,11 @@ def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData
     if measured > 0 and predicted > 0:
         rate *= predicted / measured
     left = schedule.budget - (time.perf_counter() - started)
-    replanned = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate)
-    if replanned is schedule:
+    again = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate)
+    if again is schedule:
         return data
-    report.schedule, report.num_features = replanned, replanned.num_features
-    return dataclasses.replace(data, schedule=replanned)
+    report.schedule, report.num_features = again, again.num_features
+    return dataclasses.replace(data, schedule=again)
 
 
 def _agree_on_stages(timer: StageTimer, data: RecipeData, searched: Searched,
