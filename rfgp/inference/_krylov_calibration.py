@@ -115,8 +115,8 @@ SEARCH_RADIUS = math.log(1e3)
 #: this from the anchor is cold itself (its own Lanczos quadrature), nearer ones are
 #: warm-started from the projection.
 COLD_RADIUS = math.log(2.0)
-#: Column solves the sketch's rank is sized for (per right-hand side): a first run and, at
-#: most, one warm-started one.
+#: Column solves the sketch's rank is sized for (per right-hand side): a first run and a
+#: warm-started one (a later warm run starts nearer its solution and is shorter).
 SKETCH_SOLVES = 2
 #: The probe columns' relative CG residual: the Lanczos quadrature of their log-determinant
 #: converges about twice as fast as the residual, and their forms' error stays far below the
