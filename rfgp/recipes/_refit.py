@@ -168,7 +168,7 @@ def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
 
 
 def plan_final_share(plan: Plan) -> None:
-    """Book the final fit's share first: the most features (a power of two, at least
+    """Book the final fit's share first: the most features (on the feature grid, at least
     :data:`~rfgp.recipes._schedule.MIN_FEATURES`) whose calibrated fit, with the candidates it
     may have to choose among (the refinement's end and, where a local stage can run, its
     best), costs at most :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, or what
