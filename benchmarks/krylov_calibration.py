@@ -47,13 +47,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibrated_features import kernel_at, latest, load  # noqa: E402
 
+from rfgp._units import NOISE_FLOOR  # noqa: E402
 from rfgp.inference._calibration import (  # noqa: E402
     feature_model_evidence,
     maximize_scale_evidence,
 )
 from rfgp.inference._cg_solver import FeatureOperator  # noqa: E402
 from rfgp.inference._krylov_calibration import calibrate_by_krylov  # noqa: E402
-from rfgp.recipes._units import NOISE_FLOOR  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 RECORDS = OUT / "krylov_calibration.jsonl"

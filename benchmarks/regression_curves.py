@@ -90,7 +90,7 @@ def run(args, records: Records) -> None:
         if args.max_train:
             xtr, ytr = xtr[:args.max_train], ytr[:args.max_train]
         done = records.done("set", "split", "method")
-        for multiplier in args.multipliers:
+        for multiplier in args.multipliers if "rfgp" in args.methods else ():
             method = rfgp_label(multiplier)
             if (name, 0, method) in done:
                 continue
@@ -100,19 +100,21 @@ def run(args, records: Records) -> None:
             record_fit(records, {"set": name, "split": 0, "method": method},
                        partial(rfgp_default, xtr, ytr, xte, **params), xtr, yte, args.threads,
                        method)
-        for m in args.inducing:
+        for m in args.inducing if "sgpr" in args.methods else ():
             method = f"SGPR {m}"
             if (name, 0, method) not in done:
                 record_fit(records, {"set": name, "split": 0, "method": method},
                            partial(sgpr, xtr, ytr, xte, m, args.sgpr_steps), xtr, yte,
                            args.threads, method)
-        if (name, 0, "SVGP") not in done:
+        if "svgp" in args.methods and (name, 0, "SVGP") not in done:
             record_fit(records, {"set": name, "split": 0, "method": "SVGP"},
                        partial(svgp, xtr, ytr, xte, max_epochs=args.svgp_epochs), xtr, yte,
                        args.threads, "SVGP")
-        if (name, 0, "exact GP") not in done and xtr.shape[0] <= EXACT_MAX:
+        if ("exact" in args.methods and (name, 0, "exact GP") not in done
+                and xtr.shape[0] <= EXACT_MAX):
             record_fit(records, {"set": name, "split": 0, "method": "exact GP"},
-                       partial(exact_gp, xtr, ytr, xte), xtr, yte, args.threads, "exact GP")
+                       partial(exact_gp, xtr, ytr, xte, max_rows=args.exact_rows), xtr, yte,
+                       args.threads, "exact GP")
 
 
 # ====================================================================== page
@@ -214,6 +216,12 @@ def main() -> None:
     parser.add_argument("--svgp-epochs", type=int, default=300)
     parser.add_argument("--max-train", type=int, default=None,
                         help="use only the first rows of the training split (smoke tests)")
+    parser.add_argument("--methods", nargs="*", default=["rfgp", "sgpr", "svgp", "exact"],
+                        choices=["rfgp", "sgpr", "svgp", "exact"],
+                        help="the method families to run (records of the others are kept)")
+    parser.add_argument("--exact-rows", type=int, default=10000,
+                        help="rows of the exact GP's final hyperparameter optimisation "
+                             "(at most 10^4; its posterior conditions on every training row)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--page-only", action="store_true")

@@ -62,11 +62,12 @@ sys.path.insert(0, str(ROOT))
 from _pages import paired_difference, study_options, write_page  # noqa: E402
 
 from rfgp import RandomFeatureGP  # noqa: E402
+from rfgp._initial import initial_hyperparameters  # noqa: E402
 from rfgp.datasets import load_uci, standardize, train_test_split  # noqa: E402
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.recipes._search import maximize_evidence  # noqa: E402
-from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel  # noqa: E402
+from rfgp.recipes._start import make_ard_kernel  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SETS = [("yacht", 5), ("boston", 5), ("energy", 5), ("concrete", 5), ("wine-quality-red", 2)]

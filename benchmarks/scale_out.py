@@ -24,6 +24,7 @@ Usage::
     python benchmarks/scale_out.py --quick              # smoke run: 2*10^4 rows, 30 s budget
     python benchmarks/scale_out.py --sizes 100000 1000000
     python benchmarks/scale_out.py --sizes 10000000 --budget 600 --processes 1 2
+    python benchmarks/scale_out.py --sizes 100000 --solve cg   # the CG path: a pass per product
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _fit(spec: dict, rank: int = 0, world: int = 1) -> dict:
     y = np.load(spec["y"], mmap_mode="r")
     n = x.shape[0]
     rows = slice(rank * n // world, (rank + 1) * n // world)
-    options = {"seed": SEED}
+    options = {"seed": SEED, "solve": spec.get("solve", "auto")}
     if spec["budget"] is not None:
         options["time_budget"] = spec["budget"]
     report = FitReport()
@@ -116,10 +117,14 @@ def _fit(spec: dict, rank: int = 0, world: int = 1) -> dict:
     seconds = time.perf_counter() - started
     out = {"fit_s": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "budget_s": report.schedule.budget, "features": report.schedule.num_features,
-           "predicted_s": sum(report.schedule.predicted.values())}
+           "path": report.schedule.final_solve,
+           "predicted_s": sum(report.schedule.predicted.values()),
+           "stage_s": {k: float(v) for k, v in report.seconds.items()}}
+    # Every rank predicts: a distributed CG fit's variances are collective (a CG over the
+    # query rows whose products sum every rank's rows).
+    xt, ft, yt = test_data(spec["mean"])
+    mean, std = gp.predict(torch.from_numpy(xt), return_std=True)
     if rank == 0:
-        xt, ft, yt = test_data(spec["mean"])
-        mean, std = gp.predict(torch.from_numpy(xt), return_std=True)
         mean, std = mean.double().numpy(), std.double().numpy()
         spread = np.sqrt(std**2 + float(gp.noise))
         out.update({
@@ -171,6 +176,16 @@ def run_fresh(spec: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- the page
+def _final_fit(record: dict) -> str:
+    """The final fit's seconds and its cost per row and squared feature count (the weight
+    path sums one ``D x D`` Gram matrix per row: this is the figure that must not grow with
+    ``N``), or dashes for a record without stage times."""
+    seconds = record.get("stage_s", {}).get("refit")
+    if seconds is None:
+        return "— | —"
+    return f"{seconds:.1f} | {1e9 * seconds / (record['n'] * record['features'] ** 2):.3f}"
+
+
 def write_page(records: list, folder: Path) -> None:
     from _pages import write_page as keep_written
 
@@ -184,14 +199,17 @@ def write_page(records: list, folder: Path) -> None:
         "deviation (1.00 is the noise floor). Peak memory: the largest `ru_maxrss` of the "
         "fit's processes, memory-mapped pages included.",
         "",
-        "| rows | processes | budget (s) | fit (s) | predicted (s) | D | peak memory (MB) | "
-        "RMSE / noise | RMSE to f | 95% coverage | machine |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| rows | processes | budget (s) | fit (s) | predicted (s) | D | path | final fit (s) | "
+        "final fit ns / (row D^2) | peak memory (MB) | RMSE / noise | RMSE to f | "
+        "95% coverage | machine |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in sorted(records, key=lambda r: (r["n"], r["processes"], r["budget_s"])):
         lines.append(
             f"| {r['n']:,} | {r['processes']} | {r['budget_s']:.0f} | {r['fit_s']:.1f} | "
-            f"{r['predicted_s']:.1f} | {r['features']} | {r['peak_mb']:.0f} | "
+            f"{r['predicted_s']:.1f} | {r['features']} | {r.get('path', 'weight')} | "
+            f"{_final_fit(r)} | "
+            f"{r['peak_mb']:.0f} | "
             f"{r['rmse_over_noise']:.3f} | {r['rmse_function']:.4f} | {r['coverage95']:.3f} | "
             f"{r['note']} |")
     keep_written(folder / "scale_out.md", "\n".join(lines) + "\n")
@@ -224,6 +242,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None,
                         help="time_budget in seconds (default: the recipe's default rule)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--solve", choices=("auto", "weight", "cg"), default="auto",
+                        help="fit_auto's solve: 'cg' forces the CG path, a pass over the "
+                             "memory-map per product")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "rfgp_scale_out")
     parser.add_argument("--note", default=platform.node(),
                         help="what the machine was doing (stored with each record)")
@@ -242,15 +263,16 @@ def main() -> None:
     for n in args.sizes:
         x_path, y_path, mean = write_data(args.data, n)
         for procs in args.processes:
-            key = (n, procs, args.budget, args.threads)
-            if any((r["n"], r["processes"], r["budget"], r["threads"]) == key for r in records):
+            key = (n, procs, args.budget, args.threads, args.solve)
+            if any((r["n"], r["processes"], r["budget"], r["threads"], r.get("solve", "auto"))
+                   == key for r in records):
                 print(f"N={n} processes={procs}: recorded, skipped")
                 continue
             spec = {"x": str(x_path), "y": str(y_path), "mean": mean, "processes": procs,
-                    "budget": args.budget, "threads": args.threads}
+                    "budget": args.budget, "threads": args.threads, "solve": args.solve}
             result = run_fresh(spec)
             record = {"n": n, "processes": procs, "budget": args.budget,
-                      "threads": args.threads, "note": args.note, **result}
+                      "threads": args.threads, "solve": args.solve, "note": args.note, **result}
             records.append(record)
             with log.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")

@@ -52,6 +52,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "rfgp.botorch needs BoTorch; install it with: pip install 'rfgp[botorch]'"
     ) from error
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
+from linear_operator import to_linear_operator
 
 from rfgp._validation import check_tensor, describe
 from rfgp.inference._feature_gp import RandomFeatureGP
@@ -203,6 +204,10 @@ class RandomFeatureModel(Model):
             covariance = covariance + torch.diag_embed(
                 self._noise_diagonal(observation_noise, mean, outputs, interleaved)
             )
+        # Lazily: the joint covariance of q close points is singular to working precision
+        # (its rank is at most D), and a dense one would be factorised at once without
+        # jitter; as a linear operator its factorisation adds GPyTorch's jitter when needed.
+        covariance = to_linear_operator(covariance)
         if m == 1:
             distribution = MultivariateNormal(mean[..., 0], covariance)
         else:

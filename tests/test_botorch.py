@@ -406,3 +406,31 @@ def test_numpy_integer_output_indices_are_indices():
                                model.posterior(xs, output_indices=[1]).mean, rtol=0, atol=0)
     with pytest.raises(ValueError, match="output_indices must be None"):
         model.posterior(xs, output_indices=[np.bool_(True)])
+
+
+def test_a_batch_of_coincident_points_samples_one_value_each_time():
+    # q points at one place have a joint covariance of rank one: singular, so a dense
+    # covariance cannot be factorised without jitter. Monte-Carlo acquisitions (qLogEI over
+    # q = 4 candidates that an optimiser has brought together) must still sample; every draw
+    # then takes one value at all q points (up to the jitter's square root), with the
+    # posterior's variance.
+    gp, _ = fitted(n=60)
+    model = RandomFeatureModel(gp)
+    point = torch.tensor([0.4, 0.5], dtype=DT)
+    post = model.posterior(point.expand(1, 4, 2))
+    samples = post.rsample(torch.Size([4000]))  # (4000, 1, 4, 1)
+    assert samples.shape == (4000, 1, 4, 1)
+    spread = samples[..., 0] - samples[..., :1, 0]
+    assert float(spread.abs().max()) < 1e-3
+    variance = float(post.variance[0, 0, 0])
+    # the draws' variance within 5 standard errors (chi-square: sd = var * sqrt(2 / n))
+    drawn = float(samples[:, 0, 0, 0].var())
+    assert abs(drawn - variance) < 5 * variance * (2 / 4000) ** 0.5
+
+
+def test_q_log_expected_improvement_optimises_a_batch_of_four():
+    torch.manual_seed(0)
+    gp, x = fitted(n=80)
+    acqf = qLogExpectedImprovement(RandomFeatureModel(gp), best_f=bowl(x).max())
+    candidates, value = optimize_acqf(acqf, BOUNDS, q=4, num_restarts=4, raw_samples=128)
+    assert candidates.shape == (4, 2) and torch.isfinite(value).all()

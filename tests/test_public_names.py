@@ -164,13 +164,13 @@ def _declared_all(module: str) -> set:
 #: in its ``__all__``; the API pages do not document them and what users read must not name them.
 LAYER_NAMES = {
     "rfgp.inference": {
-        "CHOICE_FEATURES", "MAX_ITERATIVE_FEATURES", "MAX_WEIGHT_FEATURES", "ScaleCalibration",
-        "calibrate_scales", "calibrate_source_scales", "classifier_fit_cost", "cross_validate",
-        "evidence_hessian", "exact_evidence_cost", "feature_evidence_cost", "final_fit_cost",
-        "final_path", "fit_calibrated", "fit_calibrated_source",
+        "CHOICE_FEATURES", "FEATURE_STEP", "MAX_ITERATIVE_FEATURES", "MAX_WEIGHT_FEATURES",
+        "ScaleCalibration", "calibrate_scales", "calibrate_source_scales", "classifier_fit_cost",
+        "cross_validate", "evidence_hessian", "exact_evidence_cost", "feature_evidence_cost",
+        "final_fit_cost", "final_path", "fit_calibrated", "fit_calibrated_source",
         "fourier_kernel_negative_log_evidence", "heteroscedastic_negative_log_evidence",
         "kd_blocks", "largest_features_within", "lengthscale_draws", "measure_machine_rate",
-        "negative_log_evidence",
+        "negative_log_evidence", "row_capped_features",
     },
 }
 

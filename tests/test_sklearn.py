@@ -152,6 +152,23 @@ def test_classifier_validation_selects_alpha():
     assert clf.score(X, y) > 0.9
 
 
+def test_classifier_recipe_chooses_alpha_unless_told_not_to():
+    from rfgp.classification import ALPHA_GRID
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(120, 2))
+    y = (X[:, 0] + 0.5 * rng.normal(size=120) > 0).astype(int)
+    chosen = RandomFeatureGPClassifier(num_features=64, alpha_epsilon=0.05,
+                                       random_state=0).fit(X, y)
+    assert chosen.fit_report_.choice["alpha_epsilon"] == chosen.classifier_.alpha_epsilon
+    assert chosen.classifier_.alpha_epsilon in ALPHA_GRID
+    kept = RandomFeatureGPClassifier(num_features=64, alpha_epsilon=0.05, select_alpha=False,
+                                     random_state=0).fit(X, y)
+    assert kept.classifier_.alpha_epsilon == 0.05 and kept.fit_report_.choice == {}
+    with pytest.raises(ValueError, match="select_alpha"):
+        RandomFeatureGPClassifier(select_alpha="yes").fit(X, y)
+
+
 def test_pipeline_and_grid_search():
     X, y = _regression_data(100)
     pipe = make_pipeline(StandardScaler(),
@@ -171,10 +188,11 @@ def test_bad_arguments():
         RandomFeatureGPRegressor("nope").fit(X, y)
     with pytest.raises(TypeError, match="kernel must be"):
         RandomFeatureGPRegressor(kernel=3.0).fit(X, y)
-    with pytest.raises(ValueError, match="noise must be a positive float"):
+    with pytest.raises(ValueError, match="noise must be a finite real number > 0, got -1.0"):
         RandomFeatureGPRegressor(noise=-1.0).fit(X, y)
     # A wrong type is a TypeError (and a ValueError, as scikit-learn's checks expect).
-    with pytest.raises(TypeError, match=r"noise must be a positive float, got 'big' \(str\)"):
+    with pytest.raises(TypeError,
+                       match=r"noise must be a finite real number > 0, got 'big' \(str\)"):
         RandomFeatureGPRegressor(noise="big").fit(X, y)
     with pytest.raises(TypeError, match=r"num_features must be a positive integer.*\(float\)"):
         make_kernel("rbf", num_features=8.0)
@@ -190,12 +208,13 @@ def test_bad_arguments():
         RandomFeatureGPClassifier().fit(X, np.zeros(20))
     with pytest.raises(ValueError, match="proba_method"):
         RandomFeatureGPClassifier(proba_method="x").fit(X, np.arange(20) % 2)
-    # The recipe's options are checked by the recipe's own table (rfgp.recipes._options), as
+    # The recipe's options are checked by the one table (rfgp._parameters), as
     # InvalidParameterError (a ValueError and a TypeError) naming the estimator's parameter.
     for bad in (0.0, -2.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="max_lengthscale must be a finite real number > 0"):
             RandomFeatureGPRegressor(max_lengthscale=bad).fit(X, y)
-    with pytest.raises(TypeError, match=r"max_lengthscale must be a real number, got str"):
+    with pytest.raises(TypeError, match=r"max_lengthscale must be a finite real number > 0 "
+                       r"or None, got '4' \(str\)"):
         RandomFeatureGPRegressor(max_lengthscale="4").fit(X, y)
     for bad in (1, -1, 2.5, True):
         with pytest.raises(ValueError, match="cv_folds must be"):

@@ -42,13 +42,8 @@ from rfgp._data import (
     all_reduce_sum,
     gather_checked,
 )
-from rfgp._validation import (
-    check_choice,
-    check_evidence_rows,
-    check_positive,
-    check_real,
-    check_seed,
-)
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._validation import check_evidence_rows, validate_parameters
 from rfgp.inference._calibration import (
     feature_model_evidence,
     kernel_outputscale,
@@ -57,8 +52,13 @@ from rfgp.inference._calibration import (
 )
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import FeatureOperator, SourceRows
 from rfgp.inference._fit_cost import final_path
-from rfgp.inference._krylov_calibration import KrylovCalibration, calibrate_by_krylov
+from rfgp.inference._krylov_calibration import (
+    KrylovCalibration,
+    calibrate_by_krylov,
+    calibrate_operator_by_krylov,
+)
 from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
@@ -69,6 +69,11 @@ __all__ = ["ScaleCalibration", "calibrate_scales", "calibrate_source_scales", "c
 # The smallest noise, relative to the largest eigenvalue of the model's (scaled) Gram matrix,
 # at which its weight-space matrix still factorises reliably in the dtype.
 _CONDITION = {torch.float64: 1e-10, torch.float32: 1e-5}
+# The weight path's statistics are summed and factorised in float64 whatever the features'
+# dtype: the Gram matrix's largest eigenvalue grows like N, so float32's bound above would
+# hold the noise above 1e-5 N times the signal variance, a floor that binds from a few
+# thousand rows on and turns what the features could fit into noise.
+_WEIGHT_DTYPE = torch.float64
 
 
 @dataclass
@@ -104,9 +109,11 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                      keep: bool = True, seed: int = 0) -> ScaleCalibration:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 \ge \sigma^2_0` that maximise
     the evidence of ``kernel``'s feature model on ``(x, y)``, started at ``(factor, noise)``.
-    The noise also stays above :math:`c\, a \lambda_{\max}(G)` (:math:`c = 10^{-10}` in
-    float64, :math:`10^{-5}` in float32), so that the fit's matrix :math:`a G / \sigma^2 + I`
-    factorises: a target the features fit exactly would otherwise drive the noise to its floor.
+    The noise also stays above :math:`c\, a \lambda_{\max}(G)`, so that the fit's matrix
+    :math:`a G / \sigma^2 + I` factorises: a target the features fit exactly would otherwise
+    drive the noise to its floor. On the ``"weight"`` path the evidence is summed and the fit
+    factorised in float64 whatever ``x``'s dtype (:math:`c = 10^{-10}`); on the ``"cg"`` path
+    the products are in ``x``'s dtype (:math:`c = 10^{-5}` in float32).
 
     Args:
         kernel: a random-feature kernel (or a ``ScaleKernel``, or a sum of such) at the
@@ -133,13 +140,14 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < calibration.noise < 0.02, calibration.path
         (True, 'weight')
     """
-    condition = _CONDITION[x.dtype]
-    if path == "cg":
+    if path == "cg":  # products with the features in their own dtype
+        condition = _CONDITION[x.dtype]
         result = calibrate_by_krylov(
             kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
             cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
         return ScaleCalibration("cg", result.factor, result.noise,
                                 -result.log_evidence * y.numel(), result.preconditioner, result)
+    condition = _CONDITION[_WEIGHT_DTYPE]
     products: Optional[list] = [] if keep else None
     evidence = feature_model_evidence(kernel, x, y, products)
     factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
@@ -169,7 +177,7 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
     """
     noise = torch.as_tensor(calibration.noise, dtype=x.dtype) * target_unit**2
     options = ({"solve": "cg", "cache_bytes": _cache_bytes(x, kernel)}
-               if calibration.path == "cg" else {})
+               if calibration.path == "cg" else {"statistics_dtype": _WEIGHT_DTYPE})
     gp = RandomFeatureGP(kernel, noise=noise, **options)
     with torch.no_grad():
         reuse = calibration.reuse
@@ -182,19 +190,39 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
 
 def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
                             x_unit: Any = 1.0, y_unit: float = 1.0, noise_floor: float = 0.0,
-                            keep: bool = True) -> ScaleCalibration:
-    r""":func:`calibrate_scales` (the ``"weight"`` path) on every row of a
-    :class:`~rfgp._data.DataSource` (a memory-map, chunks, process shards) that is not held in
-    memory: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` of the rows over ``x_unit`` and
-    ``y_unit`` are summed over chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS` rows in float64
-    (the in-memory chunks, so the sums round alike) and all-reduced across processes for a
-    :class:`~rfgp._data.ShardedSource`. With ``keep`` the sums (and each target column's
-    :math:`y_t^\top y_t`) are kept for :func:`fit_calibrated_source`; on fewer rows than
-    features the rows are read and the ``N x N`` form is used (nothing kept).
+                            keep: bool = True, path: str = "weight", factor: float = 1.0,
+                            seed: int = 0) -> ScaleCalibration:
+    r""":func:`calibrate_scales` on every row of a :class:`~rfgp._data.DataSource` (a
+    memory-map, chunks, process shards) that is not held in memory, the rows' inputs over
+    ``x_unit`` and targets over ``y_unit``, in chunks of :data:`~rfgp._data.DEFAULT_CHUNK_ROWS`
+    rows (the in-memory chunks, so the sums round alike), summed across processes for a
+    :class:`~rfgp._data.ShardedSource`:
 
-    Memory: ``O(chunk * D + D^2)``.
+    * ``"weight"``: :math:`\Phi^\top\Phi` and :math:`\Phi^\top y` summed in float64. With
+      ``keep`` the sums (and each target column's :math:`y_t^\top y_t`) are kept for
+      :func:`fit_calibrated_source`; on fewer rows than features the rows are read and the
+      ``N x N`` form is used (nothing kept). Memory ``O(chunk * D + D^2)``, one pass.
+    * ``"cg"``: the Krylov calibration from ``factor`` (probes and sketch drawn from ``seed``)
+      with every product :math:`G V` one pass over the rows, never held
+      (:func:`~rfgp.inference._krylov_calibration.calibrate_operator_by_krylov` on
+      :class:`~rfgp.inference._feature_operator.SourceRows`); its preconditioner is kept for
+      the fit. Memory ``O(chunk * D + D k)`` for the ``k`` columns of the sketch and runs.
     """
-    condition = _CONDITION[source.dtype]
+    if path == "cg":  # the fit's products are in the rows' dtype
+        condition = _CONDITION[source.dtype]
+        rows = SourceRows(source, torch.float64, x_unit, y_unit)
+        sharded = isinstance(source, ShardedSource)
+        op = FeatureOperator(FeatureMap(feature_kernel(kernel)), rows, False, torch.float64,
+                             DEFAULT_CHUNK_ROWS, 0, source.group if sharded else None, sharded)
+        op.column_noise = torch.ones(op.num_columns, dtype=torch.float64)
+        squares = float(op.target_squares().sum())
+        result = calibrate_operator_by_krylov(
+            op, squares, source.num_rows, noise, factor=factor, noise_floor=noise_floor,
+            condition=condition, generator=torch.Generator().manual_seed(seed))
+        return ScaleCalibration("cg", result.factor, result.noise,
+                                -result.log_evidence * source.num_rows * op.num_columns,
+                                result.preconditioner, result)
+    condition = _CONDITION[_WEIGHT_DTYPE]
     feature_map = FeatureMap(feature_kernel(kernel))
     width = feature_map.num_real_features
     if source.num_rows < width:  # the N x N form: few rows, read them
@@ -236,7 +264,9 @@ def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
 def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: ScaleCalibration,
                           like: tuple, target_unit: float = 1.0) -> RandomFeatureGP:
     r""":func:`fit_calibrated` on the rows of ``source`` (the data's units, ``target_unit``
-    :math:`= u` times the calibration's targets), weight space: from the calibration's sums of
+    :math:`= u` times the calibration's targets). On the ``"cg"`` path by CG over the rows,
+    read at every product (one pass per iteration), from the calibration's preconditioner.
+    In weight space: from the calibration's sums of
     :func:`calibrate_source_scales` without another pass over the rows (its statistics are
     those sums, each target column's :math:`y_t^\top y_t` and ``N``: what a fit on the rows
     would sum, so the model is that fit's to rounding), or, where it kept none,
@@ -244,7 +274,11 @@ def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: Scale
     for the layout, the dtype and any lazily drawn weights.
     """
     noise = torch.as_tensor(calibration.noise, dtype=like[0].dtype) * target_unit**2
-    gp = RandomFeatureGP(kernel, noise=noise, solve="weight")
+    if calibration.path == "cg":
+        gp = RandomFeatureGP(kernel, noise=noise, solve="cg", cache_bytes=0)
+        with torch.no_grad():
+            return gp._fit_source(source, like, calibration.reuse)
+    gp = RandomFeatureGP(kernel, noise=noise, solve="weight", statistics_dtype=_WEIGHT_DTYPE)
     with torch.no_grad():
         if not isinstance(calibration.reuse, tuple):
             return stream_fit(gp, source)
@@ -335,17 +369,19 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < float(gp.noise) < 0.02
         True
     """
-    solve = check_choice("solve", solve, ("auto", "weight", "cg"))
-    noise = check_positive("noise", noise)
-    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
-    seed = check_seed("seed", seed)
+    checked = validate_parameters(PARAMETER_CONSTRAINTS["calibrated_fit"], {
+        "kernel": kernel, "noise": noise, "solve": solve, "noise_floor": noise_floor,
+        "seed": seed})
+    noise, solve, noise_floor, seed = (checked[name] for name in (
+        "noise", "solve", "noise_floor", "seed"))
     x, y = check_evidence_rows(x, y, "calibrated_fit")
     kernel = copy.deepcopy(kernel)
     parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
-    if not all(isinstance(part, ScaleKernel) for part in parts):
+    odd = [type(part).__name__ for part in parts if not isinstance(part, ScaleKernel)]
+    if odd:  # the terms of a sum
         raise TypeError(
             "kernel must be a ScaleKernel around a random-feature kernel, or a sum of such "
-            f"(its outputscale is calibrated), got {type(kernel).__name__}"
+            f"(its outputscale is calibrated), got a sum with a term {odd[0]}"
         )
     width = FeatureMap(feature_kernel(kernel)).num_real_features
     path = final_path(x.shape[0], width, x.shape[1], solve, forced=True)[0]

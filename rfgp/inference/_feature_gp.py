@@ -17,16 +17,16 @@ The work is done by the solvers (:mod:`~rfgp.inference._solvers`, the iterative
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._data import DataSource
 from rfgp._validation import (
     check_bool,
     check_choice,
-    check_generator,
     check_int,
     check_real,
 )
@@ -42,8 +42,7 @@ from rfgp.inference._noise import (
     check_noise_usable,
     column_noise,
 )
-from rfgp.inference._paths import SamplePaths
-from rfgp.inference._posterior import posterior_distribution, root_covariance
+from rfgp.inference._prediction import Prediction
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.inference._solvers import Solver
 from rfgp.kernels._base import RandomFeatureKernel
@@ -55,7 +54,7 @@ _SOLVES = ("auto", "weight", "function", "cg")
 _STATISTICS_DTYPES = (None, torch.float32, torch.float64)
 
 
-class RandomFeatureGP(ModelSelection, torch.nn.Module):
+class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
     r"""Gaussian-process regression with a random-feature kernel, solved in weight space.
 
     The model is :math:`y_{it} = f_t(x_i) + \varepsilon_{it}`, :math:`\varepsilon_{it} \sim
@@ -294,6 +293,16 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
         self._install(factory.weight_solver(stats, scale), layout, prepared[0], None, None)
         return self
 
+    def _fit_source(self, source: DataSource, like: Tuple[Tensor, Tensor],
+                    reuse: Any = None) -> RandomFeatureGP:
+        """Fit by CG (the model noise) on every row of a data source, read at every product
+        (``SolverFactory.source``): memory ``O(chunk D + D (r + T))``, one pass over the rows
+        per CG iteration, summed over the processes of a ``ShardedSource``. Nothing is held
+        for a refit."""
+        solver, layout, x0 = self._factory.source(source, like, self.noise, reuse)
+        self._install(solver, layout, x0, None, None)
+        return self
+
     def _install(self, solver: Solver, layout: NoiseLayout, x: Tensor, held: Optional[List[Batch]],
                  chunk: Optional[int], allocated_by_fit: bool = False) -> None:
         """Factorise and make ``solver`` the fit (only once everything has succeeded)."""
@@ -440,125 +449,3 @@ class RandomFeatureGP(ModelSelection, torch.nn.Module):
         if isinstance(saved, Tensor) and saved.shape != self.noise.shape:
             self._buffers["noise"] = torch.empty_like(saved)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    # ================================================================== prediction
-    def predict_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None,
-                              return_std: bool = False):
-        """Posterior mean (and latent standard deviation) at points whose features are ``phi``.
-
-        Args:
-            phi, variance_correction: as in :meth:`posterior_from_features`.
-            return_std: also return the latent standard deviation.
-
-        Returns:
-            As :meth:`predict`; differentiable in ``phi``.
-        """
-        state = self._current("predict_from_features")
-        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
-            if not return_std:
-                return state.layout.shape_output(state.solver.predict_mean(rows))
-            mean, var, _ = state.solver.predict(rows, want_root=False)
-            if variance_correction is not None:
-                var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
-            mean = state.layout.shape_output(mean)
-            return (mean, state.layout.shape_output(var).sqrt()) if return_std else mean
-
-    def posterior_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None):
-        r"""The posterior at points whose features are ``phi``.
-
-        Args:
-            phi: ``(M, D)`` (or ``(M, p, D)``) features in the layout and scale of the base
-                kernel's ``features(x)`` (the ``ScaleKernel`` outputscale is applied here).
-            variance_correction: optional ``(M,)`` (or ``(M p,)``) added to the variance.
-
-        Returns:
-            ``MultivariateNormal`` over ``M`` points, or a ``MultitaskMultivariateNormal`` for
-            several outputs (interleaved rows); differentiable in ``phi``. The covariance is a
-            lazy low-rank operator :math:`\mathrm{Re}\{\Phi_* B^{-1} \Phi_*^H\}`.
-        """
-        state = self._current("posterior_from_features")
-        rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
-            mean, _, roots = state.solver.predict(rows, want_root=True)
-        covs = [root_covariance(root, variance_correction, mean) for root in roots]
-        return posterior_distribution(mean, covs, state.solver.groups(), state.layout)
-
-    def posterior(self, x: Tensor):
-        """The latent posterior (without noise) at ``x``; see :meth:`posterior_from_features`.
-
-        Differentiable with respect to ``x`` when ``x.requires_grad``.
-
-        Args:
-            x: ``(M, d)`` test inputs (cast to the fit's dtype).
-
-        Returns:
-            ``MultivariateNormal`` (mean ``(M,)``) or ``MultitaskMultivariateNormal``.
-        """
-        self._current("posterior")
-        x = self._query(x)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
-            phi = self.base_kernel.features(x)
-            corr = self.feature_map.variance_correction(x) if self.correct_variance else None
-        return self.posterior_from_features(phi, corr)
-
-    def predict(self, x: Tensor, return_std: bool = False, chunk_size: Optional[int] = None):
-        """Posterior mean (and latent standard deviation) at ``x``, computed in row chunks.
-
-        Differentiable with respect to ``x`` when ``x.requires_grad``. A query in another
-        dtype is cast to the fit's dtype; ``M = 0`` rows give empty results.
-
-        Args:
-            x: ``(M, d)`` test inputs.
-            return_std: also return the latent posterior standard deviation.
-            chunk_size: rows per chunk.
-
-        Returns:
-            ``mean`` of shape ``(M,)``, ``(M, T)`` or ``(M, p)``; with ``return_std`` also
-            ``std`` of the same shape.
-        """
-        step = self._check_chunk_size(chunk_size) or self._factory.default_chunk()
-        self._current("predict")
-        x = self._query(x)
-        parts = []
-        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
-            for start in range(0, max(x.shape[0], 1), step):
-                xs = x[start : start + step]
-                features = self.base_kernel.features(xs)
-                if not return_std:  # a mean costs no variance (on solve="cg", no CG)
-                    parts.append(self.predict_from_features(features))
-                    continue
-                corr = self.feature_map.variance_correction(xs) if self.correct_variance else None
-                parts.append(self.predict_from_features(features, corr, return_std=True))
-        if not return_std:
-            return torch.cat(parts)
-        return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
-
-    def sample_functions(self, num_samples: int,
-                         generator: Optional[torch.Generator] = None) -> SamplePaths:
-        r"""Posterior function draws in weight space, evaluable (and differentiable) anywhere.
-
-        The weights are drawn once: :math:`w = \mu_w + L^{-H} z` with :math:`B = L L^H`, so
-        :math:`f(x) = \mathrm{Re}\{\Phi(x)^\top w\}` has mean :math:`\mu(x)` and covariance
-        :math:`\mathrm{Re}\,k_N(x, x')` (complex features: :math:`z = a + i b`). A real
-        function-space fit draws the same distribution by pathwise conditioning,
-        :math:`w = w_0 + \Phi^\top (K + S)^{-1}(y - \Phi w_0 - \epsilon)` with
-        :math:`w_0 \sim N(0, I)`, :math:`\epsilon \sim N(0, S)`: no ``D x D`` matrix, so
-        many features on few rows stay cheap to sample.
-
-        Args:
-            num_samples: number of functions ``S``.
-            generator: ``torch.Generator`` for reproducible draws.
-
-        Returns:
-            A :class:`~rfgp.inference.SamplePaths` module: ``paths(x) -> (S, M)``
-            (``(S, M, T)`` or ``(S, M, p)``). It owns a copy of the kernel, so it stays a draw
-            of this posterior; it moves with ``.to()`` and saves with ``torch.save``.
-        """
-        num_samples = check_int("num_samples", num_samples)
-        generator = check_generator("generator", generator)
-        state = self._current("sample_functions")
-        with torch.no_grad():
-            draws = state.solver.draw_weights(num_samples, generator,
-                                              self._column_noise(state.layout))
-        return SamplePaths(self.kernel, draws, state.layout, self._complex_solve)

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_FUNCTION_FEATURES",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
+    "SKETCH_PASSES",
     "SKETCH_RANK",
     "cg_fit_cost",
     "classifier_fit_cost",
@@ -78,6 +79,9 @@ CG_ITERATIONS = 40
 CALIBRATION_PROBES = 8
 PROBE_RUN_SHARE = 0.25
 SKETCH_RANK = 512
+#: Products (passes over the rows) of the sketch's blocks: its rank doubles from 32 to
+#: :data:`SKETCH_RANK`.
+SKETCH_PASSES = 5
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
 #: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
@@ -376,7 +380,7 @@ def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> f
 
 
 def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
-                       candidates: int = 1) -> float:
+                       candidates: int = 1, streamed: bool = False) -> float:
     r"""Multiply-adds of the calibrated final fit on the CG path: a weight-space calibration at
     :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then the Krylov
     calibration (:mod:`~rfgp.inference._krylov_calibration`) on cached features
@@ -392,8 +396,17 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
         C = k\,C_{\text{choice}} + N D \big((d + 4) + 2 r + 8 r^2 / N + 2 s^2 / N
             + 2 I R (1 + q p)\big) + C_{\text{CG fit}}(N, D, d, I).
 
+    ``streamed``: the rows are read from a data source at every product (a memory-map,
+    chunks, process shards) and their features recomputed, never cached: the calibration's
+    features cost :math:`N D (d + 4)` per pass, one for :math:`\Phi^\top y`, one for the
+    trace's probes, :data:`SKETCH_PASSES` for the sketch's blocks and one per CG iteration of
+    its runs, the targets' and then the probes' (:math:`2 + 5 + R I (1 + q)` in all), and the
+    fit's :math:`I + 2` passes (:func:`cg_fit_cost` uncached).
+
     Example:
         >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
+        True
+        >>> iterative_fit_cost(10**5, 2**15, 8, streamed=True) > iterative_fit_cost(10**5, 2**15, 8)
         True
     """
     n, m = float(num_rows), float(num_features)
@@ -402,8 +415,12 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * columns
     subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * columns
     sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
-    calibration = n * m * ((input_dim + 4) + sketch + solves)
-    fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS, cached=True)
+    # Streamed, every iteration is a pass: the targets' run, then the probes' own.
+    passes = (2 + SKETCH_PASSES + CALIBRATION_RUNS * CG_ITERATIONS * (1 + PROBE_RUN_SHARE)
+              if streamed else 1)
+    calibration = n * m * ((input_dim + 4) * passes + sketch + solves)
+    fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS,
+                      cached=not streamed)
     return choice + calibration + fit
 
 
@@ -421,13 +438,14 @@ def row_capped_features(num_rows: int) -> int:
 
 
 def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
-               candidates: int = 1, forced: bool = False) -> tuple:
+               candidates: int = 1, forced: bool = False, streamed: bool = False) -> tuple:
     """``(path, multiply-adds)`` of the calibrated final fit at ``num_features``: ``"weight"``
     (the ``D x D`` solve, or the ``N x N`` one on fewer rows) where its matrices hold at most
     ``MAX_WEIGHT_FEATURES**2`` numbers and ``solve`` is ``"auto"`` or ``"weight"``, else
     ``"cg"`` up to :data:`MAX_ITERATIVE_FEATURES` where ``solve`` is ``"cg"``, or ``"auto"``
     and ``D <= N``; ``(None, inf)`` where neither. A ``forced`` (user-given) ``D`` takes the
-    path ``solve`` names whatever its size.
+    path ``solve`` names whatever its size. ``streamed``: the rows are read from a data source
+    at every pass (:func:`iterative_fit_cost`).
 
     Example:
         >>> final_path(40000, 4096, 9, "auto")[0], final_path(40000, 16384, 9, "auto")[0]
@@ -440,5 +458,5 @@ def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
         return "weight", final_fit_cost(n, m, input_dim, candidates)
     # "auto" solves by CG only where D <= N: on fewer rows the N x N path is exact for any D.
     if solve == "cg" or (solve == "auto" and (forced or m <= min(n, MAX_ITERATIVE_FEATURES))):
-        return "cg", iterative_fit_cost(n, m, input_dim, candidates)
+        return "cg", iterative_fit_cost(n, m, input_dim, candidates, streamed)
     return None, math.inf

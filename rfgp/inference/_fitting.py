@@ -14,14 +14,16 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from rfgp._data import DataSource, ShardedSource
 from rfgp._ops import power_of_two_scale
-from rfgp.inference._cg_solver import ConjugateGradientSolver, DataBatch, FeatureOperator
+from rfgp.inference._cg_solver import ConjugateGradientSolver
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import DataBatch, FeatureOperator, SourceRows
 from rfgp.inference._iterative import CGSettings
 from rfgp.inference._linalg import available_memory, check_memory
 from rfgp.inference._noise import (
@@ -133,13 +135,53 @@ class SolverFactory:
         needed = 3 * width * width * torch.empty((), dtype=dtype).element_size()
         return like.device.type in ("cpu", "cuda") and needed > available_memory(like.device)
 
-    def iterative_solver(self, data: List[DataBatch], scale: float, chunk: Optional[int],
-                         distributed: bool, process_group: Any) -> ConjugateGradientSolver:
-        """The matrix-free solver on the kept batches (see :meth:`kept`)."""
-        operator = FeatureOperator(self.feature_map, data, self.complex_solve, data[0][1].dtype,
+    def iterative_solver(self, data: Union[List[DataBatch], SourceRows], scale: float,
+                         chunk: Optional[int], distributed: bool, process_group: Any,
+                         num_rows: Optional[int] = None) -> ConjugateGradientSolver:
+        """The matrix-free solver on the kept batches (see :meth:`kept`) or a source's rows
+        (``num_rows``: all processes' rows, where known)."""
+        dtype = data.dtype if isinstance(data, SourceRows) else data[0][1].dtype
+        operator = FeatureOperator(self.feature_map, data, self.complex_solve, dtype,
                                    chunk or self.default_chunk(),
                                    self.cg.cache_bytes, process_group, distributed)
-        return ConjugateGradientSolver(operator, self.cg, self.complex_solve, self.jitter, scale)
+        return ConjugateGradientSolver(operator, self.cg, self.complex_solve, self.jitter, scale,
+                                       num_rows)
+
+    def source(self, source: DataSource, like: Tuple[Tensor, Tensor], model_noise: Tensor,
+               reuse: Any = None) -> Tuple[Solver, NoiseLayout, Tensor]:
+        """The iterative solver on every row of ``source`` (the model noise; the rows are read
+        at every product, never held), its noise layout and ``like``'s checked ``x``. ``like``:
+        ``(x, y)`` of a row or more as the source holds them, for the layout and any lazily
+        drawn weights; ``reuse``: a :class:`NystromPreconditioner` of the fit's ``B``. For a
+        :class:`~rfgp._data.ShardedSource` rank 0's random weights are broadcast first and
+        the products all-reduced."""
+        fm = self.feature_map
+        if fm.needs_allocation:
+            raise ValueError(
+                f"{type(fm.base).__name__} needs a data-dependent allocation, which rows read "
+                "from a source do not give; call kernel.allocate(x_sample) on a sample first"
+            )
+        prepared = self.prepare(like[0][:1], like[1][:1], None, model_noise=model_noise)
+        if fm.outputs_per_input != 1 or prepared[2] is not None:
+            raise ValueError(
+                "a fit on rows from a source needs one output per input and a noise that does "
+                f"not vary over rows, got {fm.outputs_per_input} outputs per input"
+                + (" and a noise per row" if prepared[2] is not None else "")
+            )
+        distributed = isinstance(source, ShardedSource)
+        group = source.group if distributed else None
+        if distributed:
+            fm.share_random_weights(prepared[0], group)
+        with torch.no_grad():
+            fm.real_rows(prepared[0])  # draws any lazily sampled weights before the fingerprint
+        rows = SourceRows(source, self.stats_dtype(prepared[0].dtype))
+        scale = agreed_scale(power_of_two_scale(torch.tensor(rows.largest_target())),
+                             prepared[0], distributed, group)
+        rows.target_scale = scale
+        solver = self.iterative_solver(rows, scale, None, distributed, group, source.num_rows)
+        if isinstance(reuse, NystromPreconditioner):
+            solver.given_preconditioner = reuse
+        return solver, self.new_layout(prepared, False, model_noise), prepared[0]
 
     def kept(self, batch: Prepared, scale: float) -> DataBatch:
         """A batch as the iterative solver keeps it: its own copy of the inputs (every later

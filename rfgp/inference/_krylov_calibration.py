@@ -84,10 +84,9 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from rfgp._validation import check_int, check_positive, check_real
-from rfgp.inference._cg_solver import FeatureOperator
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._iterative import lanczos_condition, lanczos_log_quadrature
 from rfgp.inference._krylov_subspace import (
     GalerkinSubspace,
@@ -102,7 +101,7 @@ from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_m
 from rfgp.kernels._composition import feature_kernel
 
 __all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
-           "krylov_scale_calibration"]
+           "calibrate_operator_by_krylov", "krylov_scale_calibration"]
 
 #: A root farther than this from every solved point (in log c) gets a run of its own: the
 #: projection's forms away from a run's c are first-order accurate only (on pol at 8,192
@@ -221,27 +220,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         >>> abs(out.noise - 0.25) < 0.03, out.noise_at_floor
         (True, False)
     """
-    if not callable(gram):
-        raise TypeError(f"gram must be a callable V -> G V, got {type(gram).__name__}")
-    if not isinstance(rhs, Tensor) or rhs.dim() not in (1, 2) or rhs.numel() == 0:
-        raise ValueError(
-            "rhs must be a non-empty (W,) or (W, T) tensor Phi^T y, got "
-            f"{tuple(rhs.shape) if isinstance(rhs, Tensor) else type(rhs).__name__}"
-        )
-    target_squares = check_positive("target_squares", target_squares)
-    n = check_int("num_rows", num_rows)
-    noise = check_positive("noise", noise)
-    factor = check_positive("factor", factor)
-    noise_floor = check_real("noise_floor", noise_floor, low=0.0)
-    condition = check_real("condition", condition, low=0.0)
-    num_probes = check_int("num_probes", num_probes, minimum=2)
-    max_runs = check_int("max_runs", max_runs)
-    tolerance = check_real("tolerance", tolerance, low=0.0, high=1.0, low_inclusive=False)
-    probe_tolerance = check_real("probe_tolerance", probe_tolerance, low=0.0, high=1.0,
-                                 low_inclusive=False)
-    max_iterations = check_int("max_iterations", max_iterations)
-    if rank is not None:
-        rank = check_int("rank", rank, minimum=0)
+    n = num_rows
     generator = generator or torch.Generator().manual_seed(0)
     b = rhs.reshape(rhs.shape[0], -1).to(torch.float64)
     width, t = b.shape
@@ -440,23 +419,33 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         >>> 0.005 < out.noise < 0.02
         True
     """
-    if not isinstance(x, Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be an (N, d) tensor, got "
-                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
-    if not isinstance(y, Tensor) or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"y must be an (N,) or (N, T) tensor with the N = {x.shape[0]} rows of x, got "
-            f"{tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__}"
-        )
     n = x.shape[0]
     columns = y.reshape(n, -1).to(torch.float64)
     op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
                          torch.float64, _CHUNK_ROWS, cache_bytes)
-    op.column_noise = torch.ones(columns.shape[1], dtype=torch.float64, device=x.device)
+    return calibrate_operator_by_krylov(
+        op, float(columns.square().sum()), n, noise, factor=factor, noise_floor=noise_floor,
+        condition=condition, num_probes=num_probes, rank=rank, tolerance=tolerance,
+        probe_tolerance=probe_tolerance, max_runs=max_runs, generator=generator)
+
+
+def calibrate_operator_by_krylov(operator: FeatureOperator, target_squares: float,
+                                 num_rows: int, noise: float, **options) -> KrylovCalibration:
+    r""":func:`krylov_scale_calibration` on the products of ``operator``: real-form float64
+    features over rows whose targets are its target columns (they are read for
+    :math:`b = \Phi^\top y` in one pass), its column noise set to 1, so that its
+    :meth:`~rfgp.inference._feature_operator.FeatureOperator.gram` is :math:`G V`.
+
+    Args:
+        operator: the rows (in memory, or :class:`~rfgp.inference._feature_operator.SourceRows`
+            of a data source: then every product is one pass over the source).
+        target_squares: :math:`\sum_t y_t^\top y_t` over every row (of every process).
+        num_rows: ``N`` (of every process).
+        noise, **options: as in :func:`krylov_scale_calibration`.
+    """
+    operator.column_noise = torch.ones(operator.num_columns, dtype=torch.float64,
+                                       device=operator.device)
     with torch.no_grad():
-        b = op.project(lambda targets, _: targets, columns.shape[1])  # (W, T)
-    return krylov_scale_calibration(
-        lambda v: op.gram(v, [0] * v.shape[1]), b, float(columns.square().sum()), n, noise,
-        factor=factor, noise_floor=noise_floor, condition=condition, num_probes=num_probes,
-        rank=rank, tolerance=tolerance, probe_tolerance=probe_tolerance, max_runs=max_runs,
-        generator=generator)
+        b = operator.project(lambda targets, _: targets, operator.num_columns)  # (W, T)
+    return krylov_scale_calibration(lambda v: operator.gram(v, [0] * v.shape[1]), b,
+                                    target_squares, num_rows, noise, **options)

@@ -10,12 +10,15 @@ draw of the posterior it came from whatever later happens to the model's kernel,
 from __future__ import annotations
 
 import copy
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
+import numpy as np
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._data import array_row_chunks
+from rfgp._validation import check_int
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._noise import NoiseLayout
 from rfgp.kernels._base import real_form
@@ -73,14 +76,23 @@ class SamplePaths(torch.nn.Module):
         w = getattr(self, f"weights_{index}")
         return torch.view_as_complex(w.contiguous()) if self.complex_weights else w
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Any, chunk_size: int = 65536) -> Tensor:
         """Values at ``x (M, d)``: ``(S, M)``, or ``(S, M, T)`` / ``(S, M, p)`` for several
-        outputs. A query in another dtype is cast to the paths' dtype."""
+        outputs. A query in another dtype is cast to the paths' dtype; a numpy array or
+        memory-map is read ``chunk_size`` rows at a time (memory ``O(chunk * D)`` beside the
+        ``S M`` values; a NaN names its row), a tensor is evaluated whole."""
         fmap = FeatureMap(self.kernel)
-        x = fmap.check_input(x).to(dtype=self.weights(0).real.dtype)
-        # Gradients flow to x only when asked for (the kernel's parameters need none).
-        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
-            out = self._evaluate(fmap, x)
+        dtype = self.weights(0).real.dtype
+        if isinstance(x, np.ndarray):
+            chunk_size = check_int("chunk_size", chunk_size)
+            with torch.no_grad():
+                out = torch.cat([self._evaluate(fmap, fmap.check_input(chunk).to(dtype))
+                                 for chunk in array_row_chunks(x, chunk_size, "x")], 1)
+        else:
+            x = fmap.check_input(x).to(dtype=dtype)
+            # Gradients flow to x only when asked for (the kernel's parameters need none).
+            with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
+                out = self._evaluate(fmap, x)
         layout = NoiseLayout(self.num_columns, self.y_ndim, self.outputs_per_input, False)
         return layout.shape_output(out)
 

@@ -44,11 +44,11 @@ planned). The default budget, :math:`\max(30, 20 + N/400)` seconds, is linear in
 :func:`measure_machine_rate` measures this machine's rate.
 """
 
+from rfgp._report import ClassifierFitReport, FitReport
 from rfgp.inference import calibrated_fit, measure_machine_rate
 from rfgp.recipes._classification import fit_classifier_auto
 from rfgp.recipes._options import ClassifierOptions, RegressionOptions
 from rfgp.recipes._regression import fit_auto
-from rfgp.recipes._report import ClassifierFitReport, FitReport
 
 __all__ = [
     "ClassifierFitReport",

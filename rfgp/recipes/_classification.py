@@ -13,8 +13,11 @@ regressions,
         s^2 K + \mathrm{diag}(\tilde\sigma^2_{\cdot c})\big),
 
 with :func:`~rfgp.recipes._search.dirichlet_objective` as the objective (the stages
-``search``, ``refine`` and ``refit``; see :func:`fit_classifier_auto`). The final model has the
-schedule's ``D`` features on all rows, and its outputscale is its own: the factor :math:`a` on
+``search`` and ``refine``; see :func:`fit_classifier_auto`). The stage ``choose`` then picks
+the final ``D`` and ``alpha_epsilon`` by the held-out NLL
+(:func:`~rfgp.classification._held_out.held_out_nll`; the evidence cannot compare two alphas,
+whose transformed targets differ). The final model (``refit``) has that ``D`` on all rows, and
+its outputscale is its own: the factor :math:`a` on
 the search's outputscale that maximises the final model's evidence
 :math:`\log p(\tilde Y \mid a)`, exactly, from one eigendecomposition per class of its
 weighted Gram matrix
@@ -23,21 +26,29 @@ weighted Gram matrix
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
-from rfgp._validation import EVIDENCE_DTYPES, check_int
+from rfgp._initial import initial_hyperparameters
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._report import ClassifierFitReport
+from rfgp._units import column_unit
+from rfgp._validation import EVIDENCE_DTYPES, validate_parameters
 from rfgp.classification._calibration import (
     dirichlet_scale_evidence,
     maximize_outputscale_evidence,
 )
 from rfgp.classification._classifier import DirichletGPClassifier
+from rfgp.classification._held_out import held_out_cost, held_out_nll
 from rfgp.classification._inputs import check_inputs, encode_labels
+from rfgp.classification._selection import ALPHA_GRID
 from rfgp.inference import (
     MAX_WEIGHT_FEATURES,
     ConvergenceWarning,
@@ -47,57 +58,153 @@ from rfgp.inference import (
 )
 from rfgp.likelihoods import DirichletLikelihood
 from rfgp.recipes._options import ClassifierOptions
-from rfgp.recipes._report import ClassifierFitReport
 from rfgp.recipes._schedule import (
     FINAL_SHARE,
     MIN_FEATURES,
     SEARCH_EVALUATIONS,
+    Plan,
     Schedule,
     default_budget,
+    plan_stages,
     refinement_rows,
 )
-from rfgp.recipes._search import dirichlet_objective, record_search, search_evidence
+from rfgp.recipes._search import (
+    WARM_UP_STEPS,
+    EvidenceObjective,
+    dirichlet_objective,
+    record_search,
+    search_evidence,
+    search_two_paths,
+)
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
-from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel
-from rfgp.recipes._units import column_unit
+from rfgp.recipes._start import make_ard_kernel
 
-__all__ = ["fit_classifier_auto", "plan_classifier"]
+__all__ = ["feature_ladder", "fit_classifier_auto", "plan_classifier", "validation_rows"]
+
+
+#: Share of the budget the held-out choice of ``D`` and ``alpha_epsilon`` may take (its
+#: ladder of feature counts is cut from the top until it fits).
+CHOICE_SHARE = 0.3
+#: Share of the budget the search's two paths may take together; where they do not fit, the
+#: search takes the direct path alone.
+TWO_PATH_SHARE = 0.2
+#: Share of the rows held out for the choice, and the most rows held out.
+VALIDATION_FRACTION = 0.1
+MAX_VALIDATION_ROWS = 5000
 
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
                     options: ClassifierOptions) -> Schedule:
-    """The schedule of :func:`fit_classifier_auto` (see :mod:`~rfgp.recipes._schedule`): the
-    final ``D`` from :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, the search on
-    the subsample, the refinement's rows from its share.
+    """The schedule of :func:`fit_classifier_auto`: its stages' plans
+    (:func:`~rfgp.recipes._schedule.plan_stages`) booked on one ledger: the search on the
+    subsample (its two paths where they fit :data:`TWO_PATH_SHARE` of the budget), the final
+    ``D`` from :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, the refinement's
+    rows from its share, and the held-out choice's ladder of feature counts within
+    :data:`CHOICE_SHARE` (which caps the final ``D`` at its top rung).
 
     Example:
-        >>> plan_classifier(20000, 10, 10, ClassifierOptions().checked()).num_features
-        1024
+        >>> s = plan_classifier(20000, 10, 10, ClassifierOptions(select_alpha=False).checked())
+        >>> s.num_features, list(s.predicted)
+        (1024, ['search', 'refine', 'refit'])
     """
-    num_classes = check_int("num_classes", num_classes, minimum=1)
-    opts, n = options, num_rows
-    budget = opts.time_budget if opts.time_budget is not None else default_budget(n)
-    total = budget * opts.machine_rate
+    opts = dataclasses.replace(options, num_classes=num_classes)
+    return plan_stages(num_rows, input_dim, opts, _STAGES)
+
+
+def _evaluation_cost(plan: Plan, rows: int) -> float:
+    """Multiply-adds of one evaluation of the ``C`` regressions' evidence and its gradient on
+    ``rows`` rows: the regression's, plus ``C`` weighted Gram corrections."""
+    per_row = plan.options.num_classes / 4 + 1
+    return feature_evidence_cost(rows, plan.search_features, plan.input_dim) * per_row
+
+
+def _search_total(plan: Plan) -> float:
+    """The budget the search stages plan with, in multiply-adds: the budget, at most the
+    default's (:func:`~rfgp.recipes._schedule.default_budget`). Beyond it more budget buys
+    only the choice's rungs and the final ``D``: the lengthscales, and with them the
+    candidates the choice compares, are the default budget's."""
+    default = default_budget(plan.num_rows) * plan.options.machine_rate
+    return min(plan.total, default)
+
+
+def _plan_search(plan: Plan) -> None:
+    opts = plan.options
+    plan.subsample = min(plan.num_rows, opts.subsample)
+    plan.search_features = min(opts.search_features, opts.num_features or opts.search_features)
+    plan.evaluation = _evaluation_cost(plan, plan.subsample)
+    two = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * plan.evaluation
+    affordable = two <= TWO_PATH_SHARE * _search_total(plan)
+    paths = opts.two_paths if opts.two_paths is not None else affordable
+    plan.settings["search_paths"] = 2 if paths else 1
+    plan.book("search", two if paths else SEARCH_EVALUATIONS * plan.evaluation)
+
+
+def _plan_final_share(plan: Plan) -> None:
+    opts, n, c = plan.options, plan.num_rows, plan.options.num_classes
     features = opts.num_features
     if features is None:
         features = largest_features_within(
-            lambda size: classifier_fit_cost(n, size, num_classes), FINAL_SHARE * total,
+            lambda size: classifier_fit_cost(n, size, c), FINAL_SHARE * plan.total,
             MIN_FEATURES, MAX_WEIGHT_FEATURES)
-    search_features = min(opts.search_features, features)
-    subsample = min(n, opts.subsample)
-    # C weighted Gram corrections per evaluation on top of the regression's cost.
-    per_row = num_classes / 4 + 1
+    plan.num_features = features
+    plan.book("refit", classifier_fit_cost(n, features, c))
 
-    def search_cost(rows: int) -> float:
-        return feature_evidence_cost(rows, search_features, input_dim) * per_row
 
-    predicted = {"search": SEARCH_EVALUATIONS * search_cost(subsample) / opts.machine_rate}
-    refine_rows, refine = refinement_rows(n, subsample, opts, search_cost, total)
-    if refine_rows:
-        predicted["refine"] = refine / opts.machine_rate
-    predicted["refit"] = classifier_fit_cost(n, features, num_classes) / opts.machine_rate
-    return Schedule(budget, opts.machine_rate, subsample, search_features, "features",
-                    refine_rows, 0, False, features, predicted)
+def _plan_refine(plan: Plan) -> None:
+    rows, cost = refinement_rows(plan.num_rows, plan.subsample, plan.options,
+                                 lambda count: _evaluation_cost(plan, count),
+                                 _search_total(plan))
+    plan.refine_rows = rows
+    if rows:
+        plan.book("refine", cost)
+
+
+def validation_rows(num_rows: int) -> int:
+    """Rows the choice holds out: :data:`VALIDATION_FRACTION` of them, at least one, at most
+    :data:`MAX_VALIDATION_ROWS` (and one fewer than all)."""
+    held = max(1, min(round(VALIDATION_FRACTION * num_rows), MAX_VALIDATION_ROWS))
+    return min(held, num_rows - 1)
+
+
+def feature_ladder(top: int, bottom: int) -> Tuple[int, ...]:
+    """The choice's feature counts: ``top`` halved while at least ``min(bottom, top)``,
+    ascending.
+
+    Example:
+        >>> feature_ladder(4096, 512)
+        (512, 1024, 2048, 4096)
+    """
+    rungs = [top]
+    while rungs[-1] % 2 == 0 and rungs[-1] // 2 >= bottom:
+        rungs.append(rungs[-1] // 2)
+    return tuple(reversed(rungs))
+
+
+def _plan_choice(plan: Plan) -> None:
+    """The held-out choice: the largest ladder (top at most the final ``D``) whose
+    :func:`~rfgp.classification._held_out.held_out_cost` fits :data:`CHOICE_SHARE`; the
+    final ``D`` becomes its top. More budget never removes a rung."""
+    opts = plan.options
+    if not opts.select_alpha:
+        return
+    held = validation_rows(plan.num_rows)
+    bottom = min(plan.search_features, plan.num_features)
+
+    def cost(top: int) -> float:
+        return sum(held_out_cost(plan.num_rows - held, held, size, opts.num_classes,
+                                 len(ALPHA_GRID)) for size in feature_ladder(top, bottom))
+
+    top = plan.num_features
+    if opts.num_features is None:
+        top = min(top, largest_features_within(cost, CHOICE_SHARE * plan.total, MIN_FEATURES,
+                                               MAX_WEIGHT_FEATURES))
+    plan.settings["choice_features"] = feature_ladder(top, bottom)
+    plan.settings["validation_rows"] = held
+    plan.book("choose", cost(top))
+    if top != plan.num_features:  # the final fit is at most the top rung
+        plan.spent -= plan.predicted["refit"]
+        plan.num_features = top
+        plan.book("refit", classifier_fit_cost(plan.num_rows, top, opts.num_classes))
 
 
 def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitReport] = None,
@@ -107,13 +214,25 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     The Dirichlet transform turns ``C``-class labels into ``C`` GP regressions with a fixed
     noise per point and class on centred targets; the recipe learns the shared ARD
     lengthscales and the outputscale by maximising the evidence of the ``C`` regressions, with
-    the same units, start, search and refinement as :func:`~rfgp.recipes.fit_auto`, and fits
-    the classifier with the schedule's ``D`` features on all rows, its outputscale chosen by
-    that ``D``-feature model's own evidence (the factor on the search's outputscale that
-    maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is the
-    transform's. ``alpha_epsilon`` is kept unless ``select_alpha=True``: then it is chosen
-    on a validation split at the found hyperparameters
-    (:meth:`~rfgp.DirichletGPClassifier.select_alpha`) before the outputscale is calibrated.
+    the same units, start and refinement as :func:`~rfgp.recipes.fit_auto` (the search
+    along its two paths, L-BFGS and L-BFGS after an Adam warm-up, where the budget affords
+    both, the lower loss kept). Then, with ``select_alpha`` (the default), it chooses the
+    final feature count ``D`` and ``alpha_epsilon`` together by the **held-out negative log
+    likelihood**: a seeded :data:`VALIDATION_FRACTION` of the rows is held out, and every
+    ``(D, alpha)`` of the schedule's ladder of feature counts (:func:`feature_ladder`) times
+    :data:`~rfgp.classification.ALPHA_GRID` is fitted on the rest and scored by the mean
+    negative log probability of the held-out labels (mean-field probabilities;
+    :func:`~rfgp.classification._held_out.held_out_nll`, one pass over the rows per ``D``).
+    The evidence cannot make this choice: the transformed targets and their noise change with
+    ``alpha``, so evidences at two alphas are densities of different data. The ladder holds
+    every rung a smaller budget holds, the split does not depend on the budget, and the search
+    stages plan with at most the default budget, so from the default budget up the held-out
+    NLL of the choice never rises with the budget (below it, where the search stages ran
+    alike).
+    Last, the classifier is fitted on all rows at the chosen ``(D, alpha)``, its outputscale
+    chosen by that model's own evidence (the factor on the search's outputscale that
+    maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is
+    the transform's. ``select_alpha=False`` keeps ``alpha_epsilon`` and the schedule's ``D``.
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
@@ -128,7 +247,9 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         :class:`~rfgp.kernels.FourierFeatureKernel` with orthogonal frequencies (the
         calibrated outputscale in the kernel, ``outputscale=1.0`` in the classifier). The
         report's ``calibration`` holds the ``factor`` on the search's outputscale, the
-        ``outputscale`` and the final model's ``negative_log_evidence`` per datum and class.
+        ``outputscale`` and the final model's ``negative_log_evidence`` per datum and class;
+        its ``choice`` the held-out NLL of every ``(D, alpha)`` and the pair chosen (also the
+        classifier's ``selection_``).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -139,22 +260,27 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         True
     """
     opts = ClassifierOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_classifier_auto"], {"report": report})
     data, searched, report = _prepare(x, labels, opts, report)
     timer = StageTimer(report.seconds)
     with timer.progress(len(_STAGES), "fit_classifier_auto", opts.progress):
         for stage in _STAGES[:-1]:
-            timer.run(stage, data, searched, report)
+            searched = timer.run(stage, data, searched, report) or searched
         return timer.run(_STAGES[-1], data, searched, report)
 
 
 @dataclass(frozen=True)
 class _Dirichlet:
     """What the classifier's stages hand on: the kernel they search (changed in place), the
-    transform's noise ``(N, C)``, and the labels as given."""
+    transform's noise ``(N, C)``, the labels as given, and, after the held-out choice, the
+    final feature count and ``alpha_epsilon``."""
 
     kernel: ScaleKernel
     noise: Tensor
     labels: Any
+    num_features: Optional[int] = None
+    alpha_epsilon: Optional[float] = None
+    selection: Tuple[Dict[str, Any], ...] = ()
 
 
 def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
@@ -203,7 +329,9 @@ def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
 def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
                       iterations: Callable[[Any], int]) -> Callable[..., Any]:
     """A search stage of the ``C`` regressions on the first ``rows(schedule)`` rows of the
-    order (none where that is 0), ``iterations(options)`` L-BFGS iterations."""
+    order (none where that is 0), ``iterations(options)`` L-BFGS iterations along the
+    schedule's ``search_paths`` (:func:`~rfgp.recipes._search.search_two_paths`; the
+    refinement continues along one)."""
 
     def run(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) -> Any:
         count = rows(data.schedule)
@@ -211,13 +339,22 @@ def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
             return None
         xs, targets, picked = data.head(count)
         noise = state.noise if picked is None else state.noise[picked]
-        objective = dirichlet_objective(state.kernel, xs, targets, noise)
-        result = search_evidence(objective, iterations(data.options), data.options.tolerance)
+        limit, tolerance = iterations(data.options), data.options.tolerance
+
+        def objective() -> EvidenceObjective:
+            return dirichlet_objective(state.kernel, xs, targets, noise)
+
+        if name == "search" and data.schedule.settings.get("search_paths", 1) == 2:
+            params = list(state.kernel.parameters())
+            result = search_two_paths(objective, lambda: [p.detach().clone() for p in params],
+                                      lambda saved: _put(params, saved), limit, tolerance)
+        else:
+            result = search_evidence(objective(), limit, tolerance)
         record_search(report, name, result, "features")
         if name == "search" and not result.converged:
             warnings.warn(
                 f"fit_classifier_auto: the evidence search did not converge in "
-                f"{iterations(data.options)} L-BFGS iterations; increase max_iterations",
+                f"{limit} L-BFGS iterations; increase max_iterations",
                 ConvergenceWarning,
             )
         return state
@@ -225,23 +362,68 @@ def _dirichlet_search(name: str, rows: Callable[[Schedule], int],
     return run
 
 
+def _put(params: List[Tensor], values: List[Tensor]) -> None:
+    with torch.no_grad():
+        for param, value in zip(params, values):
+            param.copy_(value)
+
+
+def _final_kernel(data: RecipeData, state: _Dirichlet, num_features: int) -> ScaleKernel:
+    """The search's hyperparameters (in the data's units) on ``num_features`` features of the
+    recipe's seed (the same frequencies as the search's kernel at its ``D``)."""
+    kernel = make_ard_kernel(num_features, data.input_dim, data.options.spectral,
+                             seed=data.options.seed, dtype=data.x.dtype).to(data.x.device)
+    lengthscale = state.kernel.base_kernel.lengthscale.detach().reshape(-1) * data.x_unit
+    kernel.base_kernel.lengthscale = lengthscale.reshape(1, -1)
+    kernel.outputscale = state.kernel.outputscale.detach().clone()
+    return kernel
+
+
+def _choose(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) -> Any:
+    """The held-out choice of ``(D, alpha_epsilon)`` (see :func:`fit_classifier_auto`): the
+    lowest held-out NLL over the ladder times the alpha grid, the first on ties (ascending
+    ``D``, then grid order)."""
+    opts, schedule = data.options, data.schedule
+    if not opts.select_alpha:
+        return None
+    indices, classes = encode_labels(state.labels, opts.num_classes)
+    indices = indices.to(data.x.device)
+    # A split of its own seed, drawn before nothing else: the same at every budget.
+    order = torch.randperm(data.num_rows, generator=torch.Generator().manual_seed(opts.seed))
+    held = schedule.settings["validation_rows"]
+    valid, train = order[:held].to(data.x.device), order[held:].to(data.x.device)
+    rungs = schedule.settings["choice_features"]
+    with torch.no_grad():
+        table = torch.stack([
+            held_out_nll(_final_kernel(data, state, size), data.x_data[train], indices[train],
+                         data.x_data[valid], indices[valid], classes.numel(), ALPHA_GRID)
+            for size in rungs])  # (rungs, alphas)
+    scores = torch.where(torch.isfinite(table), table, torch.full_like(table, math.inf))
+    best = int(torch.argmin(scores.reshape(-1)))  # the first of equal minima
+    size, alpha = rungs[best // len(ALPHA_GRID)], ALPHA_GRID[best % len(ALPHA_GRID)]
+    rows = tuple({"num_features": rung, "alpha_epsilon": grid_alpha,
+                  "mnll": float(table[i, j]), "selected": i * len(ALPHA_GRID) + j == best}
+                 for i, rung in enumerate(rungs) for j, grid_alpha in enumerate(ALPHA_GRID))
+    report.choice = {"features": rungs, "alphas": ALPHA_GRID, "nll": table,
+                     "num_features": size, "alpha_epsilon": alpha,
+                     "validation_rows": held}
+    report.num_features = size
+    return replace(state, num_features=size, alpha_epsilon=alpha, selection=rows)
+
+
 def _refit(data: RecipeData, state: _Dirichlet,
            report: ClassifierFitReport) -> DirichletGPClassifier:
-    opts, kernel = data.options, state.kernel
-    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1) * data.x_unit
-    report.lengthscale = lengthscale
-    # The same frequencies as the search's kernel when num_features == search_features.
-    final = make_ard_kernel(data.schedule.num_features, data.input_dim, opts.spectral,
-                            seed=opts.seed, dtype=data.x.dtype).to(data.x.device)
-    final.base_kernel.lengthscale = lengthscale.reshape(1, -1)
-    final.outputscale = kernel.outputscale.detach().clone()
+    opts = data.options
+    size = state.num_features or data.schedule.num_features
+    alpha = state.alpha_epsilon if state.alpha_epsilon is not None else opts.alpha_epsilon
+    final = _final_kernel(data, state, size)
+    report.lengthscale = final.base_kernel.lengthscale.detach().reshape(-1).clone()
     model = DirichletGPClassifier(
-        final, alpha_epsilon=opts.alpha_epsilon, num_classes=opts.num_classes,
+        final, alpha_epsilon=alpha, num_classes=opts.num_classes,
         centre=True, outputscale=1.0, num_samples=opts.num_samples, seed=opts.seed,
     )
+    model.selection_ = [dict(row) for row in state.selection]
     with torch.no_grad():
-        if opts.select_alpha:
-            model.select_alpha(data.x_data, state.labels, seed=opts.seed, refit=False)
         _calibrate_outputscale(data, model, state.labels, report)
         model.fit(data.x_data, state.labels)
     return model
@@ -268,12 +450,12 @@ def _calibrate_outputscale(data: RecipeData, model: DirichletGPClassifier, label
     }
 
 
-#: The classifier's stages, in the order they run (their costs are
-#: :func:`plan_classifier`'s).
+#: The classifier's stages, in the order they run, with their plans (:func:`plan_classifier`).
 _STAGES = (
     Stage("search", _dirichlet_search("search", lambda s: s.subsample,
-                                      lambda o: o.max_iterations)),
+                                      lambda o: o.max_iterations), ((0, _plan_search),)),
     Stage("refine", _dirichlet_search("refine", lambda s: s.refine_rows,
-                                      lambda o: o.refine_iterations)),
-    Stage("refit", _refit),
+                                      lambda o: o.refine_iterations), ((20, _plan_refine),)),
+    Stage("choose", _choose, ((30, _plan_choice),)),
+    Stage("refit", _refit, ((10, _plan_final_share),)),
 )

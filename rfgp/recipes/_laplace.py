@@ -21,9 +21,9 @@ from gpytorch.kernels import AdditiveKernel
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
+from rfgp._report import FitReport
 from rfgp._validation import all_finite, check_int, check_seed, check_tensor
 from rfgp.inference import evidence_hessian, lengthscale_draws
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters

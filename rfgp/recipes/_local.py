@@ -18,6 +18,8 @@ import math
 from dataclasses import replace
 from typing import Optional
 
+from rfgp._report import FitReport
+from rfgp._units import column_scale
 from rfgp.inference import (
     CHOICE_FEATURES,
     exact_evidence_cost,
@@ -27,12 +29,10 @@ from rfgp.inference import (
 )
 from rfgp.recipes._laplace import hessian_cost
 from rfgp.recipes._refine import most_refine_rows
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import EVALUATIONS_PER_ITERATION, LOCAL_SHARE, Plan
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import search_model
-from rfgp.recipes._units import column_scale
 
 __all__ = ["LOCAL", "LOCAL_ITERATIONS", "LOCAL_SHORT_START", "local", "local_bound",
            "local_possible", "plan_local"]
@@ -72,8 +72,8 @@ def plan_local(plan: Plan) -> None:
     blocks = exact_evidence_cost(plan.refine_rows, d, opts.exact_rows)
     per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
     forced = opts.num_features is not None
-    second = (final_path(n, plan.num_features, d, opts.solve, 2, forced)[1]
-              - final_path(n, plan.num_features, d, opts.solve, 1, forced)[1])
+    second = (final_path(n, plan.num_features, d, opts.solve, 2, forced, plan.streamed)[1]
+              - final_path(n, plan.num_features, d, opts.solve, 1, forced, plan.streamed)[1])
     # The starts are counted at the refinement's most rows (a start and the Hessian at its
     # rows cost at most that): counted at its rows, a start's cost jumps as they double, and
     # a larger budget could afford fewer starts.

@@ -1,8 +1,9 @@
-r"""The recipes' options: one table, checked in one place.
+r"""The recipes' options and their defaults.
 
 :class:`RegressionOptions` and :class:`ClassifierOptions` hold every option of
 :func:`~rfgp.recipes.fit_auto` and :func:`~rfgp.recipes.fit_classifier_auto` with its default;
-:meth:`~RecipeOptions.checked` validates them all (a ``ValueError`` or ``TypeError`` that names
+:meth:`~RecipeOptions.checked` validates them all against the declared constraints of
+:data:`rfgp._parameters.PARAMETER_CONSTRAINTS` (a ``ValueError`` or ``TypeError`` that names
 the option, what was expected and what was received). The scikit-learn estimators build the
 same objects from their parameters, so a recipe run through an estimator is the recipe.
 
@@ -19,79 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Optional
 
-from rfgp._validation import (
-    MAX_COUNT,
-    MAX_SEED,
-    check_bool,
-    check_choice,
-    check_int,
-    check_positive,
-    check_real,
-    check_seed,
-)
-from rfgp.kernels._fourier import MATERN_NU
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._validation import validate_parameters
 
-__all__ = ["ClassifierOptions", "MAX_COUNT", "MAX_SEED", "RecipeOptions", "RegressionOptions",
-           "REFERENCE_RATE", "check_seed"]
+__all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
 
 #: Multiply-adds per second of the reference machine (two CPU cores, double-precision matrix
 #: products): the rate at which the default schedule converts seconds of budget into work.
 #: A fixed number, so that a schedule depends on the data's size and the budget alone and a
 #: fit is reproducible; pass ``machine_rate`` for another machine.
 REFERENCE_RATE = 2.5e10
-
-
-def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
-    return lambda name, value: None if value is None else check(name, value)
-
-
-def _folds(name: str, value: Any) -> int:
-    value = check_int(name, value, minimum=0)
-    if value == 1:
-        raise ValueError(f"{name} must be 0 (no cross-validation) or an integer >= 2, got 1")
-    return value
-
-
-def _features(name: str, value: Any) -> int:
-    value = check_int(name, value, minimum=2, maximum=MAX_COUNT)
-    if value % 2:
-        raise ValueError(f"{name} must be even (a cosine and a sine per frequency), got {value}")
-    return value
-
-
-_CHECKS: Dict[str, Callable[[str, Any], Any]] = {
-    "spectral": lambda name, value: check_choice(name, value, tuple(MATERN_NU)),
-    "num_features": _optional(_features),
-    "search_features": _features,
-    "subsample": lambda name, value: check_int(name, value, minimum=2),
-    "refine_rows": lambda name, value: check_int(name, value, minimum=2),
-    "refine_iterations": lambda name, value: check_int(name, value, minimum=0),
-    "max_iterations": check_int,
-    # A gradient tolerance on the loss per datum above 1 stops every search at its start
-    # (and its square, L-BFGS's change tolerance, overflows beyond 1e154).
-    "tolerance": lambda name, value: check_real(name, value, low=0.0, low_inclusive=False,
-                                                high=1.0),
-    "time_budget": _optional(check_positive),
-    "machine_rate": check_positive,
-    "exact_rows": lambda name, value: check_int(name, value, minimum=0),
-    "max_lengthscale": _optional(check_positive),
-    "cv_folds": _folds,
-    "lengthscale_draws": lambda name, value: check_int(name, value, minimum=0,
-                                                        maximum=MAX_COUNT),
-    "local_search": check_bool,
-    "calibrate": check_bool,
-    "anytime": check_bool,
-    "solve": lambda name, value: check_choice(name, value, ("auto", "weight", "cg")),
-    "distributed": check_bool,
-    "progress": check_bool,
-    "seed": check_seed,
-    "num_classes": _optional(lambda name, value: check_int(name, value, minimum=2)),
-    "alpha_epsilon": check_positive,
-    "select_alpha": check_bool,
-    "num_samples": lambda name, value: check_int(name, value, maximum=MAX_COUNT),
-}
 
 
 @dataclass(frozen=True)
@@ -134,9 +74,9 @@ class RecipeOptions:
     def checked(self) -> RecipeOptions:
         """The options with every value validated and normalised (``int``, ``float``,
         ``bool``); raises on the first bad one."""
-        values = {item.name: _CHECKS[item.name](item.name, getattr(self, item.name))
-                  for item in dataclasses.fields(self)}
-        return dataclasses.replace(self, **values)
+        values = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+        table = PARAMETER_CONSTRAINTS[type(self).__name__]
+        return dataclasses.replace(self, **validate_parameters(table, values))
 
     def replace(self, **changes: Any) -> RecipeOptions:
         """A copy with ``changes``; unknown names raise a ``TypeError`` that lists the
@@ -172,9 +112,9 @@ class RegressionOptions(RecipeOptions):
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
         solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
             ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
-            space up to 8192 features and CG beyond, while ``D`` is at most the rows. Rows
-            that are not held in memory (a memory-map, chunks, process shards) take the
-            weight space.
+            space up to 8192 features and CG beyond, while ``D`` is at most the rows. On rows
+            not held in memory (a memory-map, chunks, process shards) every CG product is a
+            pass over them, which the schedule counts.
         distributed: each ``torch.distributed`` process passes its own shard of the rows;
             every process runs the same recipe and returns the same model (statistics
             all-reduced, rank 0's schedule and stage results adopted by all).
@@ -203,8 +143,13 @@ class ClassifierOptions(RecipeOptions):
 
     Attributes:
         num_classes: ``C``; ``None`` takes the distinct labels.
-        alpha_epsilon: Dirichlet concentration (positive; fixes the transform's noise).
-        select_alpha: choose ``alpha_epsilon`` on a validation split after the search.
+        alpha_epsilon: Dirichlet concentration (positive; fixes the transform's noise); with
+            ``select_alpha`` the value the choice replaces.
+        select_alpha: choose ``alpha_epsilon`` and the final ``D`` together by the held-out
+            NLL on a validation split of the rows (a stage of the schedule, with its cost);
+            ``False`` keeps ``alpha_epsilon`` and the schedule's ``D``.
+        two_paths: search along two paths (L-BFGS, and L-BFGS after an Adam warm-up; the
+            lower loss kept); ``None``: where the budget affords both.
         num_samples: Monte Carlo samples of the classifier's ``predict_proba``.
     """
 
@@ -212,5 +157,6 @@ class ClassifierOptions(RecipeOptions):
     refine_iterations: int = 10
     num_classes: Optional[int] = None
     alpha_epsilon: float = 0.01
-    select_alpha: bool = False
+    select_alpha: bool = True
+    two_paths: Optional[bool] = None
     num_samples: int = 1000

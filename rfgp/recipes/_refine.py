@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from rfgp._report import FitReport
 from rfgp.inference import feature_evidence_cost
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import (
     EVALUATIONS_PER_ITERATION,
     REFINE_SHARE,

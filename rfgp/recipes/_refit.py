@@ -23,6 +23,8 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from rfgp._report import FitReport
+from rfgp._units import NOISE_FLOOR
 from rfgp.inference import (
     CHOICE_FEATURES,
     FEATURE_STEP,
@@ -39,11 +41,9 @@ from rfgp.inference import (
 )
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
-from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
            "replan_final"]
@@ -114,13 +114,8 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         # the search's scales as every candidate did (the fewer features' outputscale
         # factor can be far from its own), by CG from the fewer features' scales.
         kernel = _final_kernel(data, draws, centre, outputscale, False)
-        if data.source is not None:  # the weight path (a source's rows are never "cg")
-            calibration = _calibrate(data, kernel, noise, floor)
-        else:
-            calibration = calibrate_scales(
-                kernel, data.x, data.y, start.noise if iterative else noise, path=path,
-                factor=start.factor if iterative else 1.0, noise_floor=floor,
-                seed=data.options.seed)
+        calibration = _calibrate(data, kernel, start.noise if iterative else noise, floor,
+                                 path=path, factor=start.factor if iterative else 1.0)
     kernel = _final_kernel(data, draws, centre, outputscale * calibration.factor, True)
     if data.options.calibrate:
         report.calibration = {
@@ -146,8 +141,8 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     # powers of two: exact); on the CG path, B - I of the fit is c G of the calibration
     # (the units cancel in a / noise), so its preconditioner serves.
     if data.source is not None:
-        # Rows behind a source: from the calibration's sums over them (streamed where it
-        # kept none).
+        # Rows behind a source: in weight space from the calibration's sums over them
+        # (streamed where it kept none), by CG with a pass over them per iteration.
         gp = fit_calibrated_source(kernel, data.source, calibration,
                                    (data.x_data, data.y_data), data.y_unit)
     else:
@@ -158,13 +153,16 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
-               keep: bool = True) -> ScaleCalibration:
-    """The weight-path calibration of ``kernel`` on every row: in memory, or summed over the
-    chunks of the data's source."""
+               keep: bool = True, path: str = "weight", factor: float = 1.0) -> ScaleCalibration:
+    """The calibration of ``kernel`` on every row by ``path``, from ``(factor, noise)``: in
+    memory, or over the chunks of the data's source (on the ``"cg"`` path a pass over them
+    per product)."""
     if data.source is not None:
         return calibrate_source_scales(kernel, data.source, noise, x_unit=data.x_unit,
-                                       y_unit=data.y_unit, noise_floor=floor, keep=keep)
-    return calibrate_scales(kernel, data.x, data.y, noise, noise_floor=floor, keep=keep)
+                                       y_unit=data.y_unit, noise_floor=floor, keep=keep,
+                                       path=path, factor=factor, seed=data.options.seed)
+    return calibrate_scales(kernel, data.x, data.y, noise, path=path, factor=factor,
+                            noise_floor=floor, keep=keep, seed=data.options.seed)
 
 
 def plan_final_share(plan: Plan) -> None:
@@ -175,7 +173,7 @@ def plan_final_share(plan: Plan) -> None:
     the first search and the Laplace Hessian leave where that is less (an exact search on a
     couple of thousand rows can take most of a small budget); a given ``num_features`` as it
     is."""
-    n, d, opts = plan.num_rows, plan.input_dim, plan.options
+    d, opts = plan.input_dim, plan.options
     forced = opts.num_features is not None
     if forced:
         features = opts.num_features
@@ -183,11 +181,11 @@ def plan_final_share(plan: Plan) -> None:
         leaves = plan.total - plan.spent - hessian_cost(opts, d, plan.evaluation)
         candidates = 2 if local_possible(plan) else 1
         features = largest_features_within(
-            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
+            lambda size: _final_cost(plan, size, candidates),
             min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
-            MAX_ITERATIVE_FEATURES, FEATURE_STEP, row_capped_features(n))
+            MAX_ITERATIVE_FEATURES, FEATURE_STEP, row_capped_features(plan.num_rows))
     plan.num_features = features
-    plan.spent += final_path(n, features, d, opts.solve, forced=forced)[1]
+    plan.spent += _final_cost(plan, features, 1, forced)
 
 
 def plan_final_growth(plan: Plan) -> None:
@@ -205,21 +203,20 @@ def plan_final_growth(plan: Plan) -> None:
     candidates = 2 if local_possible(plan) else 1
     if opts.num_features is None:
         rest = plan.total - plan.committed(leaving="refit")
-        current = final_path(n, features, d, opts.solve, candidates)[1]
-        larger = largest_features_within(
-            lambda size: final_path(n, size, d, opts.solve, candidates)[1],
-            max(rest, current), features, MAX_ITERATIVE_FEATURES, FEATURE_STEP,
-            row_capped_features(n))
-        plan.spent += final_path(n, larger, d, opts.solve, candidates)[1] - current
+        current = _final_cost(plan, features, candidates)
+        larger = largest_features_within(lambda size: _final_cost(plan, size, candidates),
+                                         max(rest, current), features, MAX_ITERATIVE_FEATURES,
+                                         FEATURE_STEP, row_capped_features(n))
+        plan.spent += _final_cost(plan, larger, candidates) - current
         features = larger
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
-                            opts.num_features is not None)
+                            opts.num_features is not None, plan.streamed)
     plan.final_solve, plan.predicted["refit"] = path, cost
 
 
 def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
-                 seconds_left: float, rate: float) -> Any:
+                 seconds_left: float, rate: float, streamed: bool = False) -> Any:
     r"""The schedule with the final ``D`` re-planned from the time actually left when the
     final fit starts (an anytime rule): the largest ``D`` of the feature grid whose fit, on
     its path, costs at most :data:`REPLAN_SHARE` of ``seconds_left`` at ``rate``
@@ -227,7 +224,7 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
     schedule's own ``D``:
 
     .. math::
-        D = \maxig(D_{	ext{plan}},\ \max\{D' : C(D') \le 0.9\,t_{	ext{left}}\,r\}ig).
+        D = \max\big(D_{\text{plan}},\ \max\{D' : C(D') \le 0.9\,t_{\text{left}}\,r\}\big).
 
     Both terms only grow (the plan's with the budget, the other with the time left), so more
     budget or faster stages never give fewer features. A given ``num_features`` (or
@@ -239,6 +236,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         options: the checked options.
         seconds_left: the budget less the seconds spent so far.
         rate: multiply-adds per second.
+        streamed: whether the rows are read from a data source at every pass
+            (:attr:`~rfgp.recipes._schedule.Plan.streamed`).
 
     Returns:
         ``schedule`` itself, or a copy with the larger ``num_features``, its ``final_solve``
@@ -257,10 +256,11 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
     if options.num_features is not None or not options.anytime:
         return schedule
     # The candidates the plan counted (plan_final_growth's rule).
-    candidates = 2 if local_possible(Plan(num_rows, input_dim, options, 0.0)) else 1
+    plan = Plan(num_rows, input_dim, options, 0.0, streamed=streamed)
+    candidates = 2 if local_possible(plan) else 1
 
     def cost(size: int) -> float:
-        return final_path(num_rows, size, input_dim, options.solve, candidates)[1]
+        return _final_cost(plan, size, candidates)
 
     budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate
     larger = largest_features_within(cost, budget, schedule.num_features,
@@ -268,10 +268,18 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
                                      row_capped_features(num_rows))
     if larger <= schedule.num_features:
         return schedule
-    path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates)
+    path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates,
+                                     False, streamed)
     predicted = dict(schedule.predicted, refit=multiply_adds / rate)
     return dataclasses.replace(schedule, num_features=larger, final_solve=path,
                                predicted=predicted)
+
+
+def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:
+    """Multiply-adds of the calibrated final fit at ``features`` on the path it takes
+    (:func:`~rfgp.inference.final_path`; on rows read from a source, one pass per product)."""
+    return final_path(plan.num_rows, features, plan.input_dim, plan.options.solve, candidates,
+                      forced, plan.streamed)[1]
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))

@@ -18,20 +18,16 @@ from typing import Any, Optional
 import torch
 
 from rfgp._data import ArraySource, DataSource, draw_rows, open_source
-from rfgp._validation import check_evidence_rows
-from rfgp.inference import RandomFeatureGP
-from rfgp.recipes._laplace import LAPLACE
-from rfgp.recipes._local import LOCAL
-from rfgp.recipes._options import RegressionOptions
-from rfgp.recipes._refine import REFINE
-from rfgp.recipes._refit import REFIT, replan_final
-from rfgp.recipes._report import FitReport
-from rfgp.recipes._schedule import Schedule, plan_stages
-from rfgp.recipes._search import SEARCH
-from rfgp.recipes._select import SELECT
-from rfgp.recipes._stage import RecipeData, Searched, StageTimer
-from rfgp.recipes._start import search_model, start_from_moments
-from rfgp.recipes._streaming import (
+from rfgp._initial import start_from_moments
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._report import FitReport
+from rfgp._units import (
+    check_variances_representable,
+    column_unit_of,
+    unit_of_rms,
+)
+from rfgp._validation import check_evidence_rows, validate_parameters
+from rfgp._working_set import (
     MEDIAN_ROWS,
     agreed,
     longest_head,
@@ -39,11 +35,17 @@ from rfgp.recipes._streaming import (
     moments,
     working_set,
 )
-from rfgp.recipes._units import (
-    check_variances_representable,
-    column_unit_of,
-    unit_of_rms,
-)
+from rfgp.inference import RandomFeatureGP
+from rfgp.recipes._laplace import LAPLACE
+from rfgp.recipes._local import LOCAL
+from rfgp.recipes._options import RegressionOptions
+from rfgp.recipes._refine import REFINE
+from rfgp.recipes._refit import REFIT, replan_final
+from rfgp.recipes._schedule import Schedule, plan_stages
+from rfgp.recipes._search import SEARCH
+from rfgp.recipes._select import SELECT
+from rfgp.recipes._stage import RecipeData, Searched, StageTimer
+from rfgp.recipes._start import search_model
 
 __all__ = ["STAGES", "fit_auto", "plan_regression", "replanned"]
 
@@ -53,10 +55,13 @@ __all__ = ["STAGES", "fit_auto", "plan_regression", "replanned"]
 STAGES = (SEARCH, SELECT, REFINE, LOCAL, LAPLACE, REFIT)
 
 
-def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -> Schedule:
+def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *,
+                    streamed: bool = False) -> Schedule:
     """The schedule of :func:`fit_auto` for ``num_rows`` rows of ``input_dim`` inputs under
     checked :class:`~rfgp.recipes.RegressionOptions`: :data:`STAGES`' costs booked in their
-    planning order (:func:`~rfgp.recipes._schedule.plan_stages`).
+    planning order (:func:`~rfgp.recipes._schedule.plan_stages`). ``streamed``: the rows are
+    read from a data source (a memory-map, chunks, process shards), so that a CG fit passes
+    over them once per product.
 
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
@@ -65,7 +70,7 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions) -
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
-    return plan_stages(num_rows, input_dim, options, STAGES)
+    return plan_stages(num_rows, input_dim, options, STAGES, streamed)
 
 
 def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
@@ -89,7 +94,9 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     ``DataLoader``, a list, a callable returning a fresh iterator) with ``y=None``. The search
     stages then read a seeded draw of rows (the rows an in-memory fit reads, so the model is
     the same) and the final fit streams every row in chunks: memory
-    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows, the weight-space path.
+    :math:`O(\text{chunk} \cdot D + D^2)` beside the search's rows on the weight-space path,
+    :math:`O(\text{chunk} \cdot D + D k)` on the CG path, whose every product (``k``
+    columns) is one pass over the rows.
     With ``distributed=True`` under ``torchrun`` each process passes its own shard (any of
     these forms); every process runs the recipe and returns the same model, the one a single
     process fits to the shards concatenated in rank order.
@@ -121,6 +128,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     """
     started = time.perf_counter()
     opts = RegressionOptions().replace(**options).checked()
+    validate_parameters(PARAMETER_CONSTRAINTS["fit_auto"], {"report": report})
     source = open_source(x, y, opts.distributed)
     if source is None:
         data, searched, report = _prepare(x, y, opts, report)
@@ -159,7 +167,9 @@ def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData
     if measured > 0 and predicted > 0:
         rate *= predicted / measured
     left = schedule.budget - (time.perf_counter() - started)
-    again = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate)
+    # Rows behind a source (none in memory) are read again at every pass of the CG path.
+    again = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate,
+                         streamed=data.source is not None)
     if again is schedule:
         return data
     report.schedule, report.num_features = again, again.num_features
@@ -202,14 +212,10 @@ def _prepare_source(source: DataSource, opts: RegressionOptions,
     """:func:`_prepare` for rows behind a source: rank 0's schedule, and the working set (the
     longest head of the random order) in memory; rows few enough for a stage to hold all of
     them are read and fitted as in memory."""
-    if opts.solve == "cg":
-        raise ValueError(
-            "solve='cg' needs the rows in memory (every product reads them); rows from a "
-            "memory-map, chunks or process shards are fitted by solve='weight' or 'auto'"
-        )
-    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all.
-    opts, schedule = agreed(lambda: (opts.replace(solve="weight"), plan_regression(
-        source.num_rows, source.input_dim, opts.replace(solve="weight"))), source)
+    # Rank 0's options (its seed draws the rows every rank reads) and schedule for all; the
+    # CG path's every product is a pass over the rows, read again (streamed).
+    opts, schedule = agreed(lambda: (opts, plan_regression(
+        source.num_rows, source.input_dim, opts, streamed=True)), source)
     if longest_head(schedule) >= source.num_rows:
         return _prepare(*source.load(), opts, report)
     return _begin(source, opts, report, schedule, None)

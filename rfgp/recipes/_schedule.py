@@ -32,8 +32,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Sequence
 
-from rfgp._validation import check_int
-
 __all__ = [
     "FINAL_SHARE",
     "LOCAL_SHARE",
@@ -79,7 +77,6 @@ def default_budget(num_rows: int) -> float:
         >>> default_budget(1000), default_budget(40000)
         (30.0, 120.0)
     """
-    num_rows = check_int("num_rows", num_rows)
     return max(30.0, 20.0 + num_rows / 400.0)
 
 
@@ -140,6 +137,9 @@ class Plan:
             rows double; a stage without one is bounded by its booked cost
             (:meth:`committed`).
         settings: what stages without a field of their own planned.
+        streamed: whether the rows are read from a data source at every pass (a memory-map,
+            chunks, process shards): the final fit's CG path then recomputes its features at
+            every product (:func:`~rfgp.inference.final_path`).
 
     The other attributes are the :class:`Schedule`'s.
     """
@@ -163,6 +163,7 @@ class Plan:
     final_solve: str = "weight"
     bounds: Dict[str, float] = field(default_factory=dict)
     settings: Dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
 
     def left(self) -> float:
         """Multiply-adds of the budget not yet booked."""
@@ -183,11 +184,12 @@ class Plan:
                    for name in dict.fromkeys(names))
 
 
-def plan_stages(num_rows: int, input_dim: int, options: Any, stages: Sequence[Any]) -> Schedule:
+def plan_stages(num_rows: int, input_dim: int, options: Any, stages: Sequence[Any],
+                streamed: bool = False) -> Schedule:
     """The schedule of ``stages`` (:class:`~rfgp.recipes._stage.Stage`) for ``num_rows`` rows
     of ``input_dim`` inputs under checked ``options``: every stage's plans called on one
     :class:`Plan` in their planning order (ties in the stages' order), the predictions
-    converted to seconds at ``options.machine_rate``.
+    converted to seconds at ``options.machine_rate``. ``streamed``: :attr:`Plan.streamed`.
 
     Example:
         >>> from rfgp.recipes._options import RegressionOptions
@@ -204,7 +206,8 @@ def plan_stages(num_rows: int, input_dim: int, options: Any, stages: Sequence[An
     # Multiply-adds beyond the float range (a budget of 1e300 s) are an unbounded budget: held
     # at the largest float, so that what the stages leave stays a number (inf - inf is NaN,
     # and NaN compares false with every cost).
-    plan = Plan(num_rows, input_dim, options, min(budget * rate, sys.float_info.max))
+    plan = Plan(num_rows, input_dim, options, min(budget * rate, sys.float_info.max),
+                streamed=streamed)
     steps = sorted(((order, index, book) for index, stage in enumerate(stages)
                     for order, book in stage.plans), key=lambda step: step[:2])
     for _, _, book in steps:

@@ -20,19 +20,18 @@ import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, List, NamedTuple, Optional
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional
 
 import torch
 from gpytorch.constraints import Interval
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
+from rfgp._report import FitReport
+from rfgp._units import NOISE_FLOOR
 from rfgp._validation import (
     all_finite,
     check_class_targets,
-    check_int,
-    check_positive,
-    check_rows,
 )
 from rfgp.inference import (
     ConvergenceWarning,
@@ -46,11 +45,9 @@ from rfgp.inference import (
 )
 from rfgp.inference._selection import Objective, minimize_lbfgs, minimize_safeguarded
 from rfgp.kernels._fourier import FourierFeatureKernel
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel  # noqa: F401  (the examples use it)
-from rfgp.recipes._units import NOISE_FLOOR
 
 __all__ = [
     "SEARCH",
@@ -65,6 +62,7 @@ __all__ = [
     "search",
     "search_evaluation",
     "search_evidence",
+    "search_two_paths",
     "two_path_search",
 ]
 
@@ -180,7 +178,7 @@ def regression_objective(
 ) -> EvidenceObjective:
     r"""The objective :math:`-\log p(y) / (N T)` of ``gp`` over its kernel's trainable
     parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, the floor :math:`\sigma^2_0` being
-    :data:`~rfgp.recipes._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
+    :data:`~rfgp._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
     the model noise to the point reached (the GP is not refitted).
 
     Args:
@@ -192,7 +190,6 @@ def regression_objective(
             (k-d blocks of neighbouring rows): the sum of the blocks' exact
             evidences, that of the kernel matrix with its cross-block entries set to zero.
     """
-    x, y = check_rows(x, y)
     if blocks is not None and not exact:
         raise ValueError("regression_objective(blocks=...) needs exact=True")
     floor = NOISE_FLOOR * max(float(y.square().mean()), 1e-300)
@@ -307,8 +304,6 @@ def maximize_evidence(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    max_iterations = check_int("max_iterations", max_iterations)
-    tolerance = check_positive("tolerance", tolerance)
     if max_lengthscale is not None:
         if not isinstance(gp.kernel, ScaleKernel):
             raise TypeError(
@@ -355,27 +350,63 @@ def two_path_search(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    start = _hyperparameters(gp)
-    direct = maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
-    reached = _hyperparameters(gp)
-    _restore(gp, start)
-    objective = regression_objective(gp, x, y, exact, blocks)
-    warm = Objective(objective.params, objective.loss, objective.feasible)
+    return search_two_paths(lambda: regression_objective(gp, x, y, exact, blocks),
+                            lambda: _hyperparameters(gp), lambda state: _restore(gp, state),
+                            max_iterations, tolerance)
+
+
+def search_two_paths(objective: Callable[[], EvidenceObjective], save: Callable[[], Any],
+                     restore: Callable[[Any], None], max_iterations: int,
+                     tolerance: float) -> SearchResult:
+    r""":func:`search_evidence` from the current point along two paths, the lower loss kept:
+    L-BFGS from the start, and L-BFGS after :data:`WARM_UP_STEPS` Adam steps (learning rate
+    :data:`WARM_UP_LR`) from the same start. The direct path is the single-path search
+    itself, so the point kept is never worse than it.
+
+    Args:
+        objective: builds the :class:`EvidenceObjective` at the current point (called once
+            per run).
+        save: the state of the parameters the objective changes; ``restore(save())`` puts
+            it back.
+        restore: see ``save``.
+        max_iterations, tolerance: of each L-BFGS run (:func:`search_evidence`).
+
+    Returns:
+        The :class:`SearchResult` of the kept path (its losses last, after the other's).
+
+    Example:
+        >>> w = torch.tensor([3.0], dtype=torch.float64, requires_grad=True)
+        >>> def state():
+        ...     return w.detach().clone()
+        >>> def put(value):
+        ...     w.data.copy_(value)
+        >>> def objective():
+        ...     return EvidenceObjective([w], lambda: (w - 1).square().sum())
+        >>> result = search_two_paths(objective, state, put, 50, 1e-8)
+        >>> round(float(w.detach()), 6)
+        1.0
+    """
+    start = save()
+    direct = search_evidence(objective(), max_iterations, tolerance)
+    reached = save()
+    restore(start)
+    warm_objective = objective()
+    warm = Objective(warm_objective.params, warm_objective.loss, warm_objective.feasible)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a warm-up is not run to convergence
         try:
             warm_losses = minimize_safeguarded(warm, "adam", WARM_UP_STEPS, WARM_UP_LR)
         except ValueError:  # the start itself cannot be evaluated: the direct path stands
             warm_losses = []
-    objective.finish()
-    warmed = maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
+    warm_objective.finish()
+    warmed = search_evidence(objective(), max_iterations, tolerance)
     best_direct = min(direct.losses, default=math.inf)
     best_warmed = min(warmed.losses, default=math.inf)
     iterations = direct.iterations + warmed.iterations
     if best_warmed < best_direct:
         return SearchResult(direct.losses + warm_losses + warmed.losses, iterations,
                             warmed.converged)
-    _restore(gp, reached)
+    restore(reached)
     return SearchResult(warm_losses + warmed.losses + direct.losses, iterations,
                         direct.converged)
 

@@ -22,13 +22,14 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp._initial import initial_hyperparameters
+from rfgp._report import FitReport
+from rfgp._units import column_scale
 from rfgp.inference import cross_validate, exact_evidence_cost, feature_evidence_cost, kd_blocks
-from rfgp.recipes._report import FitReport
 from rfgp.recipes._schedule import SEARCH_EVALUATIONS, Plan
 from rfgp.recipes._search import maximize_evidence
 from rfgp.recipes._stage import RecipeData, Searched, Stage
-from rfgp.recipes._start import initial_hyperparameters, search_model
-from rfgp.recipes._units import column_scale
+from rfgp.recipes._start import search_model
 
 __all__ = ["SELECT", "plan_select", "prefer_unbounded", "select"]
 

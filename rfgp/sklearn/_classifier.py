@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
-from rfgp.classification import PROBA_METHODS, DirichletGPClassifier, softmax_expectation
+from rfgp.classification import DirichletGPClassifier, softmax_expectation
 from rfgp.inference._feature_gp import ConvergenceWarning
 from rfgp.recipes import (
     ClassifierFitReport,
@@ -23,10 +23,7 @@ from rfgp.recipes._classification import plan_classifier
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     as_tensor,
-    check_count,
-    check_kernel_params,
-    check_positive_int,
-    check_positive_param,
+    check_params,
     kernel_from,
     make_kernel,
     recipe_options,
@@ -54,10 +51,12 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     lengthscales and the outputscale, shared by the ``C`` classes, maximise the summed
     evidence of the transformed labels, and the classifier is refitted on all rows with
     ``num_features`` features (default: the most the time budget allows for ``N`` rows and
-    ``C`` classes); ``lengthscale`` and ``sampling`` are then not used and
-    ``alpha_epsilon`` is kept. ``optimizer="validation"`` runs the same recipe, then
-    chooses ``alpha_epsilon`` on a validation split. With ``optimizer=None`` (and with the
-    other kernels) the kernel built from the arguments is used as it is.
+    ``C`` classes), ``alpha_epsilon`` and the final ``D`` chosen together by the held-out
+    NLL on a validation split (``select_alpha=True``, the default; ``False`` keeps
+    ``alpha_epsilon``); ``lengthscale`` and ``sampling`` are then not used.
+    ``optimizer="validation"`` is the same recipe with the choice always on (and, for the
+    other kernels, ``alpha_epsilon`` chosen on a validation split). With ``optimizer=None``
+    (and with the other kernels) the kernel built from the arguments is used as it is.
 
     Args:
         kernel: a name in :data:`KERNELS` or a :class:`~rfgp.kernels.RandomFeatureKernel`,
@@ -70,7 +69,10 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         degree: degree ``p`` of ``"polynomial"``.
         bias: bias ``b`` of ``"polynomial"``.
         projection: sketch of the dot-product kernels.
-        alpha_epsilon: Dirichlet concentration added to every class.
+        alpha_epsilon: Dirichlet concentration added to every class (the recipe's choice
+            replaces it unless ``select_alpha=False``).
+        select_alpha: in the recipe, choose ``alpha_epsilon`` and ``D`` by the held-out NLL
+            (:func:`rfgp.fit_classifier_auto`).
         optimizer: ``"auto"`` (the recipe), ``"validation"`` (the recipe, or the kernel as
             given for the other kernels, then ``alpha_epsilon`` chosen from
             :data:`rfgp.classification.ALPHA_GRID` by the MNLL on a random 10% validation split,
@@ -114,6 +116,7 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
         bias: float = 1.0,
         projection: str = "rademacher",
         alpha_epsilon: float = 0.01,
+        select_alpha: bool = True,
         optimizer: Optional[str] = "auto",
         max_iter: int = 200,
         proba_method: str = "mc",
@@ -150,31 +153,18 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
                 f"{type(self).__name__} needs at least 2 classes in y, got "
                 f"{len(self.classes_)} class"
             )
-        if self.optimizer not in ("auto", "validation", None):
-            raise ValueError(
-                f"optimizer must be 'auto', 'validation' or None, got {self.optimizer!r}"
-            )
-        if self.proba_method not in PROBA_METHODS:
-            raise ValueError(
-                f"proba_method must be one of {list(PROBA_METHODS)}, got {self.proba_method!r}"
-            )
-        check_count("mc_samples", self.mc_samples)
-        check_positive_int("max_iter", self.max_iter)
-        alpha = check_positive_param("alpha_epsilon", self.alpha_epsilon)
-        num_features = self.num_features
-        if num_features is not None:
-            num_features = check_count("num_features", num_features)
-        check_kernel_params(self)
+        params = check_params(self)
+        alpha, num_features = params["alpha_epsilon"], params["num_features"]
         seed = seed_from(self.random_state)
         x_t, labels = as_tensor(X), torch.as_tensor(encoded, dtype=torch.long)
         num_classes = len(self.classes_)
         recipe = isinstance(self.kernel, str) and self.kernel in RECIPE_KERNELS
         options = recipe_options(
-            ClassifierOptions, self, ("max_iter", "alpha_epsilon"),
+            ClassifierOptions, self, ("max_iter", "alpha_epsilon", "select_alpha"),
             spectral=self.kernel if recipe else "rbf",
             num_features=num_features if recipe else None, num_classes=num_classes,
-            select_alpha=self.optimizer == "validation", num_samples=int(self.mc_samples),
-            seed=seed)
+            num_samples=int(self.mc_samples), seed=seed,
+            **({"select_alpha": True} if self.optimizer == "validation" else {}))
         self.fit_report_ = None
         self.n_iter_ = 0
         if self.optimizer is not None and recipe:

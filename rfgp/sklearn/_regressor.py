@@ -23,12 +23,8 @@ from rfgp.recipes import (
 from rfgp.sklearn._support import (
     RECIPE_KERNELS,
     REGRESSION_DEFAULTS,
-    InvalidParameterError,
     as_tensor,
-    check_count,
-    check_kernel_params,
-    check_positive_int,
-    check_positive_param,
+    check_params,
     kernel_from,
     recipe_options,
     seed_from,
@@ -187,21 +183,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         # Strings that are not numbers fail here as in scikit-learn's regressors ("could not
         # convert string to float"); numeric strings are converted, as they are there.
         y = np.asarray(y).astype(np.float64)
-        noise = check_positive_param("noise", self.noise)
-        if self.optimizer not in ("auto", "lbfgs", "adam", None):
-            raise ValueError(
-                f"optimizer must be 'auto', 'lbfgs', 'adam' or None, got {self.optimizer!r}"
-            )
-        check_positive_int("max_iter", self.max_iter)
-        if self.num_features is not None:
-            check_count("num_features", self.num_features)
-        check_kernel_params(self)
-        if not isinstance(self.normalize_y, (bool, np.bool_)):
-            # bool(nan) is True: a non-bool would be taken as a truth value silently.
-            raise InvalidParameterError(
-                f"normalize_y must be a bool, got {self.normalize_y!r} "
-                f"({type(self.normalize_y).__name__})"
-            )
+        noise = check_params(self)["noise"]
         seed = seed_from(self.random_state)
         recipe = (self.optimizer == "auto" and isinstance(self.kernel, str)
                   and self.kernel in RECIPE_KERNELS)
@@ -255,9 +237,7 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 f"only: optimizer='auto' with kernel in {list(RECIPE_KERNELS)}, got "
                 f"optimizer={self.optimizer!r}, kernel={self.kernel!r}"
             )
-        if self.num_features is not None:
-            check_positive_int("num_features", self.num_features)
-        check_positive_int("max_iter", self.max_iter)
+        check_params(self)
         options = recipe_options(
             RegressionOptions, self,
             ("max_iter", "time_budget", "max_lengthscale", "cv_folds", "lengthscale_draws",
@@ -336,14 +316,21 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise RuntimeError("at most one of return_std and return_cov can be requested")
         check_is_fitted(self)
-        if isinstance(X, np.memmap) and not return_cov:
-            # Chunk by chunk: a memory-map is read, never copied whole.
-            parts = [self.predict(np.asarray(X[start:start + _PREDICT_ROWS]), return_std)
-                     for start in range(0, X.shape[0], _PREDICT_ROWS)]
+        if (isinstance(X, np.memmap) and X.dtype in (np.float32, np.float64)
+                and not return_cov):
+            # Read chunk by chunk by the model's predict: a memory-map is never copied whole.
+            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has shape {X.shape}, but {type(self).__name__} is expecting "
+                    f"{self.n_features_in_} features as input"
+                )
+            with torch.no_grad():
+                out = self.gp_.predict(X, return_std=return_std, chunk_size=_PREDICT_ROWS)
             if not return_std:
-                return np.concatenate(parts)
-            return (np.concatenate([m for m, _ in parts]),
-                    np.concatenate([s for _, s in parts]))
+                return self._scale(out.double().numpy()) + self._y_mean
+            mean, std = out
+            return (self._scale(mean.double().numpy()) + self._y_mean,
+                    self._scale(std.double().numpy()))
         X = validate_data(self, X, reset=False, dtype=np.float64)
         x_t = as_tensor(X)
         if return_cov:

@@ -4,8 +4,6 @@ recipe's options from an estimator's parameters, and target scaling (internal)."
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -21,10 +19,9 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install \"rfgp[sklearn]\"` (or `pip install scikit-learn`)"
     ) from error
 
-from rfgp._validation import MAX_COUNT, check_seed
+from rfgp._parameters import PARAMETER_CONSTRAINTS
+from rfgp._validation import validate_parameters
 from rfgp.kernels._base import RandomFeatureKernel, unwrap_scale_kernel
-from rfgp.kernels._fourier import SAMPLINGS
-from rfgp.kernels._sketches.sampling import PROJECTIONS
 from rfgp.recipes import (
     RegressionOptions,
 )
@@ -37,10 +34,7 @@ __all__ = [
     "RECIPE_KERNELS",
     "REGRESSION_DEFAULTS",
     "as_tensor",
-    "check_count",
-    "check_kernel_params",
-    "check_positive_int",
-    "check_positive_param",
+    "check_params",
     "kernel_from",
     "make_kernel",
     "recipe_options",
@@ -62,7 +56,7 @@ class InvalidParameterError(ValueError, TypeError):
         ...     make_kernel("rbf", num_features="many")
         ... except TypeError as error:
         ...     print(error)
-        num_features must be a positive integer, got 'many' (str)
+        num_features must be a positive integer of at most 2**62, got 'many' (str)
     """
 
 
@@ -126,55 +120,14 @@ _OPTION_NAMES = {"kernel": "spectral", "max_iter": "max_iterations"}
 RECIPE_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 
 
-def check_positive_param(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidParameterError(
-            f"{name} must be a positive float, got {value!r} ({type(value).__name__})"
-        )
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidParameterError(f"{name} must be a positive float, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise InvalidParameterError(
-            f"{name} must be a positive integer, got {value!r} ({type(value).__name__})"
-        )
-    if value < 1:
-        raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def check_count(name: str, value: Any) -> int:
-    """:func:`check_positive_int` with the recipes' ``MAX_COUNT`` (2**62) as its upper end."""
-    value = check_positive_int(name, value)
-    if value > MAX_COUNT:
-        raise InvalidParameterError(
-            f"{name} must be a positive integer of at most 2**62 (torch's sizes), got {value}"
-        )
-    return value
-
-
-def check_kernel_params(estimator: BaseEstimator) -> None:
-    """Check the named kernels' hyperparameters (``lengthscale``, ``sampling``, ``degree``,
-    ``bias``, ``projection``) whatever the path: a value that a path does not use is still
-    refused when it is invalid, not ignored (scikit-learn validates every parameter at
-    ``fit``). Raises :class:`InvalidParameterError` naming the parameter."""
-    check_positive_param("lengthscale", estimator.lengthscale)
-    for name, choices in (("sampling", SAMPLINGS), ("projection", PROJECTIONS)):
-        value = getattr(estimator, name)
-        if not isinstance(value, str) or value not in choices:
-            raise InvalidParameterError(
-                f"{name} must be one of {list(choices)}, got {value!r} ({type(value).__name__})"
-            )
-    check_positive_int("degree", estimator.degree)
-    bias = estimator.bias
-    if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
-            math.isfinite(bias) and bias >= 0):
-        raise InvalidParameterError(
-            f"bias must be a finite float >= 0, got {bias!r} ({type(bias).__name__})"
-        )
+def check_params(estimator: BaseEstimator) -> Dict[str, Any]:
+    """Every constructor parameter of ``estimator`` checked against its entry of
+    :data:`rfgp._parameters.PARAMETER_CONSTRAINTS`, whatever the path: a value that a path
+    does not use is still refused when it is invalid, not ignored (scikit-learn validates every
+    parameter at ``fit``). Returns the values in their canonical types; raises
+    :class:`InvalidParameterError` naming the parameter."""
+    return validate_parameters(PARAMETER_CONSTRAINTS[type(estimator).__name__],
+                               estimator.get_params(deep=False), InvalidParameterError)
 
 
 def make_kernel(
@@ -214,12 +167,11 @@ def make_kernel(
         >>> type(k).__name__, k.features(torch.zeros(3, 2, dtype=torch.float64)).shape
         ('FourierFeatureKernel', torch.Size([3, 64]))
     """
-    if not isinstance(name, str) or name not in KERNELS:
-        raise ValueError(f"kernel must be one of {sorted(KERNELS)} or an rfgp kernel, got {name!r}")
-    num_features = check_positive_int("num_features", num_features)
-    lengthscale = check_positive_param("lengthscale", lengthscale)
-    params = {"num_features": num_features, "sampling": sampling, "degree": degree,
-              "bias": float(bias), "projection": projection}
+    params = validate_parameters(PARAMETER_CONSTRAINTS["make_kernel"], {
+        "name": name, "num_features": num_features, "lengthscale": lengthscale,
+        "sampling": sampling, "degree": degree, "bias": bias, "projection": projection,
+        "seed": seed}, InvalidParameterError)
+    name, lengthscale, seed = params.pop("name"), params.pop("lengthscale"), params.pop("seed")
     kernel = KERNELS[name](params, seed).to(torch.float64)
     if kernel.has_lengthscale:
         kernel.lengthscale = torch.full_like(kernel.lengthscale, lengthscale)
@@ -228,7 +180,7 @@ def make_kernel(
 
 def seed_from(random_state: Any, name: str = "random_state") -> int:
     """The seed of a fit: an integer ``random_state`` is the seed itself, under the recipes'
-    one rule (:func:`~rfgp._validation.check_seed`: ``[0, 2**64 - 1]``), so that
+    one rule (:data:`rfgp._parameters.SEED`: ``[0, 2**64 - 1]``), so that
     ``random_state=s`` fits as the recipe's ``seed=s``; ``None`` or a ``RandomState`` draws
     one. Anything else raises :class:`InvalidParameterError` naming ``name``.
 
@@ -236,17 +188,11 @@ def seed_from(random_state: Any, name: str = "random_state") -> int:
         >>> seed_from(2**40)
         1099511627776
     """
+    validate_parameters({name: PARAMETER_CONSTRAINTS["RandomFeatureGPRegressor"][
+        "random_state"]}, {name: random_state}, InvalidParameterError)
     if random_state is None or isinstance(random_state, np.random.RandomState):
         return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
-    try:
-        return check_seed(name, random_state)
-    except TypeError as error:
-        raise InvalidParameterError(
-            f"{name} must be None, a numpy RandomState or an integer in [0, 2**64 - 1] (a "
-            f"torch.Generator's seeds), got {type(random_state).__name__} {random_state!r}"
-        ) from error
-    except ValueError as error:
-        raise InvalidParameterError(str(error)) from error
+    return int(random_state)
 
 
 def recipe_options(options_type, estimator: BaseEstimator, names, **fixed: Any):
@@ -281,11 +227,6 @@ def kernel_from(estimator: Any, seed: int, num_rows: int = 1) -> Kernel:
         return make_kernel(
             estimator.kernel, num_features, estimator.lengthscale, estimator.sampling,
             estimator.degree, estimator.bias, estimator.projection, seed,
-        )
-    if not isinstance(estimator.kernel, Kernel):
-        raise TypeError(
-            f"kernel must be a string in {sorted(KERNELS)} or an rfgp kernel, got "
-            f"{type(estimator.kernel).__name__}"
         )
     kernel = copy.deepcopy(estimator.kernel).to(torch.float64)
     base = unwrap_scale_kernel(kernel)

@@ -196,7 +196,6 @@ def test_targets_with_no_columns_are_rejected_by_every_fitting_entry_point():
 
     from rfgp import fit_auto
     from rfgp.inference._cross_validation import cross_validate, held_out_log_density
-    from rfgp.recipes._start import initial_hyperparameters
 
     x, y, _ = _data()
     empty = y[:, None][:, :0]
@@ -208,8 +207,6 @@ def test_targets_with_no_columns_are_rejected_by_every_fitting_entry_point():
         gp.fit_stream([(x, empty)])
     with pytest.raises(ValueError, match=message):
         fit_auto(x, empty)
-    with pytest.raises(ValueError, match=message):
-        initial_hyperparameters(x, empty)
     kernel = ScaleKernel(_kernel()).double()
     noise = torch.tensor(0.1, dtype=DT)
     with pytest.raises(ValueError, match="y_train must have at least one target column"):

@@ -102,7 +102,7 @@ def test_a_start_at_the_root_needs_one_run():
     assert out.noise == pytest.approx(sigma2, rel=0.01)
 
 
-def test_dense_gram_products_and_bad_input():
+def test_dense_gram_products():
     g = gen(4)
     phi = torch.randn(600, 40, dtype=DT, generator=g)
     y = phi @ torch.randn(40, dtype=DT, generator=g) * 0.2 + 0.3 * torch.randn(600, dtype=DT,
@@ -114,17 +114,6 @@ def test_dense_gram_products_and_bad_input():
     out = krylov_scale_calibration(lambda v: phi.T @ (phi @ v), phi.T @ y, float(y @ y), 600,
                                    1.0, generator=g)
     assert out.noise == pytest.approx(sigma2, rel=0.01)
-    with pytest.raises(ValueError, match="rhs"):
-        krylov_scale_calibration(lambda v: v, torch.zeros(2, 2, 2), 1.0, 10, 1.0)
-    with pytest.raises(TypeError, match="gram"):
-        krylov_scale_calibration("G", phi.T @ y, 1.0, 10, 1.0)
-    with pytest.raises(ValueError, match="noise"):
-        krylov_scale_calibration(lambda v: v, phi.T @ y, 1.0, 10, -1.0)
-    with pytest.raises(ValueError, match="num_probes"):
-        krylov_scale_calibration(lambda v: v, phi.T @ y, 1.0, 10, 1.0, num_probes=1)
-    with pytest.raises(ValueError, match="y must be"):
-        calibrate_by_krylov(make_ard_kernel(8, 2, seed=0), torch.zeros(5, 2, dtype=DT),
-                            torch.zeros(4, dtype=DT), 1.0)
 
 
 @pytest.mark.slow

@@ -102,7 +102,8 @@ def _fit_with_calibration_cost(n, d, c):
 
 def test_classifier_features_respect_the_final_share_of_the_budget():
     # A budget of 1e10 multiply-adds for the final fit: its 40% share of 0.25 s at 1e11 / s.
-    options = ClassifierOptions(time_budget=0.25, machine_rate=1e11).checked()
+    options = ClassifierOptions(time_budget=0.25, machine_rate=1e11,
+                                select_alpha=False).checked()
     budget = 1e10
     previous = None
     for n in (100, 1000, 10_000, 100_000):
@@ -121,8 +122,9 @@ def _three_blobs():
 def test_recipe_increases_the_evidence_over_the_start():
     x, labels = _three_blobs()
     report = ClassifierFitReport()
+    # At the search's alpha_epsilon: evidences at two alphas are densities of different data.
     clf = fit_classifier_auto(x, labels, num_features=128, search_features=128, seed=0,
-                              report=report)
+                              select_alpha=False, report=report)
     assert report.converged["search"]
     # The evidence of the fitted classifier (RandomFeatureGP's own computation) against a
     # classifier with the same features at the starting hyperparameters.
@@ -149,7 +151,8 @@ def test_refit_equals_a_direct_fit_at_the_found_hyperparameters(num_features):
     kernel = make_ard_kernel(num_features, 2, seed=4)  # the same frequencies (seed)
     kernel.base_kernel.lengthscale = found.base_kernel.lengthscale.detach()
     kernel.outputscale = found.outputscale.detach()
-    direct = DirichletGPClassifier(kernel, outputscale=1.0).fit(x, labels)
+    direct = DirichletGPClassifier(kernel, alpha_epsilon=clf.alpha_epsilon,
+                                   outputscale=1.0).fit(x, labels)
     test = torch.linspace(-1, 3, 21, dtype=DTYPE).reshape(-1, 1).repeat(1, 2)
     ours, theirs = clf.latent_posterior(test), direct.latent_posterior(test)
     torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-10, atol=1e-10)
@@ -269,8 +272,10 @@ def test_a_classifier_report_passed_again_describes_the_new_fit_only():
     assert "refine" in report.seconds and report.lengthscale_draws is None
     torch.testing.assert_close(report.lengthscale,
                                clf.kernel.base_kernel.lengthscale.detach().reshape(-1))
-    fit_classifier_auto(x, labels, num_features=64, seed=0, report=report)  # no refinement
-    assert set(report.seconds) == {"search", "refit"}
+    assert report.choice["num_features"] == 64
+    # no refinement, no choice
+    fit_classifier_auto(x, labels, num_features=64, seed=0, select_alpha=False, report=report)
+    assert set(report.seconds) == {"search", "refit"} and report.choice == {}
     assert set(report.iterations) == {"search"}
 
 
@@ -395,3 +400,121 @@ def test_a_larger_budget_never_plans_less(num_classes):
         for plan in plans:
             cost = _fit_with_calibration_cost(n, plan.num_features, num_classes)
             assert plan.num_features == 512 or cost <= 0.4 * plan.budget * base.machine_rate
+
+
+# ------------------------------------------------------------------ the held-out choice
+def _choice_cost(n, held, ladder, num_classes, num_alphas=6):
+    # The Gram matrices once per D (the shared one and the classes' own rows), then per alpha
+    # and class one Cholesky factor and a triangular solve of the held-out rows' features;
+    # on fewer training rows than features the kernel matrices, N_t in place of D.
+    t, total = n - held, 0.0
+    for m in ladder:
+        if t < m:
+            total += t * n * m + num_alphas * num_classes * (t**3 / 3 + held * t * t)
+        else:
+            total += 2 * t * m * m + num_alphas * num_classes * (m**3 / 3 + held * m * m)
+    return total
+
+
+@pytest.mark.parametrize("num_classes", [2, 26])
+def test_the_choice_is_booked_within_its_share_and_its_ladder_only_grows(num_classes):
+    rate = ClassifierOptions().machine_rate
+    for n in (1_000, 15_000, 40_000):
+        plans = []
+        for factor in (1, 2, 4):
+            options = ClassifierOptions(time_budget=factor * default_budget(n)).checked()
+            plan = plan_classifier(n, 16, num_classes, options)
+            without = plan_classifier(n, 16, num_classes, options.replace(select_alpha=False))
+            ladder, held = plan.settings["choice_features"], plan.settings["validation_rows"]
+            assert held == round(0.1 * n)
+            assert ladder[0] == 512 and ladder[-1] == plan.num_features
+            assert all(2 * a == b for a, b in zip(ladder, ladder[1:]))
+            assert plan.num_features <= without.num_features
+            cost = _choice_cost(n, held, ladder, num_classes)
+            assert plan.predicted["choose"] == pytest.approx(cost / rate, rel=1e-12)
+            assert len(ladder) == 1 or cost <= 0.3 * plan.budget * rate
+            if plan.num_features < without.num_features:  # cut by its share, not less
+                assert _choice_cost(n, held, ladder + (2 * ladder[-1],), num_classes) > (
+                    0.3 * plan.budget * rate)
+            assert list(plan.predicted)[-2:] == ["choose", "refit"]
+            plans.append(plan)
+        for small, large in zip(plans, plans[1:]):
+            assert set(small.settings["choice_features"]) <= set(
+                large.settings["choice_features"])
+            # from the default budget up, the search stages plan alike: the choice compares
+            # candidates of the same lengthscales
+            assert small.settings["search_paths"] == large.settings["search_paths"]
+            assert small.refine_rows == large.refine_rows
+
+
+def test_two_paths_only_where_the_budget_affords_them():
+    options = ClassifierOptions(search_features=64, subsample=5000, machine_rate=1e10)
+    tiny = plan_classifier(1200, 2, 3, options.replace(time_budget=1.0).checked())
+    ample = plan_classifier(1200, 2, 3, options.replace(time_budget=3.0).checked())
+    forced = plan_classifier(1200, 2, 3,
+                             options.replace(time_budget=1.0, two_paths=True).checked())
+    assert tiny.settings["search_paths"] == 1 and ample.settings["search_paths"] == 2
+    assert forced.settings["search_paths"] == 2
+    # two L-BFGS runs to convergence and the warm-up's 100 steps against one run
+    assert ample.predicted["search"] == pytest.approx(tiny.predicted["search"] * 220 / 60)
+
+
+def test_two_path_search_is_never_worse_than_the_direct_path():
+    from rfgp.recipes._search import search_evidence, search_two_paths
+
+    # Labels from the first two of four inputs, searched from lengthscales of 30 standard
+    # deviations: a nearly flat start.
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(200, 4, generator=g, dtype=DTYPE)
+    labels = (x[:, 0] * x[:, 1] > 0).long()
+    targets, noise = dirichlet_transform(labels, 2, 0.01)
+    targets = targets - targets.mean(0)
+    start = make_ard_kernel(64, 4, seed=0)
+    start.base_kernel.lengthscale = torch.full((1, 4), 30.0, dtype=DTYPE)
+    start.outputscale = 0.5
+    single, double = copy.deepcopy(start), copy.deepcopy(start)
+    search_evidence(dirichlet_objective(single, x, targets, noise), 100, 1e-5)
+    params = list(double.parameters())
+
+    def put(values):
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value)
+
+    search_two_paths(lambda: dirichlet_objective(double, x, targets, noise),
+                     lambda: [p.detach().clone() for p in params], put, 100, 1e-5)
+    with torch.no_grad():
+        one = float(dirichlet_objective(single, x, targets, noise).loss())
+        two = float(dirichlet_objective(double, x, targets, noise).loss())
+    # The direct path is the single search itself: the kept point is at most its loss (the
+    # same evaluations, so to rounding).
+    assert two <= one + 1e-12
+
+
+def test_the_choice_is_never_worse_with_more_budget():
+    # Budgets of 3, 6 and 12 s at 1e10 multiply-adds per second: ladders up to 512, 1024 and
+    # 2048 features; the search (on every row, along two paths each time) runs alike.
+    x, labels = blobs(400, THREE_CENTRES, 0.9, seed=8)
+    reports = []
+    for factor in (1, 2, 4):
+        report = ClassifierFitReport()
+        clf = fit_classifier_auto(x, labels, search_features=64, subsample=5000,
+                                  time_budget=3.0 * factor, machine_rate=1e10, seed=0,
+                                  report=report)
+        choice = report.choice
+        chosen = (choice["features"].index(choice["num_features"]),
+                  choice["alphas"].index(choice["alpha_epsilon"]))
+        assert float(choice["nll"][chosen]) == float(choice["nll"].min())
+        assert clf.kernel.base_kernel.num_features == choice["num_features"]
+        assert clf.alpha_epsilon == choice["alpha_epsilon"]
+        reports.append(report)
+    assert len({r.schedule.settings["search_paths"] for r in reports}) == 1
+    assert reports[0].choice["features"] != reports[1].choice["features"]
+    for small, large in zip(reports, reports[1:]):
+        assert large.losses["search"] == small.losses["search"]
+        rungs = len(small.choice["features"])
+        assert large.choice["features"][:rungs] == small.choice["features"]
+        # the smaller budget's candidates, scored alike, are among the larger's
+        torch.testing.assert_close(large.choice["nll"][:rungs], small.choice["nll"],
+                                   rtol=1e-12, atol=0)
+        assert float(large.choice["nll"].min()) <= float(small.choice["nll"].min())

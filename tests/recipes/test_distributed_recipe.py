@@ -21,6 +21,7 @@ WORLD = 2
 ROWS, SPLIT = 1500, 640  # uneven shards
 OPTIONS = dict(subsample=250, refine_rows=500, search_features=64, num_features=256, seed=0,
                time_budget=30, max_iterations=60, lengthscale_draws=8)
+CG_OPTIONS = dict(OPTIONS, solve="cg", num_features=512)
 ESTIMATOR = dict(num_features=128, random_state=0, time_budget=20, lengthscale_draws=0,
                  max_lengthscale=None, local_search=False)
 # Every scenario ends well within this: a hang in a collective would not.
@@ -89,6 +90,20 @@ def _worker(rank, port, out_path, scenario):
             # rank 1's reads fail in its second pass (the moments'), after rank 0 has read
             chunks, _ = _failing(xs, ys, rank, 2)
             results["read"] = _error(lambda: fit_auto(chunks, distributed=True, **OPTIONS))
+        elif scenario == "cg":
+            # solve="cg": every product of the calibration and the fit a pass over each
+            # rank's rows, all-reduced
+            shard = ([(xs[i:i + 200], ys[i:i + 200]) for i in range(0, xs.shape[0], 200)], None)
+            gp = fit_auto(*(shard if rank == 1 else (xs, ys)), distributed=True, **CG_OPTIONS)
+            results["mean"], results["std"] = gp.predict(xt, return_std=True)
+            results["noise"] = gp.noise.detach()
+            results["solve"] = gp.solve_used
+            # rank 1's reads fail in the last but one pass, one of the fit's CG products
+            chunks, opens = _failing(xs, ys, rank, 10**9)
+            fit_auto(chunks, distributed=True, **CG_OPTIONS)
+            passes = len(opens)
+            chunks, _ = _failing(xs, ys, rank, passes - 1)
+            results["read"] = _error(lambda: fit_auto(chunks, distributed=True, **CG_OPTIONS))
         else:
             # a shard of chunks, one of tensors: either form on either rank
             shard = ([(xs[i:i + 200], ys[i:i + 200]) for i in range(0, xs.shape[0], 200)], None)
@@ -174,3 +189,27 @@ def test_two_processes_fit_the_one_process_model(tmp_path):
         # the standardisation's moments are merged over shards: equal to rounding, which the
         # evidence search carries to about 1e-9 of the predictions
         np.testing.assert_allclose(res["estimator"].numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_two_processes_fit_the_one_process_model_by_cg(tmp_path):
+    results = _run(tmp_path, "cg")
+    x, y, xt = _data()
+    single = fit_auto(x, y, **CG_OPTIONS)
+    mean, std = single.predict(xt, return_std=True)
+    tolerance = single.cg_settings.tolerance_for(DT)
+    prior = single.feature_map.real_rows(xt).square().sum(-1).detach()
+    for res in results:
+        assert res["solve"] == "cg"
+        # the calibration's products differ from one process's by their sums' association
+        torch.testing.assert_close(res["noise"], single.noise.detach(), rtol=1e-8, atol=0)
+        # each mean within `tolerance` posterior standard deviations of its exact mean, each
+        # variance within tolerance ||phi||^2 (B >= I): twice that between two fits
+        assert bool(((res["mean"] - mean).abs() <= 2 * tolerance * std + 1e-12).all())
+        assert bool(((res["std"].square() - std.square()).abs() <= 2 * tolerance * prior).all())
+        # a read failing inside the fit's CG products is raised on every rank
+        kind, message = res["read"]
+        assert kind == "RuntimeError" and "rank 1" in message and "disk went away" in message
+    # the ranks ran the same iterations on the same all-reduced products
+    torch.testing.assert_close(results[0]["mean"], results[1]["mean"], rtol=0, atol=0)

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from rfgp._initial import initial_hyperparameters
 from rfgp.recipes import ClassifierFitReport, FitReport, fit_auto, fit_classifier_auto
 from rfgp.recipes._laplace import lengthscale_mixture_kernel
-from rfgp.recipes._start import initial_hyperparameters
 from tests.helpers import DT, gen
 
 

@@ -116,16 +116,6 @@ def test_the_condition_bound_caps_the_ratio():
     assert out.factor / out.noise <= 1.0 / (1e-8 * top) * 1.05
 
 
-def test_bad_arguments_are_named():
-    kernel, x, y = _problem(n=200)
-    with pytest.raises(ValueError, match="noise"):
-        calibrate_by_krylov(kernel, x, y, -1.0)
-    with pytest.raises(ValueError, match="noise_floor"):
-        calibrate_by_krylov(kernel, x, y, 0.1, noise_floor=float("nan"))
-    with pytest.raises(ValueError, match="num_probes"):
-        calibrate_by_krylov(kernel, x, y, 0.1, num_probes=1)
-
-
 def test_fit_auto_on_the_iterative_path_is_the_weight_space_model():
     g = gen(6)
     x = torch.rand(1500, 2, generator=g, dtype=DT)

@@ -122,7 +122,7 @@ def test_the_options_are_checked_by_name():
         RegressionOptions(time_budget=-1.0).checked()
     with pytest.raises(TypeError, match="machine_rate"):
         RegressionOptions(machine_rate="fast").checked()
-    with pytest.raises(ValueError, match="num_features must be even"):
+    with pytest.raises(ValueError, match="num_features must be an even integer"):
         RegressionOptions(num_features=63).checked()
     with pytest.raises(TypeError, match="unknown option"):
         RegressionOptions().replace(num_feature=64)
@@ -237,6 +237,22 @@ def test_the_anytime_replan_never_buys_less(solve, d):
             assert sizes == sorted(sizes), (n, factor, sizes)
             assert all(a >= b for a, b in zip(sizes, previous)), (n, factor, sizes, previous)
             previous = sizes
+
+
+def test_the_replan_of_rows_behind_a_source_counts_a_pass_per_cg_product():
+    # Rows read from a source at every pass cost the CG path more: the re-plan buys no more
+    # features for them than for the rows in memory, and pays for what it buys streamed.
+    from rfgp.recipes._refit import REPLAN_SHARE, replan_final
+
+    n, d = 200000, 9
+    opts = RegressionOptions(solve="cg").checked()
+    plan = plan_regression(n, d, opts, streamed=True)
+    seconds = 4 * plan.budget
+    held = replan_final(plan, n, d, opts, seconds, opts.machine_rate)
+    again = replan_final(plan, n, d, opts, seconds, opts.machine_rate, streamed=True)
+    assert plan.num_features < again.num_features < held.num_features
+    for replanned in (held, again):
+        assert replanned.predicted["refit"] <= REPLAN_SHARE * seconds
 
 
 def test_the_replan_keeps_a_given_feature_count_and_anytime_false():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from rfgp import RandomFeatureGP
+from rfgp._initial import initial_hyperparameters
 from rfgp.datasets import load_uci, standardize
 from rfgp.recipes._search import maximize_evidence, two_path_search
-from rfgp.recipes._start import initial_hyperparameters, make_ard_kernel, search_model
+from rfgp.recipes._start import make_ard_kernel, search_model
 from tests.helpers import DT, gen
 
 

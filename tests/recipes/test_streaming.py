@@ -15,8 +15,8 @@ from rfgp._data import (
     draw_rows,
     source_moments,
 )
+from rfgp._units import column_scale
 from rfgp.recipes import FitReport
-from rfgp.recipes._units import column_scale
 
 DT = torch.float64
 # Few rows and features, but more rows than the refinement reads: the search stages draw
@@ -60,6 +60,38 @@ def test_memmap_chunks_and_memory_give_the_same_model(tmp_path):
         torch.testing.assert_close(m, mean, rtol=1e-9, atol=1e-9 * float(mean.abs().max()))
         torch.testing.assert_close(s, std, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(gp.noise, in_memory.noise, rtol=1e-10, atol=0)
+
+
+def test_cg_fit_on_a_memmap_and_chunks_equals_the_in_memory_cg_fit(tmp_path):
+    # solve="cg" on rows behind a source: the Krylov calibration's and the fit's products
+    # are passes over the chunks, never the N x D features or a D x D matrix
+    x, y = _data()
+    opts = dict(OPTIONS, solve="cg", num_features=512)
+    xt = torch.rand(40, 3, generator=torch.Generator().manual_seed(1), dtype=DT)
+    in_memory = fit_auto(x, y, **opts)
+    xm, ym = _memmap(tmp_path, x, y)
+    report = FitReport()
+    mapped = fit_auto(xm, ym, report=report, **opts)
+    chunked = fit_auto([(x[i:i + 700], y[i:i + 700]) for i in range(0, x.shape[0], 700)],
+                       **opts)
+    assert report.schedule.final_solve == "cg" and report.refine_rows < x.shape[0]
+    assert "iterative" in report.calibration
+    mean, std = in_memory.predict(xt, return_std=True)
+    tolerance = in_memory.cg_settings.tolerance_for(DT)
+    # k(x, x) of the features, the bound on the variance's CG error below
+    prior = in_memory.feature_map.real_rows(xt).square().sum(-1).detach()
+    for gp in (mapped, chunked):
+        assert gp.solve_used == "cg" and isinstance(gp.noise, torch.Tensor)
+        # the same rows, probes and chunks: the calibration's root agrees to rounding
+        torch.testing.assert_close(gp.noise, in_memory.noise, rtol=1e-8, atol=0)
+        m, s = gp.predict(xt, return_std=True)
+        # each mean solve stops within `tolerance` posterior standard deviations of its
+        # exact mean at every input (the energy-norm bound), so two fits differ by at most
+        # twice that
+        assert bool(((m - mean).abs() <= 2 * tolerance * std + 1e-12).all())
+        # a variance phi^T u, B u = phi to relative residual tol, is off by at most
+        # tol ||phi||^2 (B >= I): twice that between two fits
+        assert bool(((s.square() - std.square()).abs() <= 2 * tolerance * prior).all())
 
 
 def test_uncalibrated_stream_fit_equals_the_in_memory_fit(tmp_path):
@@ -121,8 +153,6 @@ def test_bad_chunks_name_the_row():
         fit_auto(wide, **OPTIONS)
     with pytest.raises(TypeError, match="float32 or float64"):
         fit_auto(np.zeros((10, 2), dtype=np.int64), np.zeros(10), **OPTIONS)
-    with pytest.raises(ValueError, match="solve='cg'"):
-        fit_auto(parts[:1], solve="cg", **OPTIONS)
 
 
 def test_changing_chunk_source_is_an_error():
@@ -213,9 +243,9 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
     from rfgp.recipes._options import RegressionOptions
     from rfgp.recipes._regression import plan_regression
 
-    # rows behind a memory-map, chunks or shards are planned on the weight path
+    # rows behind a memory-map, chunks or shards, planned on the weight path
     opts = RegressionOptions(solve="weight").checked()
-    plans = {n: plan_regression(n, 10, opts) for n in (10**6, 10**7, 10**8)}
+    plans = {n: plan_regression(n, 10, opts, streamed=True) for n in (10**6, 10**7, 10**8)}
     # the default budget keeps the final D (its most weight-space features) at every size
     assert {plan.num_features for plan in plans.values()} == {8192}
     for stage in ("search", "refine", "local", "laplace"):
@@ -227,6 +257,40 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
     assert refit[0] < refit[1] < refit[2] < 10 * refit[1]
     for plan in plans.values():
         assert sum(plan.predicted.values()) <= plan.budget
+
+
+def test_schedule_of_rows_behind_a_source_counts_a_pass_per_cg_product():
+    from rfgp.inference import final_path
+    from rfgp.inference._fit_cost import (
+        CALIBRATION_RUNS,
+        CG_ITERATIONS,
+        PROBE_RUN_SHARE,
+        SKETCH_PASSES,
+        iterative_fit_cost,
+    )
+    from rfgp.recipes._options import RegressionOptions
+    from rfgp.recipes._regression import plan_regression
+
+    n, m, d = 10**6, 16384, 10
+    # the streamed fit recomputes the features N D (d + 4) at every pass where the cached
+    # fit computes them once: b, the trace's probes, the sketch's blocks and one pass per CG
+    # iteration of the calibration's runs (the targets' run, then the probes' own, a
+    # PROBE_RUN_SHARE as long); the fit's I iterations, its b and its sketch
+    runs = CALIBRATION_RUNS * CG_ITERATIONS * (1 + PROBE_RUN_SHARE)
+    passes = (2 + SKETCH_PASSES + runs - 1) + (CG_ITERATIONS + 1)
+    extra = iterative_fit_cost(n, m, d, streamed=True) - iterative_fit_cost(n, m, d)
+    assert extra == pytest.approx(passes * n * m * (d + 4), rel=1e-12)
+    assert final_path(n, m, d, "auto", streamed=True) == (
+        "cg", iterative_fit_cost(n, m, d, streamed=True))
+    # "auto" on a source takes the CG path beyond the weight-space limit where the budget
+    # pays for it, and buys no more features than on rows in memory (cached features)
+    opts = RegressionOptions(time_budget=20000.0).checked()
+    streamed = plan_regression(n, d, opts, streamed=True)
+    in_memory = plan_regression(n, d, opts)
+    assert streamed.final_solve == "cg" and streamed.num_features > 8192
+    assert streamed.num_features <= in_memory.num_features
+    assert streamed.predicted["refit"] > plan_regression(
+        n, d, opts.replace(num_features=streamed.num_features)).predicted["refit"]
 
 
 def test_a_budget_below_the_cheapest_plan_warns():

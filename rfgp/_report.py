@@ -66,9 +66,7 @@ class FitReport:
     @classmethod
     def begin(cls, report: Optional[FitReport], schedule: Any) -> FitReport:
         """``report`` (a new one where ``None``) cleared, with ``schedule``'s sizes: a report
-        passed again describes the new fit only."""
-        if report is not None and not isinstance(report, cls):
-            raise TypeError(f"report must be a {cls.__name__} instance or None, got {report!r}")
+        passed again describes the new fit only (the recipe checked its type)."""
         report = report if report is not None else cls()
         report.clear()
         report.schedule, report.num_features = schedule, schedule.num_features
@@ -115,4 +113,11 @@ class ClassifierFitReport(FitReport):
     the final model's own outputscale: the ``factor`` on the search's, the ``outputscale``
     and the final model's ``negative_log_evidence`` per datum and class (the transform fixes
     the noise).
+
+    Attributes:
+        choice: the held-out choice (empty without it): the ladder's ``features``, the
+            ``alphas``, ``nll`` ``(rungs, alphas)`` their held-out negative log likelihoods,
+            the ``num_features`` and ``alpha_epsilon`` chosen and the ``validation_rows``.
     """
+
+    choice: Dict[str, Any] = field(default_factory=dict)
