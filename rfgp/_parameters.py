@@ -86,6 +86,7 @@ _REGRESSION: Table = {
     "lengthscale_draws": [Interval(Integral, 0, MAX_COUNT)],
     "local_search": [BOOLEAN],
     "calibrate": [BOOLEAN],
+    "anytime": [BOOLEAN],
     "solve": [Options(("auto", "weight", "cg"))],
     "distributed": [BOOLEAN],
 }

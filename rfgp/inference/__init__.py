@@ -34,6 +34,7 @@ from rfgp.inference._evidence_search import (
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._fit_cost import (
     CHOICE_FEATURES,
+    FEATURE_STEP,
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
     classifier_fit_cost,
@@ -43,6 +44,7 @@ from rfgp.inference._fit_cost import (
     final_path,
     largest_features_within,
     measure_machine_rate,
+    row_capped_features,
 )
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
@@ -62,6 +64,7 @@ __all__ = [
     "stochastic_log_evidence",
     # For rfgp.recipes (the inference layer's names the recipes import; not user-facing).
     "CHOICE_FEATURES",
+    "FEATURE_STEP",
     "WARM_UP_STEPS",
     "EvidenceObjective",
     "SearchResult",
@@ -88,4 +91,5 @@ __all__ = [
     "largest_features_within",
     "lengthscale_draws",
     "measure_machine_rate",
+    "row_capped_features",
 ]

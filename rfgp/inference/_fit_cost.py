@@ -31,6 +31,7 @@ __all__ = [
     "CHOICE_FEATURES",
     "EXACT_DISTANCE_COST",
     "EXACT_ELEMENTWISE_COST",
+    "FEATURE_STEP",
     "MAX_FUNCTION_FEATURES",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
@@ -42,11 +43,13 @@ __all__ = [
     "cg_num_features",
     "exact_evidence_cost",
     "feature_evidence_cost",
+    "feature_grid",
     "final_fit_cost",
     "final_path",
     "iterative_fit_cost",
     "largest_features_within",
     "measure_machine_rate",
+    "row_capped_features",
 ]
 
 #: Most features of a weight-space (``D x D``) final fit.
@@ -55,21 +58,26 @@ MAX_WEIGHT_FEATURES = 8192
 MAX_FUNCTION_FEATURES = 32768
 #: Most features of an iterative (``solve="cg"``) final fit.
 MAX_ITERATIVE_FEATURES = 65536
+#: Step of the feature grid from which feature counts are its multiples (:func:`feature_grid`).
+FEATURE_STEP = 1024
 #: Features of the weight-space calibration that chooses among candidate lengthscales and
 #: starts the iterative calibration of a larger final model.
 CHOICE_FEATURES = 2048
 #: What the cost model expects of the iterative calibration
-#: (:mod:`~rfgp.inference._krylov_calibration`), in full-length CG runs over the target and
-#: probe columns (a cold run where the recipe starts it and, where the root lies beyond the
-#: accepted radius, a warm-started one, shorter), preconditioned CG iterations per run,
-#: probes, and the Nyström rank (the sketch's automatic rule stops at 512 unless doubling
-#: pays over the runs' few solves). The iterations grow with the signal-to-noise ratio: 8 to
-#: 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at 8,192 features
-#: the sketch's rule chose rank 1,024 and the runs took 100 and 70 iterations, about twice
-#: the model, whose constants are those of the typical, noisier set.
-CALIBRATION_RUNS = 1.5
+#: (:mod:`~rfgp.inference._krylov_calibration`): its runs over the target columns in
+#: full-length CG solves (a cold run where the recipe starts it and, where the root lies
+#: beyond the accepted radius, warm-started ones, shorter), preconditioned CG iterations per
+#: solve, probes, the length of a probe's run relative to the targets' (the probes stop at a
+#: looser residual), and the Nyström rank (the sketch's automatic rule stops at 512 unless
+#: doubling pays over the runs' few solves). The iterations grow with the signal-to-noise
+#: ratio: 8 to 9 were measured on 57,247 noisy rows; on pol (13,500 rows, noise 0.007) at
+#: 8,192 features the sketch's rule chose rank 1,024, the target runs took 74, 37 and 29
+#: iterations (1.9 solves of 74, about twice the model's iterations, whose constants are
+#: those of the typical, noisier set) and the probes' runs a sixth of the targets' each.
+CALIBRATION_RUNS = 2.0
 CG_ITERATIONS = 40
 CALIBRATION_PROBES = 8
+PROBE_RUN_SHARE = 0.25
 SKETCH_RANK = 512
 #: Products (passes over the rows) of the sketch's blocks: its rank doubles from 32 to
 #: :data:`SKETCH_RANK`.
@@ -82,32 +90,59 @@ EXACT_ELEMENTWISE_COST = 100.0
 EXACT_DISTANCE_COST = 8.0
 
 
+def feature_grid(smallest: int, largest: int, step: int = 0, cap: int = 0) -> list:
+    r"""The feature counts a budget chooses among, ascending: :math:`2^k\,\text{smallest}`
+    up to ``step``, then the multiples of ``step`` (``step = 0``: powers of two throughout),
+    each at most ``largest``; and ``cap`` where it lies in ``[smallest, largest]`` (a width
+    tied to the data, e.g. the rows, which the CG path allows as its largest).
+
+    Every count is even where ``smallest``, ``step`` and ``cap`` are: the Fourier features
+    take any even count (their orthogonal ``d x d`` blocks are truncated to it).
+
+    Example:
+        >>> feature_grid(512, 5000, 1024, cap=4500)
+        [512, 1024, 2048, 3072, 4096, 4500]
+        >>> feature_grid(256, 4096)
+        [256, 512, 1024, 2048, 4096]
+    """
+    sizes, size = [], smallest
+    while size <= largest:
+        sizes.append(size)
+        size = (size // step + 1) * step if step and size >= step else 2 * size
+    if smallest <= cap <= largest and cap not in sizes:
+        sizes = sorted(sizes + [cap])
+    return sizes
+
+
 def largest_features_within(cost: Callable[[int], float], budget: float, smallest: int,
-                            largest: int) -> int:
-    r"""The largest :math:`D = 2^k\,\text{smallest} \le \text{largest}` with
+                            largest: int, step: int = 0, cap: int = 0) -> int:
+    r"""The largest :math:`D` of :func:`feature_grid` ``(smallest, largest, step, cap)`` with
     :math:`\text{cost}(D) \le \text{budget}`; ``smallest`` where none fits.
 
     Every size is tried (not only until the first that does not fit): a cost need not grow
     with :math:`D` where the path changes (the ``D x D`` solve gives way to CG). An infinite
-    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget.
+    cost (no solve path at that :math:`D`) never fits, not even an unbounded budget. The
+    sizes that fit only gain members as the budget grows, so the answer never falls with it.
 
     Args:
         cost: multiply-adds (or seconds) of a fit with ``D`` features.
         budget: what the fit may cost, in ``cost``'s unit.
         smallest, largest: the range of ``D`` (``smallest`` positive).
+        step, cap: the grid's step and its extra width (:func:`feature_grid`).
 
     Example:
         >>> largest_features_within(lambda m: m**2, 1e6, 256, 65536)
         512
+        >>> largest_features_within(lambda m: m**2, 1e7, 256, 65536, step=1024)
+        3072
         >>> largest_features_within(lambda m: m**2, 1.0, 256, 65536)
         256
     """
-    best, size = smallest, smallest
-    while size <= largest:
+    best = smallest
+    for size in feature_grid(smallest, largest, step, cap):
         value = cost(size)
         if value <= budget and math.isfinite(value):
             best = size
-        size *= 2
     return best
 
 
@@ -350,22 +385,23 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then the Krylov
     calibration (:mod:`~rfgp.inference._krylov_calibration`) on cached features
     (:math:`N D (d + 4)`): one Nyström sketch of rank :math:`r` (:math:`2 N D r`, and
-    :math:`8 D r^2` to factorise it), :math:`R` runs of :math:`I` CG iterations over the target
-    and :math:`p` probe columns (:math:`2 N D (1 + p)` each) and the Galerkin projection onto
-    their :math:`s = r + R I (1 + p)` directions (:math:`2 D s^2`); and the fit,
+    :math:`8 D r^2` to factorise it), :math:`R` solves of :math:`I` CG iterations over the
+    target and the :math:`p` probe columns, a probe's run :math:`q` times as long
+    (:math:`2 N D (1 + q p)` per iteration), and the Galerkin projection onto their
+    :math:`s = r + R I (1 + q p)` directions (:math:`2 D s^2`); and the fit,
     :func:`cg_fit_cost` with :math:`I` iterations on cached features and the calibration's
     sketch:
 
     .. math::
         C = k\,C_{\text{choice}} + N D \big((d + 4) + 2 r + 8 r^2 / N + 2 s^2 / N
-            + 2 I R (1 + p)\big) + C_{\text{CG fit}}(N, D, d, I).
+            + 2 I R (1 + q p)\big) + C_{\text{CG fit}}(N, D, d, I).
 
     ``streamed``: the rows are read from a data source at every product (a memory-map,
     chunks, process shards) and their features recomputed, never cached: the calibration's
     features cost :math:`N D (d + 4)` per pass, one for :math:`\Phi^\top y`, one for the
     trace's probes, :data:`SKETCH_PASSES` for the sketch's blocks and one per CG iteration of
-    its runs (:math:`2 + 5 + R I` in all), and the fit's :math:`I + 2` passes
-    (:func:`cg_fit_cost` uncached).
+    its runs, the targets' and then the probes' (:math:`2 + 5 + R I (1 + q)` in all), and the
+    fit's :math:`I + 2` passes (:func:`cg_fit_cost` uncached).
 
     Example:
         >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
@@ -375,14 +411,30 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     """
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES)
-    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * (1 + CALIBRATION_PROBES)
+    columns = 1 + CALIBRATION_PROBES * PROBE_RUN_SHARE  # target solves per run, probes too
+    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * columns
+    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * columns
     sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
-    passes = 2 + SKETCH_PASSES + CALIBRATION_RUNS * CG_ITERATIONS if streamed else 1
+    # Streamed, every iteration is a pass: the targets' run, then the probes' own.
+    passes = (2 + SKETCH_PASSES + CALIBRATION_RUNS * CG_ITERATIONS * (1 + PROBE_RUN_SHARE)
+              if streamed else 1)
     calibration = n * m * ((input_dim + 4) * passes + sketch + solves)
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS,
                       cached=not streamed)
     return choice + calibration + fit
+
+
+def row_capped_features(num_rows: int) -> int:
+    """The widest ``D`` the CG path takes on ``num_rows`` rows under ``solve="auto"``: the rows,
+    even (a cosine and a sine per frequency), at most :data:`MAX_ITERATIVE_FEATURES`. Beyond
+    the rows the ``N x N`` function-space solve is cheaper than iterating on ``D x D``, and a
+    feature model of ``D >= N`` features already spans every function the rows can tell apart.
+
+    Example:
+        >>> row_capped_features(13501), row_capped_features(10**6)
+        (13500, 65536)
+    """
+    return min(num_rows, MAX_ITERATIVE_FEATURES) // 2 * 2
 
 
 def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,

@@ -35,16 +35,20 @@ bound that grows with :math:`\mathcal Z`).
 
 The subspace is built by preconditioned conjugate gradients on :math:`A_{c_0}` (the Nyström
 preconditioner :math:`P_c = I + c\,U \Lambda U^\top` of one sketch of :math:`G` serves every
-:math:`c`, its eigenvalues scaled) over the right-hand sides :math:`b_t` and the probes
-:math:`z_j = P_{c_0}^{1/2} v_j` (Rademacher :math:`v_j`): every search direction and its
-image join :math:`\mathcal Z`, and so does the sketch's test matrix :math:`\Omega`, whose
-image :math:`G \Omega` the sketch holds. A preconditioner breaks the shift invariance of the
+:math:`c`, its eigenvalues scaled), first over the right-hand sides :math:`b_t` to the
+solve's tolerance (where its Lanczos condition shows the sketch short, the sketch grows), then
+over the probes :math:`z_j = P_{c_0}^{1/2} v_j` (Rademacher :math:`v_j`, the grown sketch's
+:math:`P_{c_0}`) to the looser :data:`PROBE_TOLERANCE`: every search direction and its image
+join :math:`\mathcal Z`, and so does the sketch's test matrix :math:`\Omega`, whose image
+:math:`G \Omega` the sketch holds. A preconditioner breaks the shift invariance of the
 Krylov space itself, not that of a Galerkin projection: the projection is exact at
 :math:`c_0` to the solve's tolerance and degrades slowly away from it, so the root search
 runs on the projection, and where the root lies farther than :data:`ACCEPT_RADIUS` (in
-:math:`\log c`) from every solved point, one more run there adds its directions
-(warm-started from the projection within :data:`COLD_RADIUS` of the anchor below, cold
-beyond it or where the sketch has grown since).
+:math:`\log c`) from every solved point, one more run there adds its directions (the
+targets, then the anchor's probes at their tolerance, each warm-started from the projection,
+within :data:`COLD_RADIUS` of the anchor below; beyond it a cold run is the new anchor). The
+products beyond the sketch are thus a target solve and the probes' shorter runs per run (on
+pol at 8,192 features 336 in three runs, four and a half target solves).
 
 The trace is Hutchinson's with the preconditioner as control variate,
 
@@ -74,7 +78,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 from gpytorch.kernels import Kernel
@@ -83,45 +87,49 @@ from torch import Tensor
 from rfgp.inference._evidence import LOG_2PI
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator
-from rfgp.inference._iterative import CGResult, lanczos_condition, lanczos_log_quadrature
+from rfgp.inference._iterative import lanczos_condition, lanczos_log_quadrature
+from rfgp.inference._krylov_subspace import (
+    GalerkinSubspace,
+    ScaleProfile,
+    integrated_slope,
+    last_step_change,
+    profile_minimiser,
+    profile_noise,
+    recorded_cg,
+)
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
 
 __all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
            "calibrate_operator_by_krylov", "krylov_scale_calibration"]
 
-#: A root farther than this from every solved point (in log c) gets a run of its own.
-ACCEPT_RADIUS = math.log(1.5)
+#: A root farther than this from every solved point (in log c) gets a run of its own: the
+#: projection's forms away from a run's c are first-order accurate only (on pol at 8,192
+#: features a root placed within a factor 1.5 of the run was off by a factor 1.4, the noise
+#: by 8%).
+ACCEPT_RADIUS = math.log(1.1)
 #: The root is searched within this distance (in log c) of the solved points.
 SEARCH_RADIUS = math.log(1e3)
 #: The log-determinant is carried from the latest cold run (the anchor); a run farther than
 #: this from the anchor is cold itself (its own Lanczos quadrature), nearer ones are
 #: warm-started from the projection.
 COLD_RADIUS = math.log(2.0)
-#: Column solves the sketch's rank is sized for (per right-hand side): a first run and, at
-#: most, one warm-started one.
+#: Column solves the sketch's rank is sized for (per right-hand side): a first run and a
+#: warm-started one (a later warm run starts nearer its solution and is shorter).
 SKETCH_SOLVES = 2
-#: The probe columns' relative CG residual: their forms' error stays far below the
-#: Hutchinson spread they carry.
-PROBE_TOLERANCE = 1e-5
+#: The probe columns' relative CG residual: the Lanczos quadrature of their log-determinant
+#: converges about twice as fast as the residual, and their forms' error stays far below the
+#: Hutchinson spread they carry (on pol at 2,048 features, 1e-2 moved the log evidence by
+#: 1% of its standard error).
+PROBE_TOLERANCE = 1e-2
 # The range of log c: c from about 1e-304 to 1e304, inside the float range.
 _LOG_C_LIMIT = 700.0
 # The first run's log c is kept this close to the data's own scale N / tr G: a start in other
 # units than the data's (a noise of 1e300 against a kernel at outputscale 1) would sketch and
 # run at a c where c G is far below or above the identity, beyond the runs' reach.
 _START_WINDOW = math.log(1e8)
-# Where Q(c) <= 0 in rounding (the features fit y exactly at c), the profile's noise is this
-# fraction of the targets' mean square (relative, so that every scale of y is alike): the
-# slope is then steeply negative and c moves up, to the condition bound.
-_EXACT_FIT_NOISE = 1e-30
 # Rows of features formed at once.
 _CHUNK_ROWS = 4096
-# Subspace directions whose Gram eigenvalue falls below this fraction of the largest (after
-# the columns are normalised) are dropped: they repeat others to working precision.
-_DEPENDENCE = 1e-11
-# Gauss-Legendre nodes of the log-determinant's integral over log c.
-_QUADRATURE_NODES = 24
-_BISECTIONS = 60
 
 
 @dataclass
@@ -132,12 +140,14 @@ class KrylovCalibration:
         factor: the outputscale factor :math:`a = c\\,\\sigma^2`.
         noise: :math:`\\sigma^2`.
         log_evidence: the estimated log evidence per datum (per row and column) at the root.
-        standard_error: the standard error of ``log_evidence`` (the probes' spread).
+        standard_error: the standard error of ``log_evidence``: the probes' spread, and in
+            quadrature the anchor quadrature's truncation error at the probe tolerance.
         gradient_standard_error: the standard error of :math:`dg / d\\log c` at the root over
             its scale :math:`N T`.
         noise_at_floor: whether the noise floor binds.
         rank: the Nyström rank.
-        iterations: CG iterations of each run.
+        iterations: CG iterations of each run over the targets.
+        probe_iterations: CG iterations of each run over the probes (one per cold run).
         run_scales: the :math:`c` of each run.
         products: column products with :math:`G` (one pass over :math:`\\Phi` and one over
             :math:`\\Phi^\\top` each), by purpose: ``"trace"`` (8, the estimate of
@@ -154,130 +164,10 @@ class KrylovCalibration:
     noise_at_floor: bool
     rank: int
     iterations: List[int] = field(default_factory=list)
+    probe_iterations: List[int] = field(default_factory=list)
     run_scales: List[float] = field(default_factory=list)
     products: Dict[str, int] = field(default_factory=dict)
     preconditioner: Optional[NystromPreconditioner] = None
-
-
-def _recorded_cg(gram: Callable[[Tensor], Tensor], scale: float, rhs: Tensor,
-                 precondition: Callable[[Tensor], Tensor], tolerance: Tensor,
-                 max_iterations: int, initial: Optional[Tensor] = None
-                 ) -> Tuple[CGResult, List[Tensor], List[Tensor]]:
-    """Preconditioned CG on :math:`(I + c G) X = R` (``c = scale``), every column its own
-    system stopped at its own relative residual (``tolerance``, ``(k,)``), keeping each
-    iteration's search directions and their images under ``G``.
-
-    Returns ``(result, directions, images)``: the :class:`CGResult` (its coefficients give
-    the Lanczos tridiagonals of a cold start) and per iteration the ``(W, k')`` directions
-    of the columns still active and their images ``G P``.
-    """
-    if initial is None:
-        solution, residual = torch.zeros_like(rhs), rhs.clone()
-    else:
-        solution = initial.clone()
-        residual = rhs - solution - scale * gram(solution)
-    norm = rhs.square().sum(0).sqrt()
-    zero = norm == 0
-    norm = torch.where(zero, torch.ones_like(norm), norm)
-    applied = precondition(residual)
-    direction = applied.clone()
-    rz = (residual * applied).sum(0)
-    steps, ratios, actives, directions, images = [], [], [], [], []
-    relative = residual.square().sum(0).sqrt() / norm
-    iterations = 0
-    for _ in range(max_iterations):
-        active = (relative > tolerance) & ~zero
-        if not bool(active.any()):
-            break
-        iterations += 1
-        # Only the active columns are multiplied: a converged column costs nothing more.
-        moving = direction[:, active]
-        image = torch.zeros_like(direction)  # (W, k)
-        image[:, active] = gram(moving)
-        directions.append(moving)
-        images.append(image[:, active])
-        full = direction + scale * image
-        curvature = (direction * full).sum(0)
-        alpha = torch.where(active & (curvature > 0), rz / curvature.clamp_min(1e-300),
-                            torch.zeros_like(rz))
-        solution = solution + alpha * direction
-        residual = residual - alpha * full
-        applied = precondition(residual)
-        rz_next = (residual * applied).sum(0)
-        beta = torch.where(active, rz_next / rz.clamp_min(1e-300), torch.zeros_like(rz))
-        direction = torch.where(active, applied + beta * direction, direction)
-        rz = torch.where(active, rz_next, rz)
-        steps.append(alpha)
-        ratios.append(beta)
-        actives.append(active)
-        relative = residual.square().sum(0).sqrt() / norm
-    relative = torch.where(zero, torch.zeros_like(relative), relative)
-    result = CGResult(solution, iterations, relative, bool((relative <= tolerance).all()),
-                      steps, ratios, actives)
-    return result, directions, images
-
-
-class _Subspace:
-    """The Galerkin projection of every :math:`A_c = I + c G` onto the span of kept vectors
-    ``Z`` with known images ``G Z`` (module docstring)."""
-
-    def __init__(self) -> None:
-        self.blocks: List[Tensor] = []
-        self.images: List[Tensor] = []
-
-    def add(self, vectors: Tensor, images: Tensor) -> None:
-        if vectors.shape[1]:
-            scale = vectors.square().sum(0).sqrt().clamp_min(1e-300)
-            self.blocks.append(vectors / scale)
-            self.images.append(images / scale)
-
-    def ritz(self, forms: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(theta, projected, basis_map)``: the Ritz values of ``G`` on the span, ``forms``
-        ``(W, m)`` projected onto the Ritz vectors (``(s, m)``), and the ``(s_Z, s)`` map
-        ``S R`` from the kept vectors' coefficients to the Ritz coordinates."""
-        z = torch.cat(self.blocks, 1)  # (W, s_Z)
-        gz = torch.cat(self.images, 1)
-        gram = z.transpose(0, 1) @ z
-        gram = 0.5 * (gram + gram.transpose(0, 1))
-        mu, vectors = torch.linalg.eigh(gram)
-        keep = mu > _DEPENDENCE * float(mu.max())
-        transform = vectors[:, keep] / mu[keep].sqrt()  # (s_Z, s): S with S^T M S = I
-        inner = transform.transpose(0, 1) @ (z.transpose(0, 1) @ gz) @ transform
-        theta, rotation = torch.linalg.eigh(0.5 * (inner + inner.transpose(0, 1)))
-        basis_map = transform @ rotation
-        projected = basis_map.transpose(0, 1) @ (z.transpose(0, 1) @ forms)
-        return theta.clamp_min(0.0), projected, basis_map
-
-    def solution(self, basis_map: Tensor, coefficients: Tensor) -> Tensor:
-        """``Z S R coefficients``: Ritz coordinates back to vectors."""
-        return torch.cat(self.blocks, 1) @ (basis_map @ coefficients)
-
-
-class _Profile:
-    """The Galerkin estimates of the profile's pieces at any ``c`` (module docstring)."""
-
-    def __init__(self, theta: Tensor, projected: Tensor, num_columns: int, num_probes: int,
-                 sketch_basis: Tensor, sketch_eigenvalues: Tensor, probes: Tensor) -> None:
-        t, p = num_columns, num_probes
-        self.theta = theta
-        self.b_hat = projected[:, :t]
-        self.z_hat = projected[:, t:t + p]
-        self.w_hat = projected[:, t + p:]
-        self.eigenvalues = sketch_eigenvalues  # of G, the sketch's
-        self.probe_weights = (sketch_basis.transpose(0, 1) @ probes).square()  # (r, p)
-        self.probe_norms = probes.square().sum(0)  # (p,)
-        self.width = probes.shape[0]
-
-    def pieces(self, c: float) -> Tuple[float, float, Tensor]:
-        """``(b^T A^-1 b summed, ||A^-1 b||^2 summed, per-probe trace samples (p,))``."""
-        inverse = 1.0 / (1.0 + c * self.theta)  # (s,)
-        quad = float((self.b_hat.square() * inverse.unsqueeze(1)).sum())
-        norm = float((self.b_hat.square() * inverse.square().unsqueeze(1)).sum())
-        bilinear = (self.w_hat * self.z_hat * inverse.unsqueeze(1)).sum(0)
-        damp = c * self.eigenvalues / (1.0 + c * self.eigenvalues)  # (r,)
-        exact = self.width - float(damp.sum())  # tr P_c^-1
-        control = self.probe_norms - (self.probe_weights * damp.unsqueeze(1)).sum(0)
-        return quad, norm, exact + bilinear - control
 
 
 def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
@@ -381,7 +271,7 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         log_c = min(math.log(start), ceiling)
         probes = (torch.randint(0, 2, (width, num_probes), generator=generator,
                                 dtype=torch.float64) * 2.0 - 1.0).to(device)
-        subspace = _Subspace()
+        subspace = GalerkinSubspace()
         # The targets' quadratic forms enter Q(c), whose relative error the CG residual bounds;
         # the probes' forms carry the Hutchinson spread, far above a looser solve's error.
         tolerances = torch.full((t + num_probes,), tolerance, dtype=torch.float64,
@@ -390,11 +280,14 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         phase[0] = "runs"
         runs: List[float] = []
         iterations: List[int] = []
+        probe_iterations: List[int] = []
         # The anchor: the latest cold run's log c, its per-probe log|A_c| by Lanczos
-        # quadrature, and its forms [b, P^{1/2} v, P^{-1/2} v] (the quadrature is of the
-        # probes P^{1/2} v of that run's preconditioner P).
-        anchor, anchor_logdets, anchor_rank, forms = math.nan, None, 0, b
-        profile: Optional[_Profile] = None
+        # quadrature, its forms [b, P^{1/2} v, P^{-1/2} v] (the quadrature is of the probes
+        # P^{1/2} v of that run's preconditioner P) and P's sketch (basis, eigenvalues of G),
+        # the control variate of the probes' trace samples.
+        anchor, anchor_logdets, anchor_sketch, forms = math.nan, None, None, b
+        truncation = 0.0
+        profile: Optional[ScaleProfile] = None
         basis_map = None
         kept_tests = 0
         for _ in range(max_runs):
@@ -407,30 +300,28 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
                 sketcher.refine(1.0 + c * smallest, c / start, max_rank, solves, n, tolerance)
                 phase[0] = "runs"
             pre = preconditioner(c)
+            # A cold run (a new anchor) only where the anchor is far: a sketch grown since
+            # leaves the anchor's quadrature and control variate valid (both are of the
+            # anchor's own preconditioner), so it needs no run of its own.
+            cold = profile is None or abs(log_c - anchor) > COLD_RADIUS
             initial = None
-            # A cold run (a new anchor) where the anchor is far or its preconditioner has
-            # since grown: the quadrature's spread is that of the preconditioned remainder.
-            cold = (profile is None or abs(log_c - anchor) > COLD_RADIUS
-                    or sketcher.rank > anchor_rank)
-            if cold:
-                forms = torch.cat([b, pre.sqrt(probes), pre.inverse_sqrt(probes)], 1)
-            else:
+            if not cold:
                 # Warm start from the projection: the anchor's quadrature serves, so this
-                # run only refines the subspace near its c.
+                # run only refines the subspace near its c (the targets' and the anchor's
+                # probes' forms there), each column from its projected solution.
                 inverse = 1.0 / (1.0 + c * profile.theta)
                 coefficients = torch.cat([profile.b_hat, profile.z_hat], 1) * inverse[:, None]
                 initial = subspace.solution(basis_map, coefficients)
-            columns = forms[:, :t + num_probes]  # the right-hand sides [b, P^{1/2} v]
-            result, directions, images = _recorded_cg(counted, c, columns, pre.inverse,
-                                                      tolerances, max_iterations, initial)
+            # The targets first, to the solve's tolerance (their forms enter Q(c)): their
+            # run's Lanczos condition grows the sketch where it falls short, and a cold run's
+            # probes then run on the grown one, whose remainder has the smaller spread.
+            result, directions, images = recorded_cg(
+                counted, c, b, pre.inverse, tolerances[:t], max_iterations,
+                None if initial is None else initial[:, :t])
             if initial is not None:
-                counts["runs"] += columns.shape[1]  # the starting residual's product
+                counts["runs"] += t  # the starting residual's product
             runs.append(log_c)
             iterations.append(result.iterations)
-            if cold:
-                anchor, anchor_rank = log_c, pre.rank
-                anchor_logdets = pre.logdet() + width * lanczos_log_quadrature(
-                    result, list(range(t, t + num_probes)))
             if rank is None:
                 phase[0] = "sketch"
                 sketcher.refine(lanczos_condition(result), c / start, max_rank,
@@ -438,105 +329,60 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
                 phase[0] = "runs"
             for block, image in zip(directions, images):
                 subspace.add(block, image)
+            # The probes at the looser probe tolerance (the log-determinant's Gauss
+            # quadrature converges about twice as fast as the solve's residual): a cold run's
+            # on the grown sketch's preconditioner, the new anchor; a warm run's are the
+            # anchor's probes, from their projected solutions.
+            if cold:
+                pre = preconditioner(c)
+                forms = torch.cat([b, pre.sqrt(probes), pre.inverse_sqrt(probes)], 1)
+            probe_run, directions, images = recorded_cg(
+                counted, c, forms[:, t:t + num_probes], pre.inverse, tolerances[t:],
+                max_iterations, None if initial is None else initial[:, t:])
+            if initial is not None:
+                counts["runs"] += num_probes
+            probe_iterations.append(probe_run.iterations)
+            if cold:
+                anchor, anchor_sketch = log_c, (pre.basis, pre.eigenvalues / c)
+                anchor_logdets = pre.logdet() + width * lanczos_log_quadrature(probe_run)
+                # The quadrature's truncation error at the probe tolerance: the mean of the
+                # last Lanczos step's change (times the start vectors' squared norm, W).
+                truncation = width * float(last_step_change(probe_run).mean())
+            for block, image in zip(directions, images):
+                subspace.add(block, image)
             # The sketch's test vectors come with their images: the columns not yet kept.
             subspace.add(sketcher.test[:, kept_tests:], sketcher.image[:, kept_tests:] / start)
             kept_tests = sketcher.rank
             theta, projected, basis_map = subspace.ritz(forms)
-            pre_now = sketcher.preconditioner
-            profile = _Profile(theta, projected, t, num_probes, pre_now.basis,
-                               pre_now.eigenvalues / start, probes)
+            profile = ScaleProfile(theta, projected, t, num_probes, *anchor_sketch, probes)
             low = max(min(runs) - SEARCH_RADIUS, -_LOG_C_LIMIT)
             high = min(max(runs) + SEARCH_RADIUS, ceiling)
-            log_c, interior = _minimiser(profile, low, high, target_squares, n, t,
-                                         noise_floor, ceiling)
+            log_c, interior = profile_minimiser(profile, low, high, target_squares, n, t,
+                                                noise_floor, ceiling)
             near = min(abs(log_c - r) for r in runs)
-            if interior and near <= ACCEPT_RADIUS and sketcher.rank == anchor_rank:
+            if interior and near <= ACCEPT_RADIUS:
                 break
         c = math.exp(log_c)
         quad, norm, traces = profile.pieces(c)
         q_value = target_squares - c * quad
-        noise_out = _profile_noise(q_value, target_squares, n * t, noise_floor)
+        noise_out = profile_noise(q_value, target_squares, n * t, noise_floor)
         at_floor = noise_floor > 0 and q_value / (n * t) <= noise_floor
         # log|A_c| per probe: the anchor's quadrature carried along log c.
-        per_probe = anchor_logdets + _integrated_slope(profile, anchor, log_c)
+        per_probe = anchor_logdets + integrated_slope(profile, anchor, log_c)
         logdet = float(per_probe.mean())
         total = q_value / noise_out + t * logdet + n * t * (math.log(noise_out) + LOG_2PI)
         slope_samples = t * (width - traces) - c * norm / noise_out
     return KrylovCalibration(
         factor=c * noise_out, noise=noise_out,
         log_evidence=-0.5 * total / (n * t),
-        standard_error=0.5 * t * float(per_probe.std()) / math.sqrt(num_probes) / (n * t),
+        standard_error=0.5 * t * math.hypot(float(per_probe.std()) / math.sqrt(num_probes),
+                                            truncation) / (n * t),
         gradient_standard_error=float(slope_samples.std()) / math.sqrt(num_probes) / (n * t),
         noise_at_floor=at_floor, rank=sketcher.rank, iterations=iterations,
+        probe_iterations=probe_iterations,
         run_scales=[math.exp(r) for r in runs], products=dict(counts),
         preconditioner=preconditioner(c),
     )
-
-
-def _slope(profile: _Profile, log_c: float, target_squares: float, num_rows: int,
-           num_columns: int, noise_floor: float) -> float:
-    """:math:`dg / d\\log c` of the Galerkin profile (module docstring)."""
-    c = math.exp(log_c)
-    quad, norm, traces = profile.pieces(c)
-    noise = _profile_noise(target_squares - c * quad, target_squares, num_rows * num_columns,
-                           noise_floor)
-    return num_columns * (profile.width - float(traces.mean())) - c * norm / noise
-
-
-def _profile_noise(quad: float, target_squares: float, count: int, noise_floor: float) -> float:
-    r""":math:`\sigma^2(c) = \max(Q(c) / (N T), \sigma_0^2)`, or where that is not positive
-    (:math:`Q \le 0` in rounding) :data:`_EXACT_FIT_NOISE` times the targets' mean square."""
-    noise = max(quad / count, noise_floor)
-    return noise if noise > 0 else target_squares / count * _EXACT_FIT_NOISE
-
-
-def _minimiser(profile: _Profile, low: float, high: float, target_squares: float,
-               num_rows: int, num_columns: int, noise_floor: float,
-               ceiling: float) -> Tuple[float, bool]:
-    """``(log c, interior)``: the first point in ``[low, high]`` where the slope turns from
-    negative to positive (the profile's minimum), found on a grid and then by bisection;
-    ``interior`` is False where it lies at an end of the interval (beyond it), except at
-    the ``ceiling``, which bounds the answer itself."""
-    def slope(point: float) -> float:
-        return _slope(profile, point, target_squares, num_rows, num_columns, noise_floor)
-
-    grid = torch.linspace(low, high, 33, dtype=torch.float64).tolist()
-    values = [slope(point) for point in grid]
-    if values[0] >= 0:
-        return low, False
-    for left, right, f_left, f_right in zip(grid, grid[1:], values, values[1:]):
-        if f_left < 0 <= f_right:
-            for _ in range(_BISECTIONS):
-                middle = 0.5 * (left + right)
-                if slope(middle) < 0:
-                    left = middle
-                else:
-                    right = middle
-            return 0.5 * (left + right), True
-    return high, high >= ceiling
-
-
-def _integrated_slope(profile: _Profile, start: float, stop: float) -> Tensor:
-    """Per probe, :math:`\\int_{start}^{stop} (W - \\mathrm{tr}\\,A_s^{-1})\\, d\\log s`
-    by Gauss-Legendre quadrature ((p,))."""
-    if stop == start:
-        return torch.zeros(profile.z_hat.shape[1], dtype=torch.float64)
-    nodes, weights = _gauss_legendre(_QUADRATURE_NODES)
-    middle, half = 0.5 * (start + stop), 0.5 * (stop - start)
-    total = torch.zeros(profile.z_hat.shape[1], dtype=torch.float64)
-    for node, weight in zip(nodes, weights):
-        traces = profile.pieces(math.exp(middle + half * node))[2]
-        total = total + weight * half * (profile.width - traces.cpu())
-    return total
-
-
-def _gauss_legendre(count: int) -> Tuple[List[float], List[float]]:
-    """Nodes and weights on [-1, 1] (Golub-Welsch)."""
-    k = torch.arange(1, count, dtype=torch.float64)
-    off = k / torch.sqrt(4 * k * k - 1)
-    jacobi = torch.diag(off, 1) + torch.diag(off, -1)
-    nodes, vectors = torch.linalg.eigh(jacobi)
-    return nodes.tolist(), (2 * vectors[0].square()).tolist()
 
 
 def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,

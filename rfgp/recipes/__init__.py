@@ -37,9 +37,11 @@ multiply-adds a second into a schedule (:attr:`FitReport.schedule`): the final f
 most features that fit 40% of the budget (weight space up to 8192 features, conjugate
 gradients beyond while :math:`D \le N`), the refinement's rows and the local stage's starts
 what is left (the local stage also gives the final model a second candidate to compare, at
-up to 2048 features), and what they leave doubles ``D``. The default budget,
-:math:`\max(30, 20 + N/400)` seconds, is linear in the rows; :func:`measure_machine_rate`
-measures this machine's rate.
+up to 2048 features), and what they leave grows ``D`` (in multiples of 1024, on conjugate
+gradients up to :math:`D = N`). When the final fit starts it re-plans ``D`` from the seconds
+actually left, at the rate the stages before achieved (``anytime``; never fewer features than
+planned). The default budget, :math:`\max(30, 20 + N/400)` seconds, is linear in the rows;
+:func:`measure_machine_rate` measures this machine's rate.
 """
 
 from rfgp._report import ClassifierFitReport, FitReport

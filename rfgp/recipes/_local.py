@@ -56,8 +56,10 @@ def plan_local(plan: Plan) -> None:
     lengthscale, at most ``d + 1``) as :data:`~rfgp.recipes._schedule.LOCAL_SHARE` of the
     budget allows, after the Hessian of its block evidence (the last search stage's evidence
     from here) and the final model's second candidate (its calibration counted at
-    :data:`~rfgp.inference.CHOICE_FEATURES`, its most): a share of the budget, not what the
-    stages before leave, so that more budget never buys fewer starts."""
+    :data:`~rfgp.inference.CHOICE_FEATURES`, its most), each start and the Hessian counted
+    on the refinement's most rows: a share of the budget, not what the stages before leave,
+    and a cost that does not jump with the rows, so that more budget never buys fewer
+    starts."""
     n, d, opts = plan.num_rows, plan.input_dim, plan.options
     if not (plan.refine_rows and opts.local_search and opts.exact_rows >= 2):
         return
@@ -69,12 +71,16 @@ def plan_local(plan: Plan) -> None:
                                exact_evidence_cost(most_rows, d, opts.exact_rows))
     blocks = exact_evidence_cost(plan.refine_rows, d, opts.exact_rows)
     per_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * blocks
-    block_hessian = hessian_cost(opts, d, blocks)
     forced = opts.num_features is not None
     second = (final_path(n, plan.num_features, d, opts.solve, 2, forced, plan.streamed)[1]
               - final_path(n, plan.num_features, d, opts.solve, 1, forced, plan.streamed)[1])
-    starts = int(max(0.0, LOCAL_SHARE * plan.total - block_hessian - _choice_second(n, d))
-                 // per_start)
+    # The starts are counted at the refinement's most rows (a start and the Hessian at its
+    # rows cost at most that): counted at its rows, a start's cost jumps as they double, and
+    # a larger budget could afford fewer starts.
+    most_blocks = exact_evidence_cost(most_rows, d, opts.exact_rows)
+    most_start = LOCAL_ITERATIONS * EVALUATIONS_PER_ITERATION * most_blocks
+    starts = int(max(0.0, LOCAL_SHARE * plan.total - hessian_cost(opts, d, most_blocks)
+                     - _choice_second(n, d)) // most_start)
     plan.local_starts = min(starts, d + 1)
     if plan.local_starts:
         plan.predicted["local"] = plan.local_starts * per_start

@@ -118,6 +118,11 @@ class RegressionOptions(RecipeOptions):
         distributed: each ``torch.distributed`` process passes its own shard of the rows;
             every process runs the same recipe and returns the same model (statistics
             all-reduced, rank 0's schedule and stage results adopted by all).
+        anytime: when the final fit starts, re-plan its ``D`` from the seconds actually left
+            at the rate the stages before measured (never fewer features than planned), so
+            that stages that finish early leave their time to the features; ``False`` keeps
+            the schedule, a function of the rows, inputs and budget alone (a fit then
+            reproduces on every machine).
     """
 
     exact_rows: int = 1000
@@ -128,6 +133,7 @@ class RegressionOptions(RecipeOptions):
     calibrate: bool = True
     solve: str = "auto"
     distributed: bool = False
+    anytime: bool = True
 
 
 @dataclass(frozen=True)

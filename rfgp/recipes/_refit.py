@@ -15,8 +15,9 @@ evaluation of that evidence's gradient costs :math:`2 N D^2`, more than the whol
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from gpytorch.kernels import Kernel
@@ -26,6 +27,7 @@ from rfgp._report import FitReport
 from rfgp._units import NOISE_FLOOR
 from rfgp.inference import (
     CHOICE_FEATURES,
+    FEATURE_STEP,
     MAX_ITERATIVE_FEATURES,
     RandomFeatureGP,
     ScaleCalibration,
@@ -35,6 +37,7 @@ from rfgp.inference import (
     fit_calibrated,
     fit_calibrated_source,
     largest_features_within,
+    row_capped_features,
 )
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
@@ -42,7 +45,13 @@ from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
-__all__ = ["REFIT", "plan_final_growth", "plan_final_share", "refit"]
+__all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
+           "replan_final"]
+
+#: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
+#: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
+#: (the CG iterations grow with the signal-to-noise ratio).
+REPLAN_SHARE = 0.9
 
 
 def _final_kernel(data: RecipeData, draws: Optional[Tensor], centre: Tensor,
@@ -157,7 +166,7 @@ def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
 
 
 def plan_final_share(plan: Plan) -> None:
-    """Book the final fit's share first: the most features (a power of two, at least
+    """Book the final fit's share first: the most features (on the feature grid, at least
     :data:`~rfgp.recipes._schedule.MIN_FEATURES`) whose calibrated fit, with the candidates it
     may have to choose among (the refinement's end and, where a local stage can run, its
     best), costs at most :data:`~rfgp.recipes._schedule.FINAL_SHARE` of the budget, or what
@@ -174,7 +183,7 @@ def plan_final_share(plan: Plan) -> None:
         features = largest_features_within(
             lambda size: _final_cost(plan, size, candidates),
             min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
-            MAX_ITERATIVE_FEATURES)
+            MAX_ITERATIVE_FEATURES, FEATURE_STEP, row_capped_features(plan.num_rows))
     plan.num_features = features
     plan.spent += _final_cost(plan, features, 1, forced)
 
@@ -196,13 +205,74 @@ def plan_final_growth(plan: Plan) -> None:
         rest = plan.total - plan.committed(leaving="refit")
         current = _final_cost(plan, features, candidates)
         larger = largest_features_within(lambda size: _final_cost(plan, size, candidates),
-                                         max(rest, current), features, MAX_ITERATIVE_FEATURES)
+                                         max(rest, current), features, MAX_ITERATIVE_FEATURES,
+                                         FEATURE_STEP, row_capped_features(n))
         plan.spent += _final_cost(plan, larger, candidates) - current
         features = larger
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None, plan.streamed)
     plan.final_solve, plan.predicted["refit"] = path, cost
+
+
+def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
+                 seconds_left: float, rate: float, streamed: bool = False) -> Any:
+    r"""The schedule with the final ``D`` re-planned from the time actually left when the
+    final fit starts (an anytime rule): the largest ``D`` of the feature grid whose fit, on
+    its path, costs at most :data:`REPLAN_SHARE` of ``seconds_left`` at ``rate``
+    multiply-adds per second (the rate the stages before measured), and never fewer than the
+    schedule's own ``D``:
+
+    .. math::
+        D = \max\big(D_{\text{plan}},\ \max\{D' : C(D') \le 0.9\,t_{\text{left}}\,r\}\big).
+
+    Both terms only grow (the plan's with the budget, the other with the time left), so more
+    budget or faster stages never give fewer features. A given ``num_features`` (or
+    ``anytime=False``) keeps the schedule as it is; so does a ``D`` already at its cap.
+
+    Args:
+        schedule: the :class:`~rfgp.recipes._schedule.Schedule` planned.
+        num_rows, input_dim: ``N`` and ``d``.
+        options: the checked options.
+        seconds_left: the budget less the seconds spent so far.
+        rate: multiply-adds per second.
+        streamed: whether the rows are read from a data source at every pass
+            (:attr:`~rfgp.recipes._schedule.Plan.streamed`).
+
+    Returns:
+        ``schedule`` itself, or a copy with the larger ``num_features``, its ``final_solve``
+        and its ``predicted["refit"]`` (seconds at ``rate``).
+
+    Example:
+        >>> from rfgp.recipes._options import RegressionOptions
+        >>> from rfgp.recipes._regression import plan_regression
+        >>> opts = RegressionOptions().checked()
+        >>> s = plan_regression(13500, 26, opts)
+        >>> replan_final(s, 13500, 26, opts, 0.0, opts.machine_rate) is s
+        True
+        >>> replan_final(s, 13500, 26, opts, 40.0, opts.machine_rate).num_features > 2048
+        True
+    """
+    if options.num_features is not None or not options.anytime:
+        return schedule
+    # The candidates the plan counted (plan_final_growth's rule).
+    plan = Plan(num_rows, input_dim, options, 0.0, streamed=streamed)
+    candidates = 2 if local_possible(plan) else 1
+
+    def cost(size: int) -> float:
+        return _final_cost(plan, size, candidates)
+
+    budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate
+    larger = largest_features_within(cost, budget, schedule.num_features,
+                                     MAX_ITERATIVE_FEATURES, FEATURE_STEP,
+                                     row_capped_features(num_rows))
+    if larger <= schedule.num_features:
+        return schedule
+    path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates,
+                                     False, streamed)
+    predicted = dict(schedule.predicted, refit=multiply_adds / rate)
+    return dataclasses.replace(schedule, num_features=larger, final_solve=path,
+                               predicted=predicted)
 
 
 def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:

@@ -9,7 +9,9 @@ them, is :mod:`rfgp.recipes`' overview.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 import warnings
 from typing import Any, Optional
 
@@ -38,14 +40,14 @@ from rfgp.recipes._laplace import LAPLACE
 from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
 from rfgp.recipes._refine import REFINE
-from rfgp.recipes._refit import REFIT
+from rfgp.recipes._refit import REFIT, replan_final
 from rfgp.recipes._schedule import Schedule, plan_stages
 from rfgp.recipes._search import SEARCH
 from rfgp.recipes._select import SELECT
 from rfgp.recipes._stage import RecipeData, Searched, StageTimer
 from rfgp.recipes._start import search_model
 
-__all__ = ["STAGES", "fit_auto", "plan_regression"]
+__all__ = ["STAGES", "fit_auto", "plan_regression", "replanned"]
 
 #: The stages of :func:`fit_auto`, in the order they run (each plans its cost at its own
 #: place in the schedule): every one but the last hands on a
@@ -64,7 +66,7 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
         >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
-        (16384, 2000, 'features', True)
+        (22528, 2000, 'features', True)
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
@@ -124,6 +126,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
         >>> bool(gp.noise < 0.05), mean.shape
         (True, torch.Size([3]))
     """
+    started = time.perf_counter()
     opts = RegressionOptions().replace(**options).checked()
     validate_parameters(PARAMETER_CONSTRAINTS["fit_auto"], {"report": report})
     source = open_source(x, y, opts.distributed)
@@ -134,9 +137,10 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     timer = StageTimer(report.seconds)
     with timer.progress(len(STAGES), "fit_auto", opts.progress):
         if opts.distributed:
-            searched = _agree_on_stages(timer, data, searched, report)
+            searched, data = _agree_on_stages(timer, data, searched, report, started)
         else:
             searched = _search_stages(timer, data, searched, report)
+            data = replanned(data, report, started)
         gp = timer.run(STAGES[-1], data, searched, report)
     _report_in_data_units(data, searched, report)
     return gp
@@ -150,19 +154,47 @@ def _search_stages(timer: StageTimer, data: RecipeData, searched: Searched,
     return searched
 
 
+def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData:
+    """``data`` with its schedule's final ``D`` re-planned from the seconds left since
+    ``started`` (:func:`~rfgp.recipes._refit.replan_final`), at the multiply-add rate the
+    timed stages achieved: the options' rate times their predicted over their measured
+    seconds (the options' rate where none was timed)."""
+    schedule = data.schedule
+    timed = [name for name in report.seconds if name in schedule.predicted]
+    measured = sum(report.seconds[name] for name in timed)
+    predicted = sum(schedule.predicted[name] for name in timed)
+    rate = data.options.machine_rate
+    if measured > 0 and predicted > 0:
+        rate *= predicted / measured
+    left = schedule.budget - (time.perf_counter() - started)
+    # Rows behind a source (none in memory) are read again at every pass of the CG path.
+    again = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate,
+                         streamed=data.source is not None)
+    if again is schedule:
+        return data
+    report.schedule, report.num_features = again, again.num_features
+    return dataclasses.replace(data, schedule=again)
+
+
 def _agree_on_stages(timer: StageTimer, data: RecipeData, searched: Searched,
-                     report: FitReport) -> Searched:
+                     report: FitReport, started: float) -> tuple:
     """The stages before the final fit on every rank, then rank 0's results (its
-    :class:`Searched` and report) adopted by all, so that every rank fits the same model."""
-    adopted, record = agreed(
-        lambda: (_search_stages(timer, data, searched, report), report), data.source)
+    :class:`Searched`, report and re-planned schedule) adopted by all, so that every rank
+    fits the same model: ``(searched, data)``."""
+    def run() -> tuple:
+        found = _search_stages(timer, data, searched, report)
+        return found, report, replanned(data, report, started).schedule
+
+    adopted, record, schedule = agreed(run, data.source)
     seconds = report.seconds  # the timer's: the final fit's time joins rank 0's
     report.__dict__.update({key: value for key, value in record.__dict__.items()
                             if key != "seconds"})
     if record is not report:
         seconds.clear()
         seconds.update(record.seconds)
-    return adopted
+    if schedule is not data.schedule:
+        data = dataclasses.replace(data, schedule=schedule)
+    return adopted, data
 
 
 def _prepare(x: Any, y: Any, opts: RegressionOptions,

@@ -4,23 +4,26 @@ Each stage's cost is predicted in multiply-adds from the rows ``N``, the inputs 
 feature counts (:mod:`rfgp.inference`'s cost model: the leading terms of its matrix products
 and factorisations) and converted to seconds at ``machine_rate``. Each stage declares its own
 cost (its ``plans``, see :class:`~rfgp.recipes._stage.Stage`); :func:`plan_stages` books them
-in their planning order on one ledger, :class:`Plan`, and the result is the
-:class:`Schedule`. For :func:`~rfgp.recipes.fit_auto` that order is: the evidence search on
-the subsample (always); the final fit's share, at most :data:`FINAL_SHARE` of the budget, or
-what the first search leaves where that is less (its ``D`` the largest power of two whose
-calibrated fit fits there, because the features' error shrinks only as :math:`D^{-1/2}` while
-the fit grows as :math:`N D^2`); the refinement's rows (at most :data:`REFINE_SHARE` of the
-budget), the local stage's starts (at most :data:`LOCAL_SHARE`: its later starts rarely move
-the lengthscales, while the final model stays feature-limited until ``D`` approaches the rows)
-and the Laplace Hessian; then the rest buys the final ``D``: the largest whose fit, on its
-cheapest path, the budget less those stages' bounded shares pays for (beyond the weight-space
-limit the CG path with the Krylov calibration, :mod:`~rfgp.inference._krylov_calibration`,
-costs a few CG fits). Every stage's share grows with the budget, so more budget never buys
-fewer features, rows or starts. The cross-validated choice of the bound takes what is left.
-The default budget, :func:`default_budget`, grows linearly with ``N``.
+in their planning order on one ledger, :class:`Plan`, and the result is the :class:`Schedule`.
+For :func:`~rfgp.recipes.fit_auto` that order is: the evidence search on the subsample
+(always); the final fit's share, at most :data:`FINAL_SHARE` of the budget, or what the first
+search leaves where that is less (its ``D`` the largest on the feature grid,
+:func:`~rfgp.inference._fit_cost.feature_grid`, whose calibrated fit fits there, because the
+features' error shrinks only as :math:`D^{-1/2}` while the fit grows as :math:`N D^2`); the
+refinement's rows (at most :data:`REFINE_SHARE` of the budget), the local stage's starts (at
+most :data:`LOCAL_SHARE`: its later starts rarely move the lengthscales, while the final model
+stays feature-limited until ``D`` approaches the rows) and the Laplace Hessian; then the rest
+buys the final ``D``: the largest whose fit, on its cheapest path, the budget less those
+stages' bounded shares pays for (beyond the weight-space limit the CG path with the Krylov
+calibration, :mod:`~rfgp.inference._krylov_calibration`, costs a few CG fits). Every stage's
+share grows with the budget, so more budget never buys fewer features, rows or starts. The
+cross-validated choice of the bound takes what is left. The default budget,
+:func:`default_budget`, grows linearly with ``N``.
 
 The schedule depends on ``N``, ``d``, the options and the budget alone (not on a clock), so a
-fit is reproducible; the report compares each stage's predicted seconds with its measured ones.
+fit with ``anytime=False`` is reproducible (by default the final fit re-plans its ``D`` from the
+seconds left, :func:`~rfgp.recipes._refit.replan_final`); the report compares each stage's
+predicted seconds with its measured ones.
 """
 
 from __future__ import annotations

@@ -140,3 +140,21 @@ def test_the_condition_bound_caps_the_ratio():
     out = calibrate_by_krylov(kernel, x, y, 1.0, condition=1e-8, generator=gen(5))
     assert out.factor / out.noise <= 1.0 / (1e-8 * top) * 1.05
     assert math.isfinite(out.log_evidence) and out.noise > 0
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_the_probes_loose_tolerance_stays_within_the_reported_error(columns):
+    # The same probes and sketch (one generator seed) solved to the targets' tolerance and to
+    # the looser probe tolerance: the looser run's standard error holds its quadrature's
+    # truncation error (the last Lanczos step's change), so the two estimates agree within
+    # two of it (the tight run's own error is far smaller here); the first anchor's probes
+    # stop sooner, and the runs beyond the sketch cost at most five solves of the targets.
+    kernel, x, y = _problem(columns=columns, noise=0.01, width=1024)
+    tight = calibrate_by_krylov(kernel, x, y, 0.05, probe_tolerance=1e-8, generator=gen(2))
+    loose = calibrate_by_krylov(kernel, x, y, 0.05, generator=gen(2))
+    assert loose.standard_error >= tight.standard_error * 0.5
+    assert loose.log_evidence == pytest.approx(tight.log_evidence,
+                                               abs=2 * loose.standard_error)
+    assert loose.noise == pytest.approx(tight.noise, rel=1e-3)
+    assert loose.probe_iterations[0] <= tight.probe_iterations[0]
+    assert loose.products["runs"] <= 5 * columns * sum(loose.iterations)

@@ -12,9 +12,13 @@ from rfgp.inference._blocks import kd_blocks
 from rfgp.inference._fit_cost import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
+    FEATURE_STEP,
+    MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
     exact_evidence_cost,
+    feature_grid,
     final_fit_cost,
+    row_capped_features,
 )
 from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
@@ -28,17 +32,18 @@ def _plan(n, d=8, **options):
 
 
 @pytest.mark.parametrize("n", ROWS)
-def test_final_features_are_the_largest_power_of_two_within_the_final_share(n):
+def test_final_features_are_the_largest_grid_size_within_the_final_share(n):
     plan = _plan(n)
     share = FINAL_SHARE * plan.budget * plan.machine_rate
     size = plan.num_features
     # The share pays for the candidates the final model may compare: two where a local
     # stage can run (more rows than the subsample), else one.
     k = 2 if n > plan.subsample else 1
-    assert size & (size - 1) == 0 and size >= MIN_FEATURES
-    within = MIN_FEATURES
-    while 2 * within <= MAX_WEIGHT_FEATURES and final_fit_cost(n, 2 * within, 8, k) <= share:
-        within *= 2
+    grid = feature_grid(MIN_FEATURES, MAX_ITERATIVE_FEATURES, FEATURE_STEP,
+                        row_capped_features(n))
+    assert size in grid and size % 2 == 0
+    within = max([MIN_FEATURES] + [m for m in grid if m <= MAX_WEIGHT_FEATURES
+                                   and final_fit_cost(n, m, 8, k) <= share])
     # At least the largest D within the share; more only from what the other stages leave,
     # and then the whole plan stays within the budget.
     assert size >= within
@@ -47,6 +52,26 @@ def test_final_features_are_the_largest_power_of_two_within_the_final_share(n):
     # Beyond the weight-space limit in function space on few rows, else by CG (D <= N).
     assert size <= MAX_WEIGHT_FEATURES or n < size or plan.final_solve == "cg"
     assert plan.final_solve == "weight" or MAX_WEIGHT_FEATURES < size <= n
+
+
+def test_the_feature_grid_steps_by_its_multiples_and_holds_the_row_cap():
+    grid = feature_grid(512, 65536, 1024, 13500)
+    assert grid[:4] == [512, 1024, 2048, 3072] and grid[-1] == 65536
+    assert 13500 in grid and grid == sorted(set(grid))
+    # Between consecutive sizes at most one step (the budget a doubling would leave unspent).
+    assert max(b - a for a, b in zip(grid[1:], grid[2:])) <= 1024
+    assert feature_grid(512, 4096) == [512, 1024, 2048, 4096]
+    # Sizes that are not powers of two are Fourier features of exactly that many columns
+    # (the orthogonal d x d blocks are truncated), for one kernel and for a Laplace mixture.
+    from rfgp.recipes._laplace import lengthscale_mixture_kernel
+    from rfgp.recipes._start import make_ard_kernel
+
+    x = torch.randn(3, 26, dtype=torch.float64)
+    for size in (3072, 13500):
+        assert make_ard_kernel(size, 26, seed=0).base_kernel.features(x).shape == (3, size)
+        mixture = lengthscale_mixture_kernel(size, torch.ones(3, 26, dtype=torch.float64),
+                                             torch.tensor(1.0, dtype=torch.float64))
+        assert sum(part.base_kernel.num_features for part in mixture.kernels) == size
 
 
 def test_the_schedule_is_monotone_in_the_rows():
@@ -112,11 +137,13 @@ def test_machine_rate_is_a_positive_rate():
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
     from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
-    # The default budget at the reference rate stays on the weight-space path below
-    # 2 * 10^4 rows, and beyond takes at least 16,384 features by CG (4 * 10^4 rows of 9
-    # inputs on two cores: the Krylov calibration costs a few CG fits) ...
+    # The default budget at the reference rate stays on the weight-space path while the rows
+    # are within its limit (CG needs D <= N), beyond it may take up to N features by CG,
+    # and on 4 * 10^4 rows of 9 inputs at least 16,384 (two cores: the Krylov calibration
+    # costs a few CG fits) ...
     for n in ROWS:
-        assert _plan(n).final_solve == "weight" or n >= 20000
+        plan = _plan(n)
+        assert plan.final_solve == "weight" or MAX_WEIGHT_FEATURES < plan.num_features <= n
     default = _plan(40000, d=9)
     assert default.final_solve == "cg" and default.num_features >= 16384
     assert sum(default.predicted.values()) <= default.budget
@@ -167,7 +194,8 @@ def test_exact_evidence_cost_names_its_bad_arguments(args, error):
         exact_evidence_cost(*args)
 
 
-BUDGET_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+BUDGET_FACTORS = (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0,
+                  16.0, 64.0)
 
 
 @pytest.mark.parametrize("solve", ["auto", "cg", "weight"])
@@ -181,6 +209,59 @@ def test_more_budget_never_buys_less(solve, d):
         for field in ("num_features", "refine_rows", "local_starts", "subsample"):
             values = [getattr(p, field) for p in plans]
             assert values == sorted(values), (n, field, values)
+
+
+@pytest.mark.parametrize("solve", ["auto", "weight"])
+@pytest.mark.parametrize("d", [9, 26])
+def test_the_anytime_replan_never_buys_less(solve, d):
+    # The final fit re-plans D from the seconds left when it starts: never below the plan's
+    # D, never fewer for more seconds left or more budget, and always a size its path fits.
+    from rfgp.recipes._refit import REPLAN_SHARE, replan_final
+
+    for n in (5000, 13500, 40000):
+        previous = [0] * 7
+        for factor in BUDGET_FACTORS:
+            opts = RegressionOptions(solve=solve,
+                                     time_budget=factor * default_budget(n)).checked()
+            plan = plan_regression(n, d, opts)
+            sizes = []
+            for fraction in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0):
+                again = replan_final(plan, n, d, opts, fraction * plan.budget,
+                                     opts.machine_rate)
+                sizes.append(again.num_features)
+                assert again.num_features >= plan.num_features
+                assert again.final_solve in ("weight", "cg")
+                assert again.final_solve == "weight" or again.num_features <= n
+                if again is not plan:  # what it bought, it pays for from what was left
+                    assert again.predicted["refit"] <= REPLAN_SHARE * fraction * plan.budget
+            assert sizes == sorted(sizes), (n, factor, sizes)
+            assert all(a >= b for a, b in zip(sizes, previous)), (n, factor, sizes, previous)
+            previous = sizes
+
+
+def test_the_replan_of_rows_behind_a_source_counts_a_pass_per_cg_product():
+    # Rows read from a source at every pass cost the CG path more: the re-plan buys no more
+    # features for them than for the rows in memory, and pays for what it buys streamed.
+    from rfgp.recipes._refit import REPLAN_SHARE, replan_final
+
+    n, d = 200000, 9
+    opts = RegressionOptions(solve="cg").checked()
+    plan = plan_regression(n, d, opts, streamed=True)
+    seconds = 4 * plan.budget
+    held = replan_final(plan, n, d, opts, seconds, opts.machine_rate)
+    again = replan_final(plan, n, d, opts, seconds, opts.machine_rate, streamed=True)
+    assert plan.num_features < again.num_features < held.num_features
+    for replanned in (held, again):
+        assert replanned.predicted["refit"] <= REPLAN_SHARE * seconds
+
+
+def test_the_replan_keeps_a_given_feature_count_and_anytime_false():
+    from rfgp.recipes._refit import replan_final
+
+    for options in (dict(num_features=1024), dict(anytime=False)):
+        opts = RegressionOptions(**options).checked()
+        plan = plan_regression(13500, 26, opts)
+        assert replan_final(plan, 13500, 26, opts, 1e6, opts.machine_rate) is plan
 
 
 def test_more_budget_goes_to_features_while_they_are_below_the_rows():
@@ -197,10 +278,10 @@ def test_more_budget_goes_to_features_while_they_are_below_the_rows():
 
 @pytest.mark.slow
 def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
-    # On 400 rows the plan buys 512 features at half a second and 16,384 (function space) at
-    # one; the searches are the same, so the two final models differ in D alone. The larger
-    # one's evidence is not worse beyond the spread of the 512-feature model's evidence over
-    # feature draws (three standard deviations of five draws).
+    # On 400 rows the plan buys 512 features at half a second and at least 16,384 (function
+    # space) at one; the searches are the same, so the two final models differ in D alone. The
+    # larger one's evidence is not worse beyond the spread of the 512-feature model's evidence
+    # over feature draws (three standard deviations of five draws).
     from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
     from rfgp.recipes import FitReport, fit_auto
     from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
@@ -216,7 +297,7 @@ def test_a_larger_budget_fits_more_features_and_no_worse_evidence():
         fit_auto(x, y, time_budget=budget, report=report, **options)
         reports.append(report)
     small, large = reports
-    assert (small.num_features, large.num_features) == (512, 16384)
+    assert small.num_features == 512 and large.num_features >= 16384
     assert torch.allclose(small.lengthscale, large.lengthscale)
 
     def evidence(report):
@@ -281,3 +362,30 @@ def test_machine_rate_refuses_a_dtype_it_cannot_multiply_in(dtype):
 
 def test_machine_rate_takes_a_dtype_by_name():
     assert measure_machine_rate(32, 1, dtype="float32") > 0
+
+
+def test_the_final_fit_replans_at_the_rate_the_stages_before_achieved():
+    # Stages that ran four times faster than predicted leave the budget to the features: the
+    # final D grows (to the rows, on 4 * 10^4 rows of 9 inputs), the report shows the new
+    # schedule, and anytime=False keeps the planned one.
+    import time
+
+    from rfgp.recipes import FitReport
+    from rfgp.recipes._regression import replanned
+    from rfgp.recipes._stage import RecipeData
+
+    x, y = torch.zeros(40000, 9, dtype=torch.float64), torch.zeros(40000, dtype=torch.float64)
+    for anytime in (True, False):
+        opts = RegressionOptions(anytime=anytime).checked()
+        plan = plan_regression(40000, 9, opts)
+        data = RecipeData(opts, plan, x, y, x, y, torch.ones(9, dtype=torch.float64), 1.0,
+                          torch.Generator())
+        report = FitReport.begin(None, plan)
+        report.seconds["search"] = plan.predicted["search"] / 4
+        again = replanned(data, report, time.perf_counter())
+        if anytime:
+            assert again.schedule.num_features > plan.num_features
+            assert again.schedule.num_features <= 40000 and again.schedule.final_solve == "cg"
+            assert report.num_features == again.schedule.num_features
+        else:
+            assert again is data and report.num_features == plan.num_features

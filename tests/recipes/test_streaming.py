@@ -264,6 +264,7 @@ def test_schedule_of_rows_behind_a_source_counts_a_pass_per_cg_product():
     from rfgp.inference._fit_cost import (
         CALIBRATION_RUNS,
         CG_ITERATIONS,
+        PROBE_RUN_SHARE,
         SKETCH_PASSES,
         iterative_fit_cost,
     )
@@ -273,8 +274,10 @@ def test_schedule_of_rows_behind_a_source_counts_a_pass_per_cg_product():
     n, m, d = 10**6, 16384, 10
     # the streamed fit recomputes the features N D (d + 4) at every pass where the cached
     # fit computes them once: b, the trace's probes, the sketch's blocks and one pass per CG
-    # iteration of the calibration's runs; the fit's I iterations, its b and its sketch
-    passes = (2 + SKETCH_PASSES + CALIBRATION_RUNS * CG_ITERATIONS - 1) + (CG_ITERATIONS + 1)
+    # iteration of the calibration's runs (the targets' run, then the probes' own, a
+    # PROBE_RUN_SHARE as long); the fit's I iterations, its b and its sketch
+    runs = CALIBRATION_RUNS * CG_ITERATIONS * (1 + PROBE_RUN_SHARE)
+    passes = (2 + SKETCH_PASSES + runs - 1) + (CG_ITERATIONS + 1)
     extra = iterative_fit_cost(n, m, d, streamed=True) - iterative_fit_cost(n, m, d)
     assert extra == pytest.approx(passes * n * m * (d + 4), rel=1e-12)
     assert final_path(n, m, d, "auto", streamed=True) == (
