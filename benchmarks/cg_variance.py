@@ -6,7 +6,8 @@ standardised), a ``D``-feature model with the lengthscales of the set's recorded
 own evidence (the ``exact`` record of ``docs/benchmarks/krylov_calibration.jsonl``) is fitted
 three ways on the same features:
 
-* ``lowrank``: ``solve="cg"`` with the default ``cg_variance="lowrank"``;
+* ``lowrank``: ``solve="cg"`` with the default ``cg_variance="lowrank"`` (the low-rank form,
+  refined per query by CG preconditioned with it where its bound exceeds the tolerance);
 * ``exact``: the same fit's variances by one CG solve per query row, on the first
   ``--exact-rows`` test rows (its cost is linear in the rows: the same iterations per column);
 * ``weight``: the Cholesky solve, the reference for the errors.
@@ -107,7 +108,10 @@ def measure(name: str, size: int, test_rows: int, exact_rows: int) -> dict:
         mean, std = gp.predict(xte, return_std=True)
     inverse = gp._state.solver.low_rank_inverses()[0]
     record.update(lowrank_products=count.columns, lowrank_seconds=time.perf_counter() - started,
-                  lowrank_rank=inverse.rank, lowrank_bound=inverse.bound)
+                  lowrank_rank=inverse.rank, lowrank_bound=inverse.bound,
+                  lowrank_build_products=inverse.products,
+                  tolerance=gp.cg_settings.variance_tolerance,
+                  refined=inverse.bound > gp.cg_settings.variance_tolerance)
     gp.cg_settings.variance = "exact"
     with ProductCounter() as count:
         started = time.perf_counter()

@@ -221,18 +221,19 @@ class ConjugateGradientSolver(Solver):
         return mean.to(rows.real.dtype)
 
     def predict(self, rows: Tensor, want_root: bool):
-        out_dtype = rows.real.dtype
         feats = _to(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
         mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale  # (M, T)
         var, roots = torch.zeros_like(mean), []
         for g, cols in enumerate(self._groups):
-            if self.settings.variance == "exact":
-                quad, root = solved_variances(self, cols[0], feats, want_root)
-            else:
-                quad, root = self.low_rank_inverses()[g].predict(feats, want_root)
+            low = None if self.settings.variance == "exact" else self.low_rank_inverses()[g]
+            tolerance = self.settings.variance_tolerance
+            if low is not None and low.bound <= tolerance:
+                quad, root = low.predict(feats, want_root)
+            else:  # CG per query row; preconditioned by the low-rank form: a few iterations
+                quad, root = solved_variances(self, cols[0], feats, want_root, low, tolerance)
             var[:, cols] = quad.clamp_min(0).unsqueeze(-1)
-            roots.append(None if root is None else root.to(out_dtype))
-        return mean.to(out_dtype), var.to(out_dtype), roots
+            roots.append(None if root is None else root.to(rows.real.dtype))
+        return mean.to(rows.real.dtype), var.to(rows.real.dtype), roots
 
     def low_rank_inverses(self) -> List[LowRankInverse]:
         """Per noise group, the low-rank :math:`B^{-1}` of the variances, built at the first

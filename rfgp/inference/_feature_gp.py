@@ -105,8 +105,8 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             variances: ``"lowrank"`` (default) from a low-rank form of :math:`B^{-1}` built at
             the first variance after a fit, each variance between the exact one and
             ``1 + cg_variance_tolerance`` times it (rank doubled up to ``cg_variance_rank``
-            until a probabilistic bound says so, else a warning), or ``"exact"`` (one CG
-            solve per query row).
+            until a probabilistic bound says so; beyond it, each query refined by CG
+            preconditioned with the form), or ``"exact"`` (one CG solve per query row).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).

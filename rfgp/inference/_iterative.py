@@ -107,9 +107,10 @@ class CGSettings:
         num_probes: Rademacher probes of the stochastic log-determinant.
         variance: ``"lowrank"``: predictive variances from a low-rank form of :math:`B^{-1}`
             built once per fit, each at most ``1 + variance_tolerance`` times the exact one and
-            never below it (:mod:`~rfgp.inference._cg_variance`); ``"exact"``: one CG solve
-            per query row.
-        variance_tolerance: the relative excess :math:`\tau` the low-rank variances aim at.
+            never below it (:mod:`~rfgp.inference._cg_variance`; where the form's bound stays
+            above the tolerance, refined per query by CG preconditioned with it);
+            ``"exact"``: one CG solve per query row.
+        variance_tolerance: the relative excess the low-rank variances guarantee.
         variance_rank: the most columns of the low-rank form (per noise group).
     """
 

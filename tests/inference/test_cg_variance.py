@@ -10,13 +10,10 @@ tolerance (``TIGHT``), so "at least the exact one" holds up to a relative ``SLAC
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference import ConvergenceWarning
 from rfgp.inference._cg_variance import START_RANK, LowRankInverse, norm_bound
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
@@ -116,25 +113,24 @@ def test_the_bound_holds_for_the_neglected_part_of_the_excess(case):
     assert inverse.bound <= 2.0 * float(neglected.max()) + allowance
 
 
-def test_a_small_rank_cap_reports_its_bound_and_the_rank_grows_to_meet_the_tolerance():
+def test_a_small_rank_cap_reports_its_bound_and_refines_each_query_to_the_tolerance():
     x, y, xt = _data(n=1500)
     make = lambda: _fourier(1024)  # noqa: E731
     exact = RandomFeatureGP(make(), noise=1e-3, solve="weight").fit(x, y)
     var0 = exact.predict(xt, return_std=True)[1].square()
     # The variances do not depend on the mean solve: the default CG tolerance serves.
     capped = RandomFeatureGP(make(), noise=1e-3, solve="cg", preconditioner_rank=16,
-                             cg_variance_rank=8).fit(x, y)
-    with pytest.warns(ConvergenceWarning, match="excess bound"):
-        var1 = capped.predict(xt, return_std=True)[1].square()
+                             cg_variance_rank=8, cg_variance_tolerance=1e-3).fit(x, y)
+    var1 = capped.predict(xt, return_std=True)[1].square()
     (bound,) = capped.cg_info["variance_bounds"]
-    assert capped.cg_info["variance_ranks"] == [8] and bound > 1e-2
+    assert capped.cg_info["variance_ranks"] == [8] and bound > 1e-3
+    # Beyond the bound, a CG per query preconditioned by the low-rank form stops at the
+    # certified bracket [exact, (1 + tolerance) exact].
     assert float((var1 / var0).min()) >= 1 - SLACK
-    assert float((var1 / var0).max()) <= 1 + bound
+    assert float((var1 / var0).max()) <= 1 + 1e-3
     grown = RandomFeatureGP(make(), noise=1e-3, solve="cg", preconditioner_rank=16,
                             cg_variance_tolerance=1e-2).fit(x, y)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ConvergenceWarning)
-        var2 = grown.predict(xt, return_std=True)[1].square()
+    var2 = grown.predict(xt, return_std=True)[1].square()
     (rank,), (bound,) = grown.cg_info["variance_ranks"], grown.cg_info["variance_bounds"]
     assert rank > START_RANK and bound <= 1e-2
     assert float((var2 / var0).min()) >= 1 - SLACK
