@@ -9,7 +9,9 @@ features recomputed from its inputs, or kept up to ``cache_bytes``. Memory is
 
 * mean weights :math:`w = B^{-1}\Phi^H S^{-1} y` (one CG over the ``T`` target columns);
 * latent variances :math:`\phi_*^\top B^{-1} \overline{\phi_*}` and covariances
-  :math:`\mathrm{Re}\{\Phi_* B^{-1}\Phi_*^H\}` (one CG over the query rows);
+  :math:`\mathrm{Re}\{\Phi_* B^{-1}\Phi_*^H\}`: by default from a low-rank form of
+  :math:`B^{-1}` built once per fit, an upper bound within a stated factor
+  (:mod:`~rfgp.inference._cg_variance`); with ``variance="exact"``, one CG over the query rows;
 * posterior weight draws by sample-then-optimise,
   :math:`w = B^{-1}(\Phi^H S^{-1}(y + \epsilon) + \xi)`, :math:`\epsilon \sim N(0, S)`,
   :math:`\xi \sim N(0, I)`: Gaussian with mean :math:`B^{-1}\Phi^H S^{-1}y` and covariance
@@ -31,6 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference._cg_variance import LowRankInverse, group_inverses, solved_variances
 from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
@@ -52,7 +55,6 @@ __all__ = [
     "fitted_log_evidence",
     "real_form_solver",
 ]
-
 
 
 class ConjugateGradientSolver(Solver):
@@ -101,6 +103,7 @@ class ConjugateGradientSolver(Solver):
         self.iterations = 0
         #: the standard error of the last stochastic log evidence
         self.evidence_standard_error: Optional[float] = None
+        self._low_rank: Optional[List[LowRankInverse]] = None
 
     @property
     def num_rows(self) -> int:
@@ -181,6 +184,7 @@ class ConjugateGradientSolver(Solver):
         op = self.operator
         op.column_noise = None if op.fixed_noise else column_noise.detach()
         t = op.num_columns
+        self._low_rank = None
         with torch.no_grad():
             self._groups = op.noise_groups()
             self.preconditioners = self.build_preconditioners(op)
@@ -212,29 +216,27 @@ class ConjugateGradientSolver(Solver):
         return mean.to(rows.real.dtype)
 
     def predict(self, rows: Tensor, want_root: bool):
-        out_dtype = rows.real.dtype
         feats = to_device(self.solver_form(rows), self.operator.device, self.dtype)  # (M, W)
-        num = feats.shape[0]
         mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale  # (M, T)
-        var = torch.zeros_like(mean)
-        roots = []
-        for cols in self._groups:
-            with torch.no_grad():
-                solved = self.solve(feats.detach().transpose(0, 1).conj(), [cols[0]] * num,
-                                    "the predictive variances B u = phi*").solution  # (W, M)
-            # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear
-            # part in phi (B^-1 conj(phi) held fixed): 2 x - x.detach() carries both.
-            quad = _real_product(feats, solved.transpose(0, 1)).sum(-1)
-            var[:, cols] = (2 * quad - quad.detach()).clamp_min(0).unsqueeze(-1)
-            if want_root:
-                cross = _real_product(feats.unsqueeze(1), solved.transpose(0, 1)).sum(-1)
-                # Symmetric in value (CG leaves Re{Phi* U} symmetric only to its tolerance);
-                # the gradient of Phi* B^-1 Phi*^H is the linear part plus its transpose.
-                both = cross + cross.transpose(0, 1)
-                roots.append((0.5 * both.detach() + both - both.detach()).to(out_dtype))
-            else:
-                roots.append(None)
-        return mean.to(out_dtype), var.to(out_dtype), roots
+        var, roots = torch.zeros_like(mean), []
+        for g, cols in enumerate(self._groups):
+            low = None if self.settings.variance == "exact" else self.low_rank_inverses()[g]
+            tolerance = self.settings.variance_tolerance
+            if low is not None and low.bound <= tolerance:
+                quad, root = low.predict(feats, want_root)
+            else:  # CG per query row; preconditioned by the low-rank form: a few iterations
+                quad, root = solved_variances(self, cols[0], feats, want_root, low, tolerance)
+            var[:, cols] = quad.clamp_min(0).unsqueeze(-1)
+            roots.append(None if root is None else root.to(rows.real.dtype))
+        return mean.to(rows.real.dtype), var.to(rows.real.dtype), roots
+
+    def low_rank_inverses(self) -> List[LowRankInverse]:
+        """Per noise group, the low-rank :math:`B^{-1}` of the variances, built at the first
+        use after a fit (a collective call under ``torch.distributed``)."""
+        if self._low_rank is None:
+            self._low_rank = group_inverses(self.operator, self._groups, self.preconditioners,
+                                            self.settings)
+        return self._low_rank
 
     def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
         raise NotImplementedError(
@@ -291,6 +293,7 @@ class ConjugateGradientSolver(Solver):
             op.column_noise = op.column_noise.to(device)
         op.dtype = dtype
         op.clear_cache()
+        self._low_rank = None
         if self.mean_weights is not None:
             self.mean_weights = to_device(self.mean_weights, device, dtype)
         for pre in self.preconditioners:
@@ -393,14 +396,6 @@ class ConjugateGradientSolver(Solver):
                 f"per noise group ({len(solver._groups)}), got {len(solver.preconditioners)}")
         solver.iterations = state.integer("iterations")
         return solver
-
-
-def _real_product(a: Tensor, b: Tensor) -> Tensor:
-    """``Re(a * b)`` elementwise, spelled in real arithmetic: the backward pass then hands the
-    feature map real-and-imaginary gradients, never a lazily conjugated tensor."""
-    if a.is_complex():
-        return a.real * b.real - a.imag * b.imag
-    return a * b
 
 
 def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],

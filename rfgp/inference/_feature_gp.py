@@ -101,6 +101,12 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             settings (relative residual, default ``1e-6``
             in float64, and the bound on the mean's error in posterior standard deviations;
             iterations; Nyström rank, ``None`` automatic; bytes of cached features).
+        cg_variance, cg_variance_tolerance, cg_variance_rank: the iterative solve's predictive
+            variances: ``"lowrank"`` (default) from a low-rank form of :math:`B^{-1}` built at
+            the first variance after a fit, each variance between the exact one and
+            ``1 + cg_variance_tolerance`` times it (rank doubled up to ``cg_variance_rank``
+            until a probabilistic bound says so; beyond it, each query refined by CG
+            preconditioned with the form), or ``"exact"`` (one CG solve per query row).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
@@ -135,6 +141,8 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         statistics_dtype: Optional[torch.dtype] = None,
         *, cg_tolerance: Optional[float] = None, max_cg_iterations: int = 1000,
         preconditioner_rank: Optional[int] = None, cache_bytes: int = 1 << 30,
+        cg_variance: str = "lowrank", cg_variance_tolerance: float = 1e-2,
+        cg_variance_rank: int = 2048,
     ) -> None:
         super().__init__()
         # Sums and products of feature kernels become one feature map here, once, so that the
@@ -149,7 +157,9 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         self.statistics_dtype = check_choice("statistics_dtype", statistics_dtype,
                                              _STATISTICS_DTYPES)
         self.cg_settings = CGSettings(cg_tolerance, max_cg_iterations, preconditioner_rank,
-                                      cache_bytes)
+                                      cache_bytes, variance=cg_variance,
+                                      variance_tolerance=cg_variance_tolerance,
+                                      variance_rank=cg_variance_rank)
         self.kernel = kernel
         self.register_buffer("noise", check_model_noise(noise))
         self._state: Optional[FitState] = None
@@ -193,9 +203,12 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
 
     @property
     def cg_info(self) -> Optional[dict]:
-        """Of a ``solve="cg"`` fit: ``{"iterations": ..., "preconditioner_ranks": [...]}``, the
-        CG iterations of the last solve for the mean weights and the Nyström rank of each
-        noise group's preconditioner; ``None`` for the other solves or before a fit.
+        """Of a ``solve="cg"`` fit: ``{"iterations": ..., "preconditioner_ranks": [...],
+        "variance_ranks": [...], "variance_bounds": [...]}``, the CG iterations of the last
+        solve for the mean weights, the Nyström rank of each noise group's preconditioner, and
+        the rank and relative excess bound :math:`\tau` of each group's low-rank variances
+        (every variance within ``[exact, (1 + tau) exact]``; ``None`` until the first
+        variance); ``None`` for the other solves or before a fit.
 
         Example:
             >>> from rfgp.kernels import FourierFeatureKernel
@@ -203,13 +216,16 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             >>> gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=0.1,
             ...                      solve="cg").fit(x, torch.sin(6 * x[:, 0]))
             >>> sorted(gp.cg_info)
-            ['iterations', 'preconditioner_ranks']
+            ['iterations', 'preconditioner_ranks', 'variance_bounds', 'variance_ranks']
         """
         if self._state is None or self._state.solver.name != "cg":
             return None
         solver = self._state.solver
+        low_rank = solver._low_rank
         return {"iterations": solver.iterations,
-                "preconditioner_ranks": [p.rank for p in solver.preconditioners]}
+                "preconditioner_ranks": [p.rank for p in solver.preconditioners],
+                "variance_ranks": None if low_rank is None else [v.rank for v in low_rank],
+                "variance_bounds": None if low_rank is None else [v.bound for v in low_rank]}
 
     @property
     def num_data(self) -> int:

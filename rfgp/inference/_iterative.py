@@ -29,7 +29,7 @@ import torch
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from rfgp._validation import check_int, check_real
+from rfgp._validation import check_choice, check_int, check_real
 from rfgp.inference._selection import ConvergenceWarning
 
 __all__ = [
@@ -105,6 +105,13 @@ class CGSettings:
         cache_bytes: bytes of training features kept between products; the rest are recomputed
             from the inputs at every product.
         num_probes: Rademacher probes of the stochastic log-determinant.
+        variance: ``"lowrank"``: predictive variances from a low-rank form of :math:`B^{-1}`
+            built once per fit, each at most ``1 + variance_tolerance`` times the exact one and
+            never below it (:mod:`~rfgp.inference._cg_variance`; where the form's bound stays
+            above the tolerance, refined per query by CG preconditioned with it);
+            ``"exact"``: one CG solve per query row.
+        variance_tolerance: the relative excess the low-rank variances guarantee.
+        variance_rank: the most columns of the low-rank form (per noise group).
     """
 
     tolerance: Optional[float] = None
@@ -112,6 +119,9 @@ class CGSettings:
     preconditioner_rank: Optional[int] = None
     cache_bytes: int = 1 << 30
     num_probes: int = 16
+    variance: str = "lowrank"
+    variance_tolerance: float = 1e-2
+    variance_rank: int = 2048
 
     def __post_init__(self) -> None:
         if self.tolerance is not None:
@@ -123,6 +133,10 @@ class CGSettings:
                                                  minimum=0)
         self.cache_bytes = check_int("cache_bytes", self.cache_bytes, minimum=0)
         self.num_probes = check_int("num_probes", self.num_probes, minimum=2)
+        self.variance = check_choice("cg_variance", self.variance, ("lowrank", "exact"))
+        self.variance_tolerance = check_real("cg_variance_tolerance", self.variance_tolerance,
+                                             low=0.0, low_inclusive=False)
+        self.variance_rank = check_int("cg_variance_rank", self.variance_rank)
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The relative residual tolerance in ``dtype``."""

@@ -1,0 +1,334 @@
+r"""Predictive variances of the iterative solve from a low-rank form of :math:`B^{-1}`.
+
+The iterative solver's preconditioner :math:`P = I + U\Lambda U^H` under-approximates
+:math:`B = \Phi^H S^{-1}\Phi + I` (:math:`P \preceq B`: its :math:`U\Lambda U^H` is a Nyström
+approximation of the positive semi-definite :math:`B - I`). So the preconditioned matrix
+:math:`M = P^{-1/2} B P^{-1/2} = I + E` has a positive semi-definite excess :math:`E`, with few
+eigenvalues far from 0 where preconditioned CG converges quickly. A randomized Nyström
+approximation :math:`\hat E = V\,\mathrm{diag}(s)\,V^H \preceq E` of rank :math:`r` (``r``
+products with :math:`B`, made once per fit) gives
+
+.. math::
+    B^{-1} \approx P^{-1/2}\big(I - V\,\mathrm{diag}\big(\tfrac{s}{1+s}\big)V^H\big)P^{-1/2}
+    = P^{-1/2}(I + \hat E)^{-1}P^{-1/2},
+
+and the predictive variance of a query row :math:`\phi_*` (real or complex),
+:math:`\sigma^2_* = \|z\|^2 - \|\mathrm{diag}(\sqrt{s/(1+s)})\,V^H z\|^2` with
+:math:`z = P^{-1/2}\bar\phi_*`, in :math:`O(W(r_P + r))` per query instead of a CG solve.
+
+**Error.** With :math:`F = E - \hat E \succeq 0` and :math:`\tau \ge \|F\|`,
+:math:`I + E \preceq (1 + \tau)(I + \hat E)` as :math:`I + \hat E \succeq I`; hence, for the
+approximate covariance :math:`\hat\Sigma` and the exact :math:`\Sigma` of any set of queries,
+
+.. math::
+    \Sigma \preceq \hat\Sigma \preceq (1 + \tau)\,\Sigma ,
+
+so every variance is an upper bound, at most :math:`1 + \tau` times the exact one (a standard
+deviation at most :math:`\sqrt{1+\tau}` times). :math:`\tau` is a probabilistic bound on
+:math:`\|F\|`: the largest Ritz value :math:`\theta` of :data:`LANCZOS_STEPS` Lanczos steps on
+:math:`F` from a random start, divided by :math:`1 - \epsilon`, where by Kuczyński and
+Woźniakowski's bound :math:`P(\theta < (1 - \epsilon)\|F\|) \le 1.648\sqrt{n}\,
+e^{-\sqrt{\epsilon}(2k - 1)}` for ``k`` steps on an ``n``-dimensional space, :math:`\epsilon`
+chosen so that this probability is :data:`FAILURE_PROBABILITY`. The rank doubles from
+:data:`START_RANK` until :math:`\tau` is below the requested tolerance, up to ``W`` (where the
+sketch is exact) or a cap. Where the cap leaves :math:`\tau` above the tolerance (a Gram
+spectrum that decays slowly), :func:`solved_variances` refines each query by CG
+preconditioned with the low-rank form: its condition number is at most :math:`1 + \tau`, so a
+few iterations reach a certified relative tolerance.
+
+References:
+    Frangella, Tropp & Udell, *Randomized Nyström Preconditioning*, 2023 (the sketch).
+    Kuczyński & Woźniakowski, *Estimating the Largest Eigenvalue by the Power and Lanczos
+    Algorithms with a Random Start*, SIAM J. Matrix Anal. Appl. 13(4), 1992.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp.inference._iterative import conjugate_gradients
+from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
+
+__all__ = [
+    "FAILURE_PROBABILITY",
+    "LANCZOS_STEPS",
+    "LowRankInverse",
+    "START_RANK",
+    "group_inverses",
+    "norm_bound",
+    "solved_variances",
+]
+
+#: the rank of the first sketch of the excess E; it doubles from here
+START_RANK = 128
+#: Lanczos steps of the bound on the neglected part of E
+LANCZOS_STEPS = 24
+#: the probability that the bound on the neglected part of E falls short
+FAILURE_PROBABILITY = 1e-4
+
+
+class LowRankInverse:
+    r""":math:`B^{-1} \approx P^{-1/2}(I - V\,\mathrm{diag}(c)\,V^H)P^{-1/2}`,
+    :math:`c = s / (1 + s)` (see the module docstring), with its error bound.
+
+    Args:
+        preconditioner: :math:`P` (``U`` ``(W, r_P)``, :math:`\Lambda`).
+        basis: ``V`` ``(W, r)``, orthonormal columns.
+        eigenvalues: ``s`` ``(r,)``, non-negative.
+        bound: :math:`\tau`: :math:`\Sigma \preceq \hat\Sigma \preceq (1 + \tau)\Sigma`.
+        products: the columns multiplied by :math:`B` to build it (sketch and bound).
+
+    Example:
+        >>> b = torch.diag(torch.tensor([101.0, 11.0, 2.0, 1.0], dtype=torch.float64))
+        >>> pre = NystromPreconditioner(torch.eye(4, 1, dtype=b.dtype), torch.tensor([90.0]))
+        >>> inv = LowRankInverse.build(lambda v: b @ v, pre, 1e-8, 4)
+        >>> rows = torch.eye(4, dtype=b.dtype)
+        >>> torch.allclose(inv.variances(rows), 1 / b.diag()), inv.bound < 1e-8
+        (True, True)
+    """
+
+    def __init__(self, preconditioner: NystromPreconditioner, basis: Tensor, eigenvalues: Tensor,
+                 bound: float, products: int = 0) -> None:
+        self.preconditioner = preconditioner
+        self.basis = basis
+        self.eigenvalues = eigenvalues
+        self.bound = bound
+        self.products = products
+
+    @property
+    def rank(self) -> int:
+        return int(self.eigenvalues.shape[0])
+
+    # ------------------------------------------------------------------ queries
+    def roots(self, rows: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""``Z = rows P^{-1/2}`` ``(M, W)`` and ``Y = Z V diag(sqrt(c))`` ``(M, r)``, so that
+        :math:`\mathrm{rows}\,\hat B^{-1}\mathrm{rows}^H = Z Z^H - Y Y^H`."""
+        pre = self.preconditioner
+        u = pre.basis.to(rows.dtype)
+        inner = rows @ u  # (M, r_P)
+        # rows (I - U U^H) + rows U (1 + Lambda)^-1/2 U^H: rows P^-1/2, P^-1/2 Hermitian
+        scale = (1.0 + pre.eigenvalues).rsqrt().to(rows.dtype)
+        whitened = rows - inner @ u.transpose(0, 1).conj() + (inner * scale) @ u.transpose(
+            0, 1).conj()  # (M, W)
+        weight = (self.eigenvalues / (1.0 + self.eigenvalues)).sqrt().to(rows.dtype)
+        return whitened, (whitened @ self.basis.to(rows.dtype)) * weight  # (M, W), (M, r)
+
+    def inverse(self, v: Tensor) -> Tensor:
+        r""":math:`\hat B^{-1} V` for ``(W, k)`` columns (a preconditioner :math:`\hat B
+        \preceq B`, up to rounding)."""
+        pre = self.preconditioner
+        whitened = pre.inverse_sqrt(v)
+        basis = self.basis.to(v.dtype)
+        weight = (self.eigenvalues / (1.0 + self.eigenvalues)).to(v.dtype).unsqueeze(-1)
+        return pre.inverse_sqrt(whitened - basis @ (weight * (basis.transpose(0, 1).conj()
+                                                              @ whitened)))
+
+    def predict(self, rows: Tensor, want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """:meth:`variances`, and with ``want_root`` :meth:`covariance`, from one projection."""
+        whitened, projected = self.roots(rows)
+        variances = _squared_norms(whitened) - _squared_norms(projected)
+        if not want_root:
+            return variances, None
+        return variances, _real_gram(whitened) - _real_gram(projected)
+
+    def variances(self, rows: Tensor) -> Tensor:
+        r"""``(M,)`` :math:`\phi_i \hat B^{-1} \phi_i^H` of the query rows ``rows`` ``(M, W)``
+        (differentiable in ``rows``)."""
+        whitened, projected = self.roots(rows)
+        return _squared_norms(whitened) - _squared_norms(projected)
+
+    def covariance(self, rows: Tensor) -> Tensor:
+        r"""``(M, M)`` :math:`\mathrm{Re}\{\Phi_* \hat B^{-1} \Phi_*^H\}` (differentiable)."""
+        whitened, projected = self.roots(rows)
+        return _real_gram(whitened) - _real_gram(projected)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def build(apply: Callable[[Tensor], Tensor], preconditioner: NystromPreconditioner,
+              tolerance: float, max_rank: int, width: Optional[int] = None,
+              generator: Optional[torch.Generator] = None) -> LowRankInverse:
+        r"""Sketch :math:`E` at rank :data:`START_RANK`, doubling until the bound :math:`\tau`
+        is at most ``tolerance`` or the rank reaches ``min(max_rank, W)``.
+
+        Args:
+            apply: ``V -> B V`` on ``(W, k)`` blocks (a collective call under
+                ``torch.distributed``: every process draws the same test vectors).
+            preconditioner: :math:`P \preceq B`.
+            tolerance: the wanted :math:`\tau`.
+            max_rank: a cap on ``r``.
+            width: ``W`` (default: the preconditioner's).
+            generator: of the test vectors, on the CPU (a fixed seed without one).
+        """
+        pre = preconditioner
+        width = pre.basis.shape[0] if width is None else width
+        dtype, device = pre.basis.dtype, pre.basis.device
+        generator = generator or torch.Generator().manual_seed(1)
+        # E can dip below 0 by the rounding of B's products and of P (about eps sqrt(W) ||B||):
+        # the sketch is of E + shift I, which stays positive semi-definite, and the shift is
+        # taken off its eigenvalues. The neglected part F = E + shift I - sketch then bounds
+        # E minus the low-rank form from above, and the form is below E + shift I.
+        real = dtype.to_real() if dtype.is_complex else dtype
+        largest = 1.0 + (float(pre.eigenvalues.max()) if pre.rank else 0.0)
+        shift = 10 * torch.finfo(real).eps * math.sqrt(width) * largest
+
+        def excess(v: Tensor) -> Tensor:  # (E + shift I) v
+            w = pre.inverse_sqrt(v)
+            return pre.inverse_sqrt(apply(w)) - (1.0 - shift) * v
+
+        sketch = NystromSketch(excess, width, dtype, device, generator)
+        limit = max(1, min(max_rank, width))
+        rank, bounds = min(START_RANK, limit), 0
+        while True:
+            approx = sketch.grow(rank)
+            basis, values = approx.basis, approx.eigenvalues
+
+            def neglected(v: Tensor, basis: Tensor = basis, values: Tensor = values) -> Tensor:
+                return excess(v) - basis @ (values.to(v.dtype).unsqueeze(-1)
+                                            * (basis.transpose(0, 1).conj() @ v))
+
+            bound = norm_bound(neglected, width, dtype, device, generator)
+            bounds += 1
+            if bound <= tolerance or rank >= limit:
+                break
+            rank = min(2 * rank, limit)
+        return LowRankInverse(pre, basis, (values - shift).clamp_min(0), bound,
+                              sketch.rank + bounds * min(LANCZOS_STEPS, width))
+
+
+def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dtype,
+               device: torch.device, generator: torch.Generator,
+               steps: int = LANCZOS_STEPS,
+               failure_probability: float = FAILURE_PROBABILITY) -> float:
+    r"""A bound on the largest eigenvalue of a positive semi-definite ``product``, exceeded
+    with probability at most ``failure_probability``: the largest Ritz value of ``steps``
+    Lanczos steps (full reorthogonalisation) from a Gaussian start, over :math:`1 - \epsilon`,
+    :math:`\epsilon = (\ln(1.648\sqrt{n}/\delta) / (2k - 1))^2` (Kuczyński–Woźniakowski;
+    ``n = W``, or ``2W`` for complex vectors). An invariant Krylov space (breakdown) gives the
+    largest eigenvalue that the start touches, with no factor.
+
+    Example:
+        >>> a = torch.diag(torch.linspace(0.0, 2.0, 300, dtype=torch.float64))
+        >>> bound = norm_bound(lambda v: a @ v, 300, a.dtype, a.device,
+        ...                    torch.Generator().manual_seed(0))
+        >>> 2.0 <= bound < 2.6
+        True
+    """
+    real = dtype.to_real() if dtype.is_complex else dtype
+    start = torch.randn(width, 2 if dtype.is_complex else 1, generator=generator,
+                        dtype=torch.float64)
+    start = (torch.view_as_complex(start.contiguous()).unsqueeze(-1) if dtype.is_complex
+             else start).to(device=device, dtype=dtype)
+    vectors = [start / start.norm()]
+    diagonal, off = [], []
+    broke = False
+    for step in range(min(steps, width)):
+        image = product(vectors[-1])  # (W, 1)
+        diagonal.append(float((vectors[-1].conj() * image).sum().real))
+        basis = torch.cat(vectors, 1)
+        for _ in range(2):  # full reorthogonalisation, twice
+            image = image - basis @ (basis.transpose(0, 1).conj() @ image)
+        size = float(image.norm())
+        if step == min(steps, width) - 1:
+            break
+        if size <= 1e3 * torch.finfo(real).eps * max(abs(d) for d in diagonal):
+            broke = True
+            break
+        off.append(size)
+        vectors.append(image / size)
+    k = len(diagonal)
+    tri = torch.diag(torch.tensor(diagonal, dtype=torch.float64))
+    if off:
+        tri = tri + torch.diag(torch.tensor(off, dtype=torch.float64), 1) + torch.diag(
+            torch.tensor(off, dtype=torch.float64), -1)
+    largest = max(float(torch.linalg.eigvalsh(tri)[-1]), 0.0)
+    if broke or k >= width:
+        return largest
+    n = 2 * width if dtype.is_complex else width
+    epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2 * k - 1)) ** 2
+    return largest / (1.0 - epsilon) if epsilon < 1.0 else math.inf
+
+
+def _squared_norms(rows: Tensor) -> Tensor:
+    """``(M,)`` squared row norms, in real arithmetic (the gradient stays unconjugated)."""
+    if rows.is_complex():
+        return rows.real.square().sum(-1) + rows.imag.square().sum(-1)
+    return rows.square().sum(-1)
+
+
+def _real_gram(rows: Tensor) -> Tensor:
+    """``(M, M)`` :math:`\\mathrm{Re}\\{R R^H\\}` in real arithmetic."""
+    if rows.is_complex():
+        return rows.real @ rows.real.transpose(0, 1) + rows.imag @ rows.imag.transpose(0, 1)
+    return rows @ rows.transpose(0, 1)
+
+
+def group_inverses(operator, groups: List[List[int]], preconditioners: List[NystromPreconditioner],
+                   settings) -> List[LowRankInverse]:
+    """One :class:`LowRankInverse` per noise group of an iterative solver's ``operator``
+    (:class:`~rfgp.inference._feature_operator.FeatureOperator`), at the ``settings``'
+    ``variance_tolerance`` and ``variance_rank`` (within a tenth of the device's memory)."""
+    cap = min(settings.variance_rank,
+              rank_memory_cap(operator.width, operator.vector_dtype, operator.device))
+    with torch.no_grad():
+        return [LowRankInverse.build(lambda v, col=cols[0]: operator.apply(v, [col] * v.shape[1]),
+                                     pre, settings.variance_tolerance, cap, operator.width)
+                for cols, pre in zip(groups, preconditioners)]
+
+
+def solved_variances(solver, column: int, rows: Tensor, want_root: bool,
+                     inverse: Optional[LowRankInverse] = None,
+                     tolerance: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""The variances ``(M,)`` of the query rows ``(M, W)`` by one CG solve
+    :math:`B U = \Phi_*^H` of an iterative ``solver`` (with the noise of target ``column``),
+    and with ``want_root`` the covariance ``(M, M)``
+    :math:`\mathrm{Re}\{\Phi_* U\}`; differentiable in ``rows``.
+
+    Without ``inverse`` the solve runs to the solver's tolerance. With a
+    :class:`LowRankInverse` :math:`\hat B \preceq B` it preconditions the solve and each
+    column stops once :math:`r^H \hat B^{-1} r \le \mathrm{tolerance}\,\hat\sigma^2 /
+    (1 + \tau)` (:math:`\hat\sigma^2` its low-rank variance). CG from zero gives
+    :math:`\phi^H u_k = \sigma^2 - r^H B^{-1} r` and :math:`r^H B^{-1} r \le r^H \hat B^{-1} r
+    \le \mathrm{tolerance}\,\sigma^2`, so the returned :math:`\phi^H u_k + r^H \hat B^{-1} r`
+    lies in :math:`[\sigma^2, (1 + \mathrm{tolerance})\,\sigma^2]`.
+    """
+    what = "the predictive variances B u = phi*"
+    rhs = rows.detach().transpose(0, 1).conj()  # (W, M)
+    columns = [column] * rows.shape[0]
+    excess = 0.0
+    with torch.no_grad():
+        if inverse is None:
+            solved = solver.solve(rhs, columns, what).solution  # (W, M)
+        else:
+            floor = torch.finfo(rows.real.dtype).tiny
+            target = tolerance * inverse.variances(rows.detach()).clamp_min(floor)
+            solved = conjugate_gradients(
+                lambda v: solver.operator.apply(v, [column] * v.shape[1]), rhs,
+                inverse.inverse, 1.0, solver.settings.max_iterations, what,
+                energy_tolerance=(target / (1.0 + inverse.bound)).sqrt()).solution
+            residual = rhs - solver.operator.apply(solved, columns)
+            excess = _real_product(residual.conj(), inverse.inverse(residual)).sum(0)
+    # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear
+    # part in phi (B^-1 conj(phi) held fixed): 2 x - x.detach() carries both.
+    quad = _real_product(rows, solved.transpose(0, 1)).sum(-1)
+    variances = 2 * quad - quad.detach() + excess
+    if not want_root:
+        return variances, None
+    cross = _real_product(rows.unsqueeze(1), solved.transpose(0, 1)).sum(-1)
+    # Symmetric in value (CG leaves Re{Phi* U} symmetric only to its tolerance); the
+    # gradient of Phi* B^-1 Phi*^H is the linear part plus its transpose.
+    both = cross + cross.transpose(0, 1)
+    return variances, 0.5 * both.detach() + both - both.detach()
+
+
+def _real_product(a: Tensor, b: Tensor) -> Tensor:
+    """``Re(a * b)`` elementwise, spelled in real arithmetic: the backward pass then hands the
+    feature map real-and-imaginary gradients, never a lazily conjugated tensor."""
+    if a.is_complex():
+        return a.real * b.real - a.imag * b.imag
+    return a * b
