@@ -91,3 +91,17 @@ def test_the_scale_cost_is_its_evaluations_of_the_per_alpha_cost():
     for n, held, d in ((1000, 100, 256), (100, 10, 4096)):  # weight space, function space
         per_alpha = held_out_cost(n, held, d, 4, 1) - held_out_cost(n, held, d, 4, 0)
         assert held_out_scale_cost(n, held, d, 4) == pytest.approx(SCALE_EVALUATIONS * per_alpha)
+
+
+def test_the_factor_stops_at_the_range_where_the_nll_falls_all_the_way():
+    from rfgp.classification._held_out_scale import LOG_FACTOR_RANGE
+
+    # An outputscale of 1e-7: the held-out minimum lies beyond exp(12) times it.
+    data = _split(40, seed=2)
+    kernel = make_ard_kernel(64, 2, seed=1)
+    kernel.base_kernel.lengthscale = torch.tensor([[0.7, 1.3]], dtype=torch.float64)
+    kernel.outputscale = 1e-7
+    choice = held_out_scale(held_out_statistics(kernel, *data, 3), 0.01)
+    assert choice.factor == pytest.approx(math.exp(LOG_FACTOR_RANGE), rel=1e-12)
+    below = _nll_at(kernel, choice.factor * math.exp(-0.1), data, 0.01)
+    assert below >= choice.nll * (1 - SAME)
