@@ -110,14 +110,17 @@ class ClassifierFitReport(FitReport):
     """What :func:`~rfgp.recipes.fit_classifier_auto` did: the fields of :class:`FitReport`,
     where ``initial`` holds the starting ``lengthscale`` and ``outputscale`` (the Dirichlet
     transform fixes the noise), ``losses`` are per datum and class, and ``calibration`` holds
-    the final model's own outputscale: the ``factor`` on the search's, the ``outputscale``
-    and the final model's ``negative_log_evidence`` per datum and class (the transform fixes
-    the noise).
+    the final model's outputscale: the ``factor`` on the search's, the ``outputscale`` and
+    either its ``held_out_nll`` (chosen by the held-out NLL) or the final model's
+    ``negative_log_evidence`` per datum and class (chosen by the evidence, without the
+    held-out choice).
 
     Attributes:
         choice: the held-out choice (empty without it): the ladder's ``features``, the
             ``alphas``, ``nll`` ``(rungs, alphas)`` their held-out negative log likelihoods,
-            the ``num_features`` and ``alpha_epsilon`` chosen and the ``validation_rows``.
+            the ``num_features`` and ``alpha_epsilon`` chosen and the ``validation_rows``;
+            then the ``outputscale_factor`` chosen at that pair, its ``scaled_nll`` and the
+            ``scale_evaluations`` (``{factor: held-out NLL}``).
     """
 
     choice: Dict[str, Any] = field(default_factory=dict)

@@ -38,7 +38,7 @@ from torch import Tensor
 from rfgp._softmax import softmax_expectation
 from rfgp.likelihoods import dirichlet_transform
 
-__all__ = ["held_out_cost", "held_out_nll"]
+__all__ = ["HeldOutStatistics", "held_out_cost", "held_out_nll", "held_out_statistics"]
 
 
 def held_out_cost(train_rows: int, validation_rows: int, num_features: int, num_classes: int,
@@ -89,16 +89,44 @@ def held_out_nll(kernel: ScaleKernel, x_train: Tensor, labels_train: Tensor, x_v
         >>> held_out_nll(k, x[:40], labels[:40], x[40:], labels[40:], 2, (0.01, 0.1)).shape
         torch.Size([2])
     """
+    statistics = held_out_statistics(kernel, x_train, labels_train, x_valid, labels_valid,
+                                     num_classes, chunk_rows)
+    return torch.stack([statistics.nll(alpha) for alpha in alphas])
+
+
+def held_out_statistics(kernel: ScaleKernel, x_train: Tensor, labels_train: Tensor,
+                        x_valid: Tensor, labels_valid: Tensor, num_classes: int,
+                        chunk_rows: int = 4096) -> HeldOutStatistics:
+    r"""What the held-out NLL of ``kernel``'s features needs at every ``alpha_epsilon`` and
+    outputscale factor, from one pass over the training rows: in weight space the Gram
+    matrices :math:`Z^\top Z` and :math:`Z_{R_c}^\top Z_{R_c}` (``C + 1`` matrices of
+    ``D x D``), the sums :math:`Z_{R_c}^\top 1` and the validation features; on fewer
+    training rows than features the kernel matrices :math:`Z Z^\top` and :math:`Z Z_v^\top`.
+    Arguments as :func:`held_out_nll`.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> k = ScaleKernel(FourierFeatureKernel(32, seed=0)).double()
+        >>> x = torch.randn(60, 2, dtype=torch.float64)
+        >>> labels = (x[:, 0] > 0).long()
+        >>> k.outputscale = 1.0
+        >>> s = held_out_statistics(k, x[:40], labels[:40], x[40:], labels[40:], 2)
+        >>> k.outputscale = 2.0  # the factor 2 is the outputscale 2
+        >>> at_two = held_out_nll(k, x[:40], labels[:40], x[40:], labels[40:], 2, (0.01,))
+        >>> bool(torch.isclose(s.nll(0.01, 2.0), at_two[0], rtol=1e-8))
+        True
+    """
     base, scale = kernel.base_kernel, kernel.outputscale.detach().sqrt()
     dtype = torch.float64
-    n = x_train.shape[0]
-    if n < base.num_features:
-        means, variances = _function_space(base, scale, x_train, labels_train, x_valid,
-                                           num_classes, alphas)
-        return _nll(means, variances, labels_valid)
     with torch.no_grad():
+        z_valid = (base.features(x_valid) * scale).to(dtype)  # (N_v, D)
+        if x_train.shape[0] < base.num_features:
+            z = (base.features(x_train) * scale).to(dtype)  # (N_t, D)
+            return HeldOutStatistics(labels_valid, num_classes, labels_train=labels_train,
+                                     kernel_matrix=z @ z.T, cross=z @ z_valid.T,
+                                     prior=z_valid.square().sum(-1))
         gram, sums = None, None
-        for start in range(0, n, chunk_rows):
+        for start in range(0, x_train.shape[0], chunk_rows):
             z = (base.features(x_train[start:start + chunk_rows]) * scale).to(dtype)  # (n, D)
             one_hot = torch.nn.functional.one_hot(
                 labels_train[start:start + chunk_rows], num_classes).to(dtype)  # (n, C)
@@ -107,60 +135,73 @@ def held_out_nll(kernel: ScaleKernel, x_train: Tensor, labels_train: Tensor, x_v
                 sums = z.new_zeros(z.shape[1], num_classes)
             gram.addmm_(z.T, z)
             sums.addmm_(z.T, one_hot)  # Z_{R_c}^T 1 per class
-        total = sums.sum(-1)  # Z^T 1
-        z_valid = (base.features(x_valid) * scale).to(dtype)  # (N_v, D)
+        own = torch.stack([_own_gram(base, scale, x_train[labels_train == c], chunk_rows, gram)
+                           for c in range(num_classes)])  # (C, D, D)
         counts = torch.bincount(labels_train, minlength=num_classes).to(dtype)
-        means = z_valid.new_zeros(len(alphas), x_valid.shape[0], num_classes)
+    return HeldOutStatistics(labels_valid, num_classes, gram=gram, own=own, sums=sums,
+                             counts=counts, z_valid=z_valid)
+
+
+class HeldOutStatistics:
+    r"""The held-out NLL of one feature map's Dirichlet classifier as a function of
+    ``alpha_epsilon`` and of a factor :math:`a` on the outputscale (built by
+    :func:`held_out_statistics`). The factor scales the features by :math:`\sqrt a`: in
+    weight space :math:`B_c = I + a (w_0 Z^\top Z + (w_1 - w_0) Z_{R_c}^\top Z_{R_c})`, the
+    latent mean :math:`a\, z^\top B_c^{-1} h_c + m_c` and variance
+    :math:`a \|L_c^{-1} z\|^2`; in function space :math:`a K + S_c`, :math:`a k` and
+    :math:`a z^\top z`. Each :meth:`nll` costs one Cholesky factor per class."""
+
+    def __init__(self, labels_valid: Tensor, num_classes: int, **parts: Tensor) -> None:
+        self.labels_valid, self.num_classes, self.parts = labels_valid, num_classes, parts
+
+    def nll(self, alpha: float, factor: float = 1.0) -> Tensor:
+        """The held-out mean negative log probability of the true class at ``alpha`` and
+        outputscale factor ``factor`` (a float64 scalar)."""
+        with torch.no_grad():
+            if "kernel_matrix" in self.parts:
+                means, variances = self._function_space(alpha, factor)
+            else:
+                means, variances = self._weight_space(alpha, factor)
+        log_proba = softmax_expectation(means, variances, method="mean_field", log=True)
+        return -log_proba.gather(1, self.labels_valid.reshape(-1, 1)).mean()
+
+    def _weight_space(self, alpha: float, factor: float) -> tuple:
+        p = self.parts
+        gram, own, sums, z_valid = p["gram"], p["own"], p["sums"], p["z_valid"]
+        n = float(p["counts"].sum())
+        total = sums.sum(-1)  # Z^T 1
+        means = z_valid.new_zeros(z_valid.shape[0], self.num_classes)
         variances = torch.zeros_like(means)
-        eye = torch.eye(gram.shape[0], dtype=dtype, device=gram.device)
-        for c in range(num_classes):
-            own = _own_gram(base, scale, x_train[labels_train == c], chunk_rows, gram)
-            for a, alpha in enumerate(alphas):
-                (w0, w1), (v0, v1), offset = _class_values(alpha, counts[c] / n)
-                # I + (a PSD matrix): positive definite, its eigenvalues at least 1.
-                factor = torch.linalg.cholesky(eye + w0 * gram + (w1 - w0) * own)
-                rhs = v0 * total + (v1 - v0) * sums[:, c]
-                weights = torch.cholesky_solve(rhs.unsqueeze(-1), factor).squeeze(-1)
-                means[a, :, c] = z_valid @ weights + offset
-                solved = torch.linalg.solve_triangular(factor, z_valid.T, upper=False)
-                variances[a, :, c] = solved.square().sum(0)
-    return _nll(means, variances, labels_valid)
+        eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+        for c in range(self.num_classes):
+            (w0, w1), (v0, v1), offset = _class_values(alpha, p["counts"][c] / n)
+            # I + (a PSD matrix): positive definite, its eigenvalues at least 1.
+            chol = torch.linalg.cholesky(eye + factor * (w0 * gram + (w1 - w0) * own[c]))
+            rhs = v0 * total + (v1 - v0) * sums[:, c]
+            weights = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
+            means[:, c] = factor * (z_valid @ weights) + offset
+            solved = torch.linalg.solve_triangular(chol, z_valid.T, upper=False)
+            variances[:, c] = factor * solved.square().sum(0)
+        return means, variances
 
-
-def _nll(means: Tensor, variances: Tensor, labels: Tensor) -> Tensor:
-    """``(A,)`` the mean ``-log p(label)`` of mean-field probabilities of ``(A, N_v, C)``
-    latent moments."""
-    nll = []
-    for mean, variance in zip(means, variances):
-        log_proba = softmax_expectation(mean, variance, method="mean_field", log=True)
-        nll.append(-log_proba.gather(1, labels.reshape(-1, 1)).mean())
-    return torch.stack(nll)
-
-
-def _function_space(base, scale: Tensor, x_train: Tensor, labels_train: Tensor,
-                    x_valid: Tensor, num_classes: int, alphas: Sequence[float]) -> tuple:
-    """The latent moments ``(A, N_v, C)`` from the kernel matrices (fewer rows than
-    features)."""
-    with torch.no_grad():
-        z = (base.features(x_train) * scale).to(torch.float64)  # (N_t, D)
-        z_valid = (base.features(x_valid) * scale).to(torch.float64)  # (N_v, D)
-        kernel_matrix, cross = z @ z.T, z @ z_valid.T  # (N_t, N_t), (N_t, N_v)
-        prior = z_valid.square().sum(-1)  # (N_v,)
-        means = z.new_zeros(len(alphas), x_valid.shape[0], num_classes)
+    def _function_space(self, alpha: float, factor: float) -> tuple:
+        p = self.parts
+        kernel_matrix, cross = factor * p["kernel_matrix"], factor * p["cross"]
+        targets, noise = dirichlet_transform(p["labels_train"], self.num_classes, alpha)
+        targets, noise = targets.to(kernel_matrix), noise.to(kernel_matrix)
+        offsets = targets.mean(0)
+        means = cross.new_zeros(cross.shape[1], self.num_classes)
         variances = torch.zeros_like(means)
-        for a, alpha in enumerate(alphas):
-            targets, noise = dirichlet_transform(labels_train, num_classes, alpha)
-            offsets = targets.mean(0)
-            for c in range(num_classes):
-                # K + S_c: a kernel matrix plus positive noise, positive definite.
-                factor = torch.linalg.cholesky(kernel_matrix + torch.diag(noise[:, c]))
-                solved = torch.linalg.solve_triangular(
-                    factor, torch.cat([(targets[:, c] - offsets[c]).unsqueeze(-1), cross], -1),
-                    upper=False)  # (N_t, 1 + N_v)
-                means[a, :, c] = solved[:, 1:].T @ solved[:, 0] + offsets[c]
-                # Rounding may leave a variance a hair below zero where the data pin f.
-                variances[a, :, c] = (prior - solved[:, 1:].square().sum(0)).clamp_min(0.0)
-    return means, variances
+        for c in range(self.num_classes):
+            # a K + S_c: a kernel matrix plus positive noise, positive definite.
+            chol = torch.linalg.cholesky(kernel_matrix + torch.diag(noise[:, c]))
+            solved = torch.linalg.solve_triangular(
+                chol, torch.cat([(targets[:, c] - offsets[c]).unsqueeze(-1), cross], -1),
+                upper=False)  # (N_t, 1 + N_v)
+            means[:, c] = solved[:, 1:].T @ solved[:, 0] + offsets[c]
+            # Rounding may leave a variance a hair below zero where the data pin f.
+            variances[:, c] = (factor * p["prior"] - solved[:, 1:].square().sum(0)).clamp_min(0.0)
+        return means, variances
 
 
 def _own_gram(base, scale: Tensor, x_own: Tensor, chunk_rows: int, like: Tensor) -> Tensor:

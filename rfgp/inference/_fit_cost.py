@@ -356,23 +356,29 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     return k * calibration(m) + m**3 / 3
 
 
-def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int) -> float:
+def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int,
+                        calibrated: bool = True) -> float:
     r"""Multiply-adds of the Dirichlet classifier's ``C``-class final fit with its outputscale
-    calibration (``rfgp/classification/_calibration.py``). The calibration costs the Gram
-    matrices, :math:`2 N D^2` (the shared one and each class's correction on its own rows),
-    and one eigendecomposition per class, :math:`4 C D^3`, or on fewer rows than features the
-    kernel matrix :math:`N^2 D` and :math:`4 C N^3`; the fit the cheaper of the weight space,
-    :math:`2 N D^2 + C D^3 / 3` (the Gram matrices again, one Cholesky factor per class), and
-    the function space, :math:`N^2 D + C N^3 / 3`.
+    calibration by the evidence (``rfgp/classification/_calibration.py``), or without it
+    (``calibrated=False``, where the outputscale was chosen before). The calibration costs the
+    Gram matrices, :math:`2 N D^2` (the shared one and each class's correction on its own
+    rows), and one eigendecomposition per class, :math:`4 C D^3`, or on fewer rows than
+    features the kernel matrix :math:`N^2 D` and :math:`4 C N^3`; the fit the cheaper of the
+    weight space, :math:`2 N D^2 + C D^3 / 3` (the Gram matrices again, one Cholesky factor
+    per class), and the function space, :math:`N^2 D + C N^3 / 3`.
 
     Example:
         >>> n, d, c = 1000, 64, 3
         >>> weight = 2 * n * d**2 + 4 * c * d**3 + 2 * n * d**2 + c * d**3 / 3
         >>> classifier_fit_cost(n, d, c) == weight
         True
+        >>> classifier_fit_cost(n, d, c, calibrated=False) == 2 * n * d**2 + c * d**3 / 3
+        True
     """
     n, m, c = float(num_rows), float(num_features), num_classes
-    if n < m:
+    if not calibrated:
+        calibration = 0.0
+    elif n < m:
         calibration = n * n * m + 4 * c * n**3
     else:
         calibration = 2 * n * m * m + 4 * c * m**3

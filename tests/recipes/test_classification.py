@@ -310,10 +310,11 @@ def _negative_evidence_gradient(clf, x, labels):
 def test_calibrated_classifier_is_at_its_own_evidence_maximum(n_per_class, num_features):
     # 300 rows, 64 features (weight space) and 60 rows, 256 features (function space); the
     # search ran with 16 features, so its outputscale is not the final model's best.
+    # (Without the held-out choice, which chooses the outputscale by the held-out NLL.)
     x, labels = blobs(n_per_class, THREE_CENTRES, 0.6, seed=5)
     report = ClassifierFitReport()
     clf = fit_classifier_auto(x, labels, num_features=num_features, search_features=16, seed=1,
-                              report=report)
+                              select_alpha=False, report=report)
     assert abs(math.log(report.calibration["factor"])) > 1e-3  # the calibration moved it
     grad, value = _negative_evidence_gradient(clf, x, labels)
     # Newton stops at steps of 1e-12 in log a on a curvature of O(N C): the derivative per
@@ -416,6 +417,14 @@ def _choice_cost(n, held, ladder, num_classes, num_alphas=6):
     return total
 
 
+def _scale_cost(n, held, top, num_classes):
+    # The outputscale's search at the top rung: 8 evaluations of the held-out NLL, each one
+    # Cholesky factor and triangular solve per class on the Gram matrices already formed.
+    t = n - held
+    size = min(t, top)
+    return 8 * num_classes * (size**3 / 3 + held * size * size)
+
+
 @pytest.mark.parametrize("num_classes", [2, 26])
 def test_the_choice_is_booked_within_its_share_and_its_ladder_only_grows(num_classes):
     rate = ClassifierOptions().machine_rate
@@ -431,7 +440,12 @@ def test_the_choice_is_booked_within_its_share_and_its_ladder_only_grows(num_cla
             assert all(2 * a == b for a, b in zip(ladder, ladder[1:]))
             assert plan.num_features <= without.num_features
             cost = _choice_cost(n, held, ladder, num_classes)
-            assert plan.predicted["choose"] == pytest.approx(cost / rate, rel=1e-12)
+            scale = _scale_cost(n, held, ladder[-1], num_classes)
+            assert plan.predicted["choose"] == pytest.approx((cost + scale) / rate, rel=1e-12)
+            # the refit takes the chosen outputscale: no evidence calibration booked
+            fit = min(2 * n * ladder[-1]**2 + num_classes * ladder[-1]**3 / 3,
+                      n * n * ladder[-1] + num_classes * n**3 / 3)
+            assert plan.predicted["refit"] == pytest.approx(fit / rate, rel=1e-12)
             assert len(ladder) == 1 or cost <= 0.3 * plan.budget * rate
             if plan.num_features < without.num_features:  # cut by its share, not less
                 assert _choice_cost(n, held, ladder + (2 * ladder[-1],), num_classes) > (
@@ -507,6 +521,10 @@ def test_the_choice_is_never_worse_with_more_budget():
         assert float(choice["nll"][chosen]) == float(choice["nll"].min())
         assert clf.kernel.base_kernel.num_features == choice["num_features"]
         assert clf.alpha_epsilon == choice["alpha_epsilon"]
+        # the outputscale chosen at that pair: the factor 1 (the table's) is a candidate
+        assert choice["scaled_nll"] <= float(choice["nll"].min())
+        assert report.calibration["factor"] == choice["outputscale_factor"]
+        assert float(clf.kernel.outputscale) == float(report.calibration["outputscale"])
         reports.append(report)
     assert len({r.schedule.settings["search_paths"] for r in reports}) == 1
     assert reports[0].choice["features"] != reports[1].choice["features"]
@@ -518,3 +536,31 @@ def test_the_choice_is_never_worse_with_more_budget():
         torch.testing.assert_close(large.choice["nll"][:rungs], small.choice["nll"],
                                    rtol=1e-12, atol=0)
         assert float(large.choice["nll"].min()) <= float(small.choice["nll"].min())
+
+
+def test_the_final_outputscale_is_at_the_held_out_minimum():
+    from rfgp.classification._held_out import held_out_nll
+    from rfgp.recipes._classification import validation_rows
+
+    # 300 rows, 64 features: the choice holds out 30 rows (a permutation of the seed) and
+    # fits on 270, in weight space.
+    x, labels = blobs(100, THREE_CENTRES, 0.9, seed=9)
+    report = ClassifierFitReport()
+    clf = fit_classifier_auto(x, labels, num_features=64, seed=2, report=report)
+    order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(2))
+    held = validation_rows(x.shape[0])
+    valid, train = order[:held], order[held:]
+    split = (x[train], labels[train], x[valid], labels[valid])
+
+    def nll(step):
+        kernel = copy.deepcopy(clf.kernel)
+        kernel.outputscale = clf.kernel.outputscale.detach() * math.exp(step)
+        return float(held_out_nll(kernel, *split, 3, (clf.alpha_epsilon,))[0])
+
+    # The classifier's outputscale is the choice's: its held-out NLL is the one reported
+    # (two computations of one posterior, equal to rounding, as in test_held_out.py), and
+    # 10% either way is not lower.
+    at_chosen = nll(0.0)
+    assert report.choice["scaled_nll"] == pytest.approx(at_chosen, rel=1e-8)
+    for step in (-0.1, 0.1):
+        assert nll(step) >= at_chosen * (1 - 1e-8)
