@@ -51,13 +51,6 @@ __all__ = [
 ]
 
 
-def _ard_kernel(num_features: int, input_dim: int, seed: int) -> ScaleKernel:
-    # The examples' kernel: ARD orthogonal random Fourier features in float64.
-    return ScaleKernel(FourierFeatureKernel(num_features, sampling="orthogonal",
-                                            input_dim=input_dim, ard_num_dims=input_dim,
-                                            seed=seed)).double()
-
-
 #: Adam steps and learning rate of the warm-up path of :func:`two_path_search`.
 WARM_UP_STEPS = 100
 WARM_UP_LR = 0.1
@@ -120,7 +113,7 @@ def bounded_lengthscale(kernel: ScaleKernel, upper: Optional[Tensor]) -> Iterato
         upper: ``(d,)`` positive bounds, or ``None`` for no change.
 
     Example:
-        >>> k = _ard_kernel(16, 2, seed=0)
+        >>> k = ScaleKernel(FourierFeatureKernel(16, ard_num_dims=2, seed=0)).double()
         >>> k.base_kernel.lengthscale = torch.tensor([[1.0, 9.0]], dtype=torch.float64)
         >>> with bounded_lengthscale(k, torch.tensor([4.0, 4.0], dtype=torch.float64)):
         ...     _ = k.base_kernel.raw_lengthscale.data.fill_(50.0)  # any raw value
@@ -291,7 +284,8 @@ def maximize_evidence(
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> y = torch.sin(8 * x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
-        >>> gp = RandomFeatureGP(_ard_kernel(128, 1, seed=0), noise=0.5)
+        >>> k = ScaleKernel(FourierFeatureKernel(128, sampling="orthogonal", seed=0)).double()
+        >>> gp = RandomFeatureGP(k, noise=0.5)
         >>> result = maximize_evidence(gp, x, y - y.mean(), 100, 1e-5)
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
@@ -337,7 +331,8 @@ def two_path_search(
         >>> g = torch.Generator().manual_seed(0)
         >>> x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> y = torch.sin(8 * x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
-        >>> gp = RandomFeatureGP(_ard_kernel(64, 1, seed=0), noise=0.5)
+        >>> k = ScaleKernel(FourierFeatureKernel(64, sampling="orthogonal", seed=0)).double()
+        >>> gp = RandomFeatureGP(k, noise=0.5)
         >>> result = two_path_search(gp, x, y - y.mean(), 100, 1e-5)
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
