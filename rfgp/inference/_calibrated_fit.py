@@ -93,6 +93,10 @@ class ScaleCalibration:
         column_squares: ``(T,)`` each target column's :math:`y_t^\\top y_t` in the
             calibration's units, where ``reuse`` was summed over a source's chunks (the fit
             has no rows to read them from).
+        spectrum: ``(D,)`` the eigenvalues of :math:`\\Phi^\\top\\Phi` at the kernel's
+            outputscale (``"weight"`` path in weight space; ``None`` otherwise): with
+            ``factor / noise`` they forecast a larger model's CG iterations
+            (:func:`~rfgp.inference._cg_forecast.forecast_cg`).
     """
 
     path: str
@@ -102,6 +106,7 @@ class ScaleCalibration:
     reuse: Any = None
     iterative: Optional[KrylovCalibration] = None
     column_squares: Optional[Tensor] = None
+    spectrum: Optional[Tensor] = None
 
 
 def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
@@ -152,7 +157,14 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     evidence = feature_model_evidence(kernel, x, y, products)
     factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
                                                   factor_start=factor, condition=condition)
-    return ScaleCalibration("weight", factor, noise, loss, products[0] if products else None)
+    return ScaleCalibration("weight", factor, noise, loss, products[0] if products else None,
+                            spectrum=_weight_spectrum(evidence))
+
+
+def _weight_spectrum(evidence: Any) -> Optional[Tensor]:
+    """The Gram matrix's eigenvalues of a weight-space evidence (``None`` in function space,
+    whose eigenvalues are the ``N x N`` kernel matrix's)."""
+    return evidence.eigenvalues if evidence.weight_space else None
 
 
 def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalibration,
@@ -256,9 +268,10 @@ def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
     factor, noise, loss = maximize_scale_evidence(evidence, noise, noise_floor,
                                                   condition=condition)
     if not keep:
-        return ScaleCalibration("weight", factor, noise, loss)
+        return ScaleCalibration("weight", factor, noise, loss, spectrum=evidence.eigenvalues)
     return ScaleCalibration("weight", factor, noise, loss,
-                            (gram, rhs, kernel_outputscale(kernel)), column_squares=squares)
+                            (gram, rhs, kernel_outputscale(kernel)), column_squares=squares,
+                            spectrum=evidence.eigenvalues)
 
 
 def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: ScaleCalibration,

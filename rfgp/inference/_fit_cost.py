@@ -386,7 +386,8 @@ def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int,
 
 
 def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
-                       candidates: int = 1, streamed: bool = False) -> float:
+                       candidates: int = 1, streamed: bool = False,
+                       iterations: float = CG_ITERATIONS, rank: int = SKETCH_RANK) -> float:
     r"""Multiply-adds of the calibrated final fit on the CG path: a weight-space calibration at
     :data:`CHOICE_FEATURES` per candidate (:func:`final_fit_cost`), then the Krylov
     calibration (:mod:`~rfgp.inference._krylov_calibration`) on cached features
@@ -409,6 +410,10 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     its runs, the targets' and then the probes' (:math:`2 + 5 + R I (1 + q)` in all), and the
     fit's :math:`I + 2` passes (:func:`cg_fit_cost` uncached).
 
+    ``iterations`` (:math:`I`) and ``rank`` (:math:`r`) default to the constants of a typical
+    noisy set (:data:`CG_ITERATIONS`, :data:`SKETCH_RANK`); a forecast from the spectrum of a
+    smaller model (:func:`~rfgp.inference._cg_forecast.forecast_cg`) passes its own.
+
     Example:
         >>> iterative_fit_cost(10**5, 2**15, 8) < final_fit_cost(10**5, 2**15, 8) / 3
         True
@@ -418,14 +423,16 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
     columns = 1 + CALIBRATION_PROBES * PROBE_RUN_SHARE  # target solves per run, probes too
-    solves = 2 * CG_ITERATIONS * CALIBRATION_RUNS * columns
-    subspace = SKETCH_RANK + CALIBRATION_RUNS * CG_ITERATIONS * columns
-    sketch = 2 * SKETCH_RANK + 8 * SKETCH_RANK**2 / n + 2 * subspace**2 / n
-    # Streamed, every iteration is a pass: the targets' run, then the probes' own.
-    passes = (2 + SKETCH_PASSES + CALIBRATION_RUNS * CG_ITERATIONS * (1 + PROBE_RUN_SHARE)
+    solves = 2 * iterations * CALIBRATION_RUNS * columns
+    subspace = rank + CALIBRATION_RUNS * iterations * columns
+    sketch = 2 * rank + 8 * rank**2 / n + 2 * subspace**2 / n
+    # Streamed, every iteration is a pass: the targets' run, then the probes' own; the
+    # sketch's rank doubles from 32, a pass per block (SKETCH_PASSES to SKETCH_RANK).
+    blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
+    passes = (2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
               if streamed else 1)
     calibration = n * m * ((input_dim + 4) * passes + sketch + solves)
-    fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=CG_ITERATIONS,
+    fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=math.ceil(iterations),
                       cached=not streamed)
     return choice + calibration + fit
 

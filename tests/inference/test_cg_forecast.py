@@ -1,0 +1,127 @@
+"""The CG path's forecast from a smaller model's spectrum: the extended spectrum, the sketch's
+residual, the forecast's cost and the recipe's use of it."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rfgp.inference._calibrated_fit import ScaleCalibration
+from rfgp.inference._cg_forecast import (
+    FORECAST_RANKS,
+    CGForecast,
+    forecast_cg,
+    sketch_residual,
+    spectrum_at,
+)
+from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, iterative_fit_cost
+from rfgp.inference._iterative import cg_iterations_bound
+from rfgp.recipes import FitReport, fit_auto
+from tests.helpers import DT, gen
+
+INDEX = torch.arange(1, 2049, dtype=DT)
+
+
+@pytest.mark.parametrize("power", [0.5, 1.0, 2.5])
+def test_a_power_law_spectrum_is_continued_exactly(power):
+    lam = INDEX ** -power
+    mu = spectrum_at(lam.flip(0), 3.0, 8192)  # any order in
+    full = 3.0 * torch.arange(1, 8193, dtype=DT) ** -power
+    assert mu.shape == (8192,)
+    torch.testing.assert_close(mu, full, rtol=1e-9, atol=0)
+
+
+def test_the_spectrum_is_cut_where_it_ends_and_truncated_to_the_width():
+    lam = torch.zeros(2048, dtype=DT)
+    lam[:100] = torch.linspace(10.0, 1.0, 100, dtype=DT)
+    mu = spectrum_at(lam, 1.0, 4096)
+    assert float(mu[100:].abs().max()) == 0.0 and float(mu[0]) == 10.0
+    assert spectrum_at(lam, 1.0, 64).shape == (64,)
+
+
+def test_the_sketch_residual_vanishes_on_a_spectrum_the_rank_holds_and_never_grows_with_it():
+    mu = torch.zeros(1000, dtype=DT)
+    mu[:30] = 1e6
+    assert sketch_residual(mu, 32) == 0.0  # 30 <= r - 2: k = 30 leaves nothing
+    slow = 1e4 / INDEX
+    residuals = [sketch_residual(slow, r) for r in (64, 128, 256, 512, 1024)]
+    assert all(b <= a for a, b in zip(residuals, residuals[1:]))
+    # Bounded by the first eigenvalue beyond the rank's oversampling and the whole tail:
+    # k = r / 2 is one candidate of the minimum.
+    r, k = 512, 256
+    assert residuals[3] <= float(slow[k] + slow[k:].sum() / (r - k)) + 1e-9
+
+
+def test_the_forecast_is_the_cost_models_at_its_own_iterations_and_rank():
+    lam = 1e3 / INDEX**2
+    f = forecast_cg(lam, 0.5, 20000, 8192, 8)
+    assert isinstance(f, CGForecast) and f.rank in FORECAST_RANKS and f.num_features == 8192
+    assert f.condition == pytest.approx(1.0 + sketch_residual(spectrum_at(lam, 0.5, 8192),
+                                                              f.rank))
+    assert f.iterations == pytest.approx(cg_iterations_bound(f.condition, 1e-8))
+    assert f.multiply_adds == pytest.approx(iterative_fit_cost(
+        20000, 8192, 8, iterations=f.iterations, rank=f.rank))
+    # At the constants the cost model is unchanged.
+    assert iterative_fit_cost(20000, 8192, 8) == iterative_fit_cost(
+        20000, 8192, 8, iterations=CG_ITERATIONS, rank=SKETCH_RANK)
+
+
+def test_less_noise_forecasts_more_iterations_and_more_cost():
+    lam = 1e3 / INDEX**1.5
+    noisy, clean = (forecast_cg(lam, c, 20000, 8192, 8) for c in (1.0, 1e4))
+    assert clean.condition > noisy.condition
+    assert clean.multiply_adds > noisy.multiply_adds
+
+
+def _recipe_data(planned, spectrum_decay, noise):
+    lam = 1e4 * INDEX ** -spectrum_decay
+    choice = ScaleCalibration("weight", 1.0, noise, spectrum=lam)
+    data = SimpleNamespace(schedule=SimpleNamespace(num_features=planned),
+                           options=SimpleNamespace(num_features=None), num_rows=20000,
+                           input_dim=8, source=None)
+    return data, choice
+
+
+def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_more():
+    from rfgp.recipes._refit import _forecast_features
+
+    # A slowly decaying spectrum and little noise: many iterations, so fewer features.
+    data, choice = _recipe_data(16384, 1.0, 1.0)
+    lowered = _forecast_features(data, choice, 1)
+    assert lowered.num_features < 16384
+    booked = iterative_fit_cost(20000, 16384, 8)
+    assert lowered.multiply_adds <= booked
+    # The next size of the grid would not have fitted.
+    bigger = forecast_cg(choice.spectrum, 1.0, 20000, lowered.num_features + 1024, 8)
+    assert bigger.multiply_adds > booked
+    # A fast decay and much noise: fewer iterations than the constant, D never raised.
+    data, choice = _recipe_data(16384, 2.0, 10.0)
+    kept = _forecast_features(data, choice, 1)
+    assert kept.num_features == 16384 and kept.iterations < CG_ITERATIONS
+    # A given D, or no spectrum (function space): no forecast.
+    data.options.num_features = 16384
+    assert _forecast_features(data, choice, 1) is None
+
+
+def test_fit_auto_fits_the_features_the_forecast_leaves(monkeypatch):
+    import rfgp.recipes._refit as refit
+
+    def lowered(data, choice, candidates):
+        return CGForecast(512, 512, 10.0, 2.0, 1.0)
+
+    monkeypatch.setattr(refit, "_forecast_features", lowered)
+    g = gen(3)
+    x = torch.rand(1200, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) + 0.05 * torch.randn(1200, generator=g, dtype=DT)
+    report = FitReport()
+    gp = fit_auto(x, y - y.mean(), solve="cg", seed=0, local_search=False, lengthscale_draws=0,
+                  cv_folds=0, report=report)
+    assert report.schedule.final_solve == "cg"
+    assert report.num_features == 512 and report.schedule.num_features == 512
+    assert report.calibration["iterative"]["forecast"]["features"] == 512
+    assert gp.kernel(x[:2]).to_dense().shape == (2, 2)
+    assert report.calibration["iterative"]["forecast"]["planned_features"] > 512
+    assert math.isfinite(float(gp.noise))
