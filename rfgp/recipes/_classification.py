@@ -416,16 +416,18 @@ def _choose(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) ->
             statistics = held_out_statistics(
                 _final_kernel(data, state, size), data.x_data[train], indices[train],
                 data.x_data[valid], indices[valid], classes.numel())
-            table.append(torch.stack([statistics.nll(alpha) for alpha in ALPHA_GRID]))
+            per_row = [statistics.row_nll(alpha) for alpha in ALPHA_GRID]  # (N_v,) each
+            table.append(torch.stack([rows.mean() for rows in per_row]))
             row = torch.nan_to_num(table[-1], nan=math.inf)
-            # Only the best rung's Gram matrices are kept, for the outputscale's choice.
+            # Only the best rung's Gram matrices (and per-row NLLs) are kept, for the
+            # outputscale's choice.
             if kept is None or float(row.min()) < kept[0]:
-                kept = (float(row.min()), statistics)
+                kept = (float(row.min()), statistics, per_row)
     table = torch.stack(table)  # (rungs, alphas)
     scores = torch.where(torch.isfinite(table), table, torch.full_like(table, math.inf))
     best = int(torch.argmin(scores.reshape(-1)))  # the first of equal minima
     size, alpha = rungs[best // len(ALPHA_GRID)], ALPHA_GRID[best % len(ALPHA_GRID)]
-    scale = held_out_scale(kept[1], alpha, at_one=float(table.reshape(-1)[best]))
+    scale = held_out_scale(kept[1], alpha, at_one=kept[2][best % len(ALPHA_GRID)])
     rows = tuple({"num_features": rung, "alpha_epsilon": grid_alpha,
                   "mnll": float(table[i, j]), "selected": i * len(ALPHA_GRID) + j == best}
                  for i, rung in enumerate(rungs) for j, grid_alpha in enumerate(ALPHA_GRID))
