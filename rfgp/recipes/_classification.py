@@ -238,7 +238,9 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     alike).
     At the chosen ``(D, alpha)`` the same held-out NLL then chooses the factor :math:`a` on the
     search's outputscale (golden section in :math:`\log a`, one Cholesky factor per class and
-    evaluation on the choice's Gram matrices;
+    evaluation on the choice's Gram matrices, stopped where a step gains less than the paired
+    standard error of the held-out NLL difference, and the factor nearest 1 kept among those
+    within one such error of the lowest;
     :func:`~rfgp.classification._held_out_scale.held_out_scale`): the evidence of the
     transformed targets is the density of their Gaussian stand-ins, not the predictive
     probability of the labels that the classifier is judged by and that chose ``D`` and
