@@ -156,14 +156,33 @@ class HeldOutStatistics:
 
     def nll(self, alpha: float, factor: float = 1.0) -> Tensor:
         """The held-out mean negative log probability of the true class at ``alpha`` and
-        outputscale factor ``factor`` (a float64 scalar)."""
+        outputscale factor ``factor`` (a float64 scalar): the mean of :meth:`row_nll`."""
+        return self.row_nll(alpha, factor).mean()
+
+    def row_nll(self, alpha: float, factor: float = 1.0) -> Tensor:
+        r"""The negative log probability of the true class on each validation row,
+        :math:`-\log p(y_n \mid x_n)`, at ``alpha`` and outputscale factor ``factor``:
+        ``(N_v,)`` float64. Two factors' vectors, row by row, give the paired standard error
+        of their NLL difference
+        (:func:`~rfgp.classification._held_out_scale.paired_standard_error`).
+
+        Example:
+            >>> from rfgp.kernels import FourierFeatureKernel
+            >>> k = ScaleKernel(FourierFeatureKernel(32, seed=0)).double()
+            >>> x = torch.randn(60, 2, dtype=torch.float64)
+            >>> labels = (x[:, 0] > 0).long()
+            >>> s = held_out_statistics(k, x[:40], labels[:40], x[40:], labels[40:], 2)
+            >>> rows = s.row_nll(0.01, 2.0)
+            >>> rows.shape, bool(rows.mean() == s.nll(0.01, 2.0))
+            (torch.Size([20]), True)
+        """
         with torch.no_grad():
             if "kernel_matrix" in self.parts:
                 means, variances = self._function_space(alpha, factor)
             else:
                 means, variances = self._weight_space(alpha, factor)
         log_proba = softmax_expectation(means, variances, method="mean_field", log=True)
-        return -log_proba.gather(1, self.labels_valid.reshape(-1, 1)).mean()
+        return -log_proba.gather(1, self.labels_valid.reshape(-1, 1)).squeeze(1)
 
     def _weight_space(self, alpha: float, factor: float) -> tuple:
         p = self.parts

@@ -238,7 +238,9 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     alike).
     At the chosen ``(D, alpha)`` the same held-out NLL then chooses the factor :math:`a` on the
     search's outputscale (golden section in :math:`\log a`, one Cholesky factor per class and
-    evaluation on the choice's Gram matrices;
+    evaluation on the choice's Gram matrices, stopped where a step gains less than the paired
+    standard error of the held-out NLL difference, and the factor nearest 1 kept among those
+    within one such error of the lowest;
     :func:`~rfgp.classification._held_out_scale.held_out_scale`): the evidence of the
     transformed targets is the density of their Gaussian stand-ins, not the predictive
     probability of the labels that the classifier is judged by and that chose ``D`` and
@@ -416,16 +418,18 @@ def _choose(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) ->
             statistics = held_out_statistics(
                 _final_kernel(data, state, size), data.x_data[train], indices[train],
                 data.x_data[valid], indices[valid], classes.numel())
-            table.append(torch.stack([statistics.nll(alpha) for alpha in ALPHA_GRID]))
+            per_row = [statistics.row_nll(alpha) for alpha in ALPHA_GRID]  # (N_v,) each
+            table.append(torch.stack([rows.mean() for rows in per_row]))
             row = torch.nan_to_num(table[-1], nan=math.inf)
-            # Only the best rung's Gram matrices are kept, for the outputscale's choice.
+            # Only the best rung's Gram matrices (and per-row NLLs) are kept, for the
+            # outputscale's choice.
             if kept is None or float(row.min()) < kept[0]:
-                kept = (float(row.min()), statistics)
+                kept = (float(row.min()), statistics, per_row)
     table = torch.stack(table)  # (rungs, alphas)
     scores = torch.where(torch.isfinite(table), table, torch.full_like(table, math.inf))
     best = int(torch.argmin(scores.reshape(-1)))  # the first of equal minima
     size, alpha = rungs[best // len(ALPHA_GRID)], ALPHA_GRID[best % len(ALPHA_GRID)]
-    scale = held_out_scale(kept[1], alpha, at_one=float(table.reshape(-1)[best]))
+    scale = held_out_scale(kept[1], alpha, at_one=kept[2][best % len(ALPHA_GRID)])
     rows = tuple({"num_features": rung, "alpha_epsilon": grid_alpha,
                   "mnll": float(table[i, j]), "selected": i * len(ALPHA_GRID) + j == best}
                  for i, rung in enumerate(rungs) for j, grid_alpha in enumerate(ALPHA_GRID))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rfgp.classification import DirichletGPClassifier
-from rfgp.classification._held_out import held_out_cost, held_out_nll
+from rfgp.classification._held_out import held_out_cost, held_out_nll, held_out_statistics
 from rfgp.recipes._start import make_ard_kernel
 from tests.classification.data import THREE_CENTRES, blobs
 
@@ -35,6 +35,23 @@ def test_held_out_nll_equals_a_fit_per_alpha(num_features, per_class):
     # own solve): equal to rounding.
     torch.testing.assert_close(ours, torch.tensor(theirs, dtype=torch.float64), rtol=1e-8,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("num_features, per_class", [(64, 40), (256, 30)])  # N > D, N < D
+def test_the_per_row_nll_is_the_fitted_classifiers_row_by_row(num_features, per_class):
+    x, labels = blobs(per_class, THREE_CENTRES, 0.8, seed=5)
+    kernel = make_ard_kernel(num_features, 2, seed=3)
+    kernel.outputscale = 0.7
+    split = x.shape[0] - 20
+    data = (x[:split], labels[:split], x[split:], labels[split:])
+    statistics = held_out_statistics(kernel, *data, 3)
+    rows = statistics.row_nll(0.05)
+    clf = DirichletGPClassifier(kernel, alpha_epsilon=0.05, num_classes=3, outputscale=1.0)
+    log_proba = clf.fit(*data[:2]).predict_log_proba(data[2], method="mean_field")
+    # each row is -log p(true class) of the same posterior (two exact solves: rounding apart)
+    torch.testing.assert_close(rows, -log_proba.gather(1, data[3].reshape(-1, 1)).squeeze(1),
+                               rtol=1e-8, atol=1e-10)
+    assert bool(rows.mean() == statistics.nll(0.05))  # the mean is the NLL, to the bit
 
 
 @pytest.mark.parametrize("num_features", [32, 128])  # weight space, function space

@@ -538,8 +538,9 @@ def test_the_choice_is_never_worse_with_more_budget():
         assert float(large.choice["nll"].min()) <= float(small.choice["nll"].min())
 
 
-def test_the_final_outputscale_is_at_the_held_out_minimum():
-    from rfgp.classification._held_out import held_out_nll
+def test_the_final_outputscale_is_the_held_out_choice():
+    from rfgp.classification._held_out import held_out_nll, held_out_statistics
+    from rfgp.classification._held_out_scale import paired_standard_error
     from rfgp.recipes._classification import validation_rows
 
     # 300 rows, 64 features: the choice holds out 30 rows (a permutation of the seed) and
@@ -552,15 +553,17 @@ def test_the_final_outputscale_is_at_the_held_out_minimum():
     valid, train = order[:held], order[held:]
     split = (x[train], labels[train], x[valid], labels[valid])
 
-    def nll(step):
-        kernel = copy.deepcopy(clf.kernel)
-        kernel.outputscale = clf.kernel.outputscale.detach() * math.exp(step)
-        return float(held_out_nll(kernel, *split, 3, (clf.alpha_epsilon,))[0])
-
     # The classifier's outputscale is the choice's: its held-out NLL is the one reported
-    # (two computations of one posterior, equal to rounding, as in test_held_out.py), and
-    # 10% either way is not lower.
-    at_chosen = nll(0.0)
-    assert report.choice["scaled_nll"] == pytest.approx(at_chosen, rel=1e-8)
-    for step in (-0.1, 0.1):
-        assert nll(step) >= at_chosen * (1 - 1e-8)
+    # (two computations of one posterior, equal to rounding, as in test_held_out.py).
+    kernel = copy.deepcopy(clf.kernel)
+    assert report.choice["scaled_nll"] == pytest.approx(
+        float(held_out_nll(kernel, *split, 3, (clf.alpha_epsilon,))[0]), rel=1e-8)
+    # No factor the search evaluated is lower by more than its paired standard error (the
+    # statistics of the final kernel: the factor f of the search is f / chosen here).
+    kernel.outputscale = clf.kernel.outputscale.detach() / report.choice["outputscale_factor"]
+    statistics = held_out_statistics(kernel, *split, 3)
+    chosen = statistics.row_nll(clf.alpha_epsilon, report.choice["outputscale_factor"])
+    for factor, nll in report.choice["scale_evaluations"].items():
+        rows = statistics.row_nll(clf.alpha_epsilon, factor)
+        assert float(rows.mean()) == pytest.approx(nll, rel=1e-8)
+        assert float(chosen.mean()) - nll <= paired_standard_error(chosen, rows) + 1e-12
