@@ -171,12 +171,15 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
                        candidates: int) -> Optional[CGForecast]:
     r"""The CG path's ``D``, lowered where the iterations forecast from the choice model's
     spectrum (:func:`~rfgp.inference._cg_forecast.forecast_cg`) make the planned ``D`` cost
-    more than the plan booked: the largest ``D`` of the feature grid, at most the plan's, whose
-    forecast cost is at most the booked cost
-    :func:`~rfgp.inference._fit_cost.iterative_fit_cost` of the plan's ``D`` (its constant
-    iterations and rank). Never raised: the constants are those of a typical noisy set, and a
-    forecast of fewer iterations leaves the plan as it is. ``None`` where the choice model has
-    no spectrum or the ``D`` was given; the forecast at the plan's ``D`` where it fits.
+    more than the fit may: the largest ``D`` of the feature grid, at most the plan's, whose
+    forecast cost is at most the larger of the booked cost
+    (:func:`~rfgp.inference._fit_cost.iterative_fit_cost` of the plan's ``D``, at the constant
+    iterations and rank) and the allowance of the seconds left when the final fit started
+    (``schedule.settings["refit"]["allowance"]``, :data:`REPLAN_SHARE` of them at the
+    measured rate, under ``anytime``), so that more budget never lowers it further. Never
+    raised: the constants are those of a typical noisy set, and a forecast of fewer iterations
+    leaves the plan as it is. ``None`` where the choice model has no spectrum or the ``D`` was
+    given; the forecast at the plan's ``D`` where it fits.
 
     Why: on a nearly noiseless set the CG solves take several times the constant iterations
     (pol: 62 to 85, against 40), and the final fit ran 2.5 times its prediction, beyond the
@@ -188,7 +191,8 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
         return None
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
     scale = choice.factor / choice.noise
-    booked = iterative_fit_cost(n, planned, d, candidates, streamed)
+    booked = max(iterative_fit_cost(n, planned, d, candidates, streamed),
+                 data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
     def cost(size: int) -> float:
         return forecast_cg(choice.spectrum, scale, n, size, d, candidates,

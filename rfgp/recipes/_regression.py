@@ -40,7 +40,7 @@ from rfgp.recipes._laplace import LAPLACE
 from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
 from rfgp.recipes._refine import REFINE
-from rfgp.recipes._refit import REFIT, replan_final
+from rfgp.recipes._refit import REFIT, REPLAN_SHARE, replan_final
 from rfgp.recipes._schedule import Schedule, plan_stages
 from rfgp.recipes._search import SEARCH
 from rfgp.recipes._select import SELECT
@@ -170,6 +170,12 @@ def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData
     # Rows behind a source (none in memory) are read again at every pass of the CG path.
     again = replan_final(schedule, data.num_rows, data.input_dim, data.options, left, rate,
                          streamed=data.source is not None)
+    if data.options.anytime and data.options.num_features is None:
+        # What the time left pays for, in the cost model's multiply-adds: the CG path's
+        # forecast (refit._forecast_features) may spend it where its iterations are many.
+        allowance = REPLAN_SHARE * max(left, 0.0) * rate
+        refit = dict(again.settings.get("refit", {}), allowance=allowance)
+        again = dataclasses.replace(again, settings=dict(again.settings, refit=refit))
     if again is schedule:
         return data
     report.schedule, report.num_features = again, again.num_features
