@@ -236,34 +236,29 @@ class ExactPosterior:
         self.hyper = hyper
         self.lengthscale = torch.from_numpy(np.asarray(hyper.lengthscale, dtype=np.float64))
         n = self.x.shape[0]
-        # Fortran order: LAPACK factors it without a copy.
-        k = np.empty((n, n), dtype=np.float64, order="F")
-        kt = torch.from_numpy(k.T)  # C-contiguous view of the same memory (K is symmetric)
-        for lo in range(0, n, block):
-            kt[lo:lo + block] = rbf_ard(self.x[lo:lo + block], self.x, self.lengthscale,
-                                        hyper.outputscale)
-        diag = np.diag_indices(n)
-        k[diag] += hyper.noise
+        # torch's Cholesky, not scipy's potrf: scipy's bundled OpenBLAS potrf crashed (a
+        # segfault) factorising bike's 15,641-row kernel matrix in place.
         jitter = 0.0
         for _attempt in range(6):
-            chol, info = scipy.linalg.lapack.dpotrf(k, lower=1, overwrite_a=1, clean=0)
-            if info == 0:
+            k = torch.empty(n, n, dtype=torch.float64)
+            for lo in range(0, n, block):
+                k[lo:lo + block] = rbf_ard(self.x[lo:lo + block], self.x, self.lengthscale,
+                                           hyper.outputscale)
+            k.diagonal().add_(hyper.noise + jitter)
+            chol, info = torch.linalg.cholesky_ex(k)
+            del k
+            if int(info) == 0:
                 break
-            # potrf stopped at column info and overwrote part of K: rebuild and add jitter.
             jitter = max(jitter * 10, 1e-8 * hyper.outputscale)
             warnings.warn(f"exact GP: Cholesky failed, retrying with jitter {jitter:.2g}")
-            for lo in range(0, n, block):
-                kt[lo:lo + block] = rbf_ard(self.x[lo:lo + block], self.x, self.lengthscale,
-                                            hyper.outputscale)
-            k[diag] += hyper.noise + jitter
         else:
             raise RuntimeError("exact GP: the kernel matrix is not positive definite")
-        self.chol = chol  # lower triangle: L (the upper triangle still holds K's entries)
+        self.chol = chol  # lower triangular L, K = L L^T
         self.jitter = jitter
-        residual = (y - hyper.mean).numpy()
-        self.alpha = scipy.linalg.cho_solve((chol, True), residual, check_finite=False)
-        self.log_evidence = -0.5 * (float(residual @ self.alpha)
-                                    + 2 * float(np.log(np.diagonal(chol)).sum())
+        residual = (y - hyper.mean).reshape(-1, 1)
+        self.alpha = torch.cholesky_solve(residual, chol).reshape(-1).numpy()
+        self.log_evidence = -0.5 * (float(residual.reshape(-1) @ torch.from_numpy(self.alpha))
+                                    + 2 * float(chol.diagonal().log().sum())
                                     + n * math.log(2 * math.pi))
 
     def predict(self, x: Tensor, chunk: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
@@ -277,7 +272,8 @@ class ExactPosterior:
             cross = rbf_ard(self.x, x[lo:lo + chunk], self.lengthscale,
                             self.hyper.outputscale).numpy()  # [n, c]
             means.append(self.hyper.mean + cross.T @ self.alpha)
-            v = scipy.linalg.solve_triangular(self.chol, cross, lower=True, check_finite=False)
+            v = torch.linalg.solve_triangular(self.chol, torch.from_numpy(cross),
+                                              upper=False).numpy()
             variances.append(np.maximum(self.hyper.outputscale - np.square(v).sum(0), 0.0))
         return np.concatenate(means), np.concatenate(variances)
 
