@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
-import scipy.linalg
 import scipy.optimize
 import torch
 from torch import Tensor

@@ -40,30 +40,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibrated_features import kernel_at, latest, load  # noqa: E402
+from krylov_calibration import ProductCounter  # noqa: E402
 
 from rfgp import RandomFeatureGP  # noqa: E402
-from rfgp.inference._feature_operator import FeatureOperator  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 RECORDS = OUT / "cg_variance.jsonl"
-
-
-class ProductCounter:
-    """Counts the columns multiplied by the Gram matrix while active."""
-
-    def __enter__(self):
-        self.columns, self._gram = 0, FeatureOperator.gram
-        counter = self
-
-        def counted(op, v, columns):
-            counter.columns += v.shape[1]
-            return counter._gram(op, v, columns)
-
-        FeatureOperator.gram = counted
-        return self
-
-    def __exit__(self, *exc) -> None:
-        FeatureOperator.gram = self._gram
 
 
 def _records(path: Path) -> list:

@@ -139,11 +139,19 @@ def sketch_residual(spectrum: Tensor, rank: int) -> float:
         >>> sketch_residual(mu, 4)  # k = 2: mu_3 + (mu_3 + mu_4) / 2
         1.5
     """
-    k = torch.arange(0, min(rank - 1, spectrum.shape[0]), dtype=torch.float64)
-    if k.numel() == 0:
-        return 0.0
-    tails = spectrum.flip(0).cumsum(0).flip(0)[:k.numel()]  # sum_{j > k} mu_j (1-based)
-    return float((spectrum[:k.numel()] + tails / (rank - k)).min())
+    residuals = _residuals(spectrum, rank)
+    return float(residuals.min()) if residuals.numel() else 0.0
+
+
+def _residuals(spectrum: Tensor, rank: int) -> Tensor:
+    r"""``(min(r - 1, D),)``: :math:`\mu_{k+1} + \frac{1}{r - k}\sum_{j > k} \mu_j` for every
+    :math:`k` a sketch of rank :math:`r` may hold (:func:`sketch_residual` is their least)."""
+    count = min(rank - 1, spectrum.shape[0])
+    if count <= 0:
+        return spectrum.new_zeros(0)
+    k = torch.arange(0, count, dtype=torch.float64)
+    tails = spectrum.flip(0).cumsum(0).flip(0)[:count]  # sum_{j > k} mu_j (1-based)
+    return spectrum[:count] + tails / (rank - k)
 
 
 def preconditioned_spectrum(spectrum: Tensor, rank: int) -> Tensor:
@@ -156,12 +164,9 @@ def preconditioned_spectrum(spectrum: Tensor, rank: int) -> Tensor:
         >>> preconditioned_spectrum(mu, 4).tolist()  # k = 2, E = 1.5
         [1.0, 1.0, 0.8, 0.4]
     """
-    count = min(rank - 1, spectrum.shape[0])
-    if count <= 0:
+    residuals = _residuals(spectrum, rank)
+    if residuals.numel() == 0:
         return torch.ones_like(spectrum)
-    k = torch.arange(0, count, dtype=torch.float64)
-    tails = spectrum.flip(0).cumsum(0).flip(0)[:count]
-    residuals = spectrum[:count] + tails / (rank - k)
     held = int(residuals.argmin())
     rest = ((1.0 + spectrum[held:]) / (1.0 + float(residuals[held]))).clamp(max=1.0)
     return torch.cat([torch.ones(held, dtype=torch.float64), rest])

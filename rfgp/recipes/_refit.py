@@ -194,13 +194,16 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     booked = max(iterative_fit_cost(n, planned, d, candidates, streamed),
                  data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
+    forecasts: Dict[int, CGForecast] = {}
+
     def cost(size: int) -> float:
-        return forecast_cg(choice.spectrum, scale, n, size, d, candidates,
-                           streamed).multiply_adds
+        forecasts[size] = forecast_cg(choice.spectrum, scale, n, size, d, candidates, streamed)
+        return forecasts[size].multiply_adds
 
     smallest = min(planned, CHOICE_FEATURES)
     features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
-    return forecast_cg(choice.spectrum, scale, n, features, d, candidates, streamed)
+    # Every size of the grid was forecast on the way (largest_features_within tries them all).
+    return forecasts[features]
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
