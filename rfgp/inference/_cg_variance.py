@@ -291,11 +291,13 @@ def solved_variances(solver, column: int, rows: Tensor, want_root: bool,
 
     Without ``inverse`` the solve runs to the solver's tolerance. With a
     :class:`LowRankInverse` :math:`\hat B \preceq B` it preconditions the solve and each
-    column stops once :math:`r^H \hat B^{-1} r \le \mathrm{tolerance}\,\hat\sigma^2 /
-    (1 + \tau)` (:math:`\hat\sigma^2` its low-rank variance). CG from zero gives
-    :math:`\phi^H u_k = \sigma^2 - r^H B^{-1} r` and :math:`r^H B^{-1} r \le r^H \hat B^{-1} r
-    \le \mathrm{tolerance}\,\sigma^2`, so the returned :math:`\phi^H u_k + r^H \hat B^{-1} r`
-    lies in :math:`[\sigma^2, (1 + \mathrm{tolerance})\,\sigma^2]`.
+    column stops once :math:`r^H \hat B^{-1} r \le \mathrm{tolerance}\;\phi^H u_k`. CG from
+    zero gives :math:`\phi^H u_k = \sigma^2 - r^H B^{-1} r \le \sigma^2` (a lower bound that
+    rises with the iterations) and :math:`r^H B^{-1} r \le r^H \hat B^{-1} r`, so the returned
+    :math:`\phi^H u_k + r^H \hat B^{-1} r` lies in
+    :math:`[\sigma^2, (1 + \mathrm{tolerance})\,\sigma^2]`. (The running lower bound
+    replaces :math:`\hat\sigma^2 / (1 + \tau)`, which the low-rank form's bound
+    :math:`\tau` makes up to :math:`1 + \tau` times smaller than :math:`\sigma^2`.)
     """
     what = "the predictive variances B u = phi*"
     rhs = rows.detach().transpose(0, 1).conj()  # (W, M)
@@ -305,12 +307,10 @@ def solved_variances(solver, column: int, rows: Tensor, want_root: bool,
         if inverse is None:
             solved = solver.solve(rhs, columns, what).solution  # (W, M)
         else:
-            floor = torch.finfo(rows.real.dtype).tiny
-            target = tolerance * inverse.variances(rows.detach()).clamp_min(floor)
             solved = conjugate_gradients(
                 lambda v: solver.operator.apply(v, [column] * v.shape[1]), rhs,
                 inverse.inverse, 1.0, solver.settings.max_iterations, what,
-                energy_tolerance=(target / (1.0 + inverse.bound)).sqrt()).solution
+                relative_energy=tolerance).solution
             residual = rhs - solver.operator.apply(solved, columns)
             excess = _real_product(residual.conj(), inverse.inverse(residual)).sum(0)
     # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear

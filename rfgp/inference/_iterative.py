@@ -182,6 +182,7 @@ def conjugate_gradients(
     initial: Optional[Tensor] = None,
     energy_tolerance: Optional[float] = None,
     precondition_root: Optional[Product] = None,
+    relative_energy: Optional[float] = None,
 ) -> CGResult:
     r"""Solve :math:`A w_j = b_j` for every column of ``rhs`` by preconditioned CG.
 
@@ -193,7 +194,12 @@ def conjugate_gradients(
     of :math:`A = G + I`), :math:`r^H P^{-1} r \ge r^H A^{-1} r = \|w - A^{-1}b\|_A^2`, so for
     any :math:`\phi`, :math:`|\phi^H (w - A^{-1} b)| \le \tau \sqrt{\phi^H A^{-1}\phi}`:
     a posterior mean within :math:`\tau` posterior standard deviations everywhere, which a
-    relative residual alone does not bound when :math:`A` is ill-conditioned. For complex
+    relative residual alone does not bound when :math:`A` is ill-conditioned. With
+    ``relative_energy`` :math:`\rho` (from a zero start) a column also stops once
+    :math:`r^H P^{-1} r \le \rho\,\mathrm{Re}\, b^H w`: CG from zero keeps
+    :math:`b^H w_k = b^H A^{-1} b - r_k^H A^{-1} r_k`, a lower bound that rises to the quadratic
+    form, so :math:`b^H w_k + r_k^H P^{-1} r_k` is then within a factor :math:`1 + \rho` above
+    :math:`b^H A^{-1} b` (the relative precision of a predictive variance). For complex
     ``rhs`` ``A`` must be Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which
     equals :math:`u^H v` for the Hermitian forms CG takes.
 
@@ -213,6 +219,9 @@ def conjugate_gradients(
             :math:`P^{-1/2}(P^{-1/2} r)` and :math:`r^H P^{-1} r` is
             :math:`\|P^{-1/2} r\|^2`, non-negative by construction where a preconditioner with
             eigenvalues beyond :math:`1/\epsilon` rounds the direct form below zero.
+        relative_energy: :math:`\rho`: a column whose relative residual is within
+            ``tolerance`` stops once :math:`r^H P^{-1} r \le \rho\,\mathrm{Re}\,b^H w`
+            (or ``energy_tolerance``'s bound holds); only from a zero start.
 
     Returns:
         A :class:`CGResult`.
@@ -235,6 +244,9 @@ def conjugate_gradients(
     # largest entry (exact) and the solution multiplied back, so that no inner product
     # overflows or underflows at any scale of the targets or features, and the step lengths
     # and ratios (which the Lanczos quadrature reads) are those of the unscaled run.
+    if relative_energy is not None and initial is not None:
+        raise ValueError("conjugate_gradients: relative_energy bounds b^H A^-1 b only from a "
+                         "zero start; got an initial guess as well")
     unit = _column_units(rhs)  # (k,)
     rhs = rhs / unit
     if initial is None:
@@ -255,8 +267,16 @@ def conjugate_gradients(
     energy = torch.full_like(scale, math.inf) if energy_tolerance is None else (
         (energy_tolerance / unit).square())
     iterations = 0
+
+    def energy_met(rz: Tensor, solution: Tensor) -> Tensor:
+        if relative_energy is None:
+            return rz <= energy
+        # b^H w_k: the rising lower bound of b^H A^-1 b
+        met = rz <= relative_energy * _dot(rhs, solution).clamp_min(0)
+        return met if energy_tolerance is None else met | (rz <= energy)
+
     for _ in range(max_iterations):
-        active = ((relative > tolerance) | (rz > energy)) & ~zero
+        active = ((relative > tolerance) | ~energy_met(rz, solution)) & ~zero
         if not bool(active.any()):
             break
         iterations += 1
@@ -281,16 +301,18 @@ def conjugate_gradients(
         actives.append(active)
         relative = _dot(residual, residual).sqrt() / scale
     relative = torch.where(zero, torch.zeros_like(relative), relative)
+    within = energy_met(rz, solution) | zero
     solution = solution * unit
-    within = (rz <= energy) | zero
     converged = bool((relative <= tolerance).all()) and bool(within.all())
     if warn and not converged:
         reached = (f"relative residual {float(relative.max()):.3g} reached, tolerance "
                    f"{tolerance:.3g}")
         if not bool(within.all()):
             bound = float((rz.clamp_min(0).sqrt() * unit)[~within].max())
-            reached += (f", error bound sqrt(r^H P^-1 r) {bound:.3g}, energy tolerance "
-                        f"{float(torch.as_tensor(energy_tolerance).max()):.3g}")
+            wanted = ([] if energy_tolerance is None else [
+                f"energy tolerance {float(torch.as_tensor(energy_tolerance).max()):.3g}"]) + (
+                [] if relative_energy is None else [f"relative energy {relative_energy:.3g}"])
+            reached += f", error bound sqrt(r^H P^-1 r) {bound:.3g}, " + " or ".join(wanted)
         warnings.warn(
             f"conjugate gradients on {what} did not converge in {max_iterations} iterations: "
             f"{reached}; raise max_cg_iterations, the preconditioner_rank, or the noise",

@@ -543,6 +543,54 @@ def test_cg_from_a_starting_guess():
     torch.testing.assert_close(result.solution, exact, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("complex_", [False, True])
+def test_relative_energy_brackets_the_quadratic_form(complex_):
+    # A = G + I with a preconditioner P = I + (part of G) <= A: each column's
+    # b^H w + r^H P^-1 r must lie in [b^H A^-1 b, (1 + rho) b^H A^-1 b], and the rising lower
+    # bound b^H w lets it stop before a fixed energy target set from a low estimate would.
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.complex128 if complex_ else DT
+    n = 200
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=DT))
+    spectrum = torch.logspace(4, -2, n, dtype=DT)
+    gram = (q * spectrum) @ q.T
+    a = (gram + torch.eye(n, dtype=DT)).to(dtype)
+    held = 20  # P keeps the 20 largest eigenvalues of G: P <= A, condition 1 + spectrum[20]
+    basis = q[:, :held].to(dtype)
+
+    def precondition(r):
+        inner = basis.transpose(0, 1).conj() @ r
+        return r - basis @ (inner * (spectrum[:held] / (1 + spectrum[:held])).to(dtype)[:, None])
+
+    b = torch.randn(n, 4, generator=g, dtype=DT).to(dtype) * torch.tensor(
+        [1.0, 1e-6, 1e6, 3.0], dtype=DT)
+    exact = (b.conj() * torch.linalg.solve(a, b)).sum(0).real
+    for rho in (1e-1, 1e-2, 1e-4):
+        result = conjugate_gradients(lambda v: a @ v, b, precondition, 1.0, 500,
+                                     relative_energy=rho)
+        w = result.solution
+        r = b - a @ w
+        value = (b.conj() * w).sum(0).real + (r.conj() * precondition(r)).sum(0).real
+        assert result.converged
+        assert bool((value >= exact * (1 - 1e-10)).all())
+        assert bool((value <= exact * (1 + rho) * (1 + 1e-10)).all())
+    # A fixed target rho * (b^H A^-1 b) / kappa(P^-1 A) (what a bound on the low estimate gives)
+    # needs more iterations than the running lower bound.
+    kappa = 1 + float(spectrum[held])
+    fixed = conjugate_gradients(lambda v: a @ v, b, precondition, 1.0, 500,
+                                energy_tolerance=(1e-2 * exact / kappa).sqrt())
+    running = conjugate_gradients(lambda v: a @ v, b, precondition, 1.0, 500,
+                                  relative_energy=1e-2)
+    assert running.iterations < fixed.iterations
+
+
+def test_relative_energy_needs_a_zero_start():
+    a = torch.eye(3, dtype=DT) * 2
+    b = torch.ones(3, 1, dtype=DT)
+    with pytest.raises(ValueError, match="zero start"):
+        conjugate_gradients(lambda v: a @ v, b, initial=b, relative_energy=0.1)
+
+
 def test_preconditioner_reduces_the_iterations_of_a_fit():
     x, y, _ = _data()
     plain = RandomFeatureGP(_fourier(), noise=0.01, solve="cg", preconditioner_rank=0).fit(x, y)
