@@ -6,8 +6,11 @@ standardised), a ``D``-feature model with the lengthscales of the set's recorded
 own evidence (the ``exact`` record of ``docs/benchmarks/krylov_calibration.jsonl``) is fitted
 three ways on the same features:
 
-* ``lowrank``: ``solve="cg"`` with the default ``cg_variance="lowrank"`` (the low-rank form,
-  refined per query by CG preconditioned with it where its bound exceeds the tolerance);
+* ``auto``: ``solve="cg"`` with the default ``cg_variance="auto"`` (the low-rank form; where
+  its bound exceeds the tolerance, per-query CG refinement or, where that would cost more, the
+  Cholesky factor of ``B``: its route is recorded);
+* ``lowrank``: ``cg_variance="lowrank"`` (the low-rank form, refined per query by CG
+  preconditioned with it where its bound exceeds the tolerance; ``B`` never formed);
 * ``exact``: the same fit's variances by one CG solve per query row, on the first
   ``--exact-rows`` test rows (its cost is linear in the rows: the same iterations per column);
 * ``weight``: the Cholesky solve, the reference for the errors.
@@ -87,6 +90,13 @@ def measure(name: str, size: int, test_rows: int, exact_rows: int) -> dict:
                   cg_info=gp.cg_info)
     with ProductCounter() as count:
         started = time.perf_counter()
+        mean_a, std_a = gp.predict(xte, return_std=True)
+    record.update(auto_products=count.columns, auto_seconds=time.perf_counter() - started,
+                  auto_routes=gp.cg_info["variance_routes"])
+    gp._state.solver.forget_variances()
+    gp.cg_settings.variance = "lowrank"
+    with ProductCounter() as count:
+        started = time.perf_counter()
         mean, std = gp.predict(xte, return_std=True)
     inverse = gp._state.solver.low_rank_inverses()[0]
     record.update(lowrank_products=count.columns, lowrank_seconds=time.perf_counter() - started,
@@ -106,7 +116,10 @@ def measure(name: str, size: int, test_rows: int, exact_rows: int) -> dict:
     record["weight_seconds"] = time.perf_counter() - started
     var, var_w, var_e = std.square(), std_w.square(), std_exact.square()
     relative = (var - var_w) / var_w
+    relative_a = (std_a.square() - var_w) / var_w
     record.update(
+        auto_relative_max=float(relative_a.abs().max()),
+        mnll_auto=float(_nll(yte, mean_a, std_a.square() + noise).mean()),
         lowrank_relative_max=float(relative.max()), lowrank_relative_min=float(relative.min()),
         lowrank_relative_mean=float(relative.mean()),
         exact_relative_max=float(((var_e - var_w[:exact_rows]) / var_w[:exact_rows]).abs().max()),

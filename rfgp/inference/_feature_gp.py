@@ -102,11 +102,15 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             in float64, and the bound on the mean's error in posterior standard deviations;
             iterations; Nyström rank, ``None`` automatic; bytes of cached features).
         cg_variance, cg_variance_tolerance, cg_variance_rank: the iterative solve's predictive
-            variances: ``"lowrank"`` (default) from a low-rank form of :math:`B^{-1}` built at
+            variances: ``"lowrank"`` from a low-rank form of :math:`B^{-1}` built at
             the first variance after a fit, each variance between the exact one and
             ``1 + cg_variance_tolerance`` times it (rank doubled up to ``cg_variance_rank``
             until a probabilistic bound says so; beyond it, each query refined by CG
-            preconditioned with the form), or ``"exact"`` (one CG solve per query row).
+            preconditioned with the form); ``"auto"`` (default) the same, except that where
+            refining the rows asked for would cost more than forming and factorising
+            :math:`B` (and ``B`` fits in a quarter of the memory), the exact variances from
+            its Cholesky factor, kept for later queries; or ``"exact"`` (one CG solve per
+            query row).
 
     Attributes:
         noise (Tensor): the model noise variance (a buffer; assignable).
@@ -141,7 +145,7 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         statistics_dtype: Optional[torch.dtype] = None,
         *, cg_tolerance: Optional[float] = None, max_cg_iterations: int = 1000,
         preconditioner_rank: Optional[int] = None, cache_bytes: int = 1 << 30,
-        cg_variance: str = "lowrank", cg_variance_tolerance: float = 1e-2,
+        cg_variance: str = "auto", cg_variance_tolerance: float = 1e-2,
         cg_variance_rank: int = 2048,
     ) -> None:
         super().__init__()
@@ -204,28 +208,38 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
     @property
     def cg_info(self) -> Optional[dict]:
         """Of a ``solve="cg"`` fit: ``{"iterations": ..., "preconditioner_ranks": [...],
-        "variance_ranks": [...], "variance_bounds": [...]}``, the CG iterations of the last
-        solve for the mean weights, the Nyström rank of each noise group's preconditioner, and
-        the rank and relative excess bound :math:`\tau` of each group's low-rank variances
-        (every variance within ``[exact, (1 + tau) exact]``; ``None`` until the first
-        variance); ``None`` for the other solves or before a fit.
+        "variance_ranks": [...], "variance_bounds": [...], "variance_routes": [...]}``, the CG
+        iterations of the last solve for the mean weights, the Nyström rank of each noise
+        group's preconditioner, the rank and relative excess bound :math:`\tau` of each
+        group's low-rank variances (``None`` until the first variance, and for a group whose
+        variances went to the dense factor without a form), and the route each
+        group's last variances took: ``"lowrank"`` (the form alone, :math:`\tau` within the
+        tolerance: every variance within ``[exact, (1 + tau) exact]``), ``"refined"`` (CG per
+        row to ``[exact, (1 + tolerance) exact]``), ``"dense"`` (a Cholesky factor of ``B``,
+        formed where it costs less than refining the rows asked for), ``"exact"`` (one CG
+        per row) or ``None``; ``None`` for the other solves or before a fit.
 
         Example:
             >>> from rfgp.kernels import FourierFeatureKernel
             >>> x = torch.rand(100, 1, dtype=torch.float64)
             >>> gp = RandomFeatureGP(FourierFeatureKernel(64, seed=0).double(), noise=0.1,
             ...                      solve="cg").fit(x, torch.sin(6 * x[:, 0]))
-            >>> sorted(gp.cg_info)
-            ['iterations', 'preconditioner_ranks', 'variance_bounds', 'variance_ranks']
+            >>> sorted(gp.cg_info)  # doctest: +NORMALIZE_WHITESPACE
+            ['iterations', 'preconditioner_ranks', 'variance_bounds', 'variance_ranks',
+             'variance_routes']
         """
         if self._state is None or self._state.solver.name != "cg":
             return None
         solver = self._state.solver
-        low_rank = solver._low_rank
+        low_rank, groups = solver._low_rank, range(len(solver.preconditioners))
         return {"iterations": solver.iterations,
                 "preconditioner_ranks": [p.rank for p in solver.preconditioners],
-                "variance_ranks": None if low_rank is None else [v.rank for v in low_rank],
-                "variance_bounds": None if low_rank is None else [v.bound for v in low_rank]}
+                "variance_ranks": [low_rank[g].rank if g in low_rank else None for g in groups]
+                if low_rank else None,
+                "variance_bounds": [low_rank[g].bound if g in low_rank else None
+                                    for g in groups] if low_rank else None,
+                "variance_routes": [solver.variance_routes.get(g)
+                                    for g in range(len(solver.preconditioners))]}
 
     @property
     def num_data(self) -> int:

@@ -264,6 +264,23 @@ class FeatureOperator:
         self.run(local_pass)
         return self.reduce(out)
 
+    def dense(self, column: int) -> Tensor:
+        r"""``(W, W)`` :math:`B = \Phi^H S^{-1} \Phi + I` with the noise of target ``column``,
+        formed in one pass (reduced over processes): ``W^2`` numbers, which the caller has
+        checked against the memory."""
+        index = torch.tensor([column], dtype=torch.long, device=self.device)
+        out = torch.zeros(self.width, self.width, dtype=self.vector_dtype, device=self.device)
+
+        def local_pass() -> None:
+            for feats, _, noise in self.chunks():
+                weighted = feats * self.inverse_noise(noise, index, feats.shape[0])
+                out.addmm_(feats.transpose(0, 1).conj(), weighted)
+
+        self.run(local_pass)
+        out = self.reduce(out)
+        out.diagonal().add_(1.0)
+        return out
+
     def run(self, local_pass: Callable[[], None]) -> None:
         """One pass over this process's rows (over a shard of a source, checked on every
         process: see :meth:`SourceRows.run`)."""

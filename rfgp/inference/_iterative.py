@@ -105,7 +105,11 @@ class CGSettings:
         cache_bytes: bytes of training features kept between products; the rest are recomputed
             from the inputs at every product.
         num_probes: Rademacher probes of the stochastic log-determinant.
-        variance: ``"lowrank"``: predictive variances from a low-rank form of :math:`B^{-1}`
+        variance: ``"auto"``: as ``"lowrank"``, but where the form's bound exceeds the
+            tolerance and a Cholesky factor of :math:`B` costs less than refining the rows
+            asked for (and fits in a quarter of the memory, in a precision that resolves
+            it), the exact variances from that factor;
+            ``"lowrank"``: predictive variances from a low-rank form of :math:`B^{-1}`
             built once per fit, each at most ``1 + variance_tolerance`` times the exact one and
             never below it (:mod:`~rfgp.inference._cg_variance`; where the form's bound stays
             above the tolerance, refined per query by CG preconditioned with it);
@@ -119,7 +123,7 @@ class CGSettings:
     preconditioner_rank: Optional[int] = None
     cache_bytes: int = 1 << 30
     num_probes: int = 16
-    variance: str = "lowrank"
+    variance: str = "auto"
     variance_tolerance: float = 1e-2
     variance_rank: int = 2048
 
@@ -133,7 +137,8 @@ class CGSettings:
                                                  minimum=0)
         self.cache_bytes = check_int("cache_bytes", self.cache_bytes, minimum=0)
         self.num_probes = check_int("num_probes", self.num_probes, minimum=2)
-        self.variance = check_choice("cg_variance", self.variance, ("lowrank", "exact"))
+        self.variance = check_choice("cg_variance", self.variance,
+                                     ("auto", "lowrank", "exact"))
         self.variance_tolerance = check_real("cg_variance_tolerance", self.variance_tolerance,
                                              low=0.0, low_inclusive=False)
         self.variance_rank = check_int("cg_variance_rank", self.variance_rank)

@@ -126,16 +126,21 @@ class Prediction:
             True
         """
         step = self._check_chunk_size(chunk_size) or self._factory.default_chunk()
-        self._current("predict")
+        state = self._current("predict")
         parts = []
-        for xs in self._query_chunks(x, step):
-            with torch.set_grad_enabled(torch.is_grad_enabled() and xs.requires_grad):
-                features = self.base_kernel.features(xs)
-                if not return_std:  # a mean costs no variance (on solve="cg", no CG)
-                    parts.append(self.predict_from_features(features))
-                    continue
-                corr = self.feature_map.variance_correction(xs) if self.correct_variance else None
-                parts.append(self.predict_from_features(features, corr, return_std=True))
+        shape = getattr(x, "shape", ())
+        # The solver may weigh a cost paid once (a dense factor of B) against all the rows.
+        rows = int(shape[0]) * self.feature_map.outputs_per_input if len(shape) else 0
+        with state.solver.expecting(rows if return_std else 0):
+            for xs in self._query_chunks(x, step):
+                with torch.set_grad_enabled(torch.is_grad_enabled() and xs.requires_grad):
+                    features = self.base_kernel.features(xs)
+                    if not return_std:  # a mean costs no variance (on solve="cg", no CG)
+                        parts.append(self.predict_from_features(features))
+                        continue
+                    corr = (self.feature_map.variance_correction(xs) if self.correct_variance
+                            else None)
+                    parts.append(self.predict_from_features(features, corr, return_std=True))
         if not return_std:
             return torch.cat(parts)
         return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])

@@ -11,9 +11,10 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -60,11 +61,24 @@ class Solver(ABC):
 
     #: the value of ``RandomFeatureGP.solve_used`` for this solver
     name: str = ""
+    #: the query rows of the prediction under way (over all its chunks; 0 when unknown): a
+    #: solver may weigh a per-fit cost against them (see :meth:`expecting`)
+    expected_rows: int = 0
 
     def __init__(self, complex_solve: bool, jitter: Optional[float], target_scale: float) -> None:
         self.complex_solve = complex_solve
         self.jitter = jitter
         self.target_scale = target_scale
+
+    @contextlib.contextmanager
+    def expecting(self, rows: int) -> Iterator[None]:
+        """Within the block, :attr:`expected_rows` is ``rows`` (a prediction's rows over all
+        the chunks it is computed in)."""
+        previous, self.expected_rows = self.expected_rows, rows
+        try:
+            yield
+        finally:
+            self.expected_rows = previous
 
     def bind(self, feature_map) -> None:
         """Use ``feature_map`` (the model's kernel now) for any features the solver computes;

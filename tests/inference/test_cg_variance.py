@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from rfgp import RandomFeatureGP
-from rfgp.inference._cg_variance import START_RANK, LowRankInverse, norm_bound
+from rfgp.inference import _cg_solver as cg_solver
+from rfgp.inference._cg_variance import (
+    PROBE_ROWS,
+    START_RANK,
+    DenseInverse,
+    LowRankInverse,
+    dense_pays,
+    norm_bound,
+)
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
 
@@ -53,6 +61,10 @@ CASES = {
 
 
 def _fit_pair(case, **options):
+    """The weight-space and the CG fit of a case; the CG fit's variances come from the
+    low-rank form (``cg_variance="lowrank"``) unless ``options`` say otherwise: on these
+    small problems ``"auto"`` forms ``B`` at once, which costs less than any form."""
+    options.setdefault("cg_variance", "lowrank")
     make_kernel, columns, noise = CASES[case]
     x, y, xt = _data(columns=columns)
     fit_noise = None
@@ -113,28 +125,148 @@ def test_the_bound_holds_for_the_neglected_part_of_the_excess(case):
     assert inverse.bound <= 2.0 * float(neglected.max()) + allowance
 
 
-def test_a_small_rank_cap_reports_its_bound_and_refines_each_query_to_the_tolerance():
+@pytest.mark.parametrize("room", [True, False])
+def test_a_small_rank_cap_reports_its_bound_and_refines_each_query_to_the_tolerance(
+        room, monkeypatch):
+    # The dense route would answer these 60 rows more cheaply; "lowrank" never forms B, and
+    # "auto" does not without room for it.
+    monkeypatch.setattr(cg_solver, "dense_fits", lambda *args: room)
+    variance = "lowrank" if room else "auto"
     x, y, xt = _data(n=1500)
     make = lambda: _fourier(1024)  # noqa: E731
     exact = RandomFeatureGP(make(), noise=1e-3, solve="weight").fit(x, y)
     var0 = exact.predict(xt, return_std=True)[1].square()
     # The variances do not depend on the mean solve: the default CG tolerance serves.
     capped = RandomFeatureGP(make(), noise=1e-3, solve="cg", preconditioner_rank=16,
-                             cg_variance_rank=8, cg_variance_tolerance=1e-3).fit(x, y)
+                             cg_variance_rank=8, cg_variance_tolerance=1e-3,
+                             cg_variance=variance).fit(x, y)
     var1 = capped.predict(xt, return_std=True)[1].square()
     (bound,) = capped.cg_info["variance_bounds"]
     assert capped.cg_info["variance_ranks"] == [8] and bound > 1e-3
+    assert capped.cg_info["variance_routes"] == ["refined"]
     # Beyond the bound, a CG per query preconditioned by the low-rank form stops at the
     # certified bracket [exact, (1 + tolerance) exact].
     assert float((var1 / var0).min()) >= 1 - SLACK
     assert float((var1 / var0).max()) <= 1 + 1e-3
     grown = RandomFeatureGP(make(), noise=1e-3, solve="cg", preconditioner_rank=16,
-                            cg_variance_tolerance=1e-2).fit(x, y)
+                            cg_variance_tolerance=1e-2, cg_variance="lowrank").fit(x, y)
     var2 = grown.predict(xt, return_std=True)[1].square()
     (rank,), (bound,) = grown.cg_info["variance_ranks"], grown.cg_info["variance_bounds"]
     assert rank > START_RANK and bound <= 1e-2
     assert float((var2 / var0).min()) >= 1 - SLACK
     assert float((var2 / var0).max()) <= 1 + bound
+
+
+def _low_rank_capped(**options):
+    """A fit whose low-rank form stays above its tolerance (rank cap 8, tolerance 1e-8), so
+    that its variances take the refined or the dense route."""
+    return dict(dict(preconditioner_rank=16, cg_variance_rank=8, cg_variance_tolerance=1e-8,
+                     cg_variance="auto"), **options)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_dense_route_is_exact_with_its_gradient_and_joint_covariance(case, monkeypatch):
+    if case == "complex":
+        # The sketch's Gram has rank ~20, so one refining iteration per row beats forming B;
+        # the route is forced to check the Hermitian factor.
+        monkeypatch.setattr(cg_solver, "dense_pays", lambda *args: True)
+    exact, fast, xt = _fit_pair(case, **_low_rank_capped())
+    q0, q1 = xt.clone().requires_grad_(True), xt.clone().requires_grad_(True)
+    std0 = exact.predict(q0, return_std=True)[1]
+    std1 = fast.predict(q1, return_std=True)[1]
+    assert fast.cg_info["variance_routes"] == ["dense"] * len(fast.factorization_groups)
+    torch.testing.assert_close(std1, std0, rtol=1e-9, atol=0)
+    std0.sum().backward()
+    std1.sum().backward()
+    torch.testing.assert_close(q1.grad, q0.grad, rtol=1e-7, atol=1e-10)
+    cov0 = exact.posterior(xt[:12]).covariance_matrix
+    cov1 = fast.posterior(xt[:12]).covariance_matrix
+    torch.testing.assert_close(cov1, cov0, rtol=1e-9, atol=1e-12)
+
+
+def test_the_dense_route_comes_first_where_it_costs_less_than_the_forecast_form():
+    # W = 768 features on 600 rows: forming B (N W^2 + W^3 / 3) costs less than the form's
+    # forecast build at rank 8 plus a refinement of every row, so no form is built.
+    exact, fast, xt = _fit_pair("real", **_low_rank_capped())
+    solver = fast._state.solver
+    assert solver._dense_first(0, xt.shape[0])
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    var1 = fast.predict(xt, return_std=True)[1].square()
+    assert fast.cg_info["variance_routes"] == ["dense"]
+    assert fast.cg_info["variance_ranks"] is None  # no low-rank form was built
+    torch.testing.assert_close(var1, var0, rtol=1e-9, atol=0)
+
+
+def test_a_built_form_weighs_the_dense_route_on_the_rows_asked_for_and_a_refit_drops_it():
+    exact, fast, xt = _fit_pair("real", **_low_rank_capped())
+    solver = fast._state.solver
+    (low,) = solver.low_rank_inverses()  # a form exists: the probe's rule decides
+    assert low.bound > 1e-8
+    fast.predict(xt[:PROBE_ROWS], return_std=True)  # too few rows to weigh: refined
+    assert fast.cg_info["variance_routes"] == ["refined"]
+    (iterations,) = solver._refine_iterations.values()
+    op, (pre,) = solver.operator, solver.preconditioners
+    pays = dense_pays(op.width, solver.num_rows, xt.shape[0], iterations, pre.rank, low.rank)
+    fast.predict(xt, return_std=True)
+    assert fast.cg_info["variance_routes"] == ["dense" if pays else "refined"]
+    assert pays  # 60 rows at about 100 iterations each against a 768-wide factor
+    # A later small query reuses the factor, exact.
+    var0 = exact.predict(xt[:3], return_std=True)[1].square()
+    var1 = fast.predict(xt[:3], return_std=True)[1].square()
+    assert fast.cg_info["variance_routes"] == ["dense"]
+    torch.testing.assert_close(var1, var0, rtol=1e-9, atol=0)
+    fast.noise = 0.02  # a new noise drops the factor (a stale one would give noise 0.01's)
+    exact.noise = 0.02
+    torch.testing.assert_close(fast.predict(xt, return_std=True)[1],
+                               exact.predict(xt, return_std=True)[1], rtol=1e-9, atol=0)
+
+
+def test_the_rows_of_a_chunked_prediction_are_weighed_together(monkeypatch):
+    # predict() computes 8-row chunks; the decision sees all 60 rows, not 8.
+    seen = []
+    original = cg_solver.ConjugateGradientSolver._dense_first
+
+    def spy(self, g, rows):
+        seen.append(rows)
+        return original(self, g, rows)
+
+    monkeypatch.setattr(cg_solver.ConjugateGradientSolver, "_dense_first", spy)
+    _, fast, xt = _fit_pair("real", **_low_rank_capped())
+    fast.predict(xt, return_std=True, chunk_size=8)
+    assert seen[0] == xt.shape[0]
+    assert fast._state.solver.expected_rows == 0  # reset after the prediction
+
+
+def test_the_dense_route_is_refused_where_float32_cannot_resolve_b():
+    x, y, xt = _data(n=1500)
+    # noise 1e-3: B's condition number (~1e5) is within float32's 1 / eps for CG, but a
+    # Cholesky factor's relative error kappa eps would exceed a tenth of the 1% tolerance.
+    gp = RandomFeatureGP(_fourier(1024).float(), noise=1e-3, solve="cg",
+                         **_low_rank_capped(cg_variance_tolerance=1e-2)).fit(x.float(), y.float())
+    (pre,) = gp._state.solver.preconditioners
+    assert (1 + float(pre.eigenvalues.max())) * torch.finfo(torch.float32).eps > 1e-3
+    assert not gp._state.solver._dense_possible()
+    gp.predict(xt.float(), return_std=True)
+    assert gp.cg_info["variance_routes"] == ["refined"]
+
+
+def test_dense_pays_compares_the_two_costs():
+    # Forming B costs about N W^2; refining costs 2 N W k per row: dense from M k > W / 2.
+    assert not dense_pays(1000, 10**5, 49, 10)
+    assert dense_pays(1000, 10**5, 60, 10)
+    assert not dense_pays(1000, 10**5, 10**6, 0)
+
+
+def test_dense_inverse_of_complex_rows_is_the_hermitian_form():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(6, 6, generator=g, dtype=torch.complex128)
+    b = a @ a.conj().T + torch.eye(6, dtype=torch.complex128)
+    rows = torch.randn(4, 6, generator=g, dtype=torch.complex128)
+    inv = DenseInverse(torch.linalg.cholesky(b))
+    reference = rows @ torch.linalg.solve(b, rows.conj().T)
+    var, cov = inv.predict(rows, True)
+    torch.testing.assert_close(var, reference.diagonal().real)
+    torch.testing.assert_close(cov, reference.real)
 
 
 def test_joint_covariance_is_bracketed_in_the_loewner_order_and_differentiable():

@@ -742,7 +742,15 @@ def _distributed_worker(rank, port, out_path):
         weight.fit(x[s], y[s], noise[s], distributed=True)
         stream = RandomFeatureGP(_fourier(), noise=0.1, solve="cg", cg_tolerance=TIGHT)
         stream.fit_stream([(x[s][:70], y[s][:70]), (x[s][70:], y[s][70:])], distributed=True)
+        # A low-rank form capped far above its tolerance: the variances of 40 rows take the
+        # dense route, B all-reduced, decided alike on every process.
+        capped = RandomFeatureGP(_fourier(), solve="cg", cg_tolerance=TIGHT,
+                                 cg_variance_tolerance=VARIANCE, cg_variance_rank=8,
+                                 preconditioner_rank=8)
+        capped.fit(x[s], y[s], noise[s], distributed=True, chunk_size=40)
+        capped_std = capped.predict(torch.cat([xt, 0.5 * xt]), return_std=True)[1]
         torch.save({"mean": mean, "std": std, "groups": gp.factorization_groups,
+                    "capped_std": capped_std, "routes": capped.cg_info["variance_routes"],
                     "lml": gp.log_marginal_likelihood(), "stream": stream.predict(xt),
                     "weight": weight.predict(xt)},
                    f"{out_path}.{rank}")
@@ -766,6 +774,8 @@ def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
                              cg_variance_tolerance=VARIANCE).fit(x, y, noise)
     mean, std = single.predict(xt, return_std=True)
     stream = RandomFeatureGP(_fourier(), noise=0.1, solve="cg", cg_tolerance=TIGHT).fit(x, y)
+    many_std = RandomFeatureGP(_fourier(), solve="weight").fit(x, y, noise).predict(
+        torch.cat([xt, 0.5 * xt]), return_std=True)[1]
     for rank in range(WORLD):
         res = torch.load(f"{out}.{rank}")
         assert res["groups"] == single.factorization_groups == [[0], [1]]
@@ -773,6 +783,8 @@ def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
         assert _relative(res["mean"], mean) < 1e-8
         assert _relative(res["std"], std) < 1e-8
         assert _relative(res["stream"], stream.predict(xt)) < 1e-8
+        assert res["routes"] == ["dense", "dense"]
+        assert _relative(res["capped_std"], many_std) < 1e-8
         # Same probes on every process: the same estimate, up to the CG tolerance.
         assert abs(float(res["lml"] - single.log_marginal_likelihood())) < 1e-6
 
