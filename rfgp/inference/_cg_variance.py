@@ -174,9 +174,18 @@ class LowRankInverse:
     @staticmethod
     def build(apply: Callable[[Tensor], Tensor], preconditioner: NystromPreconditioner,
               tolerance: float, max_rank: int, width: Optional[int] = None,
-              generator: Optional[torch.Generator] = None) -> LowRankInverse:
+              generator: Optional[torch.Generator] = None,
+              trace: Optional[Tuple[float, float]] = None) -> LowRankInverse:
         r"""Sketch :math:`E` at rank :data:`START_RANK`, doubling until the bound :math:`\tau`
         is at most ``tolerance`` or the rank reaches ``min(max_rank, W)``.
+
+        With ``trace`` :math:`(t, m)` (:meth:`~rfgp.inference._feature_operator.
+        FeatureOperator.preconditioned_trace`), :math:`\mathrm{tr}\,E = t +
+        \sum_j (1/(1 + \lambda_j) - 1)` bounds the neglected part deterministically: it is
+        positive semi-definite, so :math:`\|F\| \le \mathrm{tr}\,F = \mathrm{tr}\,E -
+        \sum_i s_i` (plus rounding allowances, :math:`m` the size of the sum). Where that is
+        within the tolerance no Lanczos run is needed, and where :math:`\mathrm{tr}\,E` is,
+        no sketch (rank 0: nearly no signal in the features).
 
         Args:
             apply: ``V -> B V`` on ``(W, k)`` blocks (a collective call under
@@ -186,6 +195,7 @@ class LowRankInverse:
             max_rank: a cap on ``r``.
             width: ``W`` (default: the preconditioner's).
             generator: of the test vectors, on the CPU (a fixed seed without one).
+            trace: ``(t, m)`` as above (default: the Lanczos bound alone).
         """
         pre = preconditioner
         width = pre.basis.shape[0] if width is None else width
@@ -203,6 +213,22 @@ class LowRankInverse:
             w = pre.inverse_sqrt(v)
             return pre.inverse_sqrt(apply(w)) - (1.0 - shift) * v
 
+        def trace_bound(values: Tensor) -> float:
+            """tr F, F = E + shift I - sketch >= 0, rounded up: the trace's sum to 100 eps of
+            its size, each sketched eigenvalue to the shift."""
+            if trace is None:
+                return math.inf
+            held = float(pre.eigenvalues.double().div(1.0 + pre.eigenvalues.double()).sum()
+                         ) if pre.rank else 0.0
+            eps = torch.finfo(real).eps
+            total = trace[0] - held + shift * width + 100 * eps * (trace[1] + width)
+            return max(total - float(values.double().sum()), 0.0) + values.numel() * shift
+
+        empty = trace_bound(torch.zeros(0, dtype=torch.float64))
+        if empty <= tolerance:  # the features hold (almost) nothing beyond P: rank 0
+            basis = torch.zeros(width, 0, dtype=dtype, device=device)
+            return LowRankInverse(pre, basis, torch.zeros(0, dtype=real, device=device), empty,
+                                  0)
         sketch = NystromSketch(excess, width, dtype, device, generator)
         limit = max(1, min(max_rank, width))
         rank, bounds = min(START_RANK, limit), 0
@@ -214,8 +240,10 @@ class LowRankInverse:
                 return excess(v) - basis @ (values.to(v.dtype).unsqueeze(-1)
                                             * (basis.transpose(0, 1).conj() @ v))
 
-            bound = norm_bound(neglected, width, dtype, device, generator)
-            bounds += 1
+            bound = trace_bound(values)
+            if bound > tolerance:
+                bound = min(bound, norm_bound(neglected, width, dtype, device, generator))
+                bounds += 1
             if bound <= tolerance or rank >= limit:
                 break
             rank = min(2 * rank, limit)
@@ -310,13 +338,16 @@ def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
     columns and :data:`LANCZOS_STEPS` per doubling, :math:`2 N W` multiply-adds each, and
     :math:`8 W r^2` for each factorisation. Where the forecast bound exceeds the tolerance,
     the iterations of a refined row are those of CG on the modelled preconditioned spectrum
-    to a residual :math:`\sqrt{ho / \kappa}` (:math:`ho` the tolerance,
+    to a residual :math:`\sqrt{
+ho / \kappa}` (:math:`
+ho` the tolerance,
     :math:`\kappa` the spectrum's condition number); else 0.
 
     Args:
         eigenvalues: ``(r_P,)`` the preconditioner's eigenvalue estimates.
         width, rows: ``W`` and ``N``.
-        tolerance: the variance tolerance :math:`ho`.
+        tolerance: the variance tolerance :math:`
+ho`.
         max_rank: the form's rank cap.
 
     Returns:
@@ -422,13 +453,19 @@ def group_inverses(operator, groups: List[List[int]], preconditioners: List[Nyst
                    settings) -> List[LowRankInverse]:
     """One :class:`LowRankInverse` per noise group of an iterative solver's ``operator``
     (:class:`~rfgp.inference._feature_operator.FeatureOperator`), at the ``settings``'
-    ``variance_tolerance`` and ``variance_rank`` (within a tenth of the device's memory)."""
+    ``variance_tolerance`` and ``variance_rank`` (within a tenth of the device's memory),
+    with the trace bound of one pass over the rows."""
     cap = min(settings.variance_rank,
               rank_memory_cap(operator.width, operator.vector_dtype, operator.device))
+    out = []
     with torch.no_grad():
-        return [LowRankInverse.build(lambda v, col=cols[0]: operator.apply(v, [col] * v.shape[1]),
-                                     pre, settings.variance_tolerance, cap, operator.width)
-                for cols, pre in zip(groups, preconditioners)]
+        for cols, pre in zip(groups, preconditioners):
+            weights = pre.eigenvalues / (1.0 + pre.eigenvalues)
+            trace = operator.preconditioned_trace(cols[0], pre.basis, weights)
+            out.append(LowRankInverse.build(
+                lambda v, col=cols[0]: operator.apply(v, [col] * v.shape[1]), pre,
+                settings.variance_tolerance, cap, operator.width, trace=trace))
+    return out
 
 
 def solved_variances(solver, column: int, rows: Tensor, want_root: bool,

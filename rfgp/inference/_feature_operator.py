@@ -281,6 +281,31 @@ class FeatureOperator:
         out.diagonal().add_(1.0)
         return out
 
+    def preconditioned_trace(self, column: int, basis: Tensor,
+                             weights: Tensor) -> Tuple[float, float]:
+        r"""``(t, m)``: :math:`t = \sum_i s_i^{-1} \phi_i (I - U\,\mathrm{diag}(w)\,U^H)
+        \phi_i^H` and :math:`m = \sum_i s_i^{-1} \|\phi_i\|^2` over every row (reduced over
+        processes), with the noise :math:`s_i` of target ``column``: for a Nyström
+        preconditioner :math:`P = I + U \Lambda U^H` and :math:`w = \Lambda / (1 + \Lambda)`,
+        :math:`t = \mathrm{tr}(P^{-1}(B - I))`, in one pass."""
+        index = torch.tensor([column], dtype=torch.long, device=self.device)
+        out = torch.zeros(2, dtype=torch.float64, device=self.device)
+        u = basis.to(self.vector_dtype)
+        w = weights.to(device=self.device, dtype=self.dtype)
+
+        def local_pass() -> None:
+            for feats, _, noise in self.chunks():
+                inverse = self.inverse_noise(noise, index, feats.shape[0])[:, 0]
+                norms = feats.abs().square().sum(-1) if feats.is_complex() else (
+                    feats.square().sum(-1))
+                held = (feats @ u).abs().square() @ w if u.shape[1] else torch.zeros_like(norms)
+                out[0] += ((norms - held) * inverse).sum().to(out.dtype)
+                out[1] += (norms * inverse).sum().to(out.dtype)
+
+        self.run(local_pass)
+        out = self.reduce(out)
+        return float(out[0]), float(out[1])
+
     def run(self, local_pass: Callable[[], None]) -> None:
         """One pass over this process's rows (over a shard of a source, checked on every
         process: see :meth:`SourceRows.run`)."""

@@ -66,6 +66,7 @@ from torch import Tensor
 from rfgp._ops import make_generator
 from rfgp._validation import check_choice, check_int, check_tensor, select_active_columns
 from rfgp.kernels._base import RandomFeatureKernel
+from rfgp.kernels._fourier import FourierFeatureKernel
 from rfgp.kernels._kernel_tree import (
     check_feature_tree,
     children_of,
@@ -271,7 +272,14 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             return node._features(x)
         if isinstance(node, ScaleKernel):
             phi = self._evaluate(node.base_kernel, x, counter, select=False)
-            return phi * node.outputscale.sqrt().to(phi.real.dtype)
+            scale = node.outputscale.sqrt().to(phi.real.dtype)
+            if isinstance(node.base_kernel, FourierFeatureKernel) and not (
+                    phi.requires_grad or scale.requires_grad):
+                # In place where nothing is recorded (cos_sin_features returns a fresh buffer):
+                # no second N x D buffer per chunk, where a large model's feature passes are
+                # bound by memory traffic.
+                return phi.mul_(scale)
+            return phi * scale
         parts = [self._evaluate(child, x, counter, select=True) for _, child in children_of(node)]
         if any(p.is_complex() for p in parts):
             parts = [_real_to_complex(p) for p in parts]

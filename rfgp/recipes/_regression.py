@@ -61,12 +61,15 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *
     checked :class:`~rfgp.recipes.RegressionOptions`: :data:`STAGES`' costs booked in their
     planning order (:func:`~rfgp.recipes._schedule.plan_stages`). ``streamed``: the rows are
     read from a data source (a memory-map, chunks, process shards), so that a CG fit passes
-    over them once per product.
+    over them once per product. The plan's ``D`` depends on the machine through its measured
+    multiply-add rate and, on the CG path, its memory (features beyond a quarter of it are
+    recomputed at every pass): 20,480 features for the example on a two-core machine of
+    23 GB.
 
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
-        >>> s.num_features, s.subsample, s.search_evidence, s.refine_rows > 0
-        (22528, 2000, 'features', True)
+        >>> s.num_features > 8192, s.final_solve, s.subsample, s.search_evidence
+        (True, 'cg', 2000, 'features')
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """

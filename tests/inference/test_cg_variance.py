@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP
 from rfgp.inference import _cg_solver as cg_solver
@@ -118,7 +119,11 @@ def test_the_bound_holds_for_the_neglected_part_of_the_excess(case):
     assert float(neglected.min()) >= -SLACK * max(scale, 1.0)
     assert float(neglected.max()) <= inverse.bound
     # The bound is a Lanczos estimate over 1 - eps plus the rounding allowance of the sketch
-    # (10 eps sqrt(W) ||P||): not far above the truth.
+    # (10 eps sqrt(W) ||P||), not far above the truth; or tr F (F >= 0, so ||F|| <= tr F),
+    # taken without a Lanczos run where it is already within the tolerance.
+    trace = float(torch.linalg.eigvalsh(excess - low).clamp_min(0).sum())
+    if inverse.bound <= 0.05 and inverse.bound >= trace:
+        return
     pre = fast._state.solver.preconditioners[0]
     allowance = 10 * torch.finfo(DT).eps * excess.shape[0] ** 0.5 * (1 + float(
         pre.eigenvalues.max()))
@@ -325,6 +330,30 @@ def test_state_round_trip_recomputes_the_same_variances():
                                atol=0)
 
 
+def test_features_without_signal_take_a_rank_zero_form_certified_by_the_trace():
+    # Outputscale 1e-9 against noise 0.1: tr(B - I) ~ N 1e-8 is far below the tolerance, so
+    # the form needs no sketch and no Lanczos run: no products with B at all.
+    x, y, xt = _data()
+    weak = ScaleKernel(_fourier()).double()
+    weak.outputscale = 1e-9
+    exact = RandomFeatureGP(ScaleKernel(_fourier()).double(), noise=0.1, solve="weight")
+    exact.kernel.outputscale = 1e-9
+    exact.fit(x, y)
+    fast = RandomFeatureGP(weak, noise=0.1, solve="cg", cg_tolerance=TIGHT,
+                           cg_variance="lowrank").fit(x, y)
+    solver = fast._state.solver
+    calls = []
+    apply = solver.operator.apply
+    solver.operator.apply = lambda v, cols: calls.append(v.shape[1]) or apply(v, cols)
+    var1 = fast.predict(xt, return_std=True)[1].square()
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    (rank,), (bound,) = fast.cg_info["variance_ranks"], fast.cg_info["variance_bounds"]
+    # tr E <= tr(B - I) = N a / sigma^2 (each Fourier row has ||phi||^2 = a), plus rounding.
+    assert rank == 0 and calls == [] and bound <= 1.001 * x.shape[0] * 1e-9 / 0.1
+    assert float((var1 / var0).min()) >= 1 - SLACK
+    assert float((var1 / var0).max()) <= 1 + bound + SLACK
+
+
 def test_norm_bound_brackets_the_largest_eigenvalue():
     g = torch.Generator().manual_seed(0)
     q = torch.linalg.qr(torch.randn(400, 400, generator=g, dtype=DT))[0]
@@ -354,3 +383,16 @@ def test_build_on_a_known_spectrum_is_exact_at_full_rank():
 def test_bad_variance_settings_are_rejected_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RandomFeatureGP(_fourier(), solve="cg", **kwargs)
+
+
+@pytest.mark.parametrize("case", ["real", "complex"])
+def test_preconditioned_trace_is_the_trace_of_p_inverse_times_the_gram(case):
+    _, fast, _ = _fit_pair(case)
+    solver = fast._state.solver
+    op, (pre,) = solver.operator, solver.preconditioners
+    weights = pre.eigenvalues / (1 + pre.eigenvalues)
+    t, m = op.preconditioned_trace(0, pre.basis, weights)
+    gram = op.dense(0) - torch.eye(op.width, dtype=op.vector_dtype)
+    expected = torch.diagonal(pre.inverse(gram)).real.sum()
+    assert abs(t - float(expected)) <= 1e-10 * float(torch.diagonal(gram).real.sum())
+    assert abs(m - float(torch.diagonal(gram).real.sum())) <= 1e-12 * m

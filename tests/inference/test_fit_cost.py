@@ -61,3 +61,22 @@ def test_the_path_changes_where_the_weight_space_matrices_stop_fitting():
     assert final_path(10**5, MAX_WEIGHT_FEATURES, 8, "auto")[0] == "weight"
     assert final_path(10**5, 2 * MAX_WEIGHT_FEATURES, 8, "auto")[0] == "cg"
     assert final_path(20000, MAX_ITERATIVE_FEATURES, 8, "auto") == (None, math.inf)
+
+
+def test_features_beyond_the_cache_cost_a_pass_each_like_streamed_rows():
+    n, m, d = 41202, 41202, 3
+    whole = 8.0 * n * m
+    # Nothing cached: every pass recomputes the features, as for rows read from a source.
+    assert iterative_fit_cost(n, m, d, cache_bytes=0) == iterative_fit_cost(n, m, d,
+                                                                            streamed=True)
+    # All cached: the features are computed once, whatever the cache's room beyond them.
+    assert iterative_fit_cost(n, m, d, cache_bytes=whole) == iterative_fit_cost(
+        n, m, d, cache_bytes=10 * whole)
+    # In between, linear in the share held.
+    half = iterative_fit_cost(n, m, d, cache_bytes=whole / 2)
+    ends = iterative_fit_cost(n, m, d, cache_bytes=0), iterative_fit_cost(n, m, d,
+                                                                           cache_bytes=whole)
+    assert half == pytest.approx(sum(ends) / 2, rel=1e-12)
+    assert cg_fit_cost(n, m, d, iterations=10, cached=0.5) == pytest.approx(
+        (cg_fit_cost(n, m, d, iterations=10, cached=True)
+         + cg_fit_cost(n, m, d, iterations=10, cached=False)) / 2, rel=1e-12)

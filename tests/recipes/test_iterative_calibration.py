@@ -278,3 +278,36 @@ def test_a_binding_noise_floor_is_the_constrained_maximum_of_the_dense_evidence(
     assert abs(math.log(float(cg.kernel.outputscale.detach()) / outputscale) - best) <= step
     assert abs(math.log(float(weight.kernel.outputscale.detach()) / outputscale) - best) <= 1e-3
     assert float(cg.noise) == pytest.approx(floor, rel=1e-12)
+
+
+def test_a_final_model_whose_features_cannot_matter_stays_at_the_choice_model(monkeypatch):
+    from rfgp.recipes import _refit
+
+    g = gen(7)
+    x = torch.rand(3000, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(3000, generator=g, dtype=DT)
+    options = dict(solve="cg", seed=0, local_search=False, cv_folds=0)
+    grown_report = FitReport()
+    grown = fit_auto(x, y, report=grown_report, **options)
+    signal = grown_report.calibration["signal"]
+    # A clear signal: 2 s / sqrt(2048) far above a tenth, so D grows past the choice model.
+    assert not _refit.features_cannot_matter(signal, 2048)
+    assert grown.solve_used == "cg" and grown_report.num_features > 2048
+    # Where the rule says more features cannot move the posterior, the final model is the
+    # choice's 2,048-feature model, fitted in weight space.
+    monkeypatch.setattr(_refit, "features_cannot_matter", lambda s, m: True)
+    kept_report = FitReport()
+    kept = fit_auto(x, y, report=kept_report, **options)
+    assert kept.solve_used == "weight" and kept_report.num_features == 2048
+    assert kept_report.schedule.final_solve == "weight"
+    assert kept_report.schedule.num_features == 2048
+
+
+def test_features_cannot_matter_is_a_tenth_of_the_noise_from_the_monte_carlo_error():
+    from rfgp.recipes._refit import SIGNAL_TOLERANCE, features_cannot_matter
+
+    # 2 s / sqrt(m) against a tenth: the boundary at s = 0.05 sqrt(m).
+    for m in (256, 2048, 8192):
+        edge = SIGNAL_TOLERANCE * math.sqrt(m) / 2
+        assert features_cannot_matter(edge * (1 - 1e-9), m)
+        assert not features_cannot_matter(edge * (1 + 1e-9), m)
