@@ -33,16 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference._cg_variance import (
-    PROBE_ROWS,
-    DenseInverse,
-    LowRankInverse,
-    dense_fits,
-    dense_pays,
-    forecast_form,
-    group_inverses,
-    solved_variances,
-)
+from rfgp.inference._cg_dense import PROBE_ROWS, DenseInverse, dense_first, dense_fits, dense_pays
+from rfgp.inference._cg_variance import LowRankInverse, group_inverses, solved_variances
 from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
@@ -288,20 +280,16 @@ class ConjugateGradientSolver(Solver):
         return out
 
     def _dense_first(self, g: int, rows: int) -> bool:
-        """Whether forming ``B`` now costs less than the low-rank form's forecast build plus,
-        where its forecast bound exceeds the tolerance, the refinement of ``rows`` rows."""
+        """Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
+        for ``rows`` rows (:func:`~rfgp.inference._cg_dense.dense_first`)."""
         pre = self.preconditioners[g]
         if not pre.rank or not self._dense_possible():
             return False
-        op, n = self.operator, self._num_rows
+        op = self.operator
         cap = min(self.settings.variance_rank,
                   rank_memory_cap(op.width, op.vector_dtype, op.device))
-        rank, _, build, iterations = forecast_form(pre.eigenvalues, op.width, n,
-                                                   self.settings.variance_tolerance, cap)
-        w = float(op.width)
-        per_row = iterations * (2.0 * n * w + 2.0 * w * (2 * pre.rank + rank)) + 2.0 * w * (
-            pre.rank + rank)
-        return n * w * w + w ** 3 / 3 + rows * w * w < build + rows * per_row
+        return dense_first(pre.eigenvalues, op.width, self._num_rows, rows,
+                           self.settings.variance_tolerance, cap)
 
     def _dense_possible(self) -> bool:
         r"""Whether ``B`` may be formed: it fits in a quarter of the memory, and its Cholesky

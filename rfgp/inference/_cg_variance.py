@@ -36,12 +36,8 @@ spectrum that decays slowly), :func:`solved_variances` refines each query by CG
 preconditioned with the low-rank form: its condition number is at most :math:`1 + \tau`, so a
 few iterations reach a certified relative tolerance.
 
-**The dense route.** Where the bound stays above the tolerance and the rows to predict
-would cost more refinement than a factorisation, :class:`DenseInverse` forms
-:math:`B = LL^H` once (``N W^2`` multiply-adds for the Gram, ``W^3/3`` for the Cholesky,
-``W^2`` numbers twice) and answers every query exactly by a triangular solve,
-:math:`\sigma^2_* = \|L^{-1}\phi_*^H\|^2`, in ``W^2`` multiply-adds per row
-(:func:`dense_pays`).
+The dense route (a Cholesky factor of :math:`B` where it costs less) is
+:mod:`~rfgp.inference._cg_dense`.
 
 References:
     Frangella, Tropp & Udell, *Randomized Nyström Preconditioning*, 2023 (the sketch).
@@ -59,26 +55,14 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference._cg_forecast import (
-    cg_iterations_on,
-    preconditioned_spectrum,
-    sketch_residual,
-    spectrum_at,
-)
 from rfgp.inference._iterative import conjugate_gradients
-from rfgp.inference._linalg import available_memory, try_cholesky
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 
 __all__ = [
     "FAILURE_PROBABILITY",
     "LANCZOS_STEPS",
-    "PROBE_ROWS",
-    "DenseInverse",
     "LowRankInverse",
     "START_RANK",
-    "dense_fits",
-    "dense_pays",
-    "forecast_form",
     "group_inverses",
     "norm_bound",
     "solved_variances",
@@ -90,9 +74,6 @@ START_RANK = 128
 LANCZOS_STEPS = 24
 #: the probability that the bound on the neglected part of E falls short
 FAILURE_PROBABILITY = 1e-4
-#: query rows whose refinement measures the iterations per row before the dense route is
-#: weighed against it
-PROBE_ROWS = 32
 
 
 class LowRankInverse:
@@ -213,15 +194,19 @@ class LowRankInverse:
             w = pre.inverse_sqrt(v)
             return pre.inverse_sqrt(apply(w)) - (1.0 - shift) * v
 
-        def trace_bound(values: Tensor) -> float:
-            """tr F, F = E + shift I - sketch >= 0, rounded up: the trace's sum to 100 eps of
-            its size, each sketched eigenvalue to the shift."""
-            if trace is None:
-                return math.inf
+        # tr(E + shift I), rounded up: the trace's sum to 100 eps of its size
+        total = math.inf
+        if trace is not None:
             held = float(pre.eigenvalues.double().div(1.0 + pre.eigenvalues.double()).sum()
                          ) if pre.rank else 0.0
             eps = torch.finfo(real).eps
             total = trace[0] - held + shift * width + 100 * eps * (trace[1] + width)
+
+        def trace_bound(values: Tensor) -> float:
+            """tr F, F = E + shift I - sketch >= 0, each sketched eigenvalue rounded up by
+            the shift."""
+            if trace is None:
+                return math.inf
             return max(total - float(values.double().sum()), 0.0) + values.numel() * shift
 
         empty = trace_bound(torch.zeros(0, dtype=torch.float64))
@@ -249,137 +234,6 @@ class LowRankInverse:
             rank = min(2 * rank, limit)
         return LowRankInverse(pre, basis, (values - shift).clamp_min(0), bound,
                               sketch.rank + bounds * min(LANCZOS_STEPS, width))
-
-
-class DenseInverse:
-    r""":math:`B^{-1}` by the Cholesky factor :math:`B = LL^H`: the exact variances
-    :math:`\|L^{-1}\phi_*^H\|^2` and covariances :math:`\mathrm{Re}\{Z^H Z\}`,
-    :math:`Z = L^{-1}\Phi_*^H`, differentiable in the query rows.
-
-    Args:
-        factor: ``L`` ``(W, W)``, lower triangular.
-
-    Example:
-        >>> b = torch.tensor([[4.0, 1.0], [1.0, 3.0]], dtype=torch.float64)
-        >>> inv = DenseInverse(torch.linalg.cholesky(b))
-        >>> rows = torch.eye(2, dtype=b.dtype)
-        >>> torch.allclose(inv.variances(rows), torch.linalg.inv(b).diag())
-        True
-    """
-
-    def __init__(self, factor: Tensor) -> None:
-        self.factor = factor
-
-    @staticmethod
-    def build(operator, column: int) -> Optional[DenseInverse]:
-        """Form ``B`` with the noise of target ``column`` of a
-        :class:`~rfgp.inference._feature_operator.FeatureOperator` and factorise it; ``None``
-        where the Cholesky fails in the operator's precision (the caller keeps to CG)."""
-        with torch.no_grad():
-            factor = try_cholesky(operator.dense(column))
-        return None if factor is None else DenseInverse(factor)
-
-    def roots(self, rows: Tensor) -> Tensor:
-        r"""``(M, W)`` the rows of :math:`Z^H`, :math:`Z = L^{-1}\,\mathrm{rows}^H`."""
-        factor = self.factor.to(rows.dtype)
-        solved = torch.linalg.solve_triangular(factor, rows.transpose(0, 1).conj(), upper=False)
-        return solved.transpose(0, 1).conj()
-
-    def predict(self, rows: Tensor, want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """The variances ``(M,)`` and with ``want_root`` the covariance ``(M, M)``."""
-        roots = self.roots(rows)
-        return _squared_norms(roots), (_real_gram(roots) if want_root else None)
-
-    def variances(self, rows: Tensor) -> Tensor:
-        r"""``(M,)`` :math:`\phi_i B^{-1} \phi_i^H` of the query rows ``(M, W)``."""
-        return _squared_norms(self.roots(rows))
-
-
-def dense_fits(width: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``B`` and its factor (``2 W^2`` numbers of ``dtype``) take at most a quarter of
-    ``device``'s memory."""
-    item = torch.empty((), dtype=dtype).element_size()
-    return 2 * width * width * item <= available_memory(device) // 4
-
-
-def dense_pays(width: int, rows: int, queries: int, iterations: float,
-               preconditioner_rank: int = 0, rank: int = 0) -> bool:
-    r"""Whether factorising :math:`B` costs fewer multiply-adds than refining ``queries`` rows
-    by CG at ``iterations`` per row:
-
-    .. math::
-        N W^2 + \tfrac13 W^3 + M W^2 < M\,k\,\big(2 N W + 2 W (2 r_P + r)\big),
-
-    the Gram, the Cholesky and a triangular solve per row against ``k`` products with
-    :math:`B` per row, each with the preconditioner :math:`\hat B^{-1}` (rank ``r_P`` Nyström
-    preconditioner and rank ``r`` low-rank form).
-
-    Example:
-        >>> dense_pays(8192, 13500, 1000, 6, 512, 2048), dense_pays(8192, 13500, 50, 6)
-        (True, False)
-    """
-    w, n, m = float(width), float(rows), float(queries)
-    dense = n * w * w + w ** 3 / 3 + m * w * w
-    refine = m * iterations * (2 * n * w + 2 * w * (2 * preconditioner_rank + rank))
-    return dense < refine
-
-
-def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
-                  max_rank: int) -> Tuple[int, float, float, int]:
-    r"""The low-rank form's rank, bound, build cost and refining iterations, forecast before
-    it is built from the preconditioner's eigenvalue estimates of :math:`B - I`.
-
-    The preconditioner (rank :math:`r_P`) and a form of rank :math:`r` together hold about
-    what a Nyström sketch of rank :math:`r_P + r` of :math:`B - I` holds, so the form's bound
-    at rank :math:`r` is forecast as that sketch's residual
-    (:func:`~rfgp.inference._cg_forecast.sketch_residual`) on the spectrum continued by its
-    power law (:func:`~rfgp.inference._cg_forecast.spectrum_at`); the rank doubles from
-    :data:`START_RANK` as :meth:`LowRankInverse.build` does. The build costs the sketch's
-    columns and :data:`LANCZOS_STEPS` per doubling, :math:`2 N W` multiply-adds each, and
-    :math:`8 W r^2` for each factorisation. Where the forecast bound exceeds the tolerance,
-    the iterations of a refined row are those of CG on the modelled preconditioned spectrum
-    to a residual :math:`\sqrt{
-ho / \kappa}` (:math:`
-ho` the tolerance,
-    :math:`\kappa` the spectrum's condition number); else 0.
-
-    Args:
-        eigenvalues: ``(r_P,)`` the preconditioner's eigenvalue estimates.
-        width, rows: ``W`` and ``N``.
-        tolerance: the variance tolerance :math:`
-ho`.
-        max_rank: the form's rank cap.
-
-    Returns:
-        ``(rank, bound, multiply_adds, iterations)``.
-
-    Example:
-        >>> fast = 1e4 * torch.exp(-torch.arange(512.0, dtype=torch.float64) / 8)
-        >>> slow = 1e4 / torch.arange(1, 513, dtype=torch.float64)
-        >>> forecast_form(fast, 8192, 10**4, 1e-2, 2048)[0]
-        128
-        >>> rank, bound, _, iterations = forecast_form(slow, 8192, 10**4, 1e-2, 2048)
-        >>> rank, bound > 1e-2, iterations > 0
-        (2048, True, True)
-    """
-    held = int(eigenvalues.shape[0])
-    spectrum = spectrum_at(eigenvalues, 1.0, width)
-    limit = max(1, min(max_rank, width))
-    rank, products, factorisations = min(START_RANK, limit), 0.0, 0.0
-    while True:
-        bound = sketch_residual(spectrum, held + rank)
-        products += LANCZOS_STEPS
-        factorisations += 8.0 * width * rank**2
-        if bound <= tolerance or rank >= limit:
-            break
-        rank = min(2 * rank, limit)
-    products += rank
-    iterations = 0
-    if bound > tolerance:
-        shaped = preconditioned_spectrum(spectrum, held + rank)
-        condition = float(1.0 / shaped.min()) if shaped.numel() else 1.0
-        iterations = cg_iterations_on(shaped, math.sqrt(tolerance / condition))
-    return rank, bound, products * 2.0 * rows * width + factorisations, iterations
 
 
 def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dtype,

@@ -16,14 +16,8 @@ from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP
 from rfgp.inference import _cg_solver as cg_solver
-from rfgp.inference._cg_variance import (
-    PROBE_ROWS,
-    START_RANK,
-    DenseInverse,
-    LowRankInverse,
-    dense_pays,
-    norm_bound,
-)
+from rfgp.inference._cg_dense import PROBE_ROWS, DenseInverse, dense_pays
+from rfgp.inference._cg_variance import START_RANK, LowRankInverse, norm_bound
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
 
