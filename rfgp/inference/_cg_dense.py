@@ -15,7 +15,7 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -30,6 +30,7 @@ from rfgp.inference._cg_variance import LANCZOS_STEPS, START_RANK, _real_gram, _
 from rfgp.inference._linalg import available_memory, try_cholesky
 
 __all__ = [
+    "ITERATIVE_RATE_SHARE",
     "PROBE_ROWS",
     "DenseInverse",
     "dense_cost",
@@ -37,12 +38,23 @@ __all__ = [
     "dense_fits",
     "dense_pays",
     "forecast_form",
+    "keep_building",
     "refine_cost",
 ]
 
 #: query rows whose refinement measures the iterations per row before the dense route is
 #: weighed against it
 PROBE_ROWS = 32
+#: The share of a large matrix product's multiply-add rate that the low-rank route's passes
+#: reach. The dense route is one large product (the Gram) and a Cholesky factorisation, which
+#: run at that rate; the form's build runs single-vector Lanczos steps over the features
+#: (bound by memory, about 18 times slower per multiply-add than a block product), recomputes
+#: the features at every pass and factorises many thin sketches, and a refinement applies
+#: both preconditioners at every iteration. Measured on two cores, 15,640 features of
+#: 15,641 rows: a build of 1.8e12 counted multiply-adds took 69 s and a refinement of 268
+#: rows (one iteration each) 7 s for 1.7e11, where a 2,048-square product runs at
+#: 5.9e10 per second, so 0.38 to 0.43 of the rate.
+ITERATIVE_RATE_SHARE = 0.4
 
 
 class DenseInverse:
@@ -98,22 +110,24 @@ def dense_fits(width: int, dtype: torch.dtype, device: torch.device) -> bool:
 
 def dense_pays(width: int, rows: int, queries: int, iterations: float,
                preconditioner_rank: int = 0, rank: int = 0) -> bool:
-    r"""Whether factorising :math:`B` costs fewer multiply-adds than refining ``queries`` rows
-    by CG at ``iterations`` per row:
+    r"""Whether factorising :math:`B` costs less time than refining ``queries`` rows by CG at
+    ``iterations`` per row:
 
     .. math::
-        N W^2 + \tfrac13 W^3 + M W^2 < M\,k\,\big(2 N W + 2 W (2 r_P + r)\big),
+        N W^2 + \tfrac13 W^3 + M W^2 < M\,k\,\big(2 N W + 2 W (2 r_P + r)\big) / s,
 
     the Gram, the Cholesky and a triangular solve per row against ``k`` products with
     :math:`B` per row, each with the preconditioner :math:`\hat B^{-1}` (rank ``r_P`` Nyström
-    preconditioner and rank ``r`` low-rank form).
+    preconditioner and rank ``r`` low-rank form), which run at the share
+    :math:`s` = :data:`ITERATIVE_RATE_SHARE` of the dense route's rate.
 
     Example:
-        >>> dense_pays(8192, 13500, 1000, 6, 512, 2048), dense_pays(8192, 13500, 50, 6)
+        >>> dense_pays(8192, 13500, 1000, 6, 512, 2048), dense_pays(8192, 13500, 20, 6)
         (True, False)
     """
     return (dense_cost(width, rows, queries)
-            < queries * refine_cost(width, rows, iterations, preconditioner_rank, rank))
+            < queries * refine_cost(width, rows, iterations, preconditioner_rank, rank)
+            / ITERATIVE_RATE_SHARE)
 
 
 def dense_cost(width: int, rows: int, queries: int) -> float:
@@ -132,26 +146,34 @@ def refine_cost(width: int, rows: int, iterations: float, preconditioner_rank: i
 
 
 def dense_first(eigenvalues: Tensor, width: int, rows: int, queries: int, tolerance: float,
-                max_rank: int) -> bool:
-    """Whether forming ``B`` now costs less than the low-rank form's forecast
-    (:func:`forecast_form`) build plus, for each of ``queries`` rows, the form's application
-    (``2 W (r_P + r)``) and, where its forecast bound exceeds the tolerance, its refinement.
+                max_rank: int, excess: Optional[float] = None, shift: float = 0.0) -> bool:
+    """Whether forming ``B`` now costs less time than the low-rank form's forecast
+    (:func:`forecast_form`, with the measured ``excess`` and the rounding ``shift``) build
+    plus, for each of ``queries`` rows, the form's application (``2 W (r_P + r)``) and, where
+    its forecast bound exceeds the tolerance, its refinement, at the share
+    :data:`ITERATIVE_RATE_SHARE` of the dense route's rate.
 
     Example:
         >>> slow = 1e4 / torch.arange(1, 513, dtype=torch.float64)
+        >>> fast = 1e4 * torch.exp(-torch.arange(512.0, dtype=torch.float64) / 8)
         >>> dense_first(slow, 8192, 13500, 1000, 1e-2, 2048)
         True
-        >>> dense_first(slow, 8192, 13500, 10, 1e-2, 2048)
+        >>> dense_first(fast, 8192, 13500, 1000, 1e-2, 2048)  # a form of rank 128 holds
+        False
+        >>> dense_first(slow, 8192, 13500, 1000, 1e-2, 2048, excess=5e-3)  # rank 0 holds
         False
     """
     held = int(eigenvalues.shape[0])
-    rank, _, build, iterations = forecast_form(eigenvalues, width, rows, tolerance, max_rank)
+    rank, _, build, iterations = forecast_form(eigenvalues, width, rows, tolerance, max_rank,
+                                               excess, shift)
     per_row = refine_cost(width, rows, iterations, held, rank) + 2.0 * width * (held + rank)
-    return dense_cost(width, rows, queries) < build + queries * per_row
+    form = build + queries * per_row
+    return dense_cost(width, rows, queries) < form / ITERATIVE_RATE_SHARE
 
 
 def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
-                  max_rank: int) -> Tuple[int, float, float, int]:
+                  max_rank: int, excess: Optional[float] = None,
+                  shift: float = 0.0) -> Tuple[int, float, float, int]:
     r"""The low-rank form's rank, bound, build cost and refining iterations, forecast before
     it is built from the preconditioner's eigenvalue estimates of :math:`B - I`.
 
@@ -159,22 +181,32 @@ def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
     what a Nyström sketch of rank :math:`r_P + r` of :math:`B - I` holds, so the form's bound
     at rank :math:`r` is forecast as that sketch's residual
     (:func:`~rfgp.inference._cg_forecast.sketch_residual`) on the spectrum continued by its
-    power law (:func:`~rfgp.inference._cg_forecast.spectrum_at`); the rank doubles from
-    :data:`START_RANK` as :meth:`LowRankInverse.build` does. The build costs the sketch's
-    columns and :data:`LANCZOS_STEPS` per doubling, :math:`2 N W` multiply-adds each, and
-    :math:`8 W r^2` for each factorisation. Where the forecast bound exceeds the tolerance,
-    the iterations of a refined row are those of CG on the modelled preconditioned spectrum
-    to a residual :math:`\sqrt{
-ho / \kappa}` (:math:`
-ho` the tolerance,
-    :math:`\kappa` the spectrum's condition number); else 0.
+    power law (:func:`~rfgp.inference._cg_forecast.spectrum_at`). Where the one-pass trace
+    :math:`\mathrm{tr}(E + sI)` (``excess``, :func:`~rfgp.inference._cg_variance.
+    excess_trace`) was measured, the continued spectrum beyond the preconditioner's
+    :math:`r_P` is rescaled to the mass :math:`\mathrm{tr}\,E` it measures (a power law can
+    overstate a spectrum that falls faster many times over), and where that trace is within
+    the tolerance the form is of rank 0 at no further cost. The form sketches :math:`E + sI`
+    (``shift`` :math:`s`, :func:`~rfgp.inference._cg_variance.rounding_shift`), whose
+    neglected part's norm is at least ``s``: ``s`` is added to the forecast bound. The
+    forecast is a model of a smooth spectrum; a few eigenvalues of :math:`E` above it make
+    the form larger than forecast, which the build's own measured bounds show
+    (:func:`keep_building`).
+
+    The rank doubles from :data:`START_RANK` as :meth:`LowRankInverse.build` does. The build
+    costs the sketch's columns and :data:`LANCZOS_STEPS` per doubling, :math:`2 N W`
+    multiply-adds each, and :math:`8 W r^2` for each factorisation. Where the forecast bound
+    exceeds the tolerance, the iterations of a refined row are those of CG on the modelled
+    preconditioned spectrum to a residual :math:`\sqrt{\rho / \kappa}` (:math:`\rho` the
+    tolerance, :math:`\kappa` the spectrum's condition number); else 0.
 
     Args:
         eigenvalues: ``(r_P,)`` the preconditioner's eigenvalue estimates.
         width, rows: ``W`` and ``N``.
-        tolerance: the variance tolerance :math:`
-ho`.
+        tolerance: the variance tolerance :math:`\rho`.
         max_rank: the form's rank cap.
+        excess: the measured :math:`\mathrm{tr}(E + sI)` (default: not measured).
+        shift: :math:`s` (default 0).
 
     Returns:
         ``(rank, bound, multiply_adds, iterations)``.
@@ -187,13 +219,24 @@ ho`.
         >>> rank, bound, _, iterations = forecast_form(slow, 8192, 10**4, 1e-2, 2048)
         >>> rank, bound > 1e-2, iterations > 0
         (2048, True, True)
+        >>> forecast_form(slow, 8192, 10**4, 1e-2, 2048, excess=5e-3)
+        (0, 0.005, 0.0, 0)
     """
+    if excess is not None and excess <= tolerance:
+        return 0, float(excess), 0.0, 0
     held = int(eigenvalues.shape[0])
     spectrum = spectrum_at(eigenvalues, 1.0, width)
+    if excess is not None and held < width:
+        tail = spectrum[held:]
+        mass = max(excess - shift * width, 0.0)
+        modelled = float(tail.sum())
+        spectrum = torch.cat([spectrum[:held], tail * (mass / modelled) if modelled > 0
+                              else torch.full_like(tail, mass / tail.numel())])
+        spectrum = spectrum.sort(descending=True).values
     limit = max(1, min(max_rank, width))
     rank, products, factorisations = min(START_RANK, limit), 0.0, 0.0
     while True:
-        bound = sketch_residual(spectrum, held + rank)
+        bound = sketch_residual(spectrum, held + rank) + shift
         products += LANCZOS_STEPS
         factorisations += 8.0 * width * rank**2
         if bound <= tolerance or rank >= limit:
@@ -206,3 +249,51 @@ ho`.
         condition = float(1.0 / shaped.min()) if shaped.numel() else 1.0
         iterations = cg_iterations_on(shaped, math.sqrt(tolerance / condition))
     return rank, bound, products * 2.0 * rows * width + factorisations, iterations
+
+
+def keep_building(history: List[Tuple[int, float]], tolerance: float, shift: float,
+                  max_rank: int, width: int, rows: int, queries: int) -> bool:
+    r"""Whether a low-rank form's build should go on doubling, from the bounds it measured.
+
+    After two ranks, the bound's excess over the ``shift`` (which no rank removes) is taken
+    to fall by the last doubling's measured factor :math:`q` at every further doubling: the
+    tolerance is reached after :math:`\lceil \log((\rho - s) / (b - s)) / \log q \rceil`
+    more. The build stops where that rank exceeds ``max_rank`` (or :math:`q \ge 1`, or
+    :math:`\rho \le s`), or where the rest of the build (the new sketch columns and
+    :data:`LANCZOS_STEPS` per doubling, ``2 N W`` each, and ``8 W r^2`` per factorisation)
+    costs more time, at :data:`ITERATIVE_RATE_SHARE` of the rate, than forming ``B`` for the
+    ``queries`` rows (:func:`dense_cost`). The form it stopped at still preconditions a
+    refinement, and the dense route is weighed against that (:func:`dense_pays`).
+
+    Args:
+        history: ``(rank, bound)`` of every rank built so far, all above the tolerance.
+        tolerance: :math:`\rho`.
+        shift: :math:`s` (:func:`~rfgp.inference._cg_variance.rounding_shift`).
+        max_rank: the form's rank cap.
+        width, rows, queries: ``W``, ``N`` and the rows asked for.
+
+    Example:
+        >>> slow = [(128, 0.027), (256, 0.0256)]  # 5% a doubling: 1e-2 is out of reach
+        >>> keep_building(slow, 1e-2, 2.8e-3, 2048, 15640, 15641, 1738)
+        False
+        >>> fast = [(128, 0.08), (256, 0.04)]  # halves: 1e-2 at 1024
+        >>> keep_building(fast, 1e-2, 2.8e-3, 2048, 15640, 15641, 1738)
+        True
+    """
+    if len(history) < 2:
+        return True
+    (_, before), (rank, bound) = history[-2], history[-1]
+    if tolerance <= shift or bound <= shift or before <= shift:
+        return False
+    factor = (bound - shift) / (before - shift)
+    if factor >= 1.0:
+        return False
+    doublings = math.ceil(math.log((tolerance - shift) / (bound - shift)) / math.log(factor))
+    limit = max(1, min(max_rank, width))
+    if doublings > math.log2(limit / rank):
+        return False
+    w, remaining = float(width), 0.0
+    for _ in range(doublings):
+        rank *= 2
+        remaining += (rank / 2 + LANCZOS_STEPS) * 2.0 * rows * w + 8.0 * w * rank**2
+    return remaining / ITERATIVE_RATE_SHARE < dense_cost(width, rows, queries)

@@ -11,7 +11,10 @@ features recomputed from its inputs, or kept up to ``cache_bytes``. Memory is
 * latent variances :math:`\phi_*^\top B^{-1} \overline{\phi_*}` and covariances
   :math:`\mathrm{Re}\{\Phi_* B^{-1}\Phi_*^H\}`: by default from a low-rank form of
   :math:`B^{-1}` built once per fit, an upper bound within a stated factor
-  (:mod:`~rfgp.inference._cg_variance`); with ``variance="exact"``, one CG over the query rows;
+  (:mod:`~rfgp.inference._cg_variance`), refined per row by CG where that factor exceeds the
+  tolerance, or from the Cholesky factor of :math:`B` where forming it costs less
+  (:mod:`~rfgp.inference._cg_routes` chooses); with ``variance="exact"``, one CG over the
+  query rows;
 * posterior weight draws by sample-then-optimise,
   :math:`w = B^{-1}(\Phi^H S^{-1}(y + \epsilon) + \xi)`, :math:`\epsilon \sim N(0, S)`,
   :math:`\xi \sim N(0, I)`: Gaussian with mean :math:`B^{-1}\Phi^H S^{-1}y` and covariance
@@ -33,8 +36,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from rfgp.inference._cg_dense import PROBE_ROWS, DenseInverse, dense_first, dense_fits, dense_pays
-from rfgp.inference._cg_variance import LowRankInverse, group_inverses, solved_variances
+from rfgp.inference._cg_routes import VarianceRoutes
+from rfgp.inference._cg_variance import LowRankInverse
 from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
 from rfgp.inference._feature_map import FeatureMap
@@ -104,16 +107,8 @@ class ConjugateGradientSolver(Solver):
         self.iterations = 0
         #: the standard error of the last stochastic log evidence
         self.evidence_standard_error: Optional[float] = None
-        #: per noise group: the low-rank form of B^-1, built at the first variance
-        self._low_rank: Dict[int, LowRankInverse] = {}
-        #: per noise group: a DenseInverse once the dense route paid, False where it cannot
-        #: (memory, precision, a failed factorisation)
-        self._dense: Dict[int, object] = {}
-        #: per noise group: the CG iterations per row a refinement measured
-        self._refine_iterations: Dict[int, int] = {}
-        #: per noise group: the route of the last variances ("lowrank", "refined", "dense",
-        #: "exact")
-        self.variance_routes: Dict[int, str] = {}
+        #: per noise group, the variances' routes and what they built
+        self.routes = VarianceRoutes(self)
 
     @property
     def num_rows(self) -> int:
@@ -230,101 +225,30 @@ class ConjugateGradientSolver(Solver):
         mean = (feats @ self.mean_weights.to(feats.dtype)).real * self.target_scale  # (M, T)
         var, roots = torch.zeros_like(mean), []
         for g, cols in enumerate(self._groups):
-            quad, root = self._group_variances(g, cols[0], feats, want_root)
+            quad, root = self.routes.variances(g, cols[0], feats, want_root)
             var[:, cols] = quad.clamp_min(0).unsqueeze(-1)
             roots.append(None if root is None else root.to(rows.real.dtype))
         return mean.to(rows.real.dtype), var.to(rows.real.dtype), roots
 
-    def _group_variances(self, g: int, column: int, feats: Tensor,
-                         want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """One noise group's variances (and covariance) of the query features ``(M, W)``.
-
-        With ``variance="auto"`` and room for ``B``, before any low-rank form exists, the
-        dense factor is formed at once where it costs less than the form's forecast build and
-        refinement for the rows asked for (:func:`forecast_form`). Otherwise: the low-rank
-        form where its bound meets the tolerance; else (``"auto"``) the dense factor where it
-        pays for these rows (weighed on the iterations a refinement of :data:`PROBE_ROWS`
-        rows measured); else CG per row preconditioned by the form."""
-        if self.settings.variance == "exact":
-            self.variance_routes[g] = "exact"
-            return solved_variances(self, column, feats, want_root)
-        tolerance = self.settings.variance_tolerance
-        rows = max(feats.shape[0], self.expected_rows)
-        auto = self.settings.variance == "auto"
-        dense = self._dense.get(g)
-        if dense is None and auto and g not in self._low_rank and self._dense_first(g, rows):
-            dense = self._dense[g] = DenseInverse.build(self.operator, column) or False
-        if not dense:
-            low = self.low_rank_inverse(g)
-            if low.bound <= tolerance:
-                self.variance_routes[g] = "lowrank"
-                return low.predict(feats, want_root)
-            if dense is None and auto and self._dense_possible():
-                iterations = self._refine_iterations.get(g)
-                if iterations is None and rows > PROBE_ROWS:
-                    record: dict = {}
-                    solved_variances(self, column, feats[:PROBE_ROWS].detach(), False, low,
-                                     tolerance, record)
-                    iterations = self._refine_iterations[g] = record["iterations"]
-                pre = self.preconditioners[g]
-                if iterations is not None and dense_pays(self.operator.width, self._num_rows,
-                                                         rows, iterations, pre.rank, low.rank):
-                    dense = self._dense[g] = DenseInverse.build(self.operator, column) or False
-        if dense:
-            self.variance_routes[g] = "dense"
-            return dense.predict(feats, want_root)
-        self.variance_routes[g] = "refined"
-        record = {}
-        out = solved_variances(self, column, feats, want_root, low, tolerance, record)
-        self._refine_iterations.setdefault(g, record["iterations"])
-        return out
-
-    def _dense_first(self, g: int, rows: int) -> bool:
-        """Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
-        for ``rows`` rows (:func:`~rfgp.inference._cg_dense.dense_first`)."""
-        pre = self.preconditioners[g]
-        if not pre.rank or not self._dense_possible():
-            return False
-        op = self.operator
-        cap = min(self.settings.variance_rank,
-                  rank_memory_cap(op.width, op.vector_dtype, op.device))
-        return dense_first(pre.eigenvalues, op.width, self._num_rows, rows,
-                           self.settings.variance_tolerance, cap)
-
-    def _dense_possible(self) -> bool:
-        r"""Whether ``B`` may be formed: it fits in a quarter of the memory, and its Cholesky
-        factor's relative error (about :math:`\kappa(B)\,\epsilon`, :math:`\kappa(B)` from
-        the preconditioners' top eigenvalues) is a tenth of the variance tolerance."""
-        op = self.operator
-        largest = max((float(p.eigenvalues.max()) for p in self.preconditioners if p.rank),
-                      default=0.0)
-        eps = torch.finfo(op.dtype).eps
-        possible = (dense_fits(op.width, op.vector_dtype, op.device)
-                    and (1.0 + largest) * eps <= 0.1 * self.settings.variance_tolerance)
-        if op.distributed:  # a collective decision: forming B all-reduces it
-            refusals = op.reduce(torch.tensor([0.0 if possible else 1.0], dtype=torch.float64,
-                                              device=op.device))
-            possible = float(refusals) == 0.0
-        return possible
+    @property
+    def variance_routes(self) -> Dict[int, str]:
+        """Per noise group, the route of the last variances (``"lowrank"``, ``"refined"``,
+        ``"dense"`` or ``"exact"``; :mod:`~rfgp.inference._cg_routes`)."""
+        return self.routes.taken
 
     def forget_variances(self) -> None:
-        """Drop the low-rank forms, dense factors and measured iterations (a new fit, noise
-        or dtype)."""
-        self._low_rank = {}
-        self._dense, self._refine_iterations, self.variance_routes = {}, {}, {}
+        """Drop what the variance routes built (a new fit, noise or dtype)."""
+        self.routes.forget()
 
     def low_rank_inverse(self, g: int) -> LowRankInverse:
         """Noise group ``g``'s low-rank :math:`B^{-1}` of the variances, built at its first
         use after a fit (a collective call under ``torch.distributed``)."""
-        if g not in self._low_rank:
-            (self._low_rank[g],) = group_inverses(self.operator, [self._groups[g]],
-                                                  [self.preconditioners[g]], self.settings)
-        return self._low_rank[g]
+        return self.routes.low_rank_inverse(g)
 
     def low_rank_inverses(self) -> List[LowRankInverse]:
         """Per noise group, the low-rank :math:`B^{-1}` of the variances (built where
         missing)."""
-        return [self.low_rank_inverse(g) for g in range(len(self._groups))]
+        return self.routes.low_rank_inverses()
 
     def weight_factors(self, column_noise: Optional[Tensor]) -> List[WeightFactor]:
         raise NotImplementedError(

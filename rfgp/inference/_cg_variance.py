@@ -64,7 +64,10 @@ __all__ = [
     "LowRankInverse",
     "START_RANK",
     "group_inverses",
+    "group_trace",
+    "excess_trace",
     "norm_bound",
+    "rounding_shift",
     "solved_variances",
 ]
 
@@ -156,7 +159,9 @@ class LowRankInverse:
     def build(apply: Callable[[Tensor], Tensor], preconditioner: NystromPreconditioner,
               tolerance: float, max_rank: int, width: Optional[int] = None,
               generator: Optional[torch.Generator] = None,
-              trace: Optional[Tuple[float, float]] = None) -> LowRankInverse:
+              trace: Optional[Tuple[float, float]] = None,
+              proceed: Optional[Callable[[List[Tuple[int, float]]], bool]] = None
+              ) -> LowRankInverse:
         r"""Sketch :math:`E` at rank :data:`START_RANK`, doubling until the bound :math:`\tau`
         is at most ``tolerance`` or the rank reaches ``min(max_rank, W)``.
 
@@ -177,6 +182,9 @@ class LowRankInverse:
             width: ``W`` (default: the preconditioner's).
             generator: of the test vectors, on the CPU (a fixed seed without one).
             trace: ``(t, m)`` as above (default: the Lanczos bound alone).
+            proceed: called with the ``(rank, bound)`` of every rank so far where the bound
+                still exceeds the tolerance below the cap; ``False`` stops the build there
+                (the form keeps its bound, above the tolerance).
         """
         pre = preconditioner
         width = pre.basis.shape[0] if width is None else width
@@ -187,20 +195,13 @@ class LowRankInverse:
         # taken off its eigenvalues. The neglected part F = E + shift I - sketch then bounds
         # E minus the low-rank form from above, and the form is below E + shift I.
         real = dtype.to_real() if dtype.is_complex else dtype
-        largest = 1.0 + (float(pre.eigenvalues.max()) if pre.rank else 0.0)
-        shift = 10 * torch.finfo(real).eps * math.sqrt(width) * largest
+        shift = rounding_shift(pre, width)
 
         def excess(v: Tensor) -> Tensor:  # (E + shift I) v
             w = pre.inverse_sqrt(v)
             return pre.inverse_sqrt(apply(w)) - (1.0 - shift) * v
 
-        # tr(E + shift I), rounded up: the trace's sum to 100 eps of its size
-        total = math.inf
-        if trace is not None:
-            held = float(pre.eigenvalues.double().div(1.0 + pre.eigenvalues.double()).sum()
-                         ) if pre.rank else 0.0
-            eps = torch.finfo(real).eps
-            total = trace[0] - held + shift * width + 100 * eps * (trace[1] + width)
+        total = math.inf if trace is None else excess_trace(pre, trace, width)
 
         def trace_bound(values: Tensor) -> float:
             """tr F, F = E + shift I - sketch >= 0, each sketched eigenvalue rounded up by
@@ -217,6 +218,7 @@ class LowRankInverse:
         sketch = NystromSketch(excess, width, dtype, device, generator)
         limit = max(1, min(max_rank, width))
         rank, bounds = min(START_RANK, limit), 0
+        history: List[Tuple[int, float]] = []
         while True:
             approx = sketch.grow(rank)
             basis, values = approx.basis, approx.eigenvalues
@@ -229,11 +231,56 @@ class LowRankInverse:
             if bound > tolerance:
                 bound = min(bound, norm_bound(neglected, width, dtype, device, generator))
                 bounds += 1
+            history.append((rank, bound))
             if bound <= tolerance or rank >= limit:
+                break
+            if proceed is not None and not proceed(history):
                 break
             rank = min(2 * rank, limit)
         return LowRankInverse(pre, basis, (values - shift).clamp_min(0), bound,
                               sketch.rank + bounds * min(LANCZOS_STEPS, width))
+
+
+def rounding_shift(preconditioner: NystromPreconditioner, width: int) -> float:
+    r"""The shift :math:`10\,\epsilon\sqrt{W}\,(1 + \lambda_1)` that keeps the sketched
+    excess :math:`E + \mathrm{shift}\,I` positive semi-definite under the rounding of
+    :math:`B`'s products (:math:`\lambda_1` the preconditioner's largest eigenvalue,
+    :math:`\epsilon` the unit roundoff of its precision). Every eigenvalue of
+    :math:`E + \mathrm{shift}\,I` is at least the shift, so a form's bound never falls below
+    it.
+
+    Example:
+        >>> pre = NystromPreconditioner(torch.zeros(100, 0, dtype=torch.float64),
+        ...                             torch.zeros(0, dtype=torch.float64))
+        >>> rounding_shift(pre, 100) == 100 * torch.finfo(torch.float64).eps
+        True
+    """
+    dtype = preconditioner.basis.dtype
+    real = dtype.to_real() if dtype.is_complex else dtype
+    largest = 1.0 + (float(preconditioner.eigenvalues.max()) if preconditioner.rank else 0.0)
+    return 10 * torch.finfo(real).eps * math.sqrt(width) * largest
+
+
+def excess_trace(preconditioner: NystromPreconditioner, trace: Tuple[float, float],
+                 width: int) -> float:
+    r""":math:`\mathrm{tr}(E + \mathrm{shift}\,I)`, rounded up, from the one-pass ``trace``
+    :math:`(t, m)` (:meth:`~rfgp.inference._feature_operator.FeatureOperator.
+    preconditioned_trace`): :math:`t - \sum_j \lambda_j / (1 + \lambda_j) +
+    \mathrm{shift}\,W` plus :math:`100\,\epsilon\,(m + W)` for the rounding of the sum.
+
+    Example:
+        >>> pre = NystromPreconditioner(torch.zeros(4, 0, dtype=torch.float64),
+        ...                             torch.zeros(0, dtype=torch.float64))
+        >>> round(excess_trace(pre, (2.0, 3.0), 4), 12)
+        2.0
+    """
+    pre = preconditioner
+    dtype = pre.basis.dtype
+    eps = torch.finfo(dtype.to_real() if dtype.is_complex else dtype).eps
+    held = float(pre.eigenvalues.double().div(1.0 + pre.eigenvalues.double()).sum()
+                 ) if pre.rank else 0.0
+    return (trace[0] - held + rounding_shift(pre, width) * width
+            + 100 * eps * (trace[1] + width))
 
 
 def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dtype,
@@ -304,22 +351,38 @@ def _real_gram(rows: Tensor) -> Tensor:
 
 
 def group_inverses(operator, groups: List[List[int]], preconditioners: List[NystromPreconditioner],
-                   settings) -> List[LowRankInverse]:
+                   settings, traces: Optional[List[Optional[Tuple[float, float]]]] = None,
+                   proceed: Optional[Callable[[List[Tuple[int, float]]], bool]] = None
+                   ) -> List[LowRankInverse]:
     """One :class:`LowRankInverse` per noise group of an iterative solver's ``operator``
     (:class:`~rfgp.inference._feature_operator.FeatureOperator`), at the ``settings``'
     ``variance_tolerance`` and ``variance_rank`` (within a tenth of the device's memory),
-    with the trace bound of one pass over the rows."""
+    with the trace bound of one pass over the rows (:func:`group_trace`; a group's entry of
+    ``traces`` where one was taken already), and ``proceed`` as in
+    :meth:`LowRankInverse.build`."""
     cap = min(settings.variance_rank,
               rank_memory_cap(operator.width, operator.vector_dtype, operator.device))
+    traces = traces or [None] * len(groups)
     out = []
     with torch.no_grad():
-        for cols, pre in zip(groups, preconditioners):
-            weights = pre.eigenvalues / (1.0 + pre.eigenvalues)
-            trace = operator.preconditioned_trace(cols[0], pre.basis, weights)
+        for cols, pre, trace in zip(groups, preconditioners, traces):
+            trace = trace or group_trace(operator, cols[0], pre)
             out.append(LowRankInverse.build(
                 lambda v, col=cols[0]: operator.apply(v, [col] * v.shape[1]), pre,
-                settings.variance_tolerance, cap, operator.width, trace=trace))
+                settings.variance_tolerance, cap, operator.width, trace=trace,
+                proceed=proceed))
     return out
+
+
+def group_trace(operator, column: int, preconditioner: NystromPreconditioner
+                ) -> Tuple[float, float]:
+    """The one-pass trace ``(t, m)`` of :meth:`~rfgp.inference._feature_operator.
+    FeatureOperator.preconditioned_trace` for the noise of target ``column`` (a collective
+    call under ``torch.distributed``)."""
+    pre = preconditioner
+    with torch.no_grad():
+        weights = pre.eigenvalues / (1.0 + pre.eigenvalues)
+        return operator.preconditioned_trace(column, pre.basis, weights)
 
 
 def solved_variances(solver, column: int, rows: Tensor, want_root: bool,

@@ -231,7 +231,7 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         if self._state is None or self._state.solver.name != "cg":
             return None
         solver = self._state.solver
-        low_rank, groups = solver._low_rank, range(len(solver.preconditioners))
+        low_rank, groups = solver.routes.low_rank, range(len(solver.preconditioners))
         return {"iterations": solver.iterations,
                 "preconditioner_ranks": [p.rank for p in solver.preconditioners],
                 "variance_ranks": [low_rank[g].rank if g in low_rank else None for g in groups]

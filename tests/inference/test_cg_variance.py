@@ -15,9 +15,18 @@ import torch
 from gpytorch.kernels import ScaleKernel
 
 from rfgp import RandomFeatureGP
-from rfgp.inference import _cg_solver as cg_solver
-from rfgp.inference._cg_dense import PROBE_ROWS, DenseInverse, dense_pays
+from rfgp.inference import _cg_routes as cg_routes
+from rfgp.inference._cg_dense import (
+    ITERATIVE_RATE_SHARE,
+    PROBE_ROWS,
+    DenseInverse,
+    dense_pays,
+    forecast_form,
+    keep_building,
+)
+from rfgp.inference._cg_routes import VarianceRoutes
 from rfgp.inference._cg_variance import START_RANK, LowRankInverse, norm_bound
+from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
 
@@ -129,7 +138,7 @@ def test_a_small_rank_cap_reports_its_bound_and_refines_each_query_to_the_tolera
         room, monkeypatch):
     # The dense route would answer these 60 rows more cheaply; "lowrank" never forms B, and
     # "auto" does not without room for it.
-    monkeypatch.setattr(cg_solver, "dense_fits", lambda *args: room)
+    monkeypatch.setattr(cg_routes, "dense_fits", lambda *args: room)
     variance = "lowrank" if room else "auto"
     x, y, xt = _data(n=1500)
     make = lambda: _fourier(1024)  # noqa: E731
@@ -168,7 +177,7 @@ def test_the_dense_route_is_exact_with_its_gradient_and_joint_covariance(case, m
     if case == "complex":
         # The sketch's Gram has rank ~20, so one refining iteration per row beats forming B;
         # the route is forced to check the Hermitian factor.
-        monkeypatch.setattr(cg_solver, "dense_pays", lambda *args: True)
+        monkeypatch.setattr(cg_routes, "dense_pays", lambda *args: True)
     exact, fast, xt = _fit_pair(case, **_low_rank_capped())
     q0, q1 = xt.clone().requires_grad_(True), xt.clone().requires_grad_(True)
     std0 = exact.predict(q0, return_std=True)[1]
@@ -188,7 +197,7 @@ def test_the_dense_route_comes_first_where_it_costs_less_than_the_forecast_form(
     # forecast build at rank 8 plus a refinement of every row, so no form is built.
     exact, fast, xt = _fit_pair("real", **_low_rank_capped())
     solver = fast._state.solver
-    assert solver._dense_first(0, xt.shape[0])
+    assert solver.routes.dense_first(0, xt.shape[0])
     var0 = exact.predict(xt, return_std=True)[1].square()
     var1 = fast.predict(xt, return_std=True)[1].square()
     assert fast.cg_info["variance_routes"] == ["dense"]
@@ -203,7 +212,7 @@ def test_a_built_form_weighs_the_dense_route_on_the_rows_asked_for_and_a_refit_d
     assert low.bound > 1e-8
     fast.predict(xt[:PROBE_ROWS], return_std=True)  # too few rows to weigh: refined
     assert fast.cg_info["variance_routes"] == ["refined"]
-    (iterations,) = solver._refine_iterations.values()
+    (iterations,) = solver.routes.refine_iterations.values()
     op, (pre,) = solver.operator, solver.preconditioners
     pays = dense_pays(op.width, solver.num_rows, xt.shape[0], iterations, pre.rank, low.rank)
     fast.predict(xt, return_std=True)
@@ -223,13 +232,13 @@ def test_a_built_form_weighs_the_dense_route_on_the_rows_asked_for_and_a_refit_d
 def test_the_rows_of_a_chunked_prediction_are_weighed_together(monkeypatch):
     # predict() computes 8-row chunks; the decision sees all 60 rows, not 8.
     seen = []
-    original = cg_solver.ConjugateGradientSolver._dense_first
+    original = VarianceRoutes.dense_first
 
     def spy(self, g, rows):
         seen.append(rows)
         return original(self, g, rows)
 
-    monkeypatch.setattr(cg_solver.ConjugateGradientSolver, "_dense_first", spy)
+    monkeypatch.setattr(VarianceRoutes, "dense_first", spy)
     _, fast, xt = _fit_pair("real", **_low_rank_capped())
     fast.predict(xt, return_std=True, chunk_size=8)
     assert seen[0] == xt.shape[0]
@@ -244,15 +253,17 @@ def test_the_dense_route_is_refused_where_float32_cannot_resolve_b():
                          **_low_rank_capped(cg_variance_tolerance=1e-2)).fit(x.float(), y.float())
     (pre,) = gp._state.solver.preconditioners
     assert (1 + float(pre.eigenvalues.max())) * torch.finfo(torch.float32).eps > 1e-3
-    assert not gp._state.solver._dense_possible()
+    assert not gp._state.solver.routes.dense_possible()
     gp.predict(xt.float(), return_std=True)
     assert gp.cg_info["variance_routes"] == ["refined"]
 
 
 def test_dense_pays_compares_the_two_costs():
-    # Forming B costs about N W^2; refining costs 2 N W k per row: dense from M k > W / 2.
-    assert not dense_pays(1000, 10**5, 49, 10)
-    assert dense_pays(1000, 10**5, 60, 10)
+    # Forming B costs about N W^2; refining costs 2 N W k per row at the share s of the
+    # rate: dense from M k > s W / 2 (M > 20 at k = 10 and s = 0.4).
+    rows = ITERATIVE_RATE_SHARE * 1000 / 2 / 10
+    assert not dense_pays(1000, 10**5, int(rows) - 1, 10)
+    assert dense_pays(1000, 10**5, int(rows) + 2, 10)
     assert not dense_pays(1000, 10**5, 10**6, 0)
 
 
@@ -390,3 +401,78 @@ def test_preconditioned_trace_is_the_trace_of_p_inverse_times_the_gram(case):
     expected = torch.diagonal(pre.inverse(gram)).real.sum()
     assert abs(t - float(expected)) <= 1e-10 * float(torch.diagonal(gram).real.sum())
     assert abs(m - float(torch.diagonal(gram).real.sum())) <= 1e-12 * m
+
+
+def test_the_forecast_takes_the_measured_trace_and_the_rounding_shift():
+    # A power law beyond the 512 held eigenvalues holds far more than the measured trace
+    # says; rescaled to the measured mass, the forecast bound at rank r is at most the
+    # k = r_P term of the sketch residual: mass + s + (mass + s W) / r; and no eigenvalue of
+    # E + sI is below s, so neither is the bound.
+    slow = 1e4 / torch.arange(1, 513, dtype=DT)
+    width, rows, tol, cap, shift, mass = 8192, 10**4, 1e-2, 2048, 1e-3, 0.5
+    _, plain, _, _ = forecast_form(slow, width, rows, tol, cap)
+    rank, bound, _, _ = forecast_form(slow, width, rows, tol, cap, mass + shift * width, shift)
+    assert bound < plain
+    assert shift <= bound <= mass + shift + (mass + shift * width) / rank
+    # a measured trace within the tolerance: the form is of rank 0 at no further cost
+    assert forecast_form(slow, width, rows, tol, cap, 0.5 * tol, shift) == (0, 0.5 * tol, 0.0, 0)
+
+
+def test_a_form_the_trace_shows_empty_is_taken_before_b_and_the_trace_pass_runs_once(
+        monkeypatch):
+    # Long lengthscales: the 64-rank preconditioner holds (almost) all of the features'
+    # Gram, so the one-pass trace of E is within the tolerance and the form is of rank 0:
+    # no reason to form B, whatever the rows.
+    calls = []
+    original = FeatureOperator.preconditioned_trace
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(FeatureOperator, "preconditioned_trace", counted)
+    x, y, xt = _data()
+    kernel = FourierFeatureKernel(256, seed=0).double()
+    kernel.lengthscale = 3.0
+    exact = RandomFeatureGP(FourierFeatureKernel(256, seed=0).double(), noise=0.01,
+                            solve="weight")
+    exact.kernel.lengthscale = 3.0
+    exact.fit(x, y)
+    fast = RandomFeatureGP(kernel, noise=0.01, solve="cg", cg_tolerance=TIGHT,
+                           preconditioner_rank=64, cg_variance="auto").fit(x, y)
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    var1 = fast.predict(xt, return_std=True)[1].square()
+    assert fast.cg_info["variance_routes"] == ["lowrank"]
+    assert fast.cg_info["variance_ranks"] == [0]
+    (bound,) = fast.cg_info["variance_bounds"]
+    assert bound <= 1e-2
+    assert len(calls) == 1  # the forecast's trace is the form's
+    ratio = var1 / var0
+    assert float(ratio.min()) >= 1 - SLACK
+    assert float(ratio.max()) <= 1 + bound + SLACK
+
+
+def test_a_build_stops_where_its_measured_bounds_say_it_will_not_pay():
+    # B = I + diag(mu), mu flat at 0.05 over 600 directions: no rank below the width brings
+    # the sketch's bound near 1e-3, and the doublings show it (the bound barely moves).
+    width = 600
+    b = torch.diag(1.0 + torch.full((width,), 0.05, dtype=DT))
+    pre = NystromPreconditioner(torch.zeros(width, 0, dtype=DT), torch.zeros(0, dtype=DT))
+    seen = []
+
+    def proceed(history):
+        seen.append(list(history))
+        return keep_building(history, 1e-3, 0.0, 512, width, 10**4, 100)
+
+    full = LowRankInverse.build(lambda v: b @ v, pre, 1e-3, 512)
+    stopped = LowRankInverse.build(lambda v: b @ v, pre, 1e-3, 512, proceed=proceed)
+    assert full.rank == 512 and full.bound > 1e-3  # the cap, and still above the tolerance
+    assert stopped.rank == 2 * START_RANK  # two ranks measured, then stopped
+    assert [rank for rank, _ in seen[-1]] == [START_RANK, 2 * START_RANK]
+    assert stopped.bound > 1e-3
+    # Its variances remain an upper bound within its (larger) bound.
+    rows = torch.randn(5, width, generator=torch.Generator().manual_seed(0), dtype=DT)
+    exact = ((rows @ torch.linalg.inv(b)) * rows).sum(-1)
+    ratio = stopped.variances(rows) / exact
+    assert float(ratio.min()) >= 1 - 1e-9
+    assert float(ratio.max()) <= 1 + stopped.bound + 1e-9

@@ -1,0 +1,192 @@
+r"""The routes of an iterative solve's predictive variances, per noise group.
+
+A variance :math:`\phi_* B^{-1} \phi_*^H` of a ``solve="cg"`` fit takes one of four routes:
+
+* ``"lowrank"``: the low-rank form of :math:`B^{-1}` (:mod:`~rfgp.inference._cg_variance`),
+  where its bound meets the tolerance;
+* ``"refined"``: CG per query row, preconditioned by the form, where its bound does not;
+* ``"dense"``: the Cholesky factor of :math:`B` (:mod:`~rfgp.inference._cg_dense`), where
+  forming it costs less than either, for the rows of the prediction;
+* ``"exact"``: CG per query row from zero (``cg_variance="exact"``).
+
+:class:`VarianceRoutes` holds what the routes build once per fit (the forms, the dense
+factors, the one-pass traces, the iterations a refinement measured) and chooses between them;
+:meth:`~VarianceRoutes.forget` drops all of it when the fit, its noise or its dtype change.
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp.inference._cg_dense import (
+    PROBE_ROWS,
+    DenseInverse,
+    dense_first,
+    dense_fits,
+    dense_pays,
+    keep_building,
+)
+from rfgp.inference._cg_variance import (
+    LowRankInverse,
+    excess_trace,
+    group_inverses,
+    group_trace,
+    rounding_shift,
+    solved_variances,
+)
+from rfgp.inference._nystrom import rank_memory_cap
+
+__all__ = ["VarianceRoutes"]
+
+
+class VarianceRoutes:
+    """The variance routes of one :class:`~rfgp.inference._cg_solver.ConjugateGradientSolver`
+    (its ``operator``, ``settings``, ``preconditioners``, noise groups and rows).
+
+    Args:
+        solver: the fitted iterative solver whose variances are asked for.
+
+    Example:
+        >>> from rfgp import RandomFeatureGP
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> x = torch.rand(200, 2, dtype=torch.float64)
+        >>> gp = RandomFeatureGP(FourierFeatureKernel(128, seed=0).double(), noise=0.01,
+        ...                      solve="cg").fit(x, torch.sin(6 * x[:, 0]))
+        >>> _ = gp.predict(x[:5], return_std=True)
+        >>> gp._state.solver.routes.taken[0] in ("lowrank", "refined", "dense")
+        True
+    """
+
+    def __init__(self, solver) -> None:
+        self.solver = solver
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the low-rank forms, dense factors, traces and measured iterations (a new fit,
+        noise or dtype)."""
+        #: per noise group: the low-rank form of B^-1, built at the first variance
+        self.low_rank: Dict[int, LowRankInverse] = {}
+        #: per noise group: a DenseInverse once the dense route paid, False where it cannot
+        #: (memory, precision, a failed factorisation)
+        self.dense: Dict[int, object] = {}
+        #: per noise group: the CG iterations per row a refinement measured
+        self.refine_iterations: Dict[int, int] = {}
+        #: per noise group: the one-pass trace (t, m) the forecast took, kept for the form
+        self.traces: Dict[int, Tuple[float, float]] = {}
+        #: per noise group: the route of the last variances
+        self.taken: Dict[int, str] = {}
+
+    def variances(self, g: int, column: int, feats: Tensor,
+                  want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """Noise group ``g``'s variances (and covariance) of the query features ``(M, W)``.
+
+        With ``variance="auto"`` and room for ``B``, before any low-rank form exists, the
+        dense factor is formed at once where it costs less than the form's forecast build and
+        refinement for the rows asked for (:meth:`dense_first`). Otherwise: the low-rank form
+        where its bound meets the tolerance; else (``"auto"``) the dense factor where it pays
+        for these rows (weighed on the iterations a refinement of
+        :data:`~rfgp.inference._cg_dense.PROBE_ROWS` rows measured); else CG per row
+        preconditioned by the form."""
+        solver, settings = self.solver, self.solver.settings
+        if settings.variance == "exact":
+            self.taken[g] = "exact"
+            return solved_variances(solver, column, feats, want_root)
+        tolerance = settings.variance_tolerance
+        rows = max(feats.shape[0], solver.expected_rows)
+        auto = settings.variance == "auto"
+        dense = self.dense.get(g)
+        if dense is None and auto and g not in self.low_rank and self.dense_first(g, rows):
+            dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
+        if not dense:
+            possible = dense is None and auto and self.dense_possible()
+            low = self.low_rank_inverse(g, rows if possible else None)
+            if low.bound <= tolerance:
+                self.taken[g] = "lowrank"
+                return low.predict(feats, want_root)
+            if possible:
+                iterations = self.refine_iterations.get(g)
+                if iterations is None and rows > PROBE_ROWS:
+                    record: dict = {}
+                    solved_variances(solver, column, feats[:PROBE_ROWS].detach(), False, low,
+                                     tolerance, record)
+                    iterations = self.refine_iterations[g] = record["iterations"]
+                pre = solver.preconditioners[g]
+                if iterations is not None and dense_pays(solver.operator.width,
+                                                         solver.num_rows, rows, iterations,
+                                                         pre.rank, low.rank):
+                    dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
+        if dense:
+            self.taken[g] = "dense"
+            return dense.predict(feats, want_root)
+        self.taken[g] = "refined"
+        record = {}
+        out = solved_variances(solver, column, feats, want_root, low, tolerance, record)
+        self.refine_iterations.setdefault(g, record["iterations"])
+        return out
+
+    def dense_first(self, g: int, rows: int) -> bool:
+        """Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
+        for ``rows`` rows (:func:`~rfgp.inference._cg_dense.dense_first`), on the
+        preconditioner's eigenvalues and the one-pass trace of the excess (kept: the form
+        needs it anyway)."""
+        solver = self.solver
+        pre = solver.preconditioners[g]
+        if not pre.rank or not self.dense_possible():
+            return False
+        op = solver.operator
+        cap = min(solver.settings.variance_rank,
+                  rank_memory_cap(op.width, op.vector_dtype, op.device))
+        trace = self.traces[g] = group_trace(op, solver.groups()[g][0], pre)
+        return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows,
+                           solver.settings.variance_tolerance, cap,
+                           excess_trace(pre, trace, op.width), rounding_shift(pre, op.width))
+
+    def dense_possible(self) -> bool:
+        r"""Whether ``B`` may be formed: it fits in a quarter of the memory, and its Cholesky
+        factor's relative error (about :math:`\kappa(B)\,\epsilon`, :math:`\kappa(B)` from
+        the preconditioners' top eigenvalues) is a tenth of the variance tolerance."""
+        solver = self.solver
+        op = solver.operator
+        largest = max((float(p.eigenvalues.max()) for p in solver.preconditioners if p.rank),
+                      default=0.0)
+        eps = torch.finfo(op.dtype).eps
+        possible = (dense_fits(op.width, op.vector_dtype, op.device)
+                    and (1.0 + largest) * eps <= 0.1 * solver.settings.variance_tolerance)
+        if op.distributed:  # a collective decision: forming B all-reduces it
+            refusals = op.reduce(torch.tensor([0.0 if possible else 1.0], dtype=torch.float64,
+                                              device=op.device))
+            possible = float(refusals) == 0.0
+        return possible
+
+    def low_rank_inverse(self, g: int, queries: Optional[int] = None) -> LowRankInverse:
+        """Noise group ``g``'s low-rank :math:`B^{-1}` of the variances, built at its first
+        use after a fit (a collective call under ``torch.distributed``). With ``queries``
+        (the rows asked for, where the dense route is open), the build stops at the rank
+        where its measured bounds show it will not pay (:func:`~rfgp.inference._cg_dense.
+        keep_building`)."""
+        if g not in self.low_rank:
+            solver = self.solver
+            pre, op = solver.preconditioners[g], solver.operator
+            proceed = None
+            if queries is not None:
+                cap = min(solver.settings.variance_rank,
+                          rank_memory_cap(op.width, op.vector_dtype, op.device))
+                shift = rounding_shift(pre, op.width)
+
+                def proceed(history, cap=cap, shift=shift) -> bool:
+                    return keep_building(history, solver.settings.variance_tolerance, shift,
+                                         cap, op.width, solver.num_rows, queries)
+
+            (self.low_rank[g],) = group_inverses(op, [solver.groups()[g]], [pre],
+                                                 solver.settings, [self.traces.get(g)],
+                                                 proceed)
+        return self.low_rank[g]
+
+    def low_rank_inverses(self) -> List[LowRankInverse]:
+        """Per noise group, the low-rank :math:`B^{-1}` (built where missing)."""
+        return [self.low_rank_inverse(g) for g in range(len(self.solver.preconditioners))]
