@@ -152,6 +152,7 @@ def rfgp_fit(xtr, ytr, xte, seed, budget_factor=1.0, **options):
                               **options)
     info = {"D": clf.kernel.base_kernel.num_features, "budget": budget,
             "scale factor": report.calibration["factor"], "alpha": clf.alpha_epsilon,
+            "temperature": round(clf.temperature, 4),
             "search paths": report.schedule.settings["search_paths"],
             "seconds": {stage: round(took, 1) for stage, took in report.seconds.items()},
             "predicted": {stage: round(took, 1)

@@ -367,8 +367,8 @@ def test_classifier_predict_log_proba_is_the_log_space_path(proba_method):
     clf = RandomFeatureGPClassifier(num_features=32, proba_method=proba_method,
                                     mc_samples=200, random_state=0).fit(X, y)
     log_proba = clf.predict_log_proba(X[:10])
-    post = clf.classifier_.latent_posterior(torch.tensor(X[:10]))
-    expected = softmax_expectation(post.mean, post.variance, proba_method, 200,
+    mean, variance = clf.classifier_.probability_moments(torch.tensor(X[:10]))
+    expected = softmax_expectation(mean, variance, proba_method, 200,
                                    torch.Generator().manual_seed(clf._draw_seed), log=True)
     np.testing.assert_allclose(log_proba, expected.numpy(), rtol=1e-12)
     np.testing.assert_allclose(np.exp(log_proba), clf.predict_proba(X[:10]), rtol=1e-12)

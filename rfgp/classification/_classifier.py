@@ -83,6 +83,12 @@ class DirichletGPClassifier:
         outputscale: ``"auto"`` or a positive float (the kernel variance :math:`s^2`).
         num_samples: default Monte Carlo samples of :meth:`predict_proba`.
         seed: seed of the Monte Carlo draws (``None``: the global RNG).
+        temperature: :math:`T` of the probabilities :math:`\mathbb{E}[\mathrm{softmax}(f /
+            T)]` (default 1, the model's own map); :func:`rfgp.classification.
+            fit_classifier_auto` chooses it by the held-out NLL. ``T < 1`` sharpens the
+            probabilities: the Dirichlet transform caps the latent means a fit can reach
+            (two classes at ``alpha_epsilon = 0.1``: a top probability of about 0.96), which
+            a temperature lifts where held-out rows show it.
         **solver_kwargs: passed to :class:`rfgp.RandomFeatureGP` (``complex_posterior``,
             ``solve`` = ``"auto"``/``"weight"``/``"function"``, ``jitter``); the exact path
             takes ``jitter`` only.
@@ -120,6 +126,7 @@ class DirichletGPClassifier:
         outputscale: Union[str, float] = "auto",
         num_samples: int = 1000,
         seed: Optional[int] = None,
+        temperature: float = 1.0,
         **solver_kwargs: Any,
     ) -> None:
         if not isinstance(kernel, Kernel):
@@ -140,6 +147,7 @@ class DirichletGPClassifier:
         if seed is not None:
             seed = check_int("seed", seed, minimum=None)
         self.seed = seed
+        self.temperature = temperature
         self.solver_kwargs = solver_kwargs
         self.likelihood: Optional[DirichletLikelihood] = None
         self.gp: Any = None
@@ -157,6 +165,7 @@ class DirichletGPClassifier:
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state.setdefault("_temperature", 1.0)  # pickled before the temperature existed
         classes = state.get("classes_")
         if isinstance(classes, tuple) and classes and classes[0] == _NUMPY_CLASSES:
             state["classes_"] = torch.from_numpy(classes[1]).to(classes[2])
@@ -166,6 +175,17 @@ class DirichletGPClassifier:
     def is_random_feature(self) -> bool:
         """Whether the kernel is a random-feature kernel (else the exact GP is used)."""
         return isinstance(base_kernel(self.kernel), RandomFeatureKernel)
+
+    @property
+    def temperature(self) -> float:
+        r"""The temperature :math:`T` of the probabilities :math:`\mathbb{E}[\mathrm{softmax}(f
+        / T)]` (a finite real ``> 0``; 1 is the model's own map). It changes the probabilities
+        only, not the posterior: set it after a fit without refitting."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_positive("temperature", value)
 
     def _settings(self) -> tuple:
         return (self.alpha_epsilon, self.centre, self.outputscale, self.num_classes)
@@ -291,6 +311,14 @@ class DirichletGPClassifier:
         mean, var = self._latent_moments(x)
         return torch.distributions.Normal(mean, var.clamp_min(0.0).sqrt(), validate_args=False)
 
+    def probability_moments(self, x: Any) -> Tuple[Tensor, Tensor]:
+        r"""Mean and variance ``(M, C)`` of :math:`f(x) / T`, whose softmax's expectation
+        the probabilities are (:attr:`temperature` :math:`T`; the latent posterior's
+        moments over :math:`T` and :math:`T^2`)."""
+        mean, var = self._latent_moments(x)
+        t = self._temperature
+        return (mean, var) if t == 1.0 else (mean / t, var / (t * t))
+
     # -------------------------------------------------------------- prediction
     def predict_proba(
         self,
@@ -300,7 +328,8 @@ class DirichletGPClassifier:
         generator: Optional[torch.Generator] = None,
         log: bool = False,
     ) -> Tensor:
-        r"""Class probabilities :math:`\mathbb{E}[\mathrm{softmax}(f(x))]`.
+        r"""Class probabilities :math:`\mathbb{E}[\mathrm{softmax}(f(x) / T)]`, :math:`T` the
+        :attr:`temperature`.
 
         Args:
             x: ``(M, d)`` inputs (``M = 0`` gives a ``(0, C)`` result).
@@ -315,7 +344,7 @@ class DirichletGPClassifier:
             ``(M, C)`` probabilities (rows sum to one), columns in the order of ``classes_``.
         """
         check_choice("method", method, PROBA_METHODS)
-        mean, var = self._latent_moments(x)
+        mean, var = self.probability_moments(x)
         if generator is None and self.seed is not None:
             generator = torch.Generator(device=mean.device).manual_seed(self.seed)
         return softmax_expectation(

@@ -29,7 +29,7 @@ z^\top z - \|L_c^{-1} k\|^2)` with :math:`L_c L_c^\top = K + S_c` and :math:`k =
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import torch
 from gpytorch.kernels import ScaleKernel
@@ -159,6 +159,14 @@ class HeldOutStatistics:
         outputscale factor ``factor`` (a float64 scalar): the mean of :meth:`row_nll`."""
         return self.row_nll(alpha, factor).mean()
 
+    def moments(self, alpha: float, factor: float = 1.0) -> Tuple[Tensor, Tensor]:
+        """The latent means and variances ``(N_v, C)`` on the validation rows at ``alpha``
+        and outputscale factor ``factor`` (one Cholesky factor per class)."""
+        with torch.no_grad():
+            if "kernel_matrix" in self.parts:
+                return self._function_space(alpha, factor)
+            return self._weight_space(alpha, factor)
+
     def row_nll(self, alpha: float, factor: float = 1.0) -> Tensor:
         r"""The negative log probability of the true class on each validation row,
         :math:`-\log p(y_n \mid x_n)`, at ``alpha`` and outputscale factor ``factor``:
@@ -176,11 +184,7 @@ class HeldOutStatistics:
             >>> rows.shape, bool(rows.mean() == s.nll(0.01, 2.0))
             (torch.Size([20]), True)
         """
-        with torch.no_grad():
-            if "kernel_matrix" in self.parts:
-                means, variances = self._function_space(alpha, factor)
-            else:
-                means, variances = self._weight_space(alpha, factor)
+        means, variances = self.moments(alpha, factor)
         log_proba = softmax_expectation(means, variances, method="mean_field", log=True)
         return -log_proba.gather(1, self.labels_valid.reshape(-1, 1)).squeeze(1)
 

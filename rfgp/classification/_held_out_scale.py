@@ -86,17 +86,19 @@ class ScaleChoice:
 
 def held_out_scale_cost(train_rows: int, validation_rows: int, num_features: int,
                         num_classes: int) -> float:
-    r"""Multiply-adds of :func:`held_out_scale` as the cost model expects it:
-    :data:`SCALE_EVALUATIONS` held-out NLLs on the Gram matrices the choice already holds, each
-    a Cholesky factor and the validation variances per class (:math:`C (D^3/3 + N_v D^2)`, or
-    ``N_t`` in place of ``D`` on fewer training rows than features).
+    r"""Multiply-adds of :func:`held_out_scale` and the temperature's choice after it as the
+    cost model expects them: :data:`SCALE_EVALUATIONS` held-out NLLs on the Gram matrices the
+    choice already holds and one more for the latent moments the temperature is chosen on,
+    each a Cholesky factor and the validation variances per class
+    (:math:`C (D^3/3 + N_v D^2)`, or ``N_t`` in place of ``D`` on fewer training rows than
+    features).
 
     Example:
-        >>> held_out_scale_cost(1000, 100, 64, 3) == 8 * 3 * (64**3 / 3 + 100 * 64**2)
+        >>> held_out_scale_cost(1000, 100, 64, 3) == 9 * 3 * (64**3 / 3 + 100 * 64**2)
         True
     """
     args = (train_rows, validation_rows, num_features, num_classes)
-    return held_out_cost(*args, SCALE_EVALUATIONS) - held_out_cost(*args, 0)
+    return held_out_cost(*args, SCALE_EVALUATIONS + 1) - held_out_cost(*args, 0)
 
 
 def paired_standard_error(rows: Tensor, other: Tensor) -> float:

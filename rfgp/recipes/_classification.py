@@ -50,6 +50,7 @@ from rfgp.classification._calibration import (
 from rfgp.classification._classifier import DirichletGPClassifier
 from rfgp.classification._held_out import held_out_cost, held_out_statistics
 from rfgp.classification._held_out_scale import held_out_scale, held_out_scale_cost
+from rfgp.classification._held_out_temperature import held_out_temperature
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.classification._selection import ALPHA_GRID
 from rfgp.inference import (
@@ -245,11 +246,17 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     transformed targets is the density of their Gaussian stand-ins, not the predictive
     probability of the labels that the classifier is judged by and that chose ``D`` and
     ``alpha``; on MAGIC the evidence's factor was 0.16 and the model it returned was not the
-    one the choice had scored. Last, the classifier is fitted on all rows at the chosen
-    ``(D, alpha, a)``. ``select_alpha=False`` keeps ``alpha_epsilon`` and the schedule's
-    ``D``, and the outputscale is the final model's own evidence's (the factor on the search's
-    outputscale that maximises :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`,
-    exactly). The noise is the transform's.
+    one the choice had scored. At that ``(D, alpha, a)`` the held-out NLL then chooses the
+    probabilities' temperature :math:`T` (:math:`\mathbb{E}[\mathrm{softmax}(f/T)]`, the same
+    search and stopping rule on the validation rows' latent moments, computed once;
+    :func:`~rfgp.classification._held_out_temperature.held_out_temperature`): the Dirichlet
+    transform caps the latent means a fit reaches (on MAGIC the top bin's probabilities stayed
+    at 0.957 where its rows were 0.987 of one class), and no outputscale or ``alpha`` removes
+    that cap without moving the plateau with it. Last, the classifier is fitted on all rows
+    at the chosen ``(D, alpha, a)`` and given ``T``. ``select_alpha=False`` keeps
+    ``alpha_epsilon``, the schedule's ``D`` and ``T = 1``, and the outputscale is the final
+    model's own evidence's (the factor on the search's outputscale that maximises
+    :math:`\sum_c \log N(\tilde y_c; 0, a s^2 K + S_c)`, exactly). The noise is the transform's.
 
     Args:
         x: ``(N, d)`` float32 or float64 inputs (no scaling needed).
@@ -268,7 +275,8 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
         model's ``negative_log_evidence`` per datum and class; its ``choice`` the held-out
         NLL of every ``(D, alpha)`` and the pair chosen (also the classifier's
         ``selection_``), the ``outputscale_factor``, its ``scaled_nll`` and the
-        ``scale_evaluations`` (factor: NLL).
+        ``scale_evaluations`` (factor: NLL), the ``temperature``, its ``temperature_nll``
+        and the ``temperature_evaluations`` (temperature: NLL).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -301,6 +309,7 @@ class _Dirichlet:
     alpha_epsilon: Optional[float] = None
     selection: Tuple[Dict[str, Any], ...] = ()
     outputscale_factor: Optional[float] = None
+    temperature: Optional[float] = None
 
 
 def _prepare(x: Any, labels: Any, opts: ClassifierOptions,
@@ -430,16 +439,22 @@ def _choose(data: RecipeData, state: _Dirichlet, report: ClassifierFitReport) ->
     best = int(torch.argmin(scores.reshape(-1)))  # the first of equal minima
     size, alpha = rungs[best // len(ALPHA_GRID)], ALPHA_GRID[best % len(ALPHA_GRID)]
     scale = held_out_scale(kept[1], alpha, at_one=kept[2][best % len(ALPHA_GRID)])
+    with torch.no_grad():
+        means, variances = kept[1].moments(alpha, scale.factor)
+    temperature = held_out_temperature(means, variances, kept[1].labels_valid)
     rows = tuple({"num_features": rung, "alpha_epsilon": grid_alpha,
                   "mnll": float(table[i, j]), "selected": i * len(ALPHA_GRID) + j == best}
                  for i, rung in enumerate(rungs) for j, grid_alpha in enumerate(ALPHA_GRID))
     report.choice = {"features": rungs, "alphas": ALPHA_GRID, "nll": table,
                      "num_features": size, "alpha_epsilon": alpha,
                      "validation_rows": held, "outputscale_factor": scale.factor,
-                     "scaled_nll": scale.nll, "scale_evaluations": scale.evaluations}
+                     "scaled_nll": scale.nll, "scale_evaluations": scale.evaluations,
+                     "temperature": temperature.temperature,
+                     "temperature_nll": temperature.nll,
+                     "temperature_evaluations": temperature.evaluations}
     report.num_features = size
     return replace(state, num_features=size, alpha_epsilon=alpha, selection=rows,
-                   outputscale_factor=scale.factor)
+                   outputscale_factor=scale.factor, temperature=temperature.temperature)
 
 
 def _refit(data: RecipeData, state: _Dirichlet,
@@ -463,6 +478,8 @@ def _refit(data: RecipeData, state: _Dirichlet,
                                   "outputscale": model.kernel.outputscale.detach().clone(),
                                   "held_out_nll": report.choice["scaled_nll"]}
         model.fit(data.x_data, state.labels)
+    if state.temperature is not None:  # chosen last by the held-out NLL
+        model.temperature = state.temperature
     return model
 
 

@@ -40,10 +40,11 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     The labels become ``C`` regression problems on the Dirichlet-transformed targets
     (Milios et al., 2018) with a fixed noise per point and class, solved in closed form by
     :class:`rfgp.DirichletGPClassifier` with a random-feature kernel. The class probabilities
-    are :math:`p_c(x) = \mathbb{E}[\mathrm{softmax}(f(x))_c]` under the latent posterior
-    :math:`f_c(x) \sim N(\mu_c(x), v_c(x))`; with ``proba_method="mc"`` a fixed set of
-    ``mc_samples`` standard normal draws is shared by all rows, so the probabilities of a
-    point do not depend on the other rows of ``X``.
+    are :math:`p_c(x) = \mathbb{E}[\mathrm{softmax}(f(x) / T)_c]` under the latent posterior
+    :math:`f_c(x) \sim N(\mu_c(x), v_c(x))`, :math:`T` the fitted classifier's ``temperature``
+    (the recipe chooses it by the held-out NLL; 1 otherwise); with ``proba_method="mc"`` a
+    fixed set of ``mc_samples`` standard normal draws is shared by all rows, so the
+    probabilities of a point do not depend on the other rows of ``X``.
 
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
     rfgp's classification recipe, :func:`rfgp.fit_classifier_auto`, with the same options
@@ -200,12 +201,12 @@ class RandomFeatureGPClassifier(ClassifierMixin, BaseEstimator):
     def _probabilities(self, X: Any, log: bool) -> np.ndarray:
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        post = self.classifier_.latent_posterior(as_tensor(X))
+        mean, variance = self.classifier_.probability_moments(as_tensor(X))
         # Monte Carlo draws from a fixed seed are shared by all rows: a row's probabilities do
         # not depend on the other rows of X.
         generator = torch.Generator().manual_seed(self._draw_seed)
         proba = softmax_expectation(
-            post.mean, post.variance, method=self.proba_method,
+            mean, variance, method=self.proba_method,
             num_samples=int(self.mc_samples), generator=generator, log=log,
         )
         return proba.numpy()
