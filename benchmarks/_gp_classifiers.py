@@ -80,12 +80,12 @@ def svgp(xtr, ytr, xte, num_classes, num_inducing, seed, quick):
     return torch.cat(out).numpy(), {"M": z.shape[0], "epochs": epochs, "elbo": -best}
 
 
-def exact_dirichlet(xtr, ytr, xte, num_classes, seed, quick):
-    """GPyTorch's exact Dirichlet GP classifier on at most ``EXACT_MAX`` training rows."""
+def exact_dirichlet(xtr, ytr, xte, num_classes, seed, quick, max_rows=EXACT_MAX):
+    """GPyTorch's exact Dirichlet GP classifier on at most ``max_rows`` training rows."""
     import gpytorch
     from gpytorch.likelihoods import DirichletClassificationLikelihood
 
-    rows = min(EXACT_MAX, int(math.sqrt(EXACT_MAX_ENTRIES / num_classes)))
+    rows = min(max_rows, int(math.sqrt(EXACT_MAX_ENTRIES / num_classes)))
     if xtr.shape[0] > rows:
         g = torch.Generator().manual_seed(seed)
         keep = torch.randperm(xtr.shape[0], generator=g)[:rows]

@@ -38,8 +38,9 @@ Methods, each as a user would run it:
 * ``exact Dirichlet GP``: GPyTorch ``ExactGP`` with ``DirichletClassificationLikelihood``
   (``C`` batched GPs, ``ScaleKernel(RBFKernel(ARD))``), Adam (lr 0.1) for 50 steps on the
   exact marginal likelihood, probabilities from 256 posterior draws of the latents; on at
-  most 10,000 training rows (a random subsample of larger training sets), and at most
-  ``sqrt(5e8 / C)`` (4,385 on letter) so that the ``C`` kernel matrices fit in 4 GB.
+  most 10,000 training rows (``--exact-rows``; a random subsample of larger training sets),
+  and at most ``sqrt(5e8 / C)`` (4,385 on letter) so that the ``C`` kernel matrices fit in
+  4 GB.
 * scikit-learn ``LogisticRegression`` (``max_iter=1000``), ``MLPClassifier`` (defaults,
   ``max_iter=500``) and ``HistGradientBoostingClassifier`` (defaults), ``random_state`` =
   split.
@@ -79,7 +80,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _gp_classifiers import exact_dirichlet, svgp  # noqa: E402
+from _gp_classifiers import EXACT_MAX, exact_dirichlet, svgp  # noqa: E402
 from _harness import Records, grouped, mean_spread, run_missing, timed  # noqa: E402
 from _pages import write_page as write_kept  # noqa: E402
 
@@ -179,7 +180,7 @@ def sklearn_fit(method, xtr, ytr, xte, seed):
     return probs, {}
 
 
-def run_method(method, xtr, ytr, xte, num_classes, seed, quick):
+def run_method(method, xtr, ytr, xte, num_classes, seed, quick, exact_rows=EXACT_MAX):
     if method == "rfgp default":
         return rfgp_fit(xtr, ytr, xte, seed)
     if method == "rfgp 4x budget":
@@ -194,7 +195,7 @@ def run_method(method, xtr, ytr, xte, num_classes, seed, quick):
         m = int(method.split()[1])
         return svgp(xtr, ytr, xte, num_classes, m // 16 if quick else m, seed, quick)
     if method == "exact Dirichlet GP":
-        return exact_dirichlet(xtr, ytr, xte, num_classes, seed, quick)
+        return exact_dirichlet(xtr, ytr, xte, num_classes, seed, quick, exact_rows)
     return sklearn_fit(method, xtr, ytr, xte, seed)
 
 
@@ -220,7 +221,8 @@ def run(args, records: Records) -> None:
         xtr, ytr, xte, yte = data[name, split]
         num_classes = len(UCI_CLASSIFICATION_DATASETS[name].classes)
         (probs, info), seconds = timed(
-            lambda: run_method(method, xtr, ytr, xte, num_classes, split, args.quick))
+            lambda: run_method(method, xtr, ytr, xte, num_classes, split, args.quick,
+                               args.exact_rows))
         row = {**task, "n_train": xtr.shape[0], "n_test": xte.shape[0], "d": xtr.shape[1],
                "classes": num_classes, "time": seconds, "threads": args.threads,
                "quick": args.quick, **scores(probs, yte.numpy()), "info": info}
@@ -343,6 +345,8 @@ def main(argv=None) -> None:
                         help="the paper's fixed-D runs (D = d, 3d, 5d) on MAGIC and adult")
     parser.add_argument("--splits", type=int, default=SPLITS)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--exact-rows", type=int, default=EXACT_MAX,
+                        help="most training rows of the exact Dirichlet GP (a random subsample)")
     parser.add_argument("--quick", action="store_true",
                         help="every method on a small subsample, one split, to a temp dir")
     parser.add_argument("--page-only", action="store_true")
