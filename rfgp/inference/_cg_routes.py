@@ -38,8 +38,8 @@ from rfgp.inference._cg_variance import (
     group_trace,
     rounding_shift,
     solved_variances,
+    variance_rank_cap,
 )
-from rfgp.inference._nystrom import rank_memory_cap
 
 __all__ = ["VarianceRoutes"]
 
@@ -139,8 +139,7 @@ class VarianceRoutes:
         if not pre.rank or not self.dense_possible():
             return False
         op = solver.operator
-        cap = min(solver.settings.variance_rank,
-                  rank_memory_cap(op.width, op.vector_dtype, op.device))
+        cap = variance_rank_cap(op, solver.settings)
         trace = self.traces[g] = group_trace(op, solver.groups()[g][0], pre)
         return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows,
                            solver.settings.variance_tolerance, cap,
@@ -174,8 +173,7 @@ class VarianceRoutes:
             pre, op = solver.preconditioners[g], solver.operator
             proceed = None
             if queries is not None:
-                cap = min(solver.settings.variance_rank,
-                          rank_memory_cap(op.width, op.vector_dtype, op.device))
+                cap = variance_rank_cap(op, solver.settings)
                 shift = rounding_shift(pre, op.width)
 
                 def proceed(history, cap=cap, shift=shift) -> bool:

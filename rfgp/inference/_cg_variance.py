@@ -68,6 +68,7 @@ __all__ = [
     "excess_trace",
     "norm_bound",
     "rounding_shift",
+    "variance_rank_cap",
     "solved_variances",
 ]
 
@@ -360,8 +361,7 @@ def group_inverses(operator, groups: List[List[int]], preconditioners: List[Nyst
     with the trace bound of one pass over the rows (:func:`group_trace`; a group's entry of
     ``traces`` where one was taken already), and ``proceed`` as in
     :meth:`LowRankInverse.build`."""
-    cap = min(settings.variance_rank,
-              rank_memory_cap(operator.width, operator.vector_dtype, operator.device))
+    cap = variance_rank_cap(operator, settings)
     traces = traces or [None] * len(groups)
     out = []
     with torch.no_grad():
@@ -372,6 +372,13 @@ def group_inverses(operator, groups: List[List[int]], preconditioners: List[Nyst
                 settings.variance_tolerance, cap, operator.width, trace=trace,
                 proceed=proceed))
     return out
+
+
+def variance_rank_cap(operator, settings) -> int:
+    """The low-rank form's rank cap: the ``settings``' ``variance_rank``, within a tenth of
+    the ``operator``'s device memory (:func:`~rfgp.inference._nystrom.rank_memory_cap`)."""
+    return min(settings.variance_rank,
+               rank_memory_cap(operator.width, operator.vector_dtype, operator.device))
 
 
 def group_trace(operator, column: int, preconditioner: NystromPreconditioner

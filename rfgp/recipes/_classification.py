@@ -48,51 +48,37 @@ from rfgp.classification._calibration import (
     maximize_outputscale_evidence,
 )
 from rfgp.classification._classifier import DirichletGPClassifier
-from rfgp.classification._held_out import held_out_cost, held_out_statistics
-from rfgp.classification._held_out_scale import held_out_scale, held_out_scale_cost
+from rfgp.classification._held_out import held_out_statistics
+from rfgp.classification._held_out_scale import held_out_scale
 from rfgp.classification._held_out_temperature import held_out_temperature
 from rfgp.classification._inputs import check_inputs, encode_labels
 from rfgp.classification._selection import ALPHA_GRID
 from rfgp.inference import (
-    MAX_WEIGHT_FEATURES,
-    WARM_UP_STEPS,
     ConvergenceWarning,
     EvidenceObjective,
-    classifier_fit_cost,
     dirichlet_objective,
-    feature_evidence_cost,
-    largest_features_within,
     search_evidence,
     search_two_paths,
 )
 from rfgp.likelihoods import DirichletLikelihood
+from rfgp.recipes._classifier_plan import (
+    feature_ladder,
+    plan_choice,
+    plan_final_share,
+    plan_refine,
+    plan_search,
+    validation_rows,
+)
 from rfgp.recipes._options import ClassifierOptions
 from rfgp.recipes._schedule import (
-    FINAL_SHARE,
-    MIN_FEATURES,
-    SEARCH_EVALUATIONS,
-    Plan,
     Schedule,
-    default_budget,
     plan_stages,
-    refinement_rows,
 )
 from rfgp.recipes._search import record_search
 from rfgp.recipes._stage import RecipeData, Stage, StageTimer
 from rfgp.recipes._start import make_ard_kernel
 
 __all__ = ["feature_ladder", "fit_classifier_auto", "plan_classifier", "validation_rows"]
-
-
-#: Share of the budget the held-out choice of ``D`` and ``alpha_epsilon`` may take (its
-#: ladder of feature counts is cut from the top until it fits).
-CHOICE_SHARE = 0.3
-#: Share of the budget the search's two paths may take together; where they do not fit, the
-#: search takes the direct path alone.
-TWO_PATH_SHARE = 0.2
-#: Share of the rows held out for the choice, and the most rows held out.
-VALIDATION_FRACTION = 0.1
-MAX_VALIDATION_ROWS = 5000
 
 
 def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
@@ -113,108 +99,6 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
     return plan_stages(num_rows, input_dim, opts, _STAGES)
 
 
-def _evaluation_cost(plan: Plan, rows: int) -> float:
-    """Multiply-adds of one evaluation of the ``C`` regressions' evidence and its gradient on
-    ``rows`` rows: the regression's, plus ``C`` weighted Gram corrections."""
-    per_row = plan.options.num_classes / 4 + 1
-    return feature_evidence_cost(rows, plan.search_features, plan.input_dim) * per_row
-
-
-def _search_total(plan: Plan) -> float:
-    """The budget the search stages plan with, in multiply-adds: the budget, at most the
-    default's (:func:`~rfgp.recipes._schedule.default_budget`). Beyond it more budget buys
-    only the choice's rungs and the final ``D``: the lengthscales, and with them the
-    candidates the choice compares, are the default budget's."""
-    default = default_budget(plan.num_rows) * plan.options.machine_rate
-    return min(plan.total, default)
-
-
-def _plan_search(plan: Plan) -> None:
-    opts = plan.options
-    plan.subsample = min(plan.num_rows, opts.subsample)
-    plan.search_features = min(opts.search_features, opts.num_features or opts.search_features)
-    plan.evaluation = _evaluation_cost(plan, plan.subsample)
-    two = (2 * SEARCH_EVALUATIONS + WARM_UP_STEPS) * plan.evaluation
-    affordable = two <= TWO_PATH_SHARE * _search_total(plan)
-    paths = opts.two_paths if opts.two_paths is not None else affordable
-    plan.settings["search_paths"] = 2 if paths else 1
-    plan.book("search", two if paths else SEARCH_EVALUATIONS * plan.evaluation)
-
-
-def _plan_final_share(plan: Plan) -> None:
-    opts, n, c = plan.options, plan.num_rows, plan.options.num_classes
-    features = opts.num_features
-    if features is None:
-        features = largest_features_within(
-            lambda size: classifier_fit_cost(n, size, c), FINAL_SHARE * plan.total,
-            MIN_FEATURES, MAX_WEIGHT_FEATURES)
-    plan.num_features = features
-    plan.book("refit", classifier_fit_cost(n, features, c))
-
-
-def _plan_refine(plan: Plan) -> None:
-    rows, cost = refinement_rows(plan.num_rows, plan.subsample, plan.options,
-                                 lambda count: _evaluation_cost(plan, count),
-                                 _search_total(plan))
-    plan.refine_rows = rows
-    if rows:
-        plan.book("refine", cost)
-
-
-def validation_rows(num_rows: int) -> int:
-    """Rows the choice holds out: :data:`VALIDATION_FRACTION` of them, at least one, at most
-    :data:`MAX_VALIDATION_ROWS` (and one fewer than all)."""
-    held = max(1, min(round(VALIDATION_FRACTION * num_rows), MAX_VALIDATION_ROWS))
-    return min(held, num_rows - 1)
-
-
-def feature_ladder(top: int, bottom: int) -> Tuple[int, ...]:
-    """The choice's feature counts: ``top`` halved while at least ``min(bottom, top)``,
-    ascending.
-
-    Example:
-        >>> feature_ladder(4096, 512)
-        (512, 1024, 2048, 4096)
-    """
-    rungs = [top]
-    while rungs[-1] % 2 == 0 and rungs[-1] // 2 >= bottom:
-        rungs.append(rungs[-1] // 2)
-    return tuple(reversed(rungs))
-
-
-def _plan_choice(plan: Plan) -> None:
-    """The held-out choice: the largest ladder (top at most the final ``D``) whose
-    :func:`~rfgp.classification._held_out.held_out_cost` fits :data:`CHOICE_SHARE`; the
-    final ``D`` becomes its top. More budget never removes a rung. The choice of the
-    outputscale factor at the top rung
-    (:func:`~rfgp.classification._held_out_scale.held_out_scale_cost`) is booked beside the
-    ladder, outside its share: it replaces the final fit's evidence calibration, which the
-    final share paid for and the refit no longer books."""
-    opts = plan.options
-    if not opts.select_alpha:
-        return
-    held = validation_rows(plan.num_rows)
-    bottom = min(plan.search_features, plan.num_features)
-
-    def cost(top: int) -> float:
-        return sum(held_out_cost(plan.num_rows - held, held, size, opts.num_classes,
-                                 len(ALPHA_GRID)) for size in feature_ladder(top, bottom))
-
-    top = plan.num_features
-    if opts.num_features is None:
-        top = min(top, largest_features_within(cost, CHOICE_SHARE * plan.total, MIN_FEATURES,
-                                               MAX_WEIGHT_FEATURES))
-    plan.settings["choice_features"] = feature_ladder(top, bottom)
-    plan.settings["validation_rows"] = held
-    plan.book("choose", cost(top) + held_out_scale_cost(plan.num_rows - held, held, top,
-                                                        opts.num_classes))
-    # The final fit is at most the top rung, and takes the chosen outputscale as it is.
-    plan.spent -= plan.predicted["refit"]
-    plan.num_features = top
-    plan.book("refit", classifier_fit_cost(plan.num_rows, top, opts.num_classes,
-                                           calibrated=False))
-
-
 def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitReport] = None,
                         **options: Any) -> DirichletGPClassifier:
     r"""Fit a :class:`~rfgp.DirichletGPClassifier` by the default recipe.
@@ -226,7 +110,8 @@ def fit_classifier_auto(x: Any, labels: Any, *, report: Optional[ClassifierFitRe
     along its two paths, L-BFGS and L-BFGS after an Adam warm-up, where the budget affords
     both, the lower loss kept). Then, with ``select_alpha`` (the default), it chooses the
     final feature count ``D`` and ``alpha_epsilon`` together by the **held-out negative log
-    likelihood**: a seeded :data:`VALIDATION_FRACTION` of the rows is held out, and every
+    likelihood**: a seeded :data:`~rfgp.recipes._classifier_plan.VALIDATION_FRACTION` of
+    the rows is held out, and every
     ``(D, alpha)`` of the schedule's ladder of feature counts (:func:`feature_ladder`) times
     :data:`~rfgp.classification.ALPHA_GRID` is fitted on the rest and scored by the mean
     negative log probability of the held-out labels (mean-field probabilities;
@@ -507,9 +392,9 @@ def _calibrate_outputscale(data: RecipeData, model: DirichletGPClassifier, label
 #: The classifier's stages, in the order they run, with their plans (:func:`plan_classifier`).
 _STAGES = (
     Stage("search", _dirichlet_search("search", lambda s: s.subsample,
-                                      lambda o: o.max_iterations), ((0, _plan_search),)),
+                                      lambda o: o.max_iterations), ((0, plan_search),)),
     Stage("refine", _dirichlet_search("refine", lambda s: s.refine_rows,
-                                      lambda o: o.refine_iterations), ((20, _plan_refine),)),
-    Stage("choose", _choose, ((30, _plan_choice),)),
-    Stage("refit", _refit, ((10, _plan_final_share),)),
+                                      lambda o: o.refine_iterations), ((20, plan_refine),)),
+    Stage("choose", _choose, ((30, plan_choice),)),
+    Stage("refit", _refit, ((10, plan_final_share),)),
 )
