@@ -185,7 +185,11 @@ class LowRankInverse:
             trace: ``(t, m)`` as above (default: the Lanczos bound alone).
             proceed: called with the ``(rank, bound)`` of every rank so far where the bound
                 still exceeds the tolerance below the cap; ``False`` stops the build there
-                (the form keeps its bound, above the tolerance).
+                (the form keeps its bound, above the tolerance). Without it, a rank below
+                the cap only needs to know whether its bound meets the tolerance, and its
+                Lanczos run stops once it shows that it will not (:func:`norm_bound`'s
+                ``above``): that rank's recorded bound is then a value above the tolerance,
+                not the full bound, which the rank at the cap always takes.
         """
         pre = preconditioner
         width = pre.basis.shape[0] if width is None else width
@@ -218,20 +222,26 @@ class LowRankInverse:
                                   0)
         sketch = NystromSketch(excess, width, dtype, device, generator)
         limit = max(1, min(max_rank, width))
-        rank, bounds = min(START_RANK, limit), 0
+        rank, steps = min(START_RANK, limit), [0]
         history: List[Tuple[int, float]] = []
         while True:
             approx = sketch.grow(rank)
             basis, values = approx.basis, approx.eigenvalues
 
             def neglected(v: Tensor, basis: Tensor = basis, values: Tensor = values) -> Tensor:
+                steps[0] += 1
                 return excess(v) - basis @ (values.to(v.dtype).unsqueeze(-1)
                                             * (basis.transpose(0, 1).conj() @ v))
 
             bound = trace_bound(values)
             if bound > tolerance:
-                bound = min(bound, norm_bound(neglected, width, dtype, device, generator))
-                bounds += 1
+                # Below the cap and without `proceed` (which extrapolates the bounds), only
+                # whether the bound meets the tolerance matters: a Lanczos run stops once it
+                # shows that it will not, after a few single-vector passes over the data
+                # instead of LANCZOS_STEPS (on a slowly decaying spectrum most ranks fail).
+                above = tolerance if proceed is None and rank < limit else None
+                bound = min(bound, norm_bound(neglected, width, dtype, device, generator,
+                                              above=above))
             history.append((rank, bound))
             if bound <= tolerance or rank >= limit:
                 break
@@ -239,7 +249,7 @@ class LowRankInverse:
                 break
             rank = min(2 * rank, limit)
         return LowRankInverse(pre, basis, (values - shift).clamp_min(0), bound,
-                              sketch.rank + bounds * min(LANCZOS_STEPS, width))
+                              sketch.rank + steps[0])
 
 
 def rounding_shift(preconditioner: NystromPreconditioner, width: int) -> float:
@@ -287,7 +297,8 @@ def excess_trace(preconditioner: NystromPreconditioner, trace: Tuple[float, floa
 def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dtype,
                device: torch.device, generator: torch.Generator,
                steps: int = LANCZOS_STEPS,
-               failure_probability: float = FAILURE_PROBABILITY) -> float:
+               failure_probability: float = FAILURE_PROBABILITY,
+               above: Optional[float] = None) -> float:
     r"""A bound on the largest eigenvalue of a positive semi-definite ``product``, exceeded
     with probability at most ``failure_probability``: the largest Ritz value of ``steps``
     Lanczos steps (full reorthogonalisation) from a Gaussian start, over :math:`1 - \epsilon`,
@@ -295,46 +306,71 @@ def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dty
     ``n = W``, or ``2W`` for complex vectors). An invariant Krylov space (breakdown) gives the
     largest eigenvalue that the start touches, with no factor.
 
+    With ``above``, the question is only whether the bound exceeds ``above``: the largest
+    Ritz value never falls as the steps go on, so once the Ritz value :math:`\theta_j` of
+    step ``j`` exceeds :math:`(1 - \epsilon)\,` ``above``, the ``steps``-step bound is
+    certain to exceed it, and :math:`\theta_j / (1 - \epsilon)` is returned after ``j``
+    products instead of ``steps`` (a value above ``above`` that the full bound may exceed;
+    each product is a pass over the data, so a bound far above ``above`` costs a few).
+
     Example:
         >>> a = torch.diag(torch.linspace(0.0, 2.0, 300, dtype=torch.float64))
         >>> bound = norm_bound(lambda v: a @ v, 300, a.dtype, a.device,
         ...                    torch.Generator().manual_seed(0))
         >>> 2.0 <= bound < 2.6
         True
+        >>> calls = []
+        >>> early = norm_bound(lambda v: calls.append(1) or a @ v, 300, a.dtype, a.device,
+        ...                    torch.Generator().manual_seed(0), above=0.01)
+        >>> early > 0.01, len(calls) < 5
+        (True, True)
     """
     real = dtype.to_real() if dtype.is_complex else dtype
+    n = 2 * width if dtype.is_complex else width
+    full = min(steps, width)
+    epsilon = ((math.log(1.648 * math.sqrt(n) / failure_probability) / (2 * full - 1)) ** 2
+               if full < width else 0.0)
     start = torch.randn(width, 2 if dtype.is_complex else 1, generator=generator,
                         dtype=torch.float64)
     start = (torch.view_as_complex(start.contiguous()).unsqueeze(-1) if dtype.is_complex
              else start).to(device=device, dtype=dtype)
     vectors = [start / start.norm()]
-    diagonal, off = [], []
+    diagonal: List[float] = []
+    off: List[float] = []
     broke = False
-    for step in range(min(steps, width)):
+    for step in range(full):
         image = product(vectors[-1])  # (W, 1)
         diagonal.append(float((vectors[-1].conj() * image).sum().real))
+        if above is not None and epsilon < 1.0 and step < full - 1:
+            ritz = _largest_ritz(diagonal, off)
+            if ritz > (1.0 - epsilon) * above:  # the full bound will exceed `above`
+                return ritz / (1.0 - epsilon)
         basis = torch.cat(vectors, 1)
         for _ in range(2):  # full reorthogonalisation, twice
             image = image - basis @ (basis.transpose(0, 1).conj() @ image)
         size = float(image.norm())
-        if step == min(steps, width) - 1:
+        if step == full - 1:
             break
         if size <= 1e3 * torch.finfo(real).eps * max(abs(d) for d in diagonal):
             broke = True
             break
         off.append(size)
         vectors.append(image / size)
+    largest = _largest_ritz(diagonal, off)
+    if broke or len(diagonal) >= width:
+        return largest
+    return largest / (1.0 - epsilon) if epsilon < 1.0 else math.inf
+
+
+def _largest_ritz(diagonal: List[float], off: List[float]) -> float:
+    """The largest eigenvalue (at least 0) of the Lanczos tridiagonal with ``diagonal`` and
+    the first ``len(diagonal) - 1`` entries of ``off``."""
     k = len(diagonal)
     tri = torch.diag(torch.tensor(diagonal, dtype=torch.float64))
-    if off:
-        tri = tri + torch.diag(torch.tensor(off, dtype=torch.float64), 1) + torch.diag(
-            torch.tensor(off, dtype=torch.float64), -1)
-    largest = max(float(torch.linalg.eigvalsh(tri)[-1]), 0.0)
-    if broke or k >= width:
-        return largest
-    n = 2 * width if dtype.is_complex else width
-    epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2 * k - 1)) ** 2
-    return largest / (1.0 - epsilon) if epsilon < 1.0 else math.inf
+    if k > 1:
+        band = torch.tensor(off[:k - 1], dtype=torch.float64)
+        tri = tri + torch.diag(band, 1) + torch.diag(band, -1)
+    return max(float(torch.linalg.eigvalsh(tri)[-1]), 0.0)
 
 
 def _squared_norms(rows: Tensor) -> Tensor:
@@ -426,8 +462,11 @@ def solved_variances(solver, column: int, rows: Tensor, want_root: bool,
                 inverse.inverse, 1.0, solver.settings.max_iterations, what,
                 relative_energy=tolerance)
             solved = result.solution
-            residual = rhs - solver.operator.apply(solved, columns)
-            excess = _real_product(residual.conj(), inverse.inverse(residual)).sum(0)
+            # r^H B^-1 r <= r^H Bhat^-1 r of the final residual, from CG's recurrence (the
+            # value its stopping test read): a refinement runs a few iterations, where the
+            # recurrence holds the residual to rounding, and an explicit residual would cost
+            # one more product with B for every row, as much as an iteration.
+            excess = result.energy.to(solved.real.dtype)
     if record is not None:
         record["iterations"] = result.iterations
     # Value phi^T B^-1 conj(phi); the gradient of a Hermitian form is twice its linear

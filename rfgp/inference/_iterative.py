@@ -165,6 +165,9 @@ class CGResult:
         steps: per iteration, the step lengths ``alpha`` ``(k,)``.
         ratios: per iteration, ``beta = r_{j+1}^H z_{j+1} / r_j^H z_j`` ``(k,)``.
         active: per iteration, which columns took the step ``(k,)``.
+        energy: ``(k,)`` :math:`r^H P^{-1} r` of the final residuals, in the units of the
+            right-hand side squared, from CG's recurrence (the quantity its energy tests
+            read; ``None`` where not recorded).
     """
 
     solution: Tensor
@@ -174,6 +177,7 @@ class CGResult:
     steps: List[Tensor]
     ratios: List[Tensor]
     active: List[Tensor]
+    energy: Optional[Tensor] = None
 
 
 def conjugate_gradients(
@@ -323,7 +327,8 @@ def conjugate_gradients(
             f"{reached}; raise max_cg_iterations, the preconditioner_rank, or the noise",
             ConvergenceWarning,
         )
-    return CGResult(solution, iterations, relative, converged, steps, ratios, actives)
+    return CGResult(solution, iterations, relative, converged, steps, ratios, actives,
+                    rz.clamp_min(0) * unit.square())
 
 
 def _lanczos_tridiagonals(result: CGResult, columns: Optional[List[int]]) -> List[Tensor]:

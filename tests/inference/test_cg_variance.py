@@ -476,3 +476,66 @@ def test_a_build_stops_where_its_measured_bounds_say_it_will_not_pay():
     ratio = stopped.variances(rows) / exact
     assert float(ratio.min()) >= 1 - 1e-9
     assert float(ratio.max()) <= 1 + stopped.bound + 1e-9
+
+
+def test_norm_bound_above_stops_early_only_where_the_bound_exceeds_it():
+    g = torch.Generator().manual_seed(0)
+    q = torch.linalg.qr(torch.randn(400, 400, generator=g, dtype=DT))[0]
+    values = torch.cat([torch.tensor([3.0, 2.9], dtype=DT), torch.rand(398, generator=g,
+                                                                       dtype=DT)])
+    a = q @ torch.diag(values) @ q.T
+    calls = []
+
+    def product(v):
+        calls.append(1)
+        return a @ v
+
+    def bound(above=None):
+        calls.clear()
+        out = norm_bound(product, 400, DT, a.device, torch.Generator().manual_seed(1),
+                         above=above)
+        return out, len(calls)
+
+    full, full_calls = bound()
+    # Far below the norm: the run stops after a few products, and what it returns still
+    # exceeds `above` (the question asked) without exceeding the full bound.
+    early, early_calls = bound(above=0.5)
+    assert early > 0.5 and early <= full + 1e-12 and early_calls < full_calls
+    # Above the full bound: every step runs and the bound is the same number.
+    late, late_calls = bound(above=10.0)
+    assert late == full and late_calls == full_calls
+
+
+def test_a_build_without_the_dense_route_checks_its_lower_ranks_in_a_few_passes():
+    # B - I with a slowly decaying spectrum: every rank below the cap fails the tolerance.
+    width = 600
+    mu = 5.0 / torch.arange(1, width + 1, dtype=DT)
+    b = torch.diag(1.0 + mu)
+    pre = NystromPreconditioner(torch.zeros(width, 0, dtype=DT), torch.zeros(0, dtype=DT))
+    products = []
+
+    def apply(v):
+        products.append(v.shape[1])
+        return b @ v
+
+    def full_checks(history):  # a `proceed` that never stops: every Lanczos run is whole
+        return True
+
+    early = LowRankInverse.build(apply, pre, 1e-3, 512)
+    early_products = list(products)
+    products.clear()
+    whole = LowRankInverse.build(apply, pre, 1e-3, 512, proceed=full_checks)
+    # The same sketch (the same draws), the same final rank and the same bound at the cap;
+    # the lower ranks' failed checks cost a few single-column passes instead of 24 each.
+    assert early.rank == whole.rank == 512
+    assert early.bound == whole.bound and early.bound > 1e-3
+    torch.testing.assert_close(early.eigenvalues, whole.eigenvalues, rtol=0, atol=0)
+    single = lambda seen: sum(1 for k in seen if k == 1)  # noqa: E731
+    assert single(early_products) < single(products)
+    assert early.products < whole.products
+    # The form is still bracketed by its bound.
+    rows = torch.randn(5, width, generator=torch.Generator().manual_seed(0), dtype=DT)
+    exact = ((rows @ torch.linalg.inv(b)) * rows).sum(-1)
+    ratio = early.variances(rows) / exact
+    assert float(ratio.min()) >= 1 - 1e-9
+    assert float(ratio.max()) <= 1 + early.bound + 1e-9

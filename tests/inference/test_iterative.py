@@ -804,3 +804,19 @@ def test_a_mean_prediction_runs_no_cg_solve_and_equals_the_full_one(monkeypatch)
     torch.testing.assert_close(gp.predict(x[:40]), full_mean, rtol=0, atol=0)
     torch.testing.assert_close(gp.predict_from_features(gp.base_kernel.features(x[:40])),
                                full_mean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", [1e-150, 1.0, 1e150])
+def test_cg_energy_is_the_preconditioned_norm_of_the_final_residual(scale):
+    # The recorded r^H P^-1 r (from CG's recurrence) equals the explicit residual's, at any
+    # scale of the right-hand side (the columns are normalised inside and scaled back).
+    g = torch.Generator().manual_seed(0)
+    q = torch.linalg.qr(torch.randn(60, 60, generator=g, dtype=DT))[0]
+    a = q @ torch.diag(1.0 + 100.0 * torch.rand(60, generator=g, dtype=DT)) @ q.T
+    p_inv = torch.linalg.inv(a + 0.3 * torch.eye(60, dtype=DT))  # some P ~ A
+    rhs = scale * torch.randn(60, 3, generator=g, dtype=DT)
+    result = conjugate_gradients(lambda v: a @ v, rhs, lambda r: p_inv @ r, 1.0, 2,
+                                 relative_energy=1e-12, warn=False)
+    residual = rhs - a @ result.solution
+    explicit = (residual * (p_inv @ residual)).sum(0)
+    torch.testing.assert_close(result.energy, explicit, rtol=1e-8, atol=0)
