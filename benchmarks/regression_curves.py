@@ -19,8 +19,8 @@ run resumes. The page plots test MNLL and RMSE against wall time, one figure per
 checks the targets: at the time of each SGPR point the rfgp curve (its best MNLL among the
 budgets finished by then) is at least as good; at 8x the default budget the RMSE is within 10%
 of the exact GP's; the default's own time is at most SGPR M = 512's and its MNLL at least as
-good; the 95% coverage lies in [0.93, 0.97] at every budget. The wall times depend on what else the machine runs: run it on an idle
-machine.
+good; the 95% coverage lies in [0.93, 0.97] at every budget. The wall times depend on what
+else the machine runs: run it on an idle machine.
 
 Usage::
 
