@@ -131,7 +131,7 @@ def paired_standard_error(rows: Tensor, other: Tensor) -> float:
 
 
 def held_out_scale(statistics: HeldOutStatistics, alpha: float,
-                   at_one: Optional[Tensor] = None) -> ScaleChoice:
+                   at_one: Optional[Tensor] = None, resolution: bool = True) -> ScaleChoice:
     r"""The outputscale factor :math:`a` chosen by the held-out NLL of ``statistics``'
     classifier at ``alpha``: the one closest to 1 among those whose NLL is within one paired
     standard error of the lowest the search found (see the module docstring for the search,
@@ -144,6 +144,11 @@ def held_out_scale(statistics: HeldOutStatistics, alpha: float,
         alpha: the ``alpha_epsilon`` of the transform.
         at_one: the per-row held-out NLLs at the factor 1 where known (the choice's table
             holds them), ``(N_v,)``.
+        resolution: whether the search stops at the held-out NLL's resolution and prefers
+            the factor nearest 1 within it; ``False``: the plain golden section to
+            :data:`LOG_FACTOR_TOLERANCE`, the lowest value found (the temperature, whose
+            value 1 the Dirichlet transform gives no preference, see
+            :mod:`~rfgp.classification._held_out_temperature`).
 
     Returns:
         :class:`ScaleChoice`; its ``factor`` is 1 where no other factor was lower by more
@@ -174,7 +179,7 @@ def held_out_scale(statistics: HeldOutStatistics, alpha: float,
         return values[t]
 
     def error(t: float, u: float) -> float:
-        return paired_standard_error(rows[t], rows[u])
+        return paired_standard_error(rows[t], rows[u]) if resolution else 0.0
 
     if at_one is not None:
         rows[0.0] = at_one

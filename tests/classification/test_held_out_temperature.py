@@ -34,6 +34,19 @@ def test_the_chosen_temperature_undoes_a_known_multiple_of_the_log_odds(multiple
     assert choice.nll <= choice.evaluations[1.0]
 
 
+def test_the_temperature_is_the_held_out_minimum_even_within_its_paired_error():
+    # 400 rows at m = 0.85: the gain of T = 0.85 over T = 1 is below its paired standard
+    # error, which would keep T = 1 under the outputscale factor's rule; the temperature is
+    # the held-out rows' maximum likelihood value, the lowest NLL evaluated.
+    g = torch.Generator().manual_seed(5)
+    logits = 1.5 * torch.randn(400, 2, generator=g, dtype=DT)
+    labels = _labels_from(logits, 6)
+    choice = held_out_temperature(0.85 * logits, torch.zeros_like(logits), labels)
+    assert choice.nll == min(choice.evaluations.values())
+    assert choice.temperature == min(choice.evaluations, key=choice.evaluations.get)
+    assert choice.temperature != 1.0
+
+
 def test_rows_without_error_identify_no_temperature():
     # Every validation row is of its most probable class: the NLL falls towards T -> 0 without
     # a minimum, and the temperature stays 1 rather than sharpening without bound.

@@ -194,7 +194,9 @@ def test_estimator_default_is_the_recipe():
     theirs = clf.latent_posterior(x)
     torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-10, atol=1e-10)
-    proba = softmax_expectation(theirs.mean, theirs.variance, "mc", 1000,
+    t = clf.temperature  # the probabilities are E[softmax(f / T)]
+    assert est.classifier_.temperature == t
+    proba = softmax_expectation(theirs.mean / t, theirs.variance / t**2, "mc", 1000,
                                 torch.Generator().manual_seed(seed))
     np.testing.assert_allclose(est.predict_proba(X), proba.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(est.predict(X), proba.argmax(-1).numpy() + 10)
