@@ -364,11 +364,10 @@ def norm_bound(product: Callable[[Tensor], Tensor], width: int, dtype: torch.dty
 
 def _largest_ritz(diagonal: List[float], off: List[float]) -> float:
     """The largest eigenvalue (at least 0) of the Lanczos tridiagonal with ``diagonal`` and
-    the first ``len(diagonal) - 1`` entries of ``off``."""
-    k = len(diagonal)
+    the ``len(diagonal) - 1`` entries ``off`` beside it."""
     tri = torch.diag(torch.tensor(diagonal, dtype=torch.float64))
-    if k > 1:
-        band = torch.tensor(off[:k - 1], dtype=torch.float64)
+    if off:
+        band = torch.tensor(off, dtype=torch.float64)
         tri = tri + torch.diag(band, 1) + torch.diag(band, -1)
     return max(float(torch.linalg.eigvalsh(tri)[-1]), 0.0)
 

@@ -359,12 +359,17 @@ def test_features_without_signal_take_a_rank_zero_form_certified_by_the_trace():
     assert float((var1 / var0).max()) <= 1 + bound + SLACK
 
 
-def test_norm_bound_brackets_the_largest_eigenvalue():
+def _norm_three_matrix():
+    """A random symmetric 400 x 400 matrix of norm 3 (eigenvalues 3, 2.9 and 398 in [0, 1])."""
     g = torch.Generator().manual_seed(0)
     q = torch.linalg.qr(torch.randn(400, 400, generator=g, dtype=DT))[0]
     values = torch.cat([torch.tensor([3.0, 2.9], dtype=DT), torch.rand(398, generator=g,
                                                                        dtype=DT)])
-    a = q @ torch.diag(values) @ q.T
+    return q @ torch.diag(values) @ q.T
+
+
+def test_norm_bound_brackets_the_largest_eigenvalue():
+    a = _norm_three_matrix()
     bound = norm_bound(lambda v: a @ v, 400, DT, a.device, torch.Generator().manual_seed(1))
     assert 3.0 <= bound <= 3.0 * 1.2
 
@@ -479,11 +484,7 @@ def test_a_build_stops_where_its_measured_bounds_say_it_will_not_pay():
 
 
 def test_norm_bound_above_stops_early_only_where_the_bound_exceeds_it():
-    g = torch.Generator().manual_seed(0)
-    q = torch.linalg.qr(torch.randn(400, 400, generator=g, dtype=DT))[0]
-    values = torch.cat([torch.tensor([3.0, 2.9], dtype=DT), torch.rand(398, generator=g,
-                                                                       dtype=DT)])
-    a = q @ torch.diag(values) @ q.T
+    a = _norm_three_matrix()
     calls = []
 
     def product(v):
