@@ -17,6 +17,8 @@ Methods, each as a user would run it:
   held-out NLL), ``seed`` = split; probabilities by its ``predict_proba`` (Monte Carlo, 1000
   draws). ``rfgp 4x budget``: four times the default budget. ``rfgp fixed alpha``: the
   default budget with ``select_alpha=False`` (``alpha_epsilon = 0.01``, the schedule's ``D``).
+  The probabilities are read at the held-out temperature or, where it cross-validates
+  better on the held-out rows, a per-class affine map of the latents (note ``class map``).
   Records named ``earlier: ...`` were taken before the held-out choice became the default
   (``earlier: rfgp default`` is then ``alpha_epsilon = 0.01``; ``earlier: rfgp alpha`` chose
   it by refitting six candidates).
@@ -154,11 +156,23 @@ def rfgp_fit(xtr, ytr, xte, seed, budget_factor=1.0, **options):
     info = {"D": clf.kernel.base_kernel.num_features, "budget": budget,
             "scale factor": report.calibration["factor"], "alpha": clf.alpha_epsilon,
             "temperature": round(clf.temperature, 4),
+            "class map": _describe_map(clf.class_map),
             "search paths": report.schedule.settings["search_paths"],
             "seconds": {stage: round(took, 1) for stage, took in report.seconds.items()},
             "predicted": {stage: round(took, 1)
                           for stage, took in report.schedule.predicted.items()}}
     return clf.predict_proba(xte).numpy(), info
+
+
+def _describe_map(class_map) -> str:
+    """The per-class map ``(s, o)`` of the latents in a few characters: ``none``, or the
+    scales and offsets (two classes), or their ranges."""
+    if class_map is None:
+        return "none"
+    s, o = (v.tolist() for v in class_map)
+    if len(s) <= 3:
+        return "s " + "/".join(f"{v:.3g}" for v in s) + ", o " + "/".join(f"{v:.3g}" for v in o)
+    return f"s {min(s):.3g} to {max(s):.3g}, o {min(o):.3g} to {max(o):.3g}"
 
 
 def padded_inputs(d: int) -> int:

@@ -194,10 +194,16 @@ def test_estimator_default_is_the_recipe():
     theirs = clf.latent_posterior(x)
     torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-10, atol=1e-10)
-    t = clf.temperature  # the probabilities are E[softmax(f / T)]
+    # the probabilities are E[softmax((s f + o) / T)], with the recipe's T and map (s, o)
+    t, class_map = clf.temperature, clf.class_map
     assert est.classifier_.temperature == t
-    proba = softmax_expectation(theirs.mean / t, theirs.variance / t**2, "mc", 1000,
-                                torch.Generator().manual_seed(seed))
+    assert (est.classifier_.class_map is None) == (class_map is None)
+    s, o = (1.0, 0.0) if class_map is None else class_map
+    if class_map is not None:
+        torch.testing.assert_close(est.classifier_.class_map[0], s, rtol=0, atol=0)
+        torch.testing.assert_close(est.classifier_.class_map[1], o, rtol=0, atol=0)
+    mean, var = (theirs.mean * s + o) / t, theirs.variance * s * s / t**2
+    proba = softmax_expectation(mean, var, "mc", 1000, torch.Generator().manual_seed(seed))
     np.testing.assert_allclose(est.predict_proba(X), proba.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(est.predict(X), proba.argmax(-1).numpy() + 10)
     assert est.fit_report_ is not None and est.n_iter_ > 0
