@@ -62,6 +62,7 @@ from _regression_methods import (  # noqa: E402
 from regression_uci import EXACT_MAX, load_rows, record_fit  # noqa: E402
 
 from rfgp.datasets import UCI_DATASETS, load_uci  # noqa: E402
+from rfgp.recipes._schedule import default_budget as recipe_default_budget  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 MULTIPLIERS = [1.0, 0.25, 0.5, 2.0, 4.0, 8.0]  # 1 first: it fixes the default budget B
@@ -74,12 +75,14 @@ def rfgp_label(multiplier: float) -> str:
     return f"rfgp x{multiplier:g}"
 
 
-def default_budget(rows, name: str) -> float:
-    """The default's budget B on ``name``, from its record (the ``x1`` fit)."""
+def default_budget(rows, name: str, num_rows: int) -> float:
+    """The default's budget B on ``name``: from its record (the ``x1`` fit) where there is
+    one, else the recipe's own default for ``num_rows`` training rows (the same number: the
+    budget is a function of the rows only)."""
     for r in rows:
         if r["set"] == name and r["method"] == rfgp_label(1.0):
             return float(r["info"]["budget"])
-    raise RuntimeError(f"no default fit recorded for {name}")
+    return recipe_default_budget(num_rows)
 
 
 def run(args, records: Records) -> None:
@@ -97,7 +100,8 @@ def run(args, records: Records) -> None:
                 continue
             params = {}
             if multiplier != 1.0:
-                params["time_budget"] = multiplier * default_budget(load_rows(records), name)
+                params["time_budget"] = multiplier * default_budget(load_rows(records), name,
+                                                                    xtr.shape[0])
             record_fit(records, {"set": name, "split": 0, "method": method},
                        partial(rfgp_default, xtr, ytr, xte, **params), xtr, yte, args.threads,
                        method)
