@@ -3,7 +3,9 @@ r"""The routes of an iterative solve's predictive variances, per noise group.
 A variance :math:`\phi_* B^{-1} \phi_*^H` of a ``solve="cg"`` fit takes one of four routes:
 
 * ``"lowrank"``: the low-rank form of :math:`B^{-1}` (:mod:`~rfgp.inference._cg_variance`),
-  where its bound meets the tolerance;
+  where its bound :math:`\tau` is at most the settings' ``variance_bound`` (:math:`2t / (1 -
+  t)` at the tolerance :math:`t`), its variances scaled by
+  :func:`~rfgp.inference._cg_variance.served_factor` where :math:`\tau > t`;
 * ``"refined"``: CG per query row, preconditioned by the form, where its bound does not;
 * ``"dense"``: the Cholesky factor of :math:`B` (:mod:`~rfgp.inference._cg_dense`), where
   forming it costs less than either, for the rows of the prediction;
@@ -37,6 +39,7 @@ from rfgp.inference._cg_variance import (
     group_inverses,
     group_trace,
     rounding_shift,
+    served_factor,
     solved_variances,
     variance_rank_cap,
 )
@@ -97,6 +100,7 @@ class VarianceRoutes:
             self.taken[g] = "exact"
             return solved_variances(solver, column, feats, want_root)
         tolerance = settings.variance_tolerance
+        serves = settings.variance_bound  # the largest bound a (scaled) form serves at
         rows = max(feats.shape[0], solver.expected_rows)
         auto = settings.variance == "auto"
         dense = self.dense.get(g)
@@ -105,9 +109,13 @@ class VarianceRoutes:
         if not dense:
             possible = dense is None and auto and self.dense_possible()
             low = self.low_rank_inverse(g, rows if possible else None)
-            if low.bound <= tolerance:
+            if low.bound <= serves:
                 self.taken[g] = "lowrank"
-                return low.predict(feats, want_root)
+                variances, covariance = low.predict(feats, want_root)
+                k = served_factor(low.bound, tolerance)
+                if k == 1.0:
+                    return variances, covariance
+                return variances * k, (None if covariance is None else covariance * k)
             if possible:
                 iterations = self.refine_iterations.get(g)
                 if iterations is None and rows > PROBE_ROWS:
@@ -142,7 +150,7 @@ class VarianceRoutes:
         cap = variance_rank_cap(op, solver.settings)
         trace = self.traces[g] = group_trace(op, solver.groups()[g][0], pre)
         return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows,
-                           solver.settings.variance_tolerance, cap,
+                           solver.settings.variance_bound, cap,
                            excess_trace(pre, trace, op.width), rounding_shift(pre, op.width))
 
     def dense_possible(self) -> bool:
@@ -177,7 +185,7 @@ class VarianceRoutes:
                 shift = rounding_shift(pre, op.width)
 
                 def proceed(history, cap=cap, shift=shift) -> bool:
-                    return keep_building(history, solver.settings.variance_tolerance, shift,
+                    return keep_building(history, solver.settings.variance_bound, shift,
                                          cap, op.width, solver.num_rows, queries)
 
             (self.low_rank[g],) = group_inverses(op, [solver.groups()[g]], [pre],

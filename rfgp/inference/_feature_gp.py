@@ -103,11 +103,13 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             iterations; Nyström rank, ``None`` automatic; bytes of cached features).
         cg_variance, cg_variance_tolerance, cg_variance_rank: the iterative solve's predictive
             variances: ``"lowrank"`` from a low-rank form of :math:`B^{-1}` built at
-            the first variance after a fit, each variance between the exact one and
-            ``1 + cg_variance_tolerance`` times it (rank doubled up to ``cg_variance_rank``
-            until a probabilistic bound says so; beyond it, each query refined by CG
-            preconditioned with the form); ``"auto"`` (default) the same, except that where
-            refining the rows asked for would cost more than forming and factorising
+            the first variance after a fit, each variance within ``cg_variance_tolerance``
+            of the exact one, relatively (rank doubled up to ``cg_variance_rank`` until a
+            probabilistic bound says so: the form's variances are upper bounds within the
+            bound, served as they are where it meets the tolerance and scaled into it where
+            it is at most about twice the tolerance; beyond that, each query refined by CG
+            preconditioned with the form); ``"auto"`` (default) the same, except that
+            where refining the rows asked for would cost more than forming and factorising
             :math:`B` (and ``B`` fits in a quarter of the memory), the exact variances from
             its Cholesky factor, kept for later queries; or ``"exact"`` (one CG solve per
             query row).

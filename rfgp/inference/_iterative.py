@@ -110,11 +110,14 @@ class CGSettings:
             asked for (and fits in a quarter of the memory, in a precision that resolves
             it), the exact variances from that factor;
             ``"lowrank"``: predictive variances from a low-rank form of :math:`B^{-1}`
-            built once per fit, each at most ``1 + variance_tolerance`` times the exact one and
-            never below it (:mod:`~rfgp.inference._cg_variance`; where the form's bound stays
-            above the tolerance, refined per query by CG preconditioned with it);
+            built once per fit, each within ``variance_tolerance`` of the exact one,
+            relatively (an upper bound of it wherever the form's certified bound
+            :math:`\tau` is at most the tolerance; the form serves up to
+            :attr:`variance_bound`, :mod:`~rfgp.inference._cg_variance`; where its bound
+            stays above that, refined per query by CG preconditioned with it);
             ``"exact"``: one CG solve per query row.
-        variance_tolerance: the relative excess the low-rank variances guarantee.
+        variance_tolerance: the relative error the low-rank and refined variances guarantee
+            (in ``(0, 1)``).
         variance_rank: the most columns of the low-rank form (per noise group).
     """
 
@@ -140,8 +143,25 @@ class CGSettings:
         self.variance = check_choice("cg_variance", self.variance,
                                      ("auto", "lowrank", "exact"))
         self.variance_tolerance = check_real("cg_variance_tolerance", self.variance_tolerance,
-                                             low=0.0, low_inclusive=False)
+                                             low=0.0, high=1.0, low_inclusive=False,
+                                             high_inclusive=False)
         self.variance_rank = check_int("cg_variance_rank", self.variance_rank)
+
+    @property
+    def variance_bound(self) -> float:
+        r"""The largest bound :math:`\tau` of a low-rank form whose variances serve at the
+        tolerance :math:`t`, :math:`2t / (1 - t)`. The form's variance :math:`\hat v` of an
+        exact one :math:`v` lies in :math:`[v, (1 + \tau) v]`; where :math:`\tau \le t` it is
+        returned as it is, and above that :math:`k \hat v` with :math:`k = (1 + t) / (1 +
+        \tau)`, within :math:`t` of :math:`v` either way as long as :math:`k \ge 1 - t`, that
+        is :math:`\tau \le 2t / (1 - t)` (:func:`~rfgp.inference._cg_variance.served_factor`).
+
+        Example:
+            >>> round(CGSettings(variance_tolerance=0.01).variance_bound, 6)
+            0.020202
+        """
+        t = self.variance_tolerance
+        return 2.0 * t / (1.0 - t)
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The relative residual tolerance in ``dtype``."""

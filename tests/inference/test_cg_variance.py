@@ -25,7 +25,12 @@ from rfgp.inference._cg_dense import (
     keep_building,
 )
 from rfgp.inference._cg_routes import VarianceRoutes
-from rfgp.inference._cg_variance import START_RANK, LowRankInverse, norm_bound
+from rfgp.inference._cg_variance import (
+    START_RANK,
+    LowRankInverse,
+    norm_bound,
+    served_factor,
+)
 from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
@@ -163,6 +168,50 @@ def test_a_small_rank_cap_reports_its_bound_and_refines_each_query_to_the_tolera
     assert rank > START_RANK and bound <= 1e-2
     assert float((var2 / var0).min()) >= 1 - SLACK
     assert float((var2 / var0).max()) <= 1 + bound
+
+
+def test_a_form_between_the_tolerance_and_twice_it_serves_scaled_within_the_tolerance():
+    # The form at rank 32 has a bound tau (about 0.05); at a tolerance t = 0.75 tau (tau > t,
+    # but within 2t / (1 - t)) it serves without refinement, its variances times
+    # (1 + t) / (1 + tau): each within t of the exact one, either way, where the unscaled
+    # form could be up to tau > t above it.
+    x, y, xt = _data(n=1500)
+
+    def make():
+        kernel = _fourier(1024)
+        kernel.lengthscale = 0.8
+        return kernel
+
+    exact = RandomFeatureGP(make(), noise=0.1, solve="weight").fit(x, y)
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    options = dict(noise=0.1, solve="cg", preconditioner_rank=16, cg_variance_rank=32,
+                   cg_variance="lowrank")
+    probe = RandomFeatureGP(make(), cg_variance_tolerance=1e-8, **options).fit(x, y)
+    probe.predict(xt[:2], return_std=True)
+    (tau,) = probe.cg_info["variance_bounds"]
+    t = 0.75 * tau
+    assert tau <= 2 * t / (1 - t)
+    served = RandomFeatureGP(make(), cg_variance_tolerance=t, **options).fit(x, y)
+    var1 = served.predict(xt, return_std=True)[1].square()
+    assert served.cg_info["variance_routes"] == ["lowrank"]
+    assert served.cg_info["variance_bounds"] == [tau]  # the same form
+    ratio = var1 / var0
+    assert float((ratio - 1).abs().max()) <= t + SLACK
+    # and they are the form's own (upper-bound) variances times the factor
+    k = served_factor(tau, t)
+    assert k < 1.0
+    probe_var = probe.predict(xt, return_std=True)[1].square()  # refined: exact to 1e-8
+    torch.testing.assert_close(ratio, var1 / probe_var, rtol=1e-6, atol=0)
+
+
+def test_the_served_factor_keeps_the_bracket_within_the_tolerance():
+    for t in (1e-4, 1e-2, 0.3):
+        for tau in (0.5 * t, t, 1.5 * t, 2 * t / (1 - t)):
+            k = served_factor(tau, t)
+            # the form's v_hat in [v, (1 + tau) v]: k v_hat in [k v, k (1 + tau) v]
+            assert k <= 1.0
+            assert k * (1 + tau) <= 1 + t + 1e-12 and k >= 1 - t - 1e-12
+            assert (k == 1.0) == (tau <= t)
 
 
 def _low_rank_capped(**options):
@@ -388,6 +437,7 @@ def test_build_on_a_known_spectrum_is_exact_at_full_rank():
 @pytest.mark.parametrize("kwargs, match", [
     ({"cg_variance": "fast"}, "cg_variance"),
     ({"cg_variance_tolerance": 0.0}, "cg_variance_tolerance"),
+    ({"cg_variance_tolerance": 1.0}, "cg_variance_tolerance"),
     ({"cg_variance_rank": 0}, "cg_variance_rank"),
 ])
 def test_bad_variance_settings_are_rejected_by_name(kwargs, match):
