@@ -39,6 +39,7 @@ from rfgp._validation._tensors import (  # noqa: F401
     check_kernel_input,
     check_long_tensor,
     check_positive_values,
+    check_real_values,
     check_rows,
     check_tensor,
     select_active_columns,

@@ -22,7 +22,8 @@ from rfgp._validation._scalars import describe
 
 __all__ = ["EVIDENCE_DTYPES", "KERNEL_INPUT_DTYPES", "all_finite", "check_active_dims",
            "check_class_targets", "check_evidence_rows", "check_finite", "check_integer_tensor",
-           "check_kernel_input", "check_long_tensor", "check_positive_values", "check_rows",
+           "check_kernel_input", "check_long_tensor", "check_positive_values", "check_real_values",
+           "check_rows",
            "check_tensor", "select_active_columns"]
 
 
@@ -198,6 +199,39 @@ def check_kernel_input(name: str, value: Any, finite: bool = True) -> Tensor:
     return value
 
 
+def _real_tensor(name: str, value: Any, like: Tensor, what: str) -> Tensor:
+    """``value`` as a real tensor in ``like``'s dtype and device, or a ``TypeError`` naming
+    ``name`` and ``what`` it must be (bool, str and complex refused)."""
+    if isinstance(value, (bool, np.bool_, str)):
+        raise TypeError(f"{name} must be {what}, got {describe(value)}")
+    if not torch.is_tensor(value):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be {what}, got {describe(value)}") from None
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
+    return value.to(like)
+
+
+def check_real_values(name: str, value: Any, like: Tensor) -> Tensor:
+    """``value`` (a tensor or anything ``torch.as_tensor`` reads) in ``like``'s dtype and
+    device, if it is real (not complex, bool or a string) and every entry is finite.
+
+    Example:
+        >>> check_real_values("offsets", [0.5, -2], torch.zeros(2))
+        tensor([ 0.5000, -2.0000])
+        >>> check_real_values("offsets", [float("inf")], torch.zeros(1))
+        Traceback (most recent call last):
+        ...
+        ValueError: offsets must be finite, got tensor([inf])
+    """
+    value = _real_tensor(name, value, like, "a real number or tensor")
+    if not all_finite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
 def check_positive_values(name: str, value: Any, like: Tensor) -> Tensor:
     """``value`` (a tensor or anything ``torch.as_tensor`` reads) in ``like``'s dtype and
     device, if every entry is finite and positive: the check of a positive hyperparameter's
@@ -211,18 +245,7 @@ def check_positive_values(name: str, value: Any, like: Tensor) -> Tensor:
         ...
         ValueError: task_diag must be finite and positive, got tensor([nan])
     """
-    if isinstance(value, (bool, np.bool_, str)):
-        raise TypeError(f"{name} must be a positive real number or tensor, got {describe(value)}")
-    if not torch.is_tensor(value):
-        try:
-            value = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError(
-                f"{name} must be a positive real number or tensor, got {describe(value)}"
-            ) from None
-    if value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
-    value = value.to(like)
+    value = _real_tensor(name, value, like, "a positive real number or tensor")
     if not all_finite(value) or bool((value <= 0).any()):
         raise ValueError(f"{name} must be finite and positive, got {value}")
     return value

@@ -25,6 +25,7 @@ from rfgp._validation import (
     check_int,
     check_positive,
     check_positive_values,
+    check_real_values,
     describe,
 )
 from rfgp.classification._exact import DirichletExactGP
@@ -226,7 +227,7 @@ class DirichletGPClassifier:
             )
         like = torch.zeros((), dtype=torch.float64)
         scales = check_positive_values("class_map scales", value[0], like)
-        offsets = _real_vector("class_map offsets", value[1])
+        offsets = check_real_values("class_map offsets", value[1], like)
         if scales.dim() != 1 or offsets.dim() != 1 or scales.shape != offsets.shape:
             raise ValueError(
                 "class_map must hold two one-dimensional tensors of one length (one entry per "
@@ -489,19 +490,3 @@ class DirichletGPClassifier:
             self.fit(x, labels)
         return self
 
-
-def _real_vector(name: str, value: Any) -> Tensor:
-    """``value`` as a finite real float64 tensor, or a ``TypeError`` / ``ValueError`` naming
-    ``name``."""
-    if isinstance(value, (bool, str)):
-        raise TypeError(f"{name} must be real numbers, got {describe(value)}")
-    try:
-        value = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be real numbers, got {describe(value)}") from None
-    if value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be real, got dtype {value.dtype}")
-    value = value.to(torch.float64)
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value

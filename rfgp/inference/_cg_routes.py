@@ -5,7 +5,7 @@ A variance :math:`\phi_* B^{-1} \phi_*^H` of a ``solve="cg"`` fit takes one of f
 * ``"lowrank"``: the low-rank form of :math:`B^{-1}` (:mod:`~rfgp.inference._cg_variance`),
   where its bound :math:`\tau` is at most the settings' ``variance_bound`` (:math:`2t / (1 -
   t)` at the tolerance :math:`t`), its variances scaled by
-  :func:`~rfgp.inference._cg_variance.served_factor` where :math:`\tau > t`;
+  :func:`served_factor` where :math:`\tau > t`;
 * ``"refined"``: CG per query row, preconditioned by the form, where its bound does not;
 * ``"dense"``: the Cholesky factor of :math:`B` (:mod:`~rfgp.inference._cg_dense`), where
   forming it costs less than either, for the rows of the prediction;
@@ -39,12 +39,11 @@ from rfgp.inference._cg_variance import (
     group_inverses,
     group_trace,
     rounding_shift,
-    served_factor,
     solved_variances,
     variance_rank_cap,
 )
 
-__all__ = ["VarianceRoutes"]
+__all__ = ["VarianceRoutes", "served_factor"]
 
 
 class VarianceRoutes:
@@ -196,3 +195,19 @@ class VarianceRoutes:
     def low_rank_inverses(self) -> List[LowRankInverse]:
         """Per noise group, the low-rank :math:`B^{-1}` (built where missing)."""
         return [self.low_rank_inverse(g) for g in range(len(self.solver.preconditioners))]
+
+
+def served_factor(bound: float, tolerance: float) -> float:
+    r"""The factor :math:`k = \min(1, (1 + t) / (1 + \tau))` on a low-rank form's variances
+    (bound :math:`\tau`, tolerance :math:`t`) that keeps each within :math:`t` of the exact
+    one: the form's :math:`\hat v \in [v, (1 + \tau) v]` gives :math:`k \hat v \in [k v,
+    (1 + t) v]`, and :math:`k \ge 1 - t` wherever :math:`\tau \le 2t / (1 - t)`. The form
+    is left as it is (an upper bound of every variance) where :math:`\tau \le t`: there its
+    own bracket already meets the tolerance, and its typical error, well below its worst
+    case, is not traded for a smaller worst case.
+
+    Example:
+        >>> served_factor(0.005, 0.01), round(served_factor(0.019, 0.01), 6)
+        (1.0, 0.991168)
+    """
+    return min(1.0, (1.0 + tolerance) / (1.0 + bound))

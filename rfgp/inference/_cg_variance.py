@@ -26,20 +26,21 @@ approximate covariance :math:`\hat\Sigma` and the exact :math:`\Sigma` of any se
 so every variance is an upper bound, at most :math:`1 + \tau` times the exact one (a standard
 deviation at most :math:`\sqrt{1+\tau}` times). At a tolerance :math:`t` a form with
 :math:`\tau \le t` serves as it is; one with :math:`t < \tau \le 2t / (1 - t)` serves scaled by
-:math:`k = (1 + t) / (1 + \tau)` (:func:`served_factor`), which keeps every variance within
-:math:`t` of the exact one, either way (:math:`k(1 + \tau) = 1 + t` and :math:`k \ge 1 - t`):
-on keggundirected's 20,480-feature default the form reached :math:`\tau = 0.019` at its rank
-cap, and without the scaling every one of the 6,361 test rows was refined by CG. :math:`\tau`
-is a probabilistic bound on :math:`\|F\|`: the largest Ritz value :math:`\theta` of
-:data:`LANCZOS_STEPS` Lanczos steps on :math:`F` from a random start, divided by :math:`1 -
-\epsilon`, where by Kuczyński and Woźniakowski's bound :math:`P(\theta < (1 - \epsilon)\|F\|)
-\le 1.648\sqrt{n}\, e^{-\sqrt{\epsilon}(2k - 1)}` for ``k`` steps on an ``n``-dimensional
-space, :math:`\epsilon` chosen so that this probability is :data:`FAILURE_PROBABILITY`. The
-rank doubles from :data:`START_RANK` until :math:`\tau` is below the requested bound (the
-settings' ``variance_bound``, :math:`2t / (1 - t)`), up to ``W`` (where the sketch is exact) or
-a cap. Where the cap leaves :math:`\tau` above the tolerance (a Gram spectrum that decays
-slowly), :func:`solved_variances` refines each query by CG preconditioned with the low-rank
-form: its condition number is at most :math:`1 + \tau`, so a few iterations reach a certified
+:math:`k = (1 + t) / (1 + \tau)` (:func:`~rfgp.inference._cg_routes.served_factor`), which
+keeps every variance within :math:`t` of the exact one, either way (:math:`k(1 + \tau) = 1 + t`
+and :math:`k \ge 1 - t`): on keggundirected's 20,480-feature default the form reached
+:math:`\tau = 0.019` at its rank cap, and without the scaling every one of the 6,361 test rows
+was refined by CG. :math:`\tau` is a probabilistic bound on :math:`\|F\|`: the largest Ritz
+value :math:`\theta` of :data:`LANCZOS_STEPS` Lanczos steps on :math:`F` from a random start,
+divided by :math:`1 - \epsilon`, where by Kuczyński and Woźniakowski's bound :math:`P(\theta <
+(1 - \epsilon)\|F\|) \le 1.648\sqrt{n}\, e^{-\sqrt{\epsilon}(2k - 1)}` for ``k`` steps on an
+``n``-dimensional space, :math:`\epsilon` chosen so that this probability is
+:data:`FAILURE_PROBABILITY`. The rank doubles from :data:`START_RANK` until :math:`\tau` is
+below the requested bound (the settings' ``variance_bound``, :math:`2t / (1 - t)`), up to ``W``
+(where the sketch is exact) or a cap. Where the cap leaves :math:`\tau` above the tolerance (a
+Gram spectrum that decays slowly), :func:`solved_variances` refines each query by CG
+preconditioned with the low-rank form: its condition number is at most :math:`1 + \tau`, so a
+few iterations reach a certified
 relative tolerance.
 
 The dense route (a Cholesky factor of :math:`B` where it costs less) is
@@ -74,7 +75,6 @@ __all__ = [
     "excess_trace",
     "norm_bound",
     "rounding_shift",
-    "served_factor",
     "variance_rank_cap",
     "solved_variances",
 ]
@@ -391,22 +391,6 @@ def _real_gram(rows: Tensor) -> Tensor:
     if rows.is_complex():
         return rows.real @ rows.real.transpose(0, 1) + rows.imag @ rows.imag.transpose(0, 1)
     return rows @ rows.transpose(0, 1)
-
-
-def served_factor(bound: float, tolerance: float) -> float:
-    r"""The factor :math:`k = \min(1, (1 + t) / (1 + \tau))` on a low-rank form's variances
-    (bound :math:`\tau`, tolerance :math:`t`) that keeps each within :math:`t` of the exact
-    one: the form's :math:`\hat v \in [v, (1 + \tau) v]` gives :math:`k \hat v \in [k v,
-    (1 + t) v]`, and :math:`k \ge 1 - t` wherever :math:`\tau \le 2t / (1 - t)`. The form
-    is left as it is (an upper bound of every variance) where :math:`\tau \le t`: there its
-    own bracket already meets the tolerance, and its typical error, well below its worst
-    case, is not traded for a smaller worst case.
-
-    Example:
-        >>> served_factor(0.005, 0.01), round(served_factor(0.019, 0.01), 6)
-        (1.0, 0.991168)
-    """
-    return min(1.0, (1.0 + tolerance) / (1.0 + bound))
 
 
 def group_inverses(operator, groups: List[List[int]], preconditioners: List[NystromPreconditioner],

@@ -154,7 +154,7 @@ class CGSettings:
         exact one :math:`v` lies in :math:`[v, (1 + \tau) v]`; where :math:`\tau \le t` it is
         returned as it is, and above that :math:`k \hat v` with :math:`k = (1 + t) / (1 +
         \tau)`, within :math:`t` of :math:`v` either way as long as :math:`k \ge 1 - t`, that
-        is :math:`\tau \le 2t / (1 - t)` (:func:`~rfgp.inference._cg_variance.served_factor`).
+        is :math:`\tau \le 2t / (1 - t)` (:func:`~rfgp.inference._cg_routes.served_factor`).
 
         Example:
             >>> round(CGSettings(variance_tolerance=0.01).variance_bound, 6)

@@ -26,3 +26,16 @@ def rbf(lengthscale):
     k = gpytorch.kernels.RBFKernel().double()
     k.lengthscale = lengthscale
     return k
+
+
+def fitted_binary(seed=0):
+    """A small random-feature Dirichlet classifier fitted on 120 noisy two-class rows, and its
+    inputs: the model the temperature and class-map tests change after a fit."""
+    from rfgp.classification import DirichletGPClassifier
+    from rfgp.kernels import FourierFeatureKernel
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(120, 2, generator=g, dtype=DTYPE)
+    labels = (x[:, 0] + 0.5 * torch.randn(120, generator=g, dtype=DTYPE) > 0).long()
+    clf = DirichletGPClassifier(FourierFeatureKernel(64, seed=0).double(), seed=0).fit(x, labels)
+    return clf, x

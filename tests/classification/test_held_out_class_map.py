@@ -18,6 +18,7 @@ from rfgp.classification._held_out_class_map import (
 from rfgp.classification._held_out_temperature import held_out_temperature
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.recipes import ClassifierFitReport, fit_classifier_auto
+from tests.classification.data import fitted_binary
 
 DT = torch.float64
 
@@ -119,16 +120,8 @@ def test_a_class_without_error_gives_no_map():
     assert held_out_class_map(means, zero, labels, temperature).scales is None
 
 
-def _fitted(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(120, 2, generator=g, dtype=DT)
-    labels = (x[:, 0] + 0.5 * torch.randn(120, generator=g, dtype=DT) > 0).long()
-    clf = DirichletGPClassifier(FourierFeatureKernel(64, seed=0).double(), seed=0).fit(x, labels)
-    return clf, x
-
-
 def test_the_probabilities_are_the_softmax_of_the_mapped_latents():
-    clf, x = _fitted()
+    clf, x = fitted_binary()
     mean, var = clf._latent_moments(x[:20])
     s, o = torch.tensor([0.7, 1.6], dtype=DT), torch.tensor([0.2, -0.2], dtype=DT)
     clf.class_map = (s, o)  # no refit: the posterior is unchanged
@@ -162,14 +155,14 @@ def test_the_probabilities_are_the_softmax_of_the_mapped_latents():
 def test_a_bad_class_map_is_refused_by_name(bad):
     with pytest.raises((TypeError, ValueError), match="class_map"):
         DirichletGPClassifier(FourierFeatureKernel(8, seed=0), class_map=bad)
-    clf, _ = _fitted()
+    clf, _ = fitted_binary()
     with pytest.raises((TypeError, ValueError), match="class_map"):
         clf.class_map = bad
     assert clf.class_map is None  # a refused value leaves the attribute as it was
 
 
 def test_a_map_of_the_wrong_length_is_refused_at_prediction():
-    clf, x = _fitted()
+    clf, x = fitted_binary()
     clf.class_map = ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
     with pytest.raises(ValueError, match="class_map has 3 entries.*2 classes"):
         clf.predict_proba(x[:3])

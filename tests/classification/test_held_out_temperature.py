@@ -12,6 +12,7 @@ from rfgp.classification import DirichletGPClassifier, softmax_expectation
 from rfgp.classification._held_out_temperature import held_out_temperature
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.recipes import ClassifierFitReport, fit_classifier_auto
+from tests.classification.data import fitted_binary
 
 DT = torch.float64
 
@@ -59,16 +60,8 @@ def test_rows_without_error_identify_no_temperature():
     assert choice.nll == choice.evaluations[1.0]
 
 
-def _fitted(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(120, 2, generator=g, dtype=DT)
-    labels = (x[:, 0] + 0.5 * torch.randn(120, generator=g, dtype=DT) > 0).long()
-    clf = DirichletGPClassifier(FourierFeatureKernel(64, seed=0).double(), seed=0).fit(x, labels)
-    return clf, x
-
-
 def test_the_probabilities_are_the_softmax_of_the_latents_over_t():
-    clf, x = _fitted()
+    clf, x = fitted_binary()
     mean, var = clf._latent_moments(x[:20])
     one = clf.predict_proba(x[:20], method="mean_field")
     clf.temperature = 0.5  # no refit: the posterior is unchanged
@@ -88,7 +81,7 @@ def test_the_probabilities_are_the_softmax_of_the_latents_over_t():
 def test_a_bad_temperature_is_refused_by_name(bad):
     with pytest.raises((TypeError, ValueError), match="temperature"):
         DirichletGPClassifier(FourierFeatureKernel(8, seed=0), temperature=bad)
-    clf, _ = _fitted()
+    clf, _ = fitted_binary()
     with pytest.raises((TypeError, ValueError), match="temperature"):
         clf.temperature = bad
     assert clf.temperature == 1.0  # a refused value leaves the attribute as it was

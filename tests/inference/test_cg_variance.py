@@ -24,12 +24,11 @@ from rfgp.inference._cg_dense import (
     forecast_form,
     keep_building,
 )
-from rfgp.inference._cg_routes import VarianceRoutes
+from rfgp.inference._cg_routes import VarianceRoutes, served_factor
 from rfgp.inference._cg_variance import (
     START_RANK,
     LowRankInverse,
     norm_bound,
-    served_factor,
 )
 from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._nystrom import NystromPreconditioner
