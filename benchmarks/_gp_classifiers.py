@@ -64,7 +64,8 @@ def svgp(xtr, ytr, xte, num_classes, num_inducing, seed, quick):
     likelihood = likelihood.double()
     max_epochs, patience = (5, 3) if quick else (100, 3)
     epochs, best = train_until_elbo_stalls(model, likelihood, xtr, targets, g,
-                                           patience=patience, max_epochs=max_epochs)
+                                           patience=patience, max_epochs=max_epochs,
+                                           progress=not quick)
     model.eval()
     likelihood.eval()
     with torch.no_grad(), gpytorch.settings.num_likelihood_samples(LIKELIHOOD_SAMPLES):

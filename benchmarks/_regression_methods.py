@@ -129,9 +129,28 @@ def sgpr_model(xtr, ytr, num_inducing, seed=0):
     return model, likelihood
 
 
-def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0):
+class Unfinished(Exception):
+    """A run stopped because its forecast time exceeds its limit; ``forecast`` (seconds) and
+    ``steps`` (the steps it ran) say how far it got."""
+
+    def __init__(self, forecast: float, steps: int) -> None:
+        super().__init__(f"forecast {forecast:.0f} s after {steps} steps")
+        self.forecast, self.steps = forecast, steps
+
+
+def sgpr(xtr, ytr, xte, num_inducing, steps, seed=0, time_limit=None):
+    """SGPR trained for ``steps`` Adam steps: ``(mean, var, info)``. With ``time_limit``
+    (seconds), the training stops after two steps or more as soon as the forecast of its time
+    (the seconds so far times ``steps`` over the steps run) exceeds the limit, raising
+    :class:`Unfinished`."""
+    began = time.perf_counter()
     model, likelihood = sgpr_model(xtr, ytr, num_inducing, seed)
-    exact_trainer(model, likelihood, xtr, ytr)(steps)
+    train = exact_trainer(model, likelihood, xtr, ytr)
+    for done in range(1, steps + 1):
+        train(1)
+        forecast = (time.perf_counter() - began) * steps / done
+        if time_limit is not None and done >= 2 and forecast > time_limit:
+            raise Unfinished(forecast, done)
     mean, var = gpytorch_predict(model, likelihood, xte)
     return mean, var, {"M": model.covar_module.inducing_points.shape[0]}
 

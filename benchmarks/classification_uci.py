@@ -3,7 +3,8 @@
 The bundled UCI classification sets (``rfgp.datasets.load_uci_classification``): letter
 (20,000 rows, 16 inputs, 26 classes) and MAGIC (19,020 rows, 10 inputs, 2 classes) on random
 80/20 splits (3), adult (105 inputs after one-hot encoding, 2 classes) on its given split
-(32,561 training rows in ``adult.data``, 16,281 test rows in ``adult.test``). Inputs are
+(32,561 training rows in ``adult.data``, 16,281 test rows in ``adult.test``; ``--adult-seeds
+k`` runs each method on it with seeds ``0 .. k-1``, counted as adult's "splits"). Inputs are
 standardised with the training rows' statistics. Per split and method: test accuracy, NLL
 (mean of ``-log p(true class)``), the expected calibration error of the top-class confidence
 (15 bins, :func:`rfgp.metrics.expected_calibration_error`), the Brier score
@@ -220,7 +221,8 @@ def run(args, records: Records) -> None:
 
     def tasks():
         for name in args.sets:
-            splits = 1 if (name == "adult" or args.quick) else args.splits
+            splits = (1 if args.quick else args.adult_seeds if name == "adult"
+                      else args.splits)
             for split in range(splits):
                 for method in args.methods:
                     yield {"set": name, "split": split, "method": method}
@@ -310,8 +312,8 @@ def write_page(rows, out_dir: Path, page: Path, args) -> None:
         "scikit-learn", "",
         "Written by `benchmarks/classification_uci.py` from `classification_uci.jsonl` "
         "(the method and protocol are in the script's docstring). Letter and MAGIC: random "
-        "80/20 splits; adult: its given split (adult.data / adult.test). Entries: mean ± "
-        "standard deviation over the splits run. NLL: mean `-log p(true class)`; ECE: 15 "
+        "80/20 splits; adult: its given split (adult.data / adult.test), its \"splits\" "
+        "the methods' seeds. Entries: mean ± standard deviation over the splits run. NLL: mean `-log p(true class)`; ECE: 15 "
         "bins of the top-class confidence; Brier: mean squared error of the probability "
         "vector; time: fit and prediction, wall-clock seconds.", "",
         f"Machine: {platform.processor() or platform.machine()}, "
@@ -358,6 +360,8 @@ def main(argv=None) -> None:
     parser.add_argument("--paper", action="store_true",
                         help="the paper's fixed-D runs (D = d, 3d, 5d) on MAGIC and adult")
     parser.add_argument("--splits", type=int, default=SPLITS)
+    parser.add_argument("--adult-seeds", type=int, default=1,
+                        help="seeds per method on adult's given split (its 'splits')")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--exact-rows", type=int, default=EXACT_MAX,
                         help="most training rows of the exact Dirichlet GP (a random subsample)")

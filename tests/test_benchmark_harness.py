@@ -114,3 +114,33 @@ def test_ported_scripts_are_short_and_find_their_parts(harness, script):
     assert len((BENCHMARKS / f"{script}.py").read_text().splitlines()) <= 400
     module = __import__(script)
     assert callable(module.main)
+
+
+def test_sgpr_stops_when_its_forecast_exceeds_its_limit(harness):
+    pytest.importorskip("gpytorch")
+    import torch
+    from _regression_methods import Unfinished, sgpr
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(4 * x[:, 0])
+    with pytest.raises(Unfinished) as stop:  # any step takes more than no time at all
+        sgpr(x, y, x[:5], 8, steps=10, time_limit=0.0)
+    assert stop.value.steps == 2 and stop.value.forecast > 0
+    mean, var, info = sgpr(x, y, x[:5], 8, steps=3, time_limit=3600.0)
+    assert mean.shape == var.shape == (5,) and info == {"M": 8}
+    assert bool(torch.isfinite(torch.as_tensor(mean)).all()) and float(min(var)) > 0
+
+
+def test_curves_page_lists_an_unfinished_run_outside_its_table(harness, tmp_path, monkeypatch):
+    curves = pytest.importorskip("regression_curves")
+    monkeypatch.setattr(curves, "plot", lambda rows, name, path: None)
+    point = {"set": "s", "split": 0, "n_train": 100, "d": 2, "threads": 2, "rmse": 0.5,
+             "mnll": 0.1, "cov95": 0.95, "info": {"M": 256}}
+    rows = [{**point, "method": "SGPR 256", "time": 10.0},
+            {"set": "s", "split": 0, "method": "SGPR 2048", "unfinished": True,
+             "forecast": 7200.0, "steps": 2, "threads": 2}]
+    curves.write_markdown(rows, tmp_path)
+    page = (tmp_path / "regression_curves.md").read_text()
+    assert "| SGPR 256 |" in page and "| SGPR 2048 |" not in page
+    assert "SGPR 2048: unfinished, its training forecast at 7200 s after 2 steps" in page
