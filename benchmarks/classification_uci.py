@@ -313,9 +313,10 @@ def write_page(rows, out_dir: Path, page: Path, args) -> None:
         "Written by `benchmarks/classification_uci.py` from `classification_uci.jsonl` "
         "(the method and protocol are in the script's docstring). Letter and MAGIC: random "
         "80/20 splits; adult: its given split (adult.data / adult.test), its \"splits\" "
-        "the methods' seeds. Entries: mean ± standard deviation over the splits run. NLL: mean `-log p(true class)`; ECE: 15 "
-        "bins of the top-class confidence; Brier: mean squared error of the probability "
-        "vector; time: fit and prediction, wall-clock seconds.", "",
+        "the methods' seeds. Entries: mean ± standard deviation over the splits run. NLL: "
+        "mean `-log p(true class)`; ECE: 15 bins of the top-class confidence; Brier: mean "
+        "squared error of the probability vector; time: fit and prediction, wall-clock "
+        "seconds.", "",
         f"Machine: {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, {sorted({r['threads'] for r in rows}) or '-'} "
         "thread(s). **The timings were taken on a machine shared with other jobs** (two "
