@@ -4,6 +4,8 @@ and classification benchmarks."""
 from __future__ import annotations
 
 import math
+import sys
+import time
 
 import torch
 
@@ -16,9 +18,6 @@ def train_until_elbo_stalls(model, likelihood, x, y, generator: torch.Generator,
     ``tolerance`` for ``patience`` epochs (or ``max_epochs``): ``(epochs run, best mean loss)``. The
     model and likelihood are left in training mode. ``progress``: print each epoch's mean loss and
     seconds to standard error (long runs can then be watched)."""
-    import sys
-    import time
-
     import gpytorch
 
     opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)

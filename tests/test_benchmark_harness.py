@@ -144,3 +144,31 @@ def test_curves_page_lists_an_unfinished_run_outside_its_table(harness, tmp_path
     page = (tmp_path / "regression_curves.md").read_text()
     assert "| SGPR 256 |" in page and "| SGPR 2048 |" not in page
     assert "SGPR 2048: unfinished, its training forecast at 7200 s after 2 steps" in page
+
+
+def test_classification_benchmark_runs_adults_seeds_on_one_load(harness, tmp_path, monkeypatch):
+    cls = pytest.importorskip("classification_uci")
+    loads, fitted = [], []
+
+    def fake_load(name, split, quick):
+        loads.append((name, split))
+        import torch
+
+        return (torch.zeros(4, 2), torch.tensor([0, 1, 0, 1]), torch.zeros(3, 2),
+                torch.tensor([0, 1, 1]))
+
+    def fake_method(method, xtr, ytr, xte, num_classes, seed, quick, exact_rows):
+        fitted.append(seed)
+        return np.full((xte.shape[0], num_classes), 1.0 / num_classes), {}
+
+    monkeypatch.setattr(cls, "load_split", fake_load)
+    monkeypatch.setattr(cls, "run_method", fake_method)
+    monkeypatch.setattr(cls.torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(cls, "scores", lambda probs, labels: {
+        "accuracy": 0.5, "nll": 0.7, "ece": 0.0, "brier": 0.5})
+    args = SimpleNamespace(sets=["adult"], methods=["HistGB"], splits=3, adult_seeds=3,
+                           quick=False, threads=1, exact_rows=100)
+    records = harness.Records(tmp_path / "classification_uci.jsonl")
+    cls.run(args, records)
+    assert [r["split"] for r in records.rows()] == [0, 1, 2] and fitted == [0, 1, 2]
+    assert loads == [("adult", 0)]  # one given split: loaded once for the three seeds

@@ -23,8 +23,7 @@ from rfgp._validation._scalars import describe
 __all__ = ["EVIDENCE_DTYPES", "KERNEL_INPUT_DTYPES", "all_finite", "check_active_dims",
            "check_class_targets", "check_evidence_rows", "check_finite", "check_integer_tensor",
            "check_kernel_input", "check_long_tensor", "check_positive_values", "check_real_values",
-           "check_rows",
-           "check_tensor", "select_active_columns"]
+           "check_rows", "check_tensor", "select_active_columns"]
 
 
 def all_finite(value: Tensor) -> bool:
