@@ -68,7 +68,8 @@ def rfgp_default(xtr, ytr, xte, seed=0, **params):
 
     reg = RandomFeatureGPRegressor(random_state=seed, **params).fit(xtr.numpy(), ytr.numpy())
     start = time.perf_counter()
-    mean, std = reg.predict(xte.numpy(), return_std=True)
+    # the predictive of y, held to the variance tolerance of what the scores read
+    mean, std = reg.predict(xte.numpy(), return_std=True, observation_noise=True)
     predict_seconds = time.perf_counter() - start
     report = reg.fit_report_
     schedule = report.schedule
@@ -84,7 +85,7 @@ def rfgp_default(xtr, ytr, xte, seed=0, **params):
     if cg.get("variance_routes") is not None:  # the iterative path: how its variances went
         info["variance"] = {"routes": cg["variance_routes"], "ranks": cg.get("variance_ranks"),
                             "bounds": cg.get("variance_bounds")}
-    return mean, std**2 + reg.noise_, info
+    return mean, std**2, info
 
 
 def gpytorch_predict(model, likelihood, xte):

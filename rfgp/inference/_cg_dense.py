@@ -47,13 +47,14 @@ __all__ = [
 PROBE_ROWS = 32
 #: The share of a large matrix product's multiply-add rate that the low-rank route's passes
 #: reach. The dense route is one large product (the Gram) and a Cholesky factorisation, which
-#: run at that rate; the form's build runs single-vector Lanczos steps over the features
-#: (bound by memory, about 18 times slower per multiply-add than a block product), recomputes
+#: run at that rate; the form's build runs narrow Lanczos steps over the features (a block of
+#: LANCZOS_RUNS columns, bound by memory; each counted as one product here), recomputes
 #: the features at every pass and factorises many thin sketches, and a refinement applies
 #: both preconditioners at every iteration. Measured on two cores, 15,640 features of
 #: 15,641 rows: a build of 1.8e12 counted multiply-adds took 69 s and a refinement of 268
 #: rows (one iteration each) 7 s for 1.7e11, where a 2,048-square product runs at
-#: 5.9e10 per second, so 0.38 to 0.43 of the rate.
+#: 5.9e10 per second, so 0.38 to 0.43 of the rate (measured with single-vector Lanczos steps
+#: of 24 per bound, before LANCZOS_RUNS runs of LANCZOS_STEPS = 12).
 ITERATIVE_RATE_SHARE = 0.4
 
 

@@ -20,7 +20,8 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import math
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,6 +35,7 @@ from rfgp.inference._cg_dense import (
     keep_building,
 )
 from rfgp.inference._cg_variance import (
+    START_RANK,
     LowRankInverse,
     excess_trace,
     group_inverses,
@@ -43,7 +45,14 @@ from rfgp.inference._cg_variance import (
     variance_rank_cap,
 )
 
-__all__ = ["VarianceRoutes", "served_factor"]
+__all__ = ["FLOOR_OPEN_ROWS", "VarianceRoutes", "certified", "served_factor", "serving_bound"]
+
+#: With a noise floor, the query rows (per prediction) that the low-rank form's build may
+#: leave uncertified, to be refined by CG: preconditioned by a form of bound tau (condition
+#: number at most 1 + tau) a refinement takes a few iterations, one product with B per row
+#: each, so this many rows cost about as much as the form's first doubling (START_RANK
+#: products), and stopping the build there never costs more than another doubling would.
+FLOOR_OPEN_ROWS = START_RANK // 2
 
 
 class VarianceRoutes:
@@ -82,10 +91,13 @@ class VarianceRoutes:
         self.traces: Dict[int, Tuple[float, float]] = {}
         #: per noise group: the route of the last variances
         self.taken: Dict[int, str] = {}
+        #: per noise group: whether the form's build stopped where it certified the rows of
+        #: new observations (above the latent tolerance)
+        self.stopped: Dict[int, bool] = {}
 
-    def variances(self, g: int, column: int, feats: Tensor,
-                  want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """Noise group ``g``'s variances (and covariance) of the query features ``(M, W)``.
+    def variances(self, g: int, column: int, feats: Tensor, want_root: bool,
+                  floor: float = 0.0) -> Tuple[Tensor, Optional[Tensor]]:
+        r"""Noise group ``g``'s variances (and covariance) of the query features ``(M, W)``.
 
         With ``variance="auto"`` and room for ``B``, before any low-rank form exists, the
         dense factor is formed at once where it costs less than the form's forecast build and
@@ -93,21 +105,45 @@ class VarianceRoutes:
         where its bound meets the tolerance; else (``"auto"``) the dense factor where it pays
         for these rows (weighed on the iterations a refinement of
         :data:`~rfgp.inference._cg_dense.PROBE_ROWS` rows measured); else CG per row
-        preconditioned by the form."""
+        preconditioned by the form.
+
+        With a noise variance ``floor`` :math:`s > 0` (the variances of new observations,
+        without the covariance) each variance :math:`\sigma^2` is wanted within the tolerance
+        :math:`t` of :math:`\sigma^2 + s`, not of :math:`\sigma^2`: a form of bound
+        :math:`\tau` serves a row as it is where its :math:`\hat\sigma^2` certifies that
+        (:func:`certified`), the form's build stops at the first rank that leaves at most
+        :data:`FLOOR_OPEN_ROWS` rows (in proportion to the prediction's rows) uncertified
+        instead of at the latent tolerance, and only the uncertified rows go on to the dense
+        factor or to a refinement, whose CG stops at :math:`t\,(\phi^H u + s)`. The dense
+        factor is then not weighed before the form: the form's forecast is that of the
+        latent tolerance, which overstates its cost by far where the noise dominates."""
         solver, settings = self.solver, self.solver.settings
         if settings.variance == "exact":
             self.taken[g] = "exact"
             return solved_variances(solver, column, feats, want_root)
+        floor = 0.0 if want_root else float(floor)
         tolerance = settings.variance_tolerance
         serves = settings.variance_bound  # the largest bound a (scaled) form serves at
         rows = max(feats.shape[0], solver.expected_rows)
         auto = settings.variance == "auto"
         dense = self.dense.get(g)
-        if dense is None and auto and g not in self.low_rank and self.dense_first(g, rows):
+        if (dense is None and auto and floor == 0.0 and g not in self.low_rank
+                and self.dense_first(g, rows)):
             dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
+        served, open_rows = None, None
         if not dense:
             possible = dense is None and auto and self.dense_possible()
-            low = self.low_rank_inverse(g, rows if possible else None)
+            serving = None
+            if floor > 0.0:
+                allowed = int(FLOOR_OPEN_ROWS * feats.shape[0] / rows)
+                queries = feats.detach()
+
+                def serving(form: LowRankInverse) -> float:
+                    with torch.no_grad():
+                        values = form.variances(queries)
+                    return serving_bound(values, tolerance, floor, allowed)
+
+            low = self.low_rank_inverse(g, rows if possible else None, serving)
             if low.bound <= serves:
                 self.taken[g] = "lowrank"
                 variances, covariance = low.predict(feats, want_root)
@@ -115,12 +151,20 @@ class VarianceRoutes:
                 if k == 1.0:
                     return variances, covariance
                 return variances * k, (None if covariance is None else covariance * k)
+            if floor > 0.0:
+                served, _ = low.predict(feats, False)
+                open_rows = ~certified(served.detach(), low.bound, tolerance, floor)
+                if not bool(open_rows.any()):
+                    self.taken[g] = "lowrank"
+                    return served, None
+                rows = math.ceil(rows * int(open_rows.sum()) / feats.shape[0])
+                feats = feats[open_rows]
             if possible:
                 iterations = self.refine_iterations.get(g)
                 if iterations is None and rows > PROBE_ROWS:
                     record: dict = {}
                     solved_variances(solver, column, feats[:PROBE_ROWS].detach(), False, low,
-                                     tolerance, record)
+                                     tolerance, record, floor)
                     iterations = self.refine_iterations[g] = record["iterations"]
                 pre = solver.preconditioners[g]
                 if iterations is not None and dense_pays(solver.operator.width,
@@ -129,12 +173,19 @@ class VarianceRoutes:
                     dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
         if dense:
             self.taken[g] = "dense"
-            return dense.predict(feats, want_root)
-        self.taken[g] = "refined"
-        record = {}
-        out = solved_variances(solver, column, feats, want_root, low, tolerance, record)
-        self.refine_iterations.setdefault(g, record["iterations"])
-        return out
+            out = dense.predict(feats, want_root)
+        else:
+            self.taken[g] = "refined"
+            record = {}
+            out = solved_variances(solver, column, feats, want_root, self.low_rank[g],
+                                   tolerance, record, floor)
+            self.refine_iterations.setdefault(g, record["iterations"])
+        if open_rows is None:
+            return out
+        # the certified rows from the form, the others from the route they took
+        variances = served.clone()
+        variances[open_rows] = out[0].to(variances.dtype)
+        return variances, None
 
     def dense_first(self, g: int, rows: int) -> bool:
         """Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
@@ -169,27 +220,48 @@ class VarianceRoutes:
             possible = float(refusals) == 0.0
         return possible
 
-    def low_rank_inverse(self, g: int, queries: Optional[int] = None) -> LowRankInverse:
+    def low_rank_inverse(self, g: int, queries: Optional[int] = None,
+                         serves: Optional[Callable[[LowRankInverse], float]] = None
+                         ) -> LowRankInverse:
         """Noise group ``g``'s low-rank :math:`B^{-1}` of the variances, built at its first
         use after a fit (a collective call under ``torch.distributed``). With ``queries``
         (the rows asked for, where the dense route is open), the build stops at the rank
         where its measured bounds show it will not pay (:func:`~rfgp.inference._cg_dense.
-        keep_building`)."""
+        keep_building`); with ``serves`` at the first rank whose bound is within what it
+        says that rank serves at (:meth:`LowRankInverse.build`). A form stopped there serves
+        the rows of new observations it was built for, not the latent tolerance: a call
+        without ``serves`` builds the form again."""
+        if g in self.low_rank and serves is None and self.stopped.get(g):
+            del self.low_rank[g]
         if g not in self.low_rank:
             solver = self.solver
             pre, op = solver.preconditioners[g], solver.operator
+            latent = solver.settings.variance_bound
+            # the bound the last rank would serve at (its rows' floor), else the latent one's
+            accepts = [latent]
+
+            def accept(form: LowRankInverse) -> float:
+                accepts.append(max(latent, serves(form)))
+                return accepts[-1]
+
             proceed = None
+            cap = variance_rank_cap(op, solver.settings)
             if queries is not None:
-                cap = variance_rank_cap(op, solver.settings)
                 shift = rounding_shift(pre, op.width)
 
                 def proceed(history, cap=cap, shift=shift) -> bool:
-                    return keep_building(history, solver.settings.variance_bound, shift,
-                                         cap, op.width, solver.num_rows, queries)
+                    # extrapolated towards what the last rank serves at: with a floor, the
+                    # rows' bound, not the latent tolerance
+                    return keep_building(history, accepts[-1], shift, cap, op.width,
+                                         solver.num_rows, queries)
 
             (self.low_rank[g],) = group_inverses(op, [solver.groups()[g]], [pre],
                                                  solver.settings, [self.traces.get(g)],
-                                                 proceed)
+                                                 proceed, None if serves is None else accept)
+            form = self.low_rank[g]
+            # stopped below the cap at a bound its rows' floor accepts, not the latent one
+            self.stopped[g] = (latent < form.bound <= accepts[-1]
+                               and form.rank < min(cap, op.width))
         return self.low_rank[g]
 
     def low_rank_inverses(self) -> List[LowRankInverse]:
@@ -211,3 +283,44 @@ def served_factor(bound: float, tolerance: float) -> float:
         (1.0, 0.991168)
     """
     return min(1.0, (1.0 + tolerance) / (1.0 + bound))
+
+
+def certified(variances: Tensor, bound: float, tolerance: float, floor: float) -> Tensor:
+    r"""``(M,)``: whether a form's variance :math:`\hat v` (bound :math:`\tau`) is, as it
+    is, within the tolerance :math:`t` of :math:`v + s` (the variance of a new observation,
+    noise :math:`s`). The form gives :math:`v \le \hat v \le (1 + \tau) v`, so its error
+    :math:`\hat v - v \le \hat v\,\tau / (1 + \tau)` and :math:`v + s \ge \hat v / (1 +
+    \tau) + s`; the first is at most :math:`t` times the second where :math:`\hat v\,(\tau -
+    t) \le t\,s\,(1 + \tau)`, for every row where :math:`\tau \le t`.
+
+    Example:
+        >>> v = torch.tensor([0.001, 0.01, 0.1], dtype=torch.float64)
+        >>> certified(v, 0.1, 0.01, 0.05).tolist()  # rows up to 0.0061 at noise 0.05
+        [True, False, False]
+        >>> certified(v, 0.005, 0.01, 0.0).all().item()
+        True
+    """
+    if bound <= tolerance:
+        return torch.ones_like(variances, dtype=torch.bool)
+    return variances * (bound - tolerance) <= tolerance * floor * (1.0 + bound)
+
+
+def serving_bound(variances: Tensor, tolerance: float, floor: float, allowed: int) -> float:
+    r"""The largest bound :math:`\tau` at which a form with these ``variances`` leaves at most
+    ``allowed`` rows uncertified (:func:`certified`): a row is certified up to
+    :math:`\tau_i = t\,(\hat v_i + s) / (\hat v_i - t s)` (any :math:`\tau` where
+    :math:`\hat v_i \le t s`), and the answer is the ``allowed + 1``-th smallest
+    :math:`\tau_i` (infinite where there are at most ``allowed`` rows).
+
+    Example:
+        >>> v = torch.tensor([0.001, 0.01, 0.1], dtype=torch.float64)
+        >>> round(serving_bound(v, 0.01, 0.05, 0), 4), round(serving_bound(v, 0.01, 0.05, 1), 4)
+        (0.0151, 0.0632)
+    """
+    if allowed >= variances.numel():
+        return math.inf
+    excess = variances.double() - tolerance * floor
+    each = torch.where(excess > 0, tolerance * (variances.double() + floor)
+                       / excess.clamp_min(torch.finfo(torch.float64).tiny),
+                       torch.full_like(excess, math.inf))
+    return float(torch.sort(each).values[allowed])

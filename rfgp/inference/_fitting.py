@@ -68,11 +68,13 @@ class SolverFactory:
     statistics_dtype: Optional[torch.dtype]
     cg: CGSettings = field(default_factory=CGSettings)
 
-    def default_chunk(self) -> int:
+    def default_chunk(self, entries: int = CHUNK_ENTRIES) -> int:
+        """The rows of a chunk: the model's ``chunk_size``, else as many as hold ``entries``
+        feature values (at least 256)."""
         if self.chunk_size is not None:
             return self.chunk_size
         width = self.feature_map.num_real_features * self.feature_map.outputs_per_input
-        return max(256, CHUNK_ENTRIES // max(1, width))
+        return max(256, entries // max(1, width))
 
     def stats_dtype(self, feature_dtype: torch.dtype) -> torch.dtype:
         return self.statistics_dtype or feature_dtype

@@ -212,6 +212,7 @@ def conjugate_gradients(
     energy_tolerance: Optional[float] = None,
     precondition_root: Optional[Product] = None,
     relative_energy: Optional[float] = None,
+    energy_floor: Optional[Tensor] = None,
 ) -> CGResult:
     r"""Solve :math:`A w_j = b_j` for every column of ``rhs`` by preconditioned CG.
 
@@ -228,7 +229,11 @@ def conjugate_gradients(
     :math:`r^H P^{-1} r \le \rho\,\mathrm{Re}\, b^H w`: CG from zero keeps
     :math:`b^H w_k = b^H A^{-1} b - r_k^H A^{-1} r_k`, a lower bound that rises to the quadratic
     form, so :math:`b^H w_k + r_k^H P^{-1} r_k` is then within a factor :math:`1 + \rho` above
-    :math:`b^H A^{-1} b` (the relative precision of a predictive variance). For complex
+    :math:`b^H A^{-1} b` (the relative precision of a predictive variance). With
+    ``energy_floor`` :math:`f_j` the test is :math:`r^H P^{-1} r \le \rho\,(\mathrm{Re}\,
+    b^H w + f_j)`, which keeps :math:`b^H w_k + r_k^H P^{-1} r_k` within
+    :math:`\rho\,(b^H A^{-1} b + f_j)` above the quadratic form (the precision of a
+    predictive variance to which a noise variance :math:`f_j` is added). For complex
     ``rhs`` ``A`` must be Hermitian: inner products are :math:`\mathrm{Re}\, u^H v`, which
     equals :math:`u^H v` for the Hermitian forms CG takes.
 
@@ -251,6 +256,8 @@ def conjugate_gradients(
         relative_energy: :math:`\rho`: a column whose relative residual is within
             ``tolerance`` stops once :math:`r^H P^{-1} r \le \rho\,\mathrm{Re}\,b^H w`
             (or ``energy_tolerance``'s bound holds); only from a zero start.
+        energy_floor: ``(k,)`` non-negative :math:`f_j` added to :math:`\mathrm{Re}\,b^H w`
+            in ``relative_energy``'s test, in the units of :math:`b^H A^{-1} b` (default 0).
 
     Returns:
         A :class:`CGResult`.
@@ -276,8 +283,18 @@ def conjugate_gradients(
     if relative_energy is not None and initial is not None:
         raise ValueError("conjugate_gradients: relative_energy bounds b^H A^-1 b only from a "
                          "zero start; got an initial guess as well")
+    if energy_floor is not None and relative_energy is None:
+        raise ValueError("conjugate_gradients: energy_floor is a term of relative_energy's "
+                         "test; got it without relative_energy")
     unit = _column_units(rhs)  # (k,)
     rhs = rhs / unit
+    # The floor in the normalised units of b^H w (b divided by its unit, b^H w by its
+    # square); divided twice so that a tiny unit overflows to an infinite floor (the
+    # quadratic form is negligible beside it: met at once) rather than squaring to zero.
+    floor = 0.0
+    if energy_floor is not None:
+        given = energy_floor.to(device=unit.device, dtype=unit.dtype)
+        floor = torch.where(given > 0, given / unit / unit, torch.zeros_like(given))
     if initial is None:
         solution, residual = torch.zeros_like(rhs), rhs.clone()
     else:
@@ -301,7 +318,7 @@ def conjugate_gradients(
         if relative_energy is None:
             return rz <= energy
         # b^H w_k: the rising lower bound of b^H A^-1 b
-        met = rz <= relative_energy * _dot(rhs, solution).clamp_min(0)
+        met = rz <= relative_energy * (_dot(rhs, solution).clamp_min(0) + floor)
         return met if energy_tolerance is None else met | (rz <= energy)
 
     for _ in range(max_iterations):

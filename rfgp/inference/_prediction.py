@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from rfgp._data import array_row_chunks
-from rfgp._validation import check_generator, check_int
+from rfgp._validation import check_bool, check_generator, check_int
+from rfgp.inference._noise import column_noise
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._posterior import posterior_distribution, root_covariance
 
@@ -33,24 +34,30 @@ class Prediction:
     no state of its own; it reads the model's fit through ``_current`` and ``_query``)."""
 
     def predict_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None,
-                              return_std: bool = False):
-        """Posterior mean (and latent standard deviation) at points whose features are ``phi``.
+                              return_std: bool = False, observation_noise: bool = False):
+        """Posterior mean (and standard deviation) at points whose features are ``phi``.
 
         Args:
             phi, variance_correction: as in :meth:`posterior_from_features`.
-            return_std: also return the latent standard deviation.
+            return_std: also return the standard deviation (latent, or with
+                ``observation_noise`` that of a new observation).
+            observation_noise: as in :meth:`predict`.
 
         Returns:
             As :meth:`predict`; differentiable in ``phi``.
         """
         state = self._current("predict_from_features")
+        noise = self._observation_noise(state, observation_noise, return_std)
         rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             if not return_std:
                 return state.layout.shape_output(state.solver.predict_mean(rows))
-            mean, var, _ = state.solver.predict(rows, want_root=False)
+            with state.solver.observing(noise):
+                mean, var, _ = state.solver.predict(rows, want_root=False)
             if variance_correction is not None:
                 var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
+            if noise is not None:
+                var = var + noise.to(var)
             mean = state.layout.shape_output(mean)
             return (mean, state.layout.shape_output(var).sqrt()) if return_std else mean
 
@@ -92,8 +99,9 @@ class Prediction:
             corr = self.feature_map.variance_correction(x) if self.correct_variance else None
         return self.posterior_from_features(phi, corr)
 
-    def predict(self, x: Any, return_std: bool = False, chunk_size: Optional[int] = None):
-        """Posterior mean (and latent standard deviation) at ``x``, computed in row chunks.
+    def predict(self, x: Any, return_std: bool = False, chunk_size: Optional[int] = None,
+                observation_noise: bool = False):
+        r"""Posterior mean (and standard deviation) at ``x``, computed in row chunks.
 
         Differentiable with respect to ``x`` when ``x.requires_grad``. A query in another
         dtype is cast to the fit's dtype; ``M = 0`` rows give empty results. A numpy array
@@ -105,6 +113,12 @@ class Prediction:
             x: ``(M, d)`` test inputs: a tensor, or a float32 / float64 numpy array.
             return_std: also return the latent posterior standard deviation.
             chunk_size: rows per chunk.
+            observation_noise: with ``return_std``, the standard deviation of a new
+                observation, :math:`\sqrt{\sigma^2(x) + s}` with the model noise :math:`s`
+                of each output (not for a fit with fixed noise variances, which say nothing
+                of new points). ``solve="cg"`` holds each such variance within
+                ``cg_variance_tolerance`` of :math:`\sigma^2 + s`, not of
+                :math:`\sigma^2`: where the noise dominates, far cheaper.
 
         Returns:
             ``mean`` of shape ``(M,)``, ``(M, T)`` or ``(M, p)``; with ``return_std`` also
@@ -125,8 +139,11 @@ class Prediction:
             >>> torch.allclose(gp.predict(queries, chunk_size=3), whole, rtol=1e-12, atol=0)
             True
         """
-        step = self._check_chunk_size(chunk_size) or self._factory.default_chunk()
         state = self._current("predict")
+        entries = state.solver.variance_chunk_entries if return_std else None
+        step = self._check_chunk_size(chunk_size) or (
+            self._factory.default_chunk(entries) if entries else self._factory.default_chunk())
+        self._observation_noise(state, observation_noise, return_std)  # refused before a chunk
         parts = []
         shape = getattr(x, "shape", ())
         # The solver may weigh a cost paid once (a dense factor of B) against all the rows.
@@ -140,10 +157,30 @@ class Prediction:
                         continue
                     corr = (self.feature_map.variance_correction(xs) if self.correct_variance
                             else None)
-                    parts.append(self.predict_from_features(features, corr, return_std=True))
+                    parts.append(self.predict_from_features(features, corr, return_std=True,
+                                                            observation_noise=observation_noise))
         if not return_std:
             return torch.cat(parts)
         return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
+
+    def _observation_noise(self, state, observation_noise: Any,
+                           return_std: bool) -> Optional[Tensor]:
+        """The model noise per target column ``(T,)`` that ``observation_noise=True`` adds to
+        the variances (the values the posterior was computed with), or ``None``."""
+        if not check_bool("observation_noise", observation_noise):
+            return None
+        if not return_std:
+            raise ValueError(
+                "observation_noise=True adds the noise variance to the standard deviation, "
+                "which only return_std=True returns; got return_std=False"
+            )
+        if state.layout.fixed:
+            raise ValueError(
+                "observation_noise=True adds the model noise, but the GP was fitted with fixed "
+                "noise variances (fit(x, y, noise)), which say nothing of new points"
+            )
+        noise = state.layout.frozen if state.layout.frozen is not None else self.noise
+        return column_noise(noise.detach(), state.layout.num_columns)
 
     def _query_chunks(self, x: Any, step: int) -> Iterator[Tensor]:
         """``x``'s rows, ``step`` at a time, checked and cast to the fit's dtype: a tensor

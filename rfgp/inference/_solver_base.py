@@ -64,6 +64,15 @@ class Solver(ABC):
     #: the query rows of the prediction under way (over all its chunks; 0 when unknown): a
     #: solver may weigh a per-fit cost against them (see :meth:`expecting`)
     expected_rows: int = 0
+    #: per target column ``(T,)``, the noise variance that the prediction under way adds to
+    #: its variances (``observation_noise=True``; ``None``: the latent variances): a solver
+    #: whose variances are approximate may hold them to its tolerance of the sum (see
+    #: :meth:`observing`); the direct solvers' are exact either way
+    variance_floor: Optional[Tensor] = None
+    #: feature values of a prediction's chunk with variances (``None``: the model's default
+    #: chunk): a solver whose variances cost a pass over the training rows per chunk asks
+    #: for fewer, larger chunks
+    variance_chunk_entries: Optional[int] = None
 
     def __init__(self, complex_solve: bool, jitter: Optional[float], target_scale: float) -> None:
         self.complex_solve = complex_solve
@@ -79,6 +88,15 @@ class Solver(ABC):
             yield
         finally:
             self.expected_rows = previous
+
+    @contextlib.contextmanager
+    def observing(self, noise: Optional[Tensor]) -> Iterator[None]:
+        """Within the block, :attr:`variance_floor` is ``noise`` (per target column)."""
+        previous, self.variance_floor = self.variance_floor, noise
+        try:
+            yield
+        finally:
+            self.variance_floor = previous
 
     def bind(self, feature_map) -> None:
         """Use ``feature_map`` (the model's kernel now) for any features the solver computes;

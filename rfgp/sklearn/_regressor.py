@@ -13,7 +13,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from rfgp._data import ScaledTargets, ShardedSource, open_source, target_moments
-from rfgp._validation import check_int
+from rfgp._validation import check_bool, check_int
 from rfgp.inference._feature_gp import ConvergenceWarning, RandomFeatureGP
 from rfgp.recipes import (
     FitReport,
@@ -297,17 +297,23 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     def _scale(self, values: np.ndarray, power: int = 1) -> np.ndarray:
         return values * self._y_std**power
 
-    def predict(self, X: Any, return_std: bool = False, return_cov: bool = False):
+    def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
+                observation_noise: bool = False):
         """Posterior mean of ``f`` at ``X`` and optionally its standard deviation or covariance.
 
-        The standard deviation and covariance are those of the latent function (add
-        ``noise_`` for the distribution of a new observation).
+        The standard deviation and covariance are those of the latent function, or with
+        ``observation_noise=True`` those of new observations (``noise_`` added to each
+        variance). A fit on the iterative path (``solve="cg"``) computes its variances to a
+        relative tolerance of what is returned: of new observations, where the noise
+        dominates, at a fraction of the latent variances' cost.
 
         Args:
             X: ``(n_samples, n_features)`` query points.
             return_std: also return the standard deviation, same shape as the mean.
             return_cov: also return the covariance ``(n_samples, n_samples)`` (with several
                 targets ``(n_samples, n_samples, n_targets)``).
+            observation_noise: the standard deviation or covariance of a new observation
+                ``y`` rather than of ``f`` (needs ``return_std`` or ``return_cov``).
 
         Returns:
             ``mean`` of shape ``(n_samples,)`` or ``(n_samples, n_targets)``, and ``std`` or
@@ -315,6 +321,11 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
         """
         if return_std and return_cov:
             raise RuntimeError("at most one of return_std and return_cov can be requested")
+        if check_bool("observation_noise", observation_noise) and not (return_std or return_cov):
+            raise ValueError(
+                "observation_noise=True adds noise_ to the standard deviation or covariance, "
+                "which only return_std=True or return_cov=True returns"
+            )
         check_is_fitted(self)
         if (isinstance(X, np.memmap) and X.dtype in (np.float32, np.float64)
                 and not return_cov):
@@ -325,7 +336,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                     f"{self.n_features_in_} features as input"
                 )
             with torch.no_grad():
-                out = self.gp_.predict(X, return_std=return_std, chunk_size=_PREDICT_ROWS)
+                out = self.gp_.predict(X, return_std=return_std, chunk_size=_PREDICT_ROWS,
+                                       observation_noise=observation_noise)
             if not return_std:
                 return self._scale(out.double().numpy()) + self._y_mean
             mean, std = out
@@ -341,9 +353,14 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
                 # post[:, t] is the posterior of target t, whatever the row layout.
                 cov = np.stack([post[:, t].covariance_matrix.detach().numpy()
                                 for t in range(mean.shape[1])], axis=-1)
-            return self._scale(mean) + self._y_mean, self._scale(cov, 2)
+            cov = self._scale(cov, 2)
+            if observation_noise:
+                rows = np.arange(cov.shape[0])
+                cov[rows, rows] += self.noise_  # noise_ per target broadcasts along the last
+            return self._scale(mean) + self._y_mean, cov
         if return_std:
-            mean, std = self.gp_.predict(x_t, return_std=True)
+            mean, std = self.gp_.predict(x_t, return_std=True,
+                                         observation_noise=observation_noise)
             return self._scale(mean.numpy()) + self._y_mean, self._scale(std.numpy())
         return self._scale(self.gp_.predict(x_t).numpy()) + self._y_mean
 
