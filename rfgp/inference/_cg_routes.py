@@ -299,10 +299,15 @@ def certified(variances: Tensor, bound: float, tolerance: float, floor: float) -
         [True, False, False]
         >>> certified(v, 0.005, 0.01, 0.0).all().item()
         True
+        >>> certified(v, float("inf"), 0.01, 0.5).tolist()  # rows up to t s = 0.005
+        [True, False, False]
     """
     if bound <= tolerance:
         return torch.ones_like(variances, dtype=torch.bool)
-    return variances * (bound - tolerance) <= tolerance * floor * (1.0 + bound)
+    # v_hat <= t s (1 + tau) / (tau - t), which falls to t s as tau grows: without a finite
+    # bound the form is an upper bound alone, and error <= v_hat <= t s <= t (v + s) still
+    ratio = (1.0 + bound) / (bound - tolerance) if math.isfinite(bound) else 1.0
+    return variances <= tolerance * floor * ratio
 
 
 def serving_bound(variances: Tensor, tolerance: float, floor: float, allowed: int) -> float:

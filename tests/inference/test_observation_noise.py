@@ -121,6 +121,11 @@ def test_certified_rows_are_within_the_tolerance_of_the_sum_at_either_end_of_the
             low = served / (1 + bound)
             worst = (served - low)[ok]
             assert bool((worst <= tolerance * (low[ok] + floor) * (1 + 1e-12)).all())
+    # Without a finite bound the form is an upper bound alone (the true variance anywhere in
+    # [0, v_hat]): only rows whose whole error, v_hat, is within t s are certified.
+    served = torch.rand(500, generator=g, dtype=DT) * 0.01
+    ok = certified(served, float("inf"), tolerance, 0.5)
+    assert bool((served[ok] <= tolerance * 0.5).all()) and bool(ok.any()) and not ok.all()
     # Without a floor only a bound within the tolerance certifies.
     v = torch.rand(10, dtype=DT)
     assert not certified(v, 2e-2, 1e-2, 0.0).any() and certified(v, 1e-2, 1e-2, 0.0).all()
@@ -198,6 +203,23 @@ def test_the_estimator_adds_noise_to_its_std_and_covariance(targets):
         reg.predict(xt.numpy(), observation_noise=True)
     with pytest.raises(TypeError, match="observation_noise"):
         reg.predict(xt.numpy(), return_std=True, observation_noise=1)
+
+
+def test_a_prediction_of_fewer_rows_than_the_allowance_refines_them_on_a_first_rank_form():
+    # Ten rows: refining them all costs less than any doubling, so the build stops at its
+    # first rank without a Lanczos run, and every row is still within the tolerance.
+    x, y, xt = _data()
+    noise, tolerance = 0.5, 1e-2
+    exact = RandomFeatureGP(_kernel(), noise=noise).fit(x, y)
+    truth = exact.predict(xt[:10], return_std=True)[1].square() + noise
+    gp = RandomFeatureGP(_kernel(), noise=noise, solve="cg", cg_variance="lowrank",
+                         preconditioner_rank=16, cg_variance_tolerance=tolerance).fit(x, y)
+    got = gp.predict(xt[:10], return_std=True, observation_noise=True)[1].square()
+    from rfgp.inference._cg_variance import START_RANK
+
+    assert gp.cg_info["variance_ranks"] == [START_RANK]
+    assert float((got / truth).min()) >= 1 - SLACK
+    assert float((got / truth).max()) <= 1 + tolerance + SLACK
 
 
 def test_the_open_rows_allowance_is_a_fraction_of_the_first_doubling():
