@@ -49,17 +49,23 @@ class Prediction:
         state = self._current("predict_from_features")
         noise = self._observation_noise(state, observation_noise, return_std)
         rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
-            if not return_std:
+        if not return_std:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
                 return state.layout.shape_output(state.solver.predict_mean(rows))
+        return self._mean_and_std(state, rows, variance_correction, noise)
+
+    def _mean_and_std(self, state, rows: Tensor, variance_correction: Optional[Tensor],
+                      noise: Optional[Tensor]):
+        """Mean and standard deviation at checked feature ``rows``, with the model noise per
+        target column ``noise`` added to each variance where given (checked by the caller)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             with state.solver.observing(noise):
                 mean, var, _ = state.solver.predict(rows, want_root=False)
             if variance_correction is not None:
                 var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
             if noise is not None:
                 var = var + noise.to(var)
-            mean = state.layout.shape_output(mean)
-            return (mean, state.layout.shape_output(var).sqrt()) if return_std else mean
+            return state.layout.shape_output(mean), state.layout.shape_output(var).sqrt()
 
     def posterior_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None):
         r"""The posterior at points whose features are ``phi``.
@@ -143,7 +149,7 @@ class Prediction:
         entries = state.solver.variance_chunk_entries if return_std else None
         step = self._check_chunk_size(chunk_size) or (
             self._factory.default_chunk(entries) if entries else self._factory.default_chunk())
-        self._observation_noise(state, observation_noise, return_std)  # refused before a chunk
+        noise = self._observation_noise(state, observation_noise, return_std)  # checked once
         parts = []
         shape = getattr(x, "shape", ())
         # The solver may weigh a cost paid once (a dense factor of B) against all the rows.
@@ -157,8 +163,8 @@ class Prediction:
                         continue
                     corr = (self.feature_map.variance_correction(xs) if self.correct_variance
                             else None)
-                    parts.append(self.predict_from_features(features, corr, return_std=True,
-                                                            observation_noise=observation_noise))
+                    feats, corr = self.feature_map.checked_rows(features, corr)
+                    parts.append(self._mean_and_std(state, feats, corr, noise))
         if not return_std:
             return torch.cat(parts)
         return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])

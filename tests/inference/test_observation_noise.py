@@ -169,6 +169,16 @@ def test_gradients_flow_through_certified_and_refined_rows():
     assert float((query.grad - reference.grad).abs().max()) <= 0.1 * scale
 
 
+def test_a_noise_changed_after_the_fit_is_the_one_added_and_conditioned_on():
+    x, y, xt = _data(n=400)
+    gp = RandomFeatureGP(_kernel(256), noise=0.1).fit(x, y)
+    gp.noise = 0.3
+    fresh = RandomFeatureGP(_kernel(256), noise=0.3).fit(x, y)
+    got = gp.predict(xt, return_std=True, observation_noise=True)[1]
+    want = fresh.predict(xt, return_std=True)[1].square() + 0.3
+    torch.testing.assert_close(got.square(), want, rtol=1e-10, atol=0)
+
+
 def test_refusals_name_the_argument():
     x, y, xt = _data(n=200)
     gp = RandomFeatureGP(_kernel(64), noise=0.1).fit(x, y)
