@@ -98,6 +98,30 @@ class FeatureMap:
         """Feature rows at ``x``: ``(N p, D)``, interleaved, times ``sqrt(outputscale)``."""
         return self.scale_rows(self.base.features(x))
 
+    def rows_into(self, x: Tensor, out: Tensor) -> Tensor:
+        """:meth:`rows` without autograd, written into ``out`` where the kernel can.
+
+        For passes that drop each chunk's features before the next: one buffer kept over the
+        pass instead of a fresh ``N x D`` allocation per chunk. Complex and multi-output
+        features take :meth:`rows`.
+
+        Args:
+            x: ``(N, d)`` inputs.
+            out: real ``(N, D)`` buffer in the kernel's dtype, on ``x``'s device.
+
+        Returns:
+            ``(N, D)`` feature rows: ``out``, or a tensor of their own where the kernel has no
+            way to write into a buffer.
+        """
+        if self.is_complex or self.outputs_per_input != 1 or x.shape[0] == 0:
+            return self.rows(x)
+        with torch.no_grad():
+            phi = self.base._features_into(self.base.prepare_input(x), out)
+            if self.scale is not None:
+                scale = self.scale.outputscale.sqrt().to(phi.dtype)
+                phi = phi.mul_(scale) if phi.data_ptr() == out.data_ptr() else phi * scale
+        return phi
+
     def scale_rows(self, phi: Tensor) -> Tensor:
         """Flatten ``(M, p, D)`` to interleaved rows and apply ``sqrt(outputscale)``."""
         if phi.dim() == 3:

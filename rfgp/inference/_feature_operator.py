@@ -146,6 +146,8 @@ class FeatureOperator:
         self.column_noise: Optional[Tensor] = None
         self._cache: Dict[Tuple[int, int], Tensor] = {}
         self._cached = 0
+        # One feature buffer for the chunks of a pass that are not cached (see _features).
+        self._workspace: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ layout
     @property
@@ -212,15 +214,34 @@ class FeatureOperator:
 
     def _features(self, index: int, start: int, x: Tensor) -> Tensor:
         cached = self._cache.get((index, start))
-        if cached is None:
-            with torch.no_grad():
-                rows = self.feature_map.rows(x)
-            cached = rows if self.complex_solve else real_form(rows)
-            size = cached.numel() * cached.element_size()
-            if self._cached + size <= self.cache_bytes:
-                self._cache[(index, start)] = cached
-                self._cached += size
-        return cached.to(self.vector_dtype)
+        if cached is not None:
+            return cached.to(self.vector_dtype)
+        fm = self.feature_map
+        size = x.shape[0] * fm.outputs_per_input * fm.num_real_features * x.element_size()
+        keep = self._cached + size <= self.cache_bytes
+        with torch.no_grad():
+            if keep or fm.is_complex or fm.outputs_per_input != 1:
+                rows = fm.rows(x)
+            else:
+                # A chunk dropped after use is written into the pass's buffer: a fresh N x D
+                # block per chunk is handed back to the operating system at every free and
+                # faulted in again page by page, which cost as much as the features.
+                rows = fm.rows_into(x, self._buffer(x))
+        features = rows if self.complex_solve else real_form(rows)
+        if keep:
+            self._cache[(index, start)] = features
+            self._cached += size
+        return features.to(self.vector_dtype)
+
+    def _buffer(self, x: Tensor) -> Tensor:
+        """The pass's ``(n, D)`` feature buffer for ``x``'s ``n`` rows (kept until the pass ends:
+        :meth:`run`)."""
+        width = self.feature_map.num_real_features
+        held = self._workspace
+        if (held is None or held.shape[0] < x.shape[0] or held.dtype != x.dtype
+                or held.device != x.device):
+            held = self._workspace = x.new_empty(max(self.chunk, x.shape[0]), width)
+        return held[:x.shape[0]]
 
     def inverse_noise(self, noise: Optional[Tensor], columns: Tensor, num_rows: int) -> Tensor:
         """``(n, k)``: the inverse noise of target column ``columns[j]`` on the chunk's rows."""
@@ -309,10 +330,13 @@ class FeatureOperator:
     def run(self, local_pass: Callable[[], None]) -> None:
         """One pass over this process's rows (over a shard of a source, checked on every
         process: see :meth:`SourceRows.run`)."""
-        if self.streamed and self.distributed:
-            self.data.run(local_pass)
-        else:
-            local_pass()
+        try:
+            if self.streamed and self.distributed:
+                self.data.run(local_pass)
+            else:
+                local_pass()
+        finally:
+            self._workspace = None
 
     def apply(self, v: Tensor, columns: Sequence[int]) -> Tensor:
         """:math:`B V` (see :meth:`gram`)."""

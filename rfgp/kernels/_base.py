@@ -245,6 +245,24 @@ class RandomFeatureKernel(RandomWeights, BatchedWeights, Kernel, metaclass=ABCMe
         """
 
     # ------------------------------------------------------------------ optional hooks
+    def _features_into(self, x: Tensor, out: Tensor) -> Tensor:
+        """:meth:`_features` on prepared inputs, written into ``out`` where the map can.
+
+        Called without autograd, by passes that compute the features of many row chunks and
+        drop each chunk's before the next: a buffer kept across chunks saves what a fresh
+        ``N x D`` allocation costs every chunk (the operating system hands large blocks back
+        at every free, and faults them in again page by page at the next first write).
+
+        Args:
+            x: ``(N, d)`` prepared inputs.
+            out: real ``(N, D)`` buffer of ``x``'s dtype and device (a strided view may do).
+
+        Returns:
+            The features: ``out`` where they were written there, else a tensor of their own
+            (this default computes :meth:`_features`; a caller copies or uses the result).
+        """
+        return self._features(x)
+
     @property
     def needs_allocation(self) -> bool:
         """Whether :meth:`allocate` must run on training inputs before features exist."""

@@ -89,6 +89,18 @@ __all__ = [
 PRODUCT_MODES = ("elementwise", "tensor")
 
 
+def _width_of(node: Kernel, product: str) -> int:
+    """Columns of ``node``'s features in a composition with products of kind ``product``."""
+    if isinstance(node, RandomFeatureKernel):
+        return int(node.num_features)
+    if isinstance(node, ScaleKernel):
+        return _width_of(node.base_kernel, product)
+    widths = [_width_of(child, product) for _, child in children_of(node)]
+    if isinstance(node, AdditiveKernel):
+        return sum(widths)
+    return math.prod(widths) if product == "tensor" else widths[0]
+
+
 def _real_to_complex(phi: Tensor) -> Tensor:
     return phi if phi.is_complex() else torch.complex(phi, torch.zeros_like(phi))
 
@@ -260,26 +272,48 @@ class ComposedFeatureKernel(RandomFeatureKernel):
             phi = _real_to_complex(phi)
         return phi
 
-    def _evaluate(self, node: Kernel, x: Tensor, counter: List[int], select: bool) -> Tensor:
+    def _features_into(self, x: Tensor, out: Tensor) -> Tensor:
+        # A sum's parts are written side by side into out's columns (no concatenation: that
+        # would be a second N x D buffer and pass per chunk); real scalar-output trees only.
+        if (self.is_complex or self._outputs_per_input != 1 or len(self.batch_shape)
+                or torch.is_grad_enabled()):
+            return self._features(x)
+        return self._evaluate(self.tree, x, [0], select=True, out=out)
+
+    def _evaluate(self, node: Kernel, x: Tensor, counter: List[int], select: bool,
+                  out: Optional[Tensor] = None) -> Tensor:
         """Features of ``node`` at ``x``; ``select`` applies the node's ``active_dims`` (what
-        GPyTorch's ``Kernel.__call__`` does, and ``ScaleKernel.forward`` skips)."""
+        GPyTorch's ``Kernel.__call__`` does, and ``ScaleKernel.forward`` skips). With ``out``
+        (real scalar-output trees, without autograd) a sum and the leaves under it write into
+        ``out`` where they can; the result is ``out`` or a tensor of its own."""
         if select:
             x = select_active_columns(x, node.active_dims)
         if isinstance(node, RandomFeatureKernel):
             # The leaf's own active_dims were applied above (or, under a ScaleKernel, by it).
             x = node.check_input(x)
             node.ensure_weights(x)
-            return node._features(x)
+            return node._features(x) if out is None else node._features_into(x, out)
         if isinstance(node, ScaleKernel):
-            phi = self._evaluate(node.base_kernel, x, counter, select=False)
+            phi = self._evaluate(node.base_kernel, x, counter, select=False, out=out)
             scale = node.outputscale.sqrt().to(phi.real.dtype)
-            if isinstance(node.base_kernel, FourierFeatureKernel) and not (
+            written = out is not None and phi.data_ptr() == out.data_ptr()
+            if (written or isinstance(node.base_kernel, FourierFeatureKernel)) and not (
                     phi.requires_grad or scale.requires_grad):
-                # In place where nothing is recorded (cos_sin_features returns a fresh buffer):
-                # no second N x D buffer per chunk, where a large model's feature passes are
-                # bound by memory traffic.
+                # In place where nothing is recorded (the pass's own buffer, or
+                # cos_sin_features's fresh one): no second N x D buffer per chunk, where a
+                # large model's feature passes are bound by memory traffic.
                 return phi.mul_(scale)
             return phi * scale
+        if out is not None and isinstance(node, AdditiveKernel):
+            start = 0
+            for _, child in children_of(node):
+                width = _width_of(child, self.product)
+                block = out[..., start:start + width]
+                phi = self._evaluate(child, x, counter, select=True, out=block)
+                if phi.data_ptr() != block.data_ptr() or phi.stride() != block.stride():
+                    block.copy_(phi)
+                start += width
+            return out
         parts = [self._evaluate(child, x, counter, select=True) for _, child in children_of(node)]
         if any(p.is_complex() for p in parts):
             parts = [_real_to_complex(p) for p in parts]

@@ -107,10 +107,12 @@ def stationary_kernel(
     raise ValueError(f"nu must be None, 0.5, 1.5 or 2.5, got {nu!r}")
 
 
-def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
+def cos_sin_features(proj: Tensor, scale: float, out: Optional[Tensor] = None) -> Tensor:
     r"""``scale * [cos(proj), sin(proj)]`` along the last dimension: ``(..., m) -> (..., 2m)``.
 
     The real form of :math:`e^{i \omega^\top x}` used by every random Fourier feature map.
+    Without autograd the result is written into ``out`` (shape ``(..., 2m)``, a strided view
+    may do) when one is given, else into a fresh buffer.
 
     Example:
         >>> cos_sin_features(torch.zeros(1, 2), 0.5)
@@ -118,12 +120,26 @@ def cos_sin_features(proj: Tensor, scale: float) -> Tensor:
     """
     m = proj.shape[-1]
     if torch.is_grad_enabled() and proj.requires_grad:
+        if out is not None:
+            raise ValueError("out is for passes without autograd; proj requires grad")
         # Scaling cat's fresh output in place saves a pass (cat keeps no output for
         # backward, the product with a Python scalar keeps no input).
         return torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1).mul_(scale)
     # Without autograd: cos and sin written straight into the halves of one buffer
     # (measured about 2x faster than cat of two temporaries, N = 1e5, D = 1024).
-    out = proj.new_empty(*proj.shape[:-1], 2 * m)
+    if out is None:
+        out = proj.new_empty(*proj.shape[:-1], 2 * m)
+    elif out.shape != (*proj.shape[:-1], 2 * m) or out.dtype != proj.dtype:
+        raise ValueError(
+            f"out must have shape {(*proj.shape[:-1], 2 * m)} and dtype {proj.dtype}, got "
+            f"{tuple(out.shape)} and {out.dtype}"
+        )
+    if not out.is_contiguous():
+        # A block of a wider buffer (a part of a sum): cos and sin written through short
+        # strided rows measured 2-3x slower than into fresh contiguous tensors and a copy.
+        torch.mul(torch.cos(proj), scale, out=out[..., :m])
+        torch.mul(torch.sin(proj), scale, out=out[..., m:])
+        return out
     torch.cos(proj, out=out[..., :m])
     torch.sin(proj, out=out[..., m:])
     return out.mul_(scale)
@@ -343,6 +359,12 @@ class FourierFeatureKernel(RandomFeatureKernel):
 
     def _features(self, x: Tensor) -> Tensor:
         return cos_sin_features(self._scaled_projections(x), 1.0 / math.sqrt(self.num_frequencies))
+
+    def _features_into(self, x: Tensor, out: Tensor) -> Tensor:
+        if len(self.batch_shape) or torch.is_grad_enabled():
+            return self._features(x)
+        return cos_sin_features(self._scaled_projections(x),
+                                1.0 / math.sqrt(self.num_frequencies), out=out)
 
     def exact_kernel(self) -> Kernel:
         """The GPyTorch kernel this map approximates, sharing the current lengthscale value."""

@@ -98,3 +98,36 @@ def test_checkpoint_of_a_source_fit_predicts_means(tmp_path):
     torch.testing.assert_close(loaded.predict(x[:10]), gp.predict(x[:10]), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="without its training rows"):
         loaded.predict(x[:10], return_std=True)
+
+
+@pytest.mark.parametrize("tree", ["scaled", "sum"])
+def test_chunks_written_into_the_pass_buffer_give_the_dense_products(tree):
+    # Chunks that are not cached are written into one buffer kept over a pass. Products with
+    # no cache, with a cache holding some chunks (which must not share the buffer) and with
+    # every chunk cached agree with Phi^T S^-1 Phi V from the features computed at once, over
+    # two passes, a last chunk shorter than the others included; the buffer is let go at the
+    # end of each pass.
+    from gpytorch.kernels import ScaleKernel
+
+    from rfgp.kernels import as_feature_kernel
+
+    x, y = _data(1000)
+    if tree == "scaled":
+        kernel = ScaleKernel(_kernel()).double()
+        kernel.outputscale = 1.7
+    else:
+        parts = [ScaleKernel(FourierFeatureKernel(64, seed=s)).double() for s in range(3)]
+        kernel = as_feature_kernel(parts[0] + parts[1] + parts[2])
+    fm = FeatureMap(kernel)
+    with torch.no_grad():
+        phi = fm.real_rows(x)
+    v = torch.randn(phi.shape[1], 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    expected = phi.T @ (phi @ v) / 0.5
+    chunk_bytes = 300 * phi.shape[1] * 8
+    for cache, cached_rows in ((0, 0), (2 * chunk_bytes, 600), (1 << 30, 1000)):
+        op = FeatureOperator(fm, [(x, y, None)], False, DT, chunk=300, cache_bytes=cache)
+        op.column_noise = torch.full((2,), 0.5, dtype=DT)
+        for _ in range(2):
+            torch.testing.assert_close(op.gram(v, [0, 1]), expected, rtol=1e-12, atol=1e-10)
+            assert op._workspace is None
+        assert op._cached == cached_rows * phi.shape[1] * 8

@@ -105,6 +105,53 @@ def test_sum_is_exact_concatenation_of_scaled_parts():
         torch.testing.assert_close(k(x, diag=True), tree(x, diag=True))
 
 
+def test_sum_written_into_a_buffer_is_the_concatenation_of_its_parts():
+    # A pass's buffer route (no autograd): the parts are written side by side into one buffer,
+    # a Fourier part straight into its block, a scaled part scaled in place, a sketch part and
+    # an elementwise product copied in; the result is the buffer and equals the parts' own
+    # features side by side.
+    a = ScaleKernel(FourierFeatureKernel(16, active_dims=[0, 1], seed=0))
+    a.outputscale = torch.tensor(2.5)
+    b = PolynomialSketchKernel(3, 8, bias=1.0, projection="rademacher", active_dims=[2], seed=1)
+    c = FourierFeatureKernel(6, seed=2)
+    product = FourierFeatureKernel(10, active_dims=[0], seed=3) * PolynomialSketchKernel(
+        2, 10, bias=1.0, projection="gaussian", active_dims=[1], seed=4)
+    tree = (a + b + c + ScaleKernel(product)).double()
+    k = as_feature_kernel(tree, seed=5)
+    x = torch.randn(9, 3, dtype=DT)
+    x.requires_grad_(False)
+    expected = k.features(x).detach()
+    parts = torch.cat([a.outputscale.sqrt() * a.base_kernel.features(x), b.features(x),
+                       c.features(x)], -1).detach()
+    torch.testing.assert_close(expected[:, :30], parts, rtol=0, atol=0)
+    out = torch.full((9, k.num_features), float("nan"), dtype=DT)
+    with torch.no_grad():
+        phi = k._features_into(k.prepare_input(x), out)
+    assert phi.data_ptr() == out.data_ptr() and bool(torch.isfinite(out).all())
+    # cos and sin through a strided block against contiguous: a few ulps at most
+    torch.testing.assert_close(phi, expected, rtol=0, atol=8 * torch.finfo(DT).eps)
+    with torch.no_grad(), pytest.raises(ValueError, match="out must have shape"):
+        c._features_into(c.prepare_input(x), torch.empty(9, 7, dtype=DT))
+
+
+def test_buffer_route_falls_back_where_it_cannot_write():
+    # With autograd, or for complex features, the buffer is not written: the features come
+    # back as a tensor of their own, gradients intact.
+    k = as_feature_kernel(FourierFeatureKernel(8, seed=0) + FourierFeatureKernel(8, seed=1))
+    k = k.double()
+    x = torch.randn(4, 2, dtype=DT)
+    out = torch.zeros(4, 16, dtype=DT)
+    phi = k._features_into(k.prepare_input(x), out)
+    assert phi.requires_grad and phi.data_ptr() != out.data_ptr() and not out.any()
+    torch.testing.assert_close(phi, k.features(x), rtol=0, atol=0)
+    z = as_feature_kernel(FourierFeatureKernel(8, seed=0) + PolynomialSketchKernel(
+        2, 8, projection="gaussian", complex=True, seed=1)).double()
+    with torch.no_grad():
+        phi = z._features_into(z.prepare_input(x), torch.zeros(4, 32, dtype=DT))
+        torch.testing.assert_close(phi, z.features(x), rtol=0, atol=0)
+    assert phi.is_complex()
+
+
 def test_tensor_product_equals_gpytorch_product_on_the_same_draws():
     a = FourierFeatureKernel(6, active_dims=[0], seed=0)
     b = ScaleKernel(PolynomialSketchKernel(2, 5, bias=0.3, projection="gaussian", seed=1))
