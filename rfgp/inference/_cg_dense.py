@@ -195,8 +195,10 @@ def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
     (:func:`keep_building`).
 
     The rank doubles from :data:`START_RANK` as :meth:`LowRankInverse.build` does. The build
-    costs the sketch's columns and :data:`LANCZOS_STEPS` per doubling, :math:`2 N W`
-    multiply-adds each, and :math:`8 W r^2` for each factorisation. Where the forecast bound
+    costs the sketch's columns and at most :data:`LANCZOS_STEPS` per doubling (a rank that
+    keeps an eigenvalue above the tolerance runs none, one that fails may stop early; the
+    forecast counts them all), :math:`2 N W` multiply-adds each, and :math:`8 W r^2` for
+    each factorisation. Where the forecast bound
     exceeds the tolerance, the iterations of a refined row are those of CG on the modelled
     preconditioned spectrum to a residual :math:`\sqrt{\rho / \kappa}` (:math:`\rho` the
     tolerance, :math:`\kappa` the spectrum's condition number); else 0.

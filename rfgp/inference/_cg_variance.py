@@ -201,7 +201,11 @@ class LowRankInverse:
                 the cap only needs to know whether its bound meets the tolerance, and its
                 Lanczos run stops once it shows that it will not (:func:`norm_bound`'s
                 ``above``): that rank's recorded bound is then a value above the tolerance,
-                not the full bound, which the rank at the cap always takes.
+                not the full bound, which the rank at the cap always takes. A rank whose
+                smallest sketched eigenvalue already exceeds what it must be within runs no
+                Lanczos at all: its neglected part is at least the next eigenvalue of the
+                excess, which a spectrum without a cliff at exactly that rank keeps about as
+                large (a wrong guess costs one doubling's sketch columns, never a bound).
             serves: called with the form of every rank below the cap (its bound not yet
                 known) whose trace bound exceeds the tolerance: the largest bound at which
                 that form serves what it is built for (the variances of given rows with a
@@ -238,6 +242,10 @@ class LowRankInverse:
             basis = torch.zeros(width, 0, dtype=dtype, device=device)
             return LowRankInverse(pre, basis, torch.zeros(0, dtype=real, device=device), empty,
                                   0)
+        # Each rank's Lanczos starts from draws of its own (seeded from the generator's seed,
+        # drawing nothing from it), so that the sketch's draws do not depend on which ranks
+        # ran a bound (or how far) and a rank's bound on which ran before.
+        lanczos_seed = generator.initial_seed() % 2**62
         sketch = NystromSketch(excess, width, dtype, device, generator)
         limit = max(1, min(max_rank, width))
         rank, steps = min(START_RANK, limit), [0]
@@ -256,13 +264,24 @@ class LowRankInverse:
             if serves is not None and bound > tolerance and rank < limit:
                 accept = max(tolerance, serves(LowRankInverse(
                     pre, basis, (values - shift).clamp_min(0), math.inf)))
+            kept = float(values.min()) if values.numel() else 0.0
+            if bound > accept and proceed is None and rank < limit and kept > accept:
+                # The form keeps an eigenvalue above what it must be within: the neglected part
+                # is at least E's next eigenvalue (E = form + F, the form of rank r), and on any
+                # spectrum without a cliff at exactly this rank that is about the smallest one
+                # kept, so the bound would fail. No Lanczos run: double (a wrong guess costs one
+                # doubling's sketch columns; every form served still has its own bound).
+                history.append((rank, kept))
+                rank = min(2 * rank, limit)
+                continue
             if bound > accept:
                 # Below the cap and without `proceed` (which extrapolates the bounds), only
                 # whether the bound meets what the form serves at matters: a Lanczos run stops
                 # once it shows that it will not, after a few single-vector passes over the
                 # data instead of LANCZOS_STEPS (on a slowly decaying spectrum most ranks fail).
                 above = accept if proceed is None and rank < limit else None
-                bound = min(bound, norm_bound(neglected, width, dtype, device, generator,
+                starts = torch.Generator().manual_seed(lanczos_seed + rank)
+                bound = min(bound, norm_bound(neglected, width, dtype, device, starts,
                                               above=above))
             history.append((rank, bound))
             if bound <= accept or rank >= limit:
