@@ -119,7 +119,7 @@ class FeatureMap:
             phi = self.base._features_into(self.base.prepare_input(x), out)
             if self.scale is not None:
                 scale = self.scale.outputscale.sqrt().to(phi.dtype)
-                phi = phi.mul_(scale) if phi.data_ptr() == out.data_ptr() else phi * scale
+                phi = phi.mul_(scale) if self.base._written_into(phi, out) else phi * scale
         return phi
 
     def scale_rows(self, phi: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ say so by their ``_`` prefix.
 """
 
 from rfgp.kernels._base import RandomFeatureKernel, real_form, unwrap_scale_kernel
-from rfgp.kernels._composition import ComposedFeatureKernel, as_feature_kernel, product_variance
+from rfgp.kernels._composition import ComposedFeatureKernel, as_feature_kernel
 from rfgp.kernels._dot_product import DotProductKernel
 from rfgp.kernels._fourier import (
     MATERN_NU,
@@ -47,6 +47,7 @@ from rfgp.kernels._maclaurin import (
     maclaurin_coefficients,
     optimize_allocation,
 )
+from rfgp.kernels._product_variance import product_variance
 from rfgp.kernels._sketches import (
     PROJECTIONS,
     PolynomialSketchKernel,

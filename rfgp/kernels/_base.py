@@ -245,6 +245,13 @@ class RandomFeatureKernel(RandomWeights, BatchedWeights, Kernel, metaclass=ABCMe
         """
 
     # ------------------------------------------------------------------ optional hooks
+    @staticmethod
+    def _written_into(phi: Tensor, out: Tensor) -> bool:
+        """Whether :meth:`_features_into` returned ``out`` itself (its memory, shape and
+        strides) rather than a tensor of its own."""
+        return (phi.data_ptr() == out.data_ptr() and phi.shape == out.shape
+                and phi.stride() == out.stride())
+
     def _features_into(self, x: Tensor, out: Tensor) -> Tensor:
         """:meth:`_features` on prepared inputs, written into ``out`` where the map can.
 

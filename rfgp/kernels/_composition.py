@@ -31,8 +31,8 @@ every such tree has a random feature map of its own:
       \;\overset{m=2}{=}\; k_1^2 v_2 + k_2^2 v_1 + D\,v_1 v_2,
 
   against :math:`\prod_i (k_i^2 + v_i) - \prod_i k_i^2 = k_1^2 v_2 + k_2^2 v_1 + v_1 v_2` for the
-  full tensor product of the same parts (:func:`product_variance` evaluates both). The
-  elementwise product pays the extra :math:`(D - 1) v_1 v_2`, small where the parts are
+  full tensor product of the same parts (:func:`~rfgp.kernels.product_variance` evaluates
+  both). The elementwise product pays the extra :math:`(D - 1) v_1 v_2`, small where the parts are
   accurate, for ``D`` instead of :math:`D^2` columns.
 * **Tensor product** (``product="tensor"``, for small widths): :math:`\Phi = \mathrm{vec}(\Phi_1
   \otimes \dots \otimes \Phi_m)` with :math:`\prod_i D_i` columns, whose estimate is exactly
@@ -57,14 +57,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from torch import Tensor
 
 from rfgp._ops import make_generator
-from rfgp._validation import check_choice, check_int, check_tensor, select_active_columns
+from rfgp._validation import check_choice, select_active_columns
 from rfgp.kernels._base import RandomFeatureKernel
 from rfgp.kernels._fourier import FourierFeatureKernel
 from rfgp.kernels._kernel_tree import (
@@ -81,7 +81,6 @@ __all__ = [
     "as_feature_kernel",
     "is_composition",
     "is_feature_composition",
-    "product_variance",
 ]
 
 #: How a product of feature maps is formed: Hadamard product of equal widths, or the full
@@ -109,9 +108,9 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     r"""The random feature map of a GPyTorch kernel tree over rfgp random-feature kernels.
 
     Sums concatenate the (scaled) parts' features, products multiply independent parts
-    elementwise (or form their tensor product); :func:`product_variance` gives the variance of
-    a product, and the *Composing kernels* section of the feature-map guide the formulas. The
-    tree is held as the sub-module :attr:`tree`, so its parameters (lengthscales,
+    elementwise (or form their tensor product); :func:`~rfgp.kernels.product_variance` gives
+    the variance of a product, and the *Composing kernels* section of the feature-map guide
+    the formulas. The tree is held as the sub-module :attr:`tree`, so its parameters (lengthscales,
     outputscales, biases) and the leaves' random weights are shared, not copied: optimising
     this kernel optimises the tree, and the tree's GPyTorch evaluation :math:`k(x, y)` is what
     this kernel's :math:`\hat k(x, y)` estimates.
@@ -275,8 +274,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
     def _features_into(self, x: Tensor, out: Tensor) -> Tensor:
         # A sum's parts are written side by side into out's columns (no concatenation: that
         # would be a second N x D buffer and pass per chunk); real scalar-output trees only.
-        if (self.is_complex or self._outputs_per_input != 1 or len(self.batch_shape)
-                or torch.is_grad_enabled()):
+        if self.is_complex or self._outputs_per_input != 1 or torch.is_grad_enabled():
             return self._features(x)
         return self._evaluate(self.tree, x, [0], select=True, out=out)
 
@@ -296,7 +294,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
         if isinstance(node, ScaleKernel):
             phi = self._evaluate(node.base_kernel, x, counter, select=False, out=out)
             scale = node.outputscale.sqrt().to(phi.real.dtype)
-            written = out is not None and phi.data_ptr() == out.data_ptr()
+            written = out is not None and self._written_into(phi, out)
             if (written or isinstance(node.base_kernel, FourierFeatureKernel)) and not (
                     phi.requires_grad or scale.requires_grad):
                 # In place where nothing is recorded (the pass's own buffer, or
@@ -310,7 +308,7 @@ class ComposedFeatureKernel(RandomFeatureKernel):
                 width = _width_of(child, self.product)
                 block = out[..., start:start + width]
                 phi = self._evaluate(child, x, counter, select=True, out=block)
-                if phi.data_ptr() != block.data_ptr() or phi.stride() != block.stride():
+                if not self._written_into(phi, block):
                     block.copy_(phi)
                 start += width
             return out
@@ -457,56 +455,3 @@ def as_feature_kernel(
         check_choice("product", product, PRODUCT_MODES)
         return kernel
     return ComposedFeatureKernel(kernel, product=product, seed=seed)
-
-
-def product_variance(
-    values: Sequence[Tensor],
-    variances: Sequence[Tensor],
-    num_features: int,
-    product: str = "elementwise",
-) -> Tensor:
-    r"""Variance of a product estimate from its independent parts with i.i.d. columns.
-
-    With the parts' kernel values :math:`k_i` and the variances :math:`v_i` of their estimates
-    (each part at width ``num_features`` for the elementwise product, at its own width for the
-    tensor product):
-
-    .. math::
-        \text{elementwise: } \frac1D\Big(\prod_i (k_i^2 + D v_i) - \prod_i k_i^2\Big),
-        \qquad \text{tensor: } \prod_i (k_i^2 + v_i) - \prod_i k_i^2.
-
-    The tensor product formula holds for any independent parts; the elementwise one for parts
-    whose columns are i.i.d. (so the product's columns are i.i.d.).
-
-    Args:
-        values: the parts' exact kernel values :math:`k_i(x, y)`, broadcastable tensors.
-        variances: :math:`v_i = \mathbb{V}[\hat k_i(x, y)]`, same shapes.
-        num_features: ``D``, the common width (elementwise; ignored for the tensor product).
-        product: ``"elementwise"`` or ``"tensor"``.
-
-    Returns:
-        The variance, broadcast over the inputs.
-
-    Example:
-        >>> k, v = torch.tensor([0.5]), torch.tensor([0.01])
-        >>> product_variance([k, k], [v, v], 100)   # k^2 v + k^2 v + D v^2
-        tensor([0.0150])
-    """
-    product = check_choice("product", product, PRODUCT_MODES)
-    num_features = check_int("num_features", num_features)
-    if len(values) != len(variances) or len(values) < 1:
-        raise ValueError(
-            "values and variances must be non-empty sequences of equal length, got "
-            f"{len(values)} and {len(variances)}"
-        )
-    for i, (k, v) in enumerate(zip(values, variances)):
-        check_tensor(f"values[{i}]", k)
-        check_tensor(f"variances[{i}]", v)
-        if (v < 0).any():
-            raise ValueError(
-                f"variances[{i}] must be non-negative, got minimum {v.min().item():.3g}"
-            )
-    scale = float(num_features) if product == "elementwise" else 1.0
-    second = math.prod(k.square() + scale * v for k, v in zip(values, variances))
-    mean_square = math.prod(k.square() for k in values)
-    return (second - mean_square) / scale

@@ -25,7 +25,7 @@ from rfgp.kernels import (
     PolynomialSketchKernel,
     as_feature_kernel,
 )
-from rfgp.kernels._composition import product_variance
+from rfgp.kernels._product_variance import product_variance
 from rfgp.variance import sketch_variance
 
 DT = torch.float64
