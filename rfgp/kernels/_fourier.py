@@ -114,6 +114,10 @@ def cos_sin_features(proj: Tensor, scale: float, out: Optional[Tensor] = None) -
     Without autograd the result is written into ``out`` (shape ``(..., 2m)``, a strided view
     may do) when one is given, else into a fresh buffer.
 
+    Raises:
+        ValueError: for an ``out`` of another shape or dtype than the result's, or an ``out``
+            where ``proj`` requires grad.
+
     Example:
         >>> cos_sin_features(torch.zeros(1, 2), 0.5)
         tensor([[0.5000, 0.5000, 0.0000, 0.0000]])

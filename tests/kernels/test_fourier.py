@@ -518,3 +518,21 @@ def test_scaled_projections_reject_bad_input():
         k.scaled_projections(torch.tensor(1.0))
     with pytest.raises(TypeError):
         k.scaled_projections(torch.zeros(3, 2, dtype=torch.int64))
+
+
+def test_cos_sin_features_refuses_a_buffer_it_cannot_write():
+    # The buffer route is for passes without autograd, into a buffer of the result's shape
+    # and dtype: anything else is refused by name, never written partly or cast.
+    from rfgp.kernels._fourier import cos_sin_features
+
+    proj = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="out must have shape"):
+        cos_sin_features(proj, 1.0, out=torch.empty(3, 7, dtype=torch.float64))
+    with pytest.raises(ValueError, match="out must have shape .* and dtype"):
+        cos_sin_features(proj, 1.0, out=torch.empty(3, 8, dtype=torch.float32))
+    with pytest.raises(ValueError, match="without autograd"):
+        cos_sin_features(proj.requires_grad_(), 1.0, out=torch.empty(3, 8, dtype=torch.float64))
+    out = torch.empty(3, 8, dtype=torch.float64)
+    assert cos_sin_features(proj.detach(), 0.5, out=out) is out
+    torch.testing.assert_close(out, 0.5 * torch.cat([proj.cos(), proj.sin()], -1).detach(),
+                               rtol=0, atol=4 * torch.finfo(torch.float64).eps)
