@@ -78,7 +78,7 @@ def rfgp_default(xtr, ytr, xte, seed=0, **params):
             "stages": {k: round(v, 2) for k, v in report.seconds.items()},
             "predicted": {k: round(v, 2) for k, v in schedule.predicted.items()},
             "calibration": {k: v for k, v in report.calibration.items()
-                            if k in ("chosen", "outputscale_factor", "noise_before",
+                            if k in ("chosen", "outputscale_factor", "lengthscale_factor", "noise_before",
                                      "noise_after")},
             "predict_seconds": round(predict_seconds, 2)}
     cg = getattr(reg.gp_, "cg_info", None) or {}

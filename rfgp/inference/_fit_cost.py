@@ -339,8 +339,9 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     :math:`\min(D, D_c)` features (:data:`CHOICE_FEATURES`), one more at :math:`D` where
     several candidates were compared at fewer, and the Cholesky factor (the fit reuses the
     chosen Gram matrix). In function space (``N < D``), the features, the kernel matrix
-    :math:`N^2 D` and its eigendecomposition per candidate, and the fit's features, kernel
-    matrix and factor.
+    :math:`N^2 D` and its eigendecomposition per candidate (at :math:`\min(D, D_c)` features,
+    and once more at :math:`D` where several were compared at fewer), and the fit's features,
+    kernel matrix and factor.
 
     Example:
         >>> final_fit_cost(10**4, 2048, 8, 2) > final_fit_cost(10**4, 2048, 8)
@@ -348,8 +349,13 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     """
     n, m, k = float(num_rows), float(num_features), max(1, candidates)
     if n < m:
-        features = n * m * input_dim
-        return (k + 1) * (features + n * n * m) + 4 * k * n**3 + n**3 / 3
+        def kernel_calibration(width: float) -> float:
+            return n * width * input_dim + n * n * width + 4 * n**3
+
+        fit = n * m * input_dim + n * n * m + n**3 / 3
+        if k > 1 and m > CHOICE_FEATURES:
+            return k * kernel_calibration(CHOICE_FEATURES) + kernel_calibration(m) + fit
+        return k * kernel_calibration(m) + fit
 
     def calibration(width: float) -> float:
         return n * width * input_dim + 0.625 * n * width * width + 4 * width**3

@@ -247,3 +247,61 @@ def test_reused_products_of_the_wrong_shape_are_refused():
         gp._fit_batches([(x, y, None)], None,
                         reuse=(torch.eye(width, dtype=DT), torch.zeros(width, 2, dtype=DT)))
     assert not gp.is_fitted
+
+
+# ---------------------------------------------------------------- the lengthscale factor
+def test_the_scale_search_walks_to_the_grid_point_nearest_the_minimum():
+    from rfgp.recipes._refit import SCALE_STEP, scale_search
+
+    def walk(optimum):
+        calls = []
+
+        def evaluate(c):
+            calls.append(c)
+            return math.log(c / optimum) ** 2, c
+
+        return evaluate, calls
+
+    grid = [SCALE_STEP**k for k in range(-6, 7)]
+    for optimum in (0.3, 0.55, 0.9, 1.0, 1.3, 2.6):
+        evaluate, calls = walk(optimum)
+        factor, model, losses = scale_search(evaluate, math.log(1 / optimum) ** 2, 1.0)
+        nearest = min(grid, key=lambda c: abs(math.log(c / optimum)))
+        assert factor == pytest.approx(nearest, rel=1e-12) and model == factor
+        # every factor tried is in the record, and the walk went one way from 1 at a time
+        assert set(losses) == {1.0, *calls}
+        assert len(calls) <= 2 + abs(round(math.log(nearest) / math.log(SCALE_STEP)))
+    # a bound on the factor stops the upward walk; a NaN loss never counts as better
+    evaluate, calls = walk(3.0)
+    assert scale_search(evaluate, math.log(1 / 3.0) ** 2, 1.0, largest=1.3)[0] == pytest.approx(
+        1 / SCALE_STEP)
+    factor, _, _ = scale_search(lambda c: (math.nan, c), 1.0, 1.0)
+    assert factor == 1.0
+
+
+def test_the_final_model_is_at_its_evidence_maximum_along_the_lengthscale_factor():
+    # The final 64-feature model's lengthscales are the search's times a factor c on the grid
+    # SCALE_STEP^k; rebuilt independently at c * SCALE_STEP and c / SCALE_STEP and calibrated
+    # (outputscale and noise by their own evidence), neither model has a larger evidence.
+    from rfgp.inference import calibrate_scales
+    from rfgp.recipes._refit import SCALE_STEP
+
+    x, y = _sine_data(600, 12)
+    report = FitReport()
+    gp = fit_auto(x, y, num_features=64, seed=0, report=report, lengthscale_draws=0)
+    factor = report.calibration["lengthscale_factor"]
+    record = report.calibration["factor_evidence"]
+    assert factor in record and record[factor] == min(record.values())
+    kernel = gp.kernel
+    base = kernel.base_kernel.lengthscale.detach().clone()
+    torch.testing.assert_close(base.reshape(-1), report.lengthscale.reshape(-1))
+
+    def loss(scale):
+        trial = copy.deepcopy(kernel)
+        trial.base_kernel.lengthscale = base * scale
+        with torch.no_grad():
+            return calibrate_scales(trial, x, y, float(gp.noise)).loss
+
+    at = loss(1.0)
+    assert at <= loss(SCALE_STEP) + 1e-9 * abs(at)
+    assert at <= loss(1 / SCALE_STEP) + 1e-9 * abs(at)

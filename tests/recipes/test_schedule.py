@@ -22,6 +22,7 @@ from rfgp.inference._fit_cost import (
 )
 from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
+from rfgp.recipes._refit import SCALE_EVALUATIONS
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
@@ -36,14 +37,17 @@ def test_final_features_are_the_largest_grid_size_within_the_final_share(n):
     plan = _plan(n)
     share = FINAL_SHARE * plan.budget * plan.machine_rate
     size = plan.num_features
-    # The share pays for the candidates the final model may compare: two where a local
-    # stage can run (more rows than the subsample), else one.
-    k = 2 if n > plan.subsample else 1
+    # The share pays for the calibrations the final model may compare: two candidates where
+    # a local stage can run (more rows than the subsample), else one, and the scale search's.
+    k = (2 if n > plan.subsample else 1) + SCALE_EVALUATIONS
     grid = feature_grid(MIN_FEATURES, MAX_ITERATIVE_FEATURES, FEATURE_STEP,
                         row_capped_features(n))
     assert size in grid and size % 2 == 0
+    # The share, or what the first search and the Laplace Hessian leave where that is less.
+    leaves = (plan.budget - plan.predicted["search"]
+              - plan.predicted.get("laplace", 0.0)) * plan.machine_rate
     within = max([MIN_FEATURES] + [m for m in grid if m <= MAX_WEIGHT_FEATURES
-                                   and final_fit_cost(n, m, 8, k) <= share])
+                                   and final_fit_cost(n, m, 8, k) <= min(share, leaves)])
     # At least the largest D within the share; more only from what the other stages leave,
     # and then the whole plan stays within the budget.
     assert size >= within

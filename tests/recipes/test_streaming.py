@@ -245,14 +245,14 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
 
     # rows behind a memory-map, chunks or shards, planned on the weight path
     opts = RegressionOptions(solve="weight").checked()
-    plans = {n: plan_regression(n, 10, opts, streamed=True) for n in (10**6, 10**7, 10**8)}
+    plans = {n: plan_regression(n, 10, opts, streamed=True) for n in (10**7, 10**8, 10**9)}
     # the default budget keeps the final D (its most weight-space features) at every size
     assert {plan.num_features for plan in plans.values()} == {8192}
     for stage in ("search", "refine", "local", "laplace"):
         assert len({plan.predicted[stage] for plan in plans.values()}) == 1
     # the final fit: a + b N (the D^3 eigendecompositions and factor, the features and Gram
-    # matrices per row), so its increments over 9 10^6 and 9 10^7 rows differ tenfold
-    refit = [plans[n].predicted["refit"] for n in (10**6, 10**7, 10**8)]
+    # matrices per row), so its increments over 9 10^7 and 9 10^8 rows differ tenfold
+    refit = [plans[n].predicted["refit"] for n in (10**7, 10**8, 10**9)]
     assert (refit[2] - refit[1]) / (refit[1] - refit[0]) == pytest.approx(10.0, rel=1e-9)
     assert refit[0] < refit[1] < refit[2] < 10 * refit[1]
     for plan in plans.values():
