@@ -78,8 +78,8 @@ def rfgp_default(xtr, ytr, xte, seed=0, **params):
             "stages": {k: round(v, 2) for k, v in report.seconds.items()},
             "predicted": {k: round(v, 2) for k, v in schedule.predicted.items()},
             "calibration": {k: v for k, v in report.calibration.items()
-                            if k in ("chosen", "outputscale_factor", "lengthscale_factor", "noise_before",
-                                     "noise_after")},
+                            if k in ("chosen", "outputscale_factor", "lengthscale_factor",
+                                     "noise_before", "noise_after")},
             "predict_seconds": round(predict_seconds, 2)}
     cg = getattr(reg.gp_, "cg_info", None) or {}
     if cg.get("variance_routes") is not None:  # the iterative path: how its variances went

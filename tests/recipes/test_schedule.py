@@ -21,8 +21,8 @@ from rfgp.inference._fit_cost import (
     row_capped_features,
 )
 from rfgp.recipes import RegressionOptions, measure_machine_rate
-from rfgp.recipes._regression import plan_regression
 from rfgp.recipes._refit import SCALE_EVALUATIONS
+from rfgp.recipes._regression import plan_regression
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
 ROWS = [50, 300, 1000, 1500, 2000, 5000, 9000, 20000, 40000, 60000, 100000, 400000]
