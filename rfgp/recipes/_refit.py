@@ -17,9 +17,11 @@ maximise the evidence of a model of ``search_features`` features, which cannot f
 lengthscale (a fine variation must be called noise), so they lean long; a model of more
 features can afford shorter ones. The chosen candidate's lengthscales are multiplied by
 :math:`c = \rho^{\pm k}` (:data:`SCALE_STEP`), walking from :math:`c = 1` toward the side where
-the same calibrated model's evidence rises, for as long as it rises (at most
-:data:`SCALE_STEPS` steps): a one-dimensional search that costs a calibration per step at
-the choice's features, no gradient. Where the final ``D`` is larger than the choice's, its
+the same calibrated model's evidence rises by more than :data:`SCALE_EVIDENCE` nats, for as
+long as it does (at most :data:`SCALE_STEPS` steps): a one-dimensional search that costs a
+calibration per step at the choice's features, no gradient, as many as
+:data:`SCALE_SHARE` of the budget pays for (:func:`plan_scale`; none on a budget too small
+for one). Where the final ``D`` is larger than the choice's, its
 own optimum lies further the same way (the optimum moves from the search's ``D`` toward the
 exact kernel's as ``D`` grows), so the choice's factor is a step in the right direction that
 stops short. Measured at 2,048 and 8,192 features on three data sets: where the evidence
@@ -53,6 +55,7 @@ from rfgp.inference import (
     ScaleCalibration,
     calibrate_scales,
     calibrate_source_scales,
+    final_fit_cost,
     final_path,
     fit_calibrated,
     fit_calibrated_source,
@@ -74,9 +77,16 @@ __all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "re
 SCALE_STEP = 0.8
 #: The most steps the scale search walks in one direction (``0.8**6 = 0.26``).
 SCALE_STEPS = 6
-#: The calibrations the cost model expects of the scale search: a step that improves and the
-#: one that does not, or one down and one up.
-SCALE_EVALUATIONS = 3
+#: The most calibrations the schedule books for the scale search (down to 0.64 and the step
+#: that confirms it, or one down and up to 1.56).
+SCALE_EVALUATIONS = 4
+#: Share of the budget the scale search's calibrations may take (:func:`plan_scale`): at
+#: most :data:`SCALE_EVALUATIONS` of them, each counted at the choice's features.
+SCALE_SHARE = 0.1
+#: Nats of log evidence by which a factor must beat the last one to be taken (a Bayes factor
+#: of e): on data the features cannot explain the evidence is flat in the factor, and a
+#: walk on rounding-level gains would only move the lengthscales.
+SCALE_EVIDENCE = 1.0
 
 #: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
 #: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
@@ -149,8 +159,10 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         # A kept lengthscale bound (the model choice's) holds for the scaled lengthscales too.
         largest = (float((searched.bound / centre).min()) if searched.bound is not None
                    else math.inf)
-        factor, calibration, factors = scale_search(evaluate, losses[name], calibration,
-                                                    largest)
+        evaluations = data.schedule.settings.get("refit", {}).get("scale_evaluations", 0)
+        factor, calibration, factors = scale_search(
+            evaluate, losses[name], calibration, largest, evaluations,
+            SCALE_EVIDENCE / data.num_entries)
         centre = centre * factor
     start = calibration
     forecast = None
@@ -166,7 +178,7 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve="weight")
     if iterative and data.options.calibrate:
-        forecast = _forecast_features(data, start, max(1, len(candidates)) + SCALE_EVALUATIONS)
+        forecast = _forecast_features(data, start, max(1, len(candidates)))
         if forecast is not None and forecast.num_features < features:
             features = forecast.num_features
             report.num_features = features
@@ -223,19 +235,22 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     return gp
 
 
-def scale_search(evaluate: Any, loss: float, calibration: Any,
-                 largest: float = math.inf) -> tuple:
+def scale_search(evaluate: Any, loss: float, calibration: Any, largest: float = math.inf,
+                 evaluations: int = 2 * SCALE_STEPS, margin: float = 0.0) -> tuple:
     r"""The common factor :math:`c` on the lengthscales whose calibrated model has the
     smallest ``evaluate(c)[0]`` (the negative log evidence per datum) along the walk of the
     module docstring: from :math:`c = 1` (``loss``, ``calibration``) by factors of
     :data:`SCALE_STEP`, then, where the first step down does not improve, by factors of its
-    inverse, each walk for as long as each step improves (at most :data:`SCALE_STEPS`) and
-    :math:`c` stays at most ``largest``.
+    inverse, each walk for as long as each step improves by more than ``margin`` (at most
+    :data:`SCALE_STEPS` steps), :math:`c` stays at most ``largest`` and ``evaluations`` are
+    left.
 
     Args:
         evaluate: ``c -> (loss, calibration)``.
         loss, calibration: at :math:`c = 1`.
         largest: the largest factor allowed (a bound on the lengthscales).
+        evaluations: the most calls of ``evaluate`` (the schedule's, :func:`plan_scale`).
+        margin: the least decrease of the loss a step must bring.
 
     Returns:
         ``(c, calibration at c, {c: loss})`` over every factor evaluated.
@@ -251,11 +266,11 @@ def scale_search(evaluate: Any, loss: float, calibration: Any,
     for step in (SCALE_STEP, 1.0 / SCALE_STEP):
         for _ in range(SCALE_STEPS):
             factor = best[0] * step
-            if factor > largest:
+            if factor > largest or len(losses) > evaluations:
                 break
             tried, found = evaluate(factor)
             losses[factor] = tried
-            if not tried < best[1]:  # a NaN loss never improves
+            if not tried < best[1] - margin:  # a NaN loss never improves
                 break
             best = (factor, tried, found)
         if best[0] != 1.0:
@@ -360,7 +375,7 @@ def plan_final_share(plan: Plan) -> None:
             min(FINAL_SHARE * plan.total, leaves), max(MIN_FEATURES, opts.search_features),
             MAX_ITERATIVE_FEATURES, FEATURE_STEP, row_capped_features(plan.num_rows))
     plan.num_features = features
-    plan.spent += _final_cost(plan, features, compared(plan), forced)
+    plan.spent += _final_cost(plan, features, 1, forced)
 
 
 def plan_final_growth(plan: Plan) -> None:
@@ -386,7 +401,8 @@ def plan_final_growth(plan: Plan) -> None:
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None, plan.streamed)
-    plan.final_solve, plan.predicted["refit"] = path, cost
+    scale = plan.settings.get("refit", {}).get("scale_cost", 0.0)
+    plan.final_solve, plan.predicted["refit"] = path, cost + scale
 
 
 def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
@@ -436,7 +452,9 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
     def cost(size: int) -> float:
         return _final_cost(plan, size, candidates)
 
-    budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate
+    # The scale search's calibrations come out of the same seconds.
+    scale = schedule.settings.get("refit", {}).get("scale_cost", 0.0)
+    budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate - scale
     larger = largest_features_within(cost, budget, schedule.num_features,
                                      MAX_ITERATIVE_FEATURES, FEATURE_STEP,
                                      row_capped_features(num_rows))
@@ -444,17 +462,44 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         return schedule
     path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates,
                                      False, streamed)
-    predicted = dict(schedule.predicted, refit=multiply_adds / rate)
+    predicted = dict(schedule.predicted, refit=(multiply_adds + scale) / rate)
     return dataclasses.replace(schedule, num_features=larger, final_solve=path,
                                predicted=predicted)
 
 
 def compared(plan: Plan) -> int:
-    """The calibrations the final fit compares, as the cost model counts them: the
-    refinement's end, the local stage's best where a local stage can run, and the scale
-    search's :data:`SCALE_EVALUATIONS` where the final model calibrates itself."""
-    return ((2 if local_possible(plan) else 1)
-            + (SCALE_EVALUATIONS if plan.options.calibrate else 0))
+    """The candidates the final fit compares, as the cost model counts them: the
+    refinement's end, and the local stage's best where a local stage can run (the scale
+    search's calibrations are booked apart, :func:`plan_scale`)."""
+    return 2 if local_possible(plan) else 1
+
+
+def scale_evaluation_cost(plan: Plan) -> float:
+    """Multiply-adds of one calibration of the scale search at its most: at
+    :data:`~rfgp.inference.CHOICE_FEATURES` features on every row."""
+    return final_fit_cost(plan.num_rows, CHOICE_FEATURES, plan.input_dim, 1)
+
+
+def plan_scale(plan: Plan) -> None:
+    """Book the scale search (:func:`scale_search`) where the final model calibrates itself:
+    as many calibrations as :data:`SCALE_SHARE` of the budget (or what the stages booked so
+    far leave, where less) pays for, at most
+    :data:`SCALE_EVALUATIONS`, each counted at its most (:func:`scale_evaluation_cost`), so
+    that more budget never buys fewer; its bound, that share or those calibrations where
+    less, grows with the budget. The count is ``settings["refit"]["scale_evaluations"]``
+    (none at a budget too small for one: a walk there would cost the final model
+    features)."""
+    if not plan.options.calibrate:
+        return
+    per = scale_evaluation_cost(plan)
+    # Its share, or what the stages booked so far leave where that is less (an exact search
+    # on a couple of thousand rows can take most of a small budget).
+    afford = min(SCALE_SHARE * plan.total, max(plan.left(), 0.0))
+    evaluations = int(min(SCALE_EVALUATIONS, afford // per))
+    plan.settings.setdefault("refit", {}).update(scale_evaluations=evaluations,
+                                                 scale_cost=evaluations * per)
+    plan.bounds["scale"] = min(SCALE_SHARE * plan.total, SCALE_EVALUATIONS * per)
+    plan.spent += evaluations * per
 
 
 def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:
@@ -464,4 +509,5 @@ def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False
                       forced, plan.streamed)[1]
 
 
-REFIT = Stage("refit", refit, ((10, plan_final_share), (50, plan_final_growth)))
+REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),
+                              (50, plan_final_growth)))

@@ -277,6 +277,16 @@ def test_the_scale_search_walks_to_the_grid_point_nearest_the_minimum():
         1 / SCALE_STEP)
     factor, _, _ = scale_search(lambda c: (math.nan, c), 1.0, 1.0)
     assert factor == 1.0
+    # the schedule's count of evaluations caps the walk; a gain within the margin is no gain
+    evaluate, calls = walk(0.3)
+    factor, _, losses = scale_search(evaluate, math.log(1 / 0.3) ** 2, 1.0, evaluations=2)
+    assert calls == [SCALE_STEP, SCALE_STEP**2] and factor == pytest.approx(SCALE_STEP**2)
+    evaluate, calls = walk(0.3)
+    assert scale_search(evaluate, math.log(1 / 0.3) ** 2, 1.0, evaluations=0)[0] == 1.0
+    assert calls == []
+    gain = math.log(1 / 0.3) ** 2 - math.log(SCALE_STEP / 0.3) ** 2
+    evaluate, calls = walk(0.3)
+    assert scale_search(evaluate, math.log(1 / 0.3) ** 2, 1.0, margin=1.01 * gain)[0] == 1.0
 
 
 def test_the_final_model_is_at_its_evidence_maximum_along_the_lengthscale_factor():

@@ -21,7 +21,6 @@ from rfgp.inference._fit_cost import (
     row_capped_features,
 )
 from rfgp.recipes import RegressionOptions, measure_machine_rate
-from rfgp.recipes._refit import SCALE_EVALUATIONS
 from rfgp.recipes._regression import plan_regression
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, default_budget
 
@@ -37,9 +36,9 @@ def test_final_features_are_the_largest_grid_size_within_the_final_share(n):
     plan = _plan(n)
     share = FINAL_SHARE * plan.budget * plan.machine_rate
     size = plan.num_features
-    # The share pays for the calibrations the final model may compare: two candidates where
-    # a local stage can run (more rows than the subsample), else one, and the scale search's.
-    k = (2 if n > plan.subsample else 1) + SCALE_EVALUATIONS
+    # The share pays for the candidates the final model may compare: two where a local
+    # stage can run (more rows than the subsample), else one.
+    k = 2 if n > plan.subsample else 1
     grid = feature_grid(MIN_FEATURES, MAX_ITERATIVE_FEATURES, FEATURE_STEP,
                         row_capped_features(n))
     assert size in grid and size % 2 == 0
