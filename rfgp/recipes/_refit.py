@@ -490,8 +490,9 @@ def plan_scale(plan: Plan) -> None:
     that more budget never buys fewer; its bound, that share or those calibrations where
     less, grows with the budget. The count is ``settings["refit"]["scale_evaluations"]``
     (none at a budget too small for one: a walk there would cost the final model
-    features)."""
-    if not plan.options.calibrate:
+    features), and none for rows read from a source (a memory-map, chunks, process shards),
+    where every step would be a pass over every row."""
+    if not plan.options.calibrate or plan.streamed:
         return
     per = scale_evaluation_cost(plan)
     # Its share, or what the stages booked so far leave where that is less (an exact search
