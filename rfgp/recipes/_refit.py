@@ -55,7 +55,6 @@ from rfgp.inference import (
     ScaleCalibration,
     calibrate_scales,
     calibrate_source_scales,
-    final_fit_cost,
     final_path,
     fit_calibrated,
     fit_calibrated_source,
@@ -66,27 +65,18 @@ from rfgp.inference._cg_forecast import CGForecast, forecast_cg
 from rfgp.inference._fit_cost import iterative_fit_cost
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
+from rfgp.recipes._scale import (
+    SCALE_EVIDENCE,
+    booked_scale_cost,
+    plan_scale,
+    scale_search,
+)
 from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
 __all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
            "replan_final"]
-
-#: The ratio between the lengthscale factors the scale search tries (:func:`scale_search`).
-SCALE_STEP = 0.8
-#: The most steps the scale search walks in one direction (``0.8**6 = 0.26``).
-SCALE_STEPS = 6
-#: The most calibrations the schedule books for the scale search (down to 0.41, or to 0.51
-#: and the step that confirms it).
-SCALE_EVALUATIONS = 4
-#: Share of the budget the scale search's calibrations may take (:func:`plan_scale`): at
-#: most :data:`SCALE_EVALUATIONS` of them, each counted at the choice's features.
-SCALE_SHARE = 0.1
-#: Nats of log evidence by which a factor must beat the last one to be taken (a Bayes factor
-#: of e): on data the features cannot explain the evidence is flat in the factor, and a
-#: walk on rounding-level gains would only move the lengthscales.
-SCALE_EVIDENCE = 1.0
 
 #: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
 #: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
@@ -133,9 +123,8 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     # CHOICE_FEATURES features (the chosen one then calibrates at the final D): on the
     # iterative path always, on the weight path where D is larger.
     features = data.schedule.num_features
-    several = data.options.calibrate
     choice = (min(features, CHOICE_FEATURES)
-              if iterative or (several and features > CHOICE_FEATURES) else 0)
+              if iterative or (data.options.calibrate and features > CHOICE_FEATURES) else 0)
     for name, centre in candidates.items():
         if not data.options.calibrate:
             break
@@ -235,49 +224,6 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     report.lengthscale = centre * data.x_unit
     report.lengthscale_draws = None if draws is None else draws * centre * data.x_unit
     return gp
-
-
-def scale_search(evaluate: Any, loss: float, calibration: Any, largest: float = math.inf,
-                 evaluations: int = 2 * SCALE_STEPS, margin: float = 0.0) -> tuple:
-    r"""The common factor :math:`c` on the lengthscales whose calibrated model has the
-    smallest ``evaluate(c)[0]`` (the negative log evidence per datum) along the walk of the
-    module docstring: from :math:`c = 1` (``loss``, ``calibration``) by factors of
-    :data:`SCALE_STEP`, then, where the first step down does not improve, by factors of its
-    inverse, each walk for as long as each step improves by more than ``margin`` (at most
-    :data:`SCALE_STEPS` steps), :math:`c` stays at most ``largest`` and ``evaluations`` are
-    left.
-
-    Args:
-        evaluate: ``c -> (loss, calibration)``.
-        loss, calibration: at :math:`c = 1`.
-        largest: the largest factor allowed (a bound on the lengthscales).
-        evaluations: the most calls of ``evaluate`` (the schedule's, :func:`plan_scale`).
-        margin: the least decrease of the loss a step must bring.
-
-    Returns:
-        ``(c, calibration at c, {c: loss})`` over every factor evaluated.
-
-    Example:
-        >>> walk = lambda c: ((c - 0.6) ** 2, f"model at {c:.3f}")
-        >>> c, model, losses = scale_search(walk, walk(1.0)[0], "model at 1")
-        >>> round(c, 3), model, len(losses)
-        (0.64, 'model at 0.640', 4)
-    """
-    best = (1.0, loss, calibration)
-    losses = {1.0: loss}
-    for step in (SCALE_STEP, 1.0 / SCALE_STEP):
-        for _ in range(SCALE_STEPS):
-            factor = best[0] * step
-            if factor > largest or len(losses) > evaluations:
-                break
-            tried, found = evaluate(factor)
-            losses[factor] = tried
-            if not tried < best[1] - margin:  # a NaN loss never improves
-                break
-            best = (factor, tried, found)
-        if best[0] != 1.0:
-            break
-    return best[0], best[2], losses
 
 
 #: the largest perturbation of ``c G`` between two feature draws, in noise units, below which
@@ -403,8 +349,7 @@ def plan_final_growth(plan: Plan) -> None:
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None, plan.streamed)
-    scale = plan.settings.get("refit", {}).get("scale_cost", 0.0)
-    plan.final_solve, plan.predicted["refit"] = path, cost + scale
+    plan.final_solve, plan.predicted["refit"] = path, cost + booked_scale_cost(plan.settings)
 
 
 def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
@@ -455,7 +400,7 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         return _final_cost(plan, size, candidates)
 
     # The scale search's calibrations come out of the same seconds.
-    scale = schedule.settings.get("refit", {}).get("scale_cost", 0.0)
+    scale = booked_scale_cost(schedule.settings)
     budget = REPLAN_SHARE * max(seconds_left, 0.0) * rate - scale
     larger = largest_features_within(cost, budget, schedule.num_features,
                                      MAX_ITERATIVE_FEATURES, FEATURE_STEP,
@@ -474,35 +419,6 @@ def compared(plan: Plan) -> int:
     refinement's end, and the local stage's best where a local stage can run (the scale
     search's calibrations are booked apart, :func:`plan_scale`)."""
     return 2 if local_possible(plan) else 1
-
-
-def scale_evaluation_cost(plan: Plan) -> float:
-    """Multiply-adds of one calibration of the scale search at its most: at
-    :data:`~rfgp.inference.CHOICE_FEATURES` features on every row."""
-    return final_fit_cost(plan.num_rows, CHOICE_FEATURES, plan.input_dim, 1)
-
-
-def plan_scale(plan: Plan) -> None:
-    """Book the scale search (:func:`scale_search`) where the final model calibrates itself:
-    as many calibrations as :data:`SCALE_SHARE` of the budget (or what the stages booked so
-    far leave, where less) pays for, at most
-    :data:`SCALE_EVALUATIONS`, each counted at its most (:func:`scale_evaluation_cost`), so
-    that more budget never buys fewer; its bound, that share or those calibrations where
-    less, grows with the budget. The count is ``settings["refit"]["scale_evaluations"]``
-    (none at a budget too small for one: a walk there would cost the final model
-    features), and none for rows read from a source (a memory-map, chunks, process shards),
-    where every step would be a pass over every row."""
-    if not plan.options.calibrate or plan.streamed:
-        return
-    per = scale_evaluation_cost(plan)
-    # Its share, or what the stages booked so far leave where that is less (an exact search
-    # on a couple of thousand rows can take most of a small budget).
-    afford = min(SCALE_SHARE * plan.total, max(plan.left(), 0.0))
-    evaluations = int(min(SCALE_EVALUATIONS, afford // per))
-    plan.settings.setdefault("refit", {}).update(scale_evaluations=evaluations,
-                                                 scale_cost=evaluations * per)
-    plan.bounds["scale"] = min(SCALE_SHARE * plan.total, SCALE_EVALUATIONS * per)
-    plan.spent += evaluations * per
 
 
 def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:

@@ -251,7 +251,7 @@ def test_reused_products_of_the_wrong_shape_are_refused():
 
 # ---------------------------------------------------------------- the lengthscale factor
 def test_the_scale_search_walks_to_the_grid_point_nearest_the_minimum():
-    from rfgp.recipes._refit import SCALE_STEP, scale_search
+    from rfgp.recipes._scale import SCALE_STEP, scale_search
 
     def walk(optimum):
         calls = []
@@ -296,7 +296,7 @@ def test_the_final_model_walks_down_the_lengthscale_factor_while_its_evidence_ri
     # Rebuilt independently at c * SCALE_STEP and c / SCALE_STEP and calibrated (outputscale
     # and noise by their own evidence), neither model has an evidence larger by SCALE_EVIDENCE.
     from rfgp.inference import calibrate_scales
-    from rfgp.recipes._refit import SCALE_EVIDENCE, SCALE_STEP
+    from rfgp.recipes._scale import SCALE_EVIDENCE, SCALE_STEP
 
     x, y = _sine_data(600, 12, frequency=25.0, noise=0.01)
     report = FitReport()
