@@ -37,13 +37,19 @@ def gather_checked(work: Callable[[], Any], process_group: Any = None) -> List[A
         payload = ((type(error), str(error)), None)
     parts: List[Any] = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(parts, payload, group=process_group)
-    for rank, (error, _) in enumerate(parts):
-        if error is not None:
-            kind, message = error
-            if not issubclass(kind, (ValueError, TypeError, RuntimeError)):
-                kind = RuntimeError
-            raise kind(f"rank {rank} failed: {message}") from failure
-    return [part[1] for part in parts]
+    try:
+        for rank, (error, _) in enumerate(parts):
+            if error is not None:
+                kind, message = error
+                if not issubclass(kind, (ValueError, TypeError, RuntimeError)):
+                    kind = RuntimeError
+                raise kind(f"rank {rank} failed: {message}") from failure
+        return [part[1] for part in parts]
+    finally:
+        # This frame holds the failure, whose traceback holds this frame: a cycle that only
+        # the garbage collector frees, with whatever the failed work's frames held. Freed at
+        # interpreter exit, after the process group is gone, it aborts the process (gloo).
+        failure = None
 
 
 def all_reduce_sum(tensor: Tensor, process_group: Any = None) -> Tensor:

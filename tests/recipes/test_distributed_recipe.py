@@ -123,6 +123,10 @@ def _worker(rank, port, out_path, scenario):
             results["read"] = _error(lambda: fit_auto(chunks, distributed=True, calibrate=False,
                                                       **OPTIONS))
         torch.save(results, f"{out_path}.{rank}")
+        # Both ranks leave together: rank 0 hosts the process group's store, and a rank that
+        # tears the group down while the other still talks to the store aborts the other
+        # (SIGABRT at its exit, after its results are saved).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -213,3 +217,37 @@ def test_two_processes_fit_the_one_process_model_by_cg(tmp_path):
         assert kind == "RuntimeError" and "rank 1" in message and "disk went away" in message
     # the ranks ran the same iterations on the same all-reduced products
     torch.testing.assert_close(results[0]["mean"], results[1]["mean"], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_a_failure_raised_on_every_rank_holds_no_reference_cycle(tmp_path):
+    # What the failed work's frames held is freed with the error, by reference counting: a
+    # cycle through the failure's traceback would keep it (and the collectives' tensors) to
+    # a later garbage collection, at worst to the interpreter's exit after the process group
+    # is gone, where gloo aborts the process.
+    import gc
+    import weakref
+
+    from rfgp._data._sharded import gather_checked
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    held = []
+
+    def work():
+        rows = torch.zeros(100)
+        held.append(weakref.ref(rows))
+        raise OSError("the disk went away")
+
+    gc.disable()
+    try:
+        message = ""
+        try:
+            gather_checked(work)
+        except RuntimeError as error:
+            message = str(error)
+        assert message == "rank 0 failed: the disk went away"
+        assert held[0]() is None
+    finally:
+        gc.enable()
+        dist.destroy_process_group()
