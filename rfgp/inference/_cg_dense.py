@@ -40,6 +40,7 @@ __all__ = [
     "forecast_form",
     "keep_building",
     "refine_cost",
+    "serving_cost",
 ]
 
 #: query rows whose refinement measures the iterations per row before the dense route is
@@ -56,6 +57,10 @@ PROBE_ROWS = 32
 #: 5.9e10 per second, so 0.38 to 0.43 of the rate (measured with single-vector Lanczos steps
 #: of 24 per bound, before LANCZOS_RUNS runs of LANCZOS_STEPS = 12).
 ITERATIVE_RATE_SHARE = 0.4
+#: The low-rank form's rank that :func:`serving_cost` books where no spectrum forecasts it:
+#: the forms built on the bundled sets' default fits reached ranks 128 to 2,048 (1,024 on
+#: the 51,522 rows of the largest, at 20,480 features).
+SERVING_RANK = 1024
 
 
 class DenseInverse:
@@ -144,6 +149,69 @@ def refine_cost(width: int, rows: int, iterations: float, preconditioner_rank: i
     ``B`` (``2 N W``) and the preconditioner :math:`\\hat B^{-1}` (``2 W (2 r_P + r)``) each."""
     w = float(width)
     return iterations * (2.0 * rows * w + 2.0 * w * (2 * preconditioner_rank + rank))
+
+
+def serving_cost(width: int, rows: int, queries: int, eigenvalues: Optional[Tensor] = None,
+                 tolerance: float = 1e-2, max_rank: int = 2048, dense: bool = True) -> float:
+    r"""Multiply-adds, at the rate of the iterative passes (the cost model's), of an iterative
+    fit's first predictive variances for ``queries`` rows on the cheaper of their routes.
+
+    The low-rank form: forecast by :func:`forecast_form` from the eigenvalue estimates of
+    :math:`B - I` (``eigenvalues``, the preconditioner's or a forecast of them), its build and
+    per row its application :math:`2 W (r_P + r)` and, where its forecast bound exceeds the
+    tolerance, its refinement (:func:`refine_cost`); without ``eigenvalues``, a form of rank
+    :data:`SERVING_RANK` that meets the tolerance, beside a preconditioner of the same rank.
+    The dense factor (where ``dense``: ``B`` fits in memory): :func:`dense_cost` at
+    :data:`ITERATIVE_RATE_SHARE` of it, as one large product and a Cholesky factor run that
+    many times faster than the passes:
+
+    .. math::
+        C = \min\big(C_{\text{form}} + M\,c_{\text{row}},\ s\,(N W^2 + W^3/3 + M W^2)\big).
+
+    Either is what a prediction with ``return_std`` pays once after the fit (the routes
+    keep the form or the factor), and on a spectrum that decays slowly (little noise) it is
+    as large as the fit: the recipe's final fit books it with the fit's own cost.
+
+    Args:
+        width, rows: ``W`` and ``N``.
+        queries: ``M``, the rows of the prediction.
+        eigenvalues: ``(r_P,)`` estimates of :math:`B - I`'s leading eigenvalues, or ``None``.
+        tolerance: the variance tolerance :math:`\rho`.
+        max_rank: the form's rank cap.
+        dense: whether the dense route is open.
+
+    Returns:
+        Multiply-adds (a float).
+
+    Example:
+        >>> slow = 1e4 / torch.arange(1, 1025, dtype=torch.float64)
+        >>> fast = 1e4 * torch.exp(-torch.arange(1024.0, dtype=torch.float64) / 8)
+        >>> w, n, m = 8192, 13500, 1350
+        >>> serving_cost(w, n, m, slow) == ITERATIVE_RATE_SHARE * dense_cost(w, n, m)
+        True
+        >>> serving_cost(w, n, m, fast) < serving_cost(w, n, m) < serving_cost(w, n, m, slow)
+        True
+    """
+    w = float(width)
+    if eigenvalues is None:
+        held = rank = min(SERVING_RANK, max(1, width))
+        steps, size = 0, min(START_RANK, rank)
+        factorisations = 8.0 * w * size**2
+        while size < rank:
+            size = min(2 * size, rank)
+            steps += 1
+            factorisations += 8.0 * w * size**2
+        build = ((steps + 1) * LANCZOS_STEPS + rank) * 2.0 * rows * w + factorisations
+        iterations = 0
+    else:
+        held = int(eigenvalues.shape[0])
+        rank, _, build, iterations = forecast_form(eigenvalues, width, rows, tolerance,
+                                                   max_rank)
+    per_row = refine_cost(width, rows, iterations, held, rank) + 2.0 * w * (held + rank)
+    form = build + float(queries) * per_row
+    if not dense:
+        return form
+    return min(form, ITERATIVE_RATE_SHARE * dense_cost(width, rows, queries))
 
 
 def dense_first(eigenvalues: Tensor, width: int, rows: int, queries: int, tolerance: float,

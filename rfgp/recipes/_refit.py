@@ -61,7 +61,8 @@ from rfgp.inference import (
     largest_features_within,
     row_capped_features,
 )
-from rfgp.inference._cg_forecast import CGForecast, forecast_cg
+from rfgp.inference._cg_dense import dense_fits, serving_cost
+from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
 from rfgp.inference._fit_cost import iterative_fit_cost
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
@@ -75,13 +76,17 @@ from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
-__all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
-           "replan_final"]
+__all__ = ["PREDICTED_ROWS", "REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share",
+           "refit", "replan_final", "variance_cost"]
 
 #: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
 #: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
 #: (the CG iterations grow with the signal-to-noise ratio).
 REPLAN_SHARE = 0.9
+#: The rows of the prediction whose variances the final fit's cost books (on the CG path,
+#: :func:`variance_cost`): a held-out tenth of the rows, at most this many (beyond, a
+#: prediction's cost per row is its own, like its mean's).
+PREDICTED_ROWS = 2048
 
 
 def _final_kernel(data: RecipeData, draws: Optional[Tensor], centre: Tensor,
@@ -275,14 +280,18 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
         return None
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
     scale = choice.factor / choice.noise
-    booked = max(iterative_fit_cost(n, planned, d, candidates, streamed),
+    booked = max(iterative_fit_cost(n, planned, d, candidates, streamed)
+                 + variance_cost(n, planned, "cg"),
                  data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
     forecasts: Dict[int, CGForecast] = {}
 
     def cost(size: int) -> float:
-        forecasts[size] = forecast_cg(choice.spectrum, scale, n, size, d, candidates, streamed)
-        return forecasts[size].multiply_adds
+        forecasts[size] = forecast = forecast_cg(choice.spectrum, scale, n, size, d,
+                                                 candidates, streamed)
+        # the variances' form on the same spectrum, beside a preconditioner of its rank
+        held = spectrum_at(choice.spectrum, scale, size)[:forecast.rank]
+        return forecast.multiply_adds + variance_cost(n, size, "cg", held)
 
     smallest = min(planned, CHOICE_FEATURES)
     features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
@@ -349,6 +358,7 @@ def plan_final_growth(plan: Plan) -> None:
     plan.num_features = features
     path, cost = final_path(n, features, d, opts.solve, candidates,
                             opts.num_features is not None, plan.streamed)
+    cost += variance_cost(n, features, path)
     plan.final_solve, plan.predicted["refit"] = path, cost + booked_scale_cost(plan.settings)
 
 
@@ -364,8 +374,10 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         D = \max\big(D_{\text{plan}},\ \max\{D' : C(D') \le 0.9\,t_{\text{left}}\,r\}\big).
 
     Both terms only grow (the plan's with the budget, the other with the time left), so more
-    budget or faster stages never give fewer features. A given ``num_features`` (or
-    ``anytime=False``) keeps the schedule as it is; so does a ``D`` already at its cap.
+    budget or faster stages never give fewer features. On the CG path the fit's cost
+    includes its first predictive variances' (:func:`variance_cost`). A given
+    ``num_features`` (or ``anytime=False``) keeps the schedule as it is; so does a ``D``
+    already at its cap.
 
     Args:
         schedule: the :class:`~rfgp.recipes._schedule.Schedule` planned.
@@ -409,9 +421,39 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
         return schedule
     path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates,
                                      False, streamed)
+    multiply_adds += variance_cost(num_rows, larger, path)
     predicted = dict(schedule.predicted, refit=(multiply_adds + scale) / rate)
     return dataclasses.replace(schedule, num_features=larger, final_solve=path,
                                predicted=predicted)
+
+
+def predicted_rows(num_rows: int) -> int:
+    """The rows whose variances the final fit books: a tenth of ``num_rows``, at most
+    :data:`PREDICTED_ROWS`."""
+    return max(1, min(PREDICTED_ROWS, math.ceil(num_rows / 10)))
+
+
+def variance_cost(num_rows: int, features: int, path: Optional[str],
+                  spectrum: Optional[Tensor] = None) -> float:
+    r"""Multiply-adds of the final model's first predictive variances, booked with its fit.
+
+    A weight-space fit's Cholesky factor gives them at no further cost. A CG fit's
+    (``path == "cg"``) build a low-rank form of :math:`B^{-1}` or a dense factor of ``B``
+    at the first prediction with ``return_std`` (:func:`~rfgp.inference._cg_dense.
+    serving_cost`, for :func:`predicted_rows` rows): on the sets measured it took as long as
+    the fit itself, 0.5 to 1.1 times its seconds (pol at 13,500 features: the dense factor,
+    63 s after a 63 s fit), so a budget that left it out was overrun twofold. ``spectrum``:
+    the forecast eigenvalues of :math:`B - I` at ``features`` (their leading ones, as the
+    preconditioner holds them), else the form of the cost model's constants.
+
+    Example:
+        >>> variance_cost(13500, 8192, "weight"), variance_cost(13500, 8192, "cg") > 0
+        (0.0, True)
+    """
+    if path != "cg":
+        return 0.0
+    return serving_cost(features, num_rows, predicted_rows(num_rows), spectrum,
+                        dense=dense_fits(features, torch.float64, torch.device("cpu")))
 
 
 def compared(plan: Plan) -> int:
@@ -424,8 +466,9 @@ def compared(plan: Plan) -> int:
 def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:
     """Multiply-adds of the calibrated final fit at ``features`` on the path it takes
     (:func:`~rfgp.inference.final_path`; on rows read from a source, one pass per product)."""
-    return final_path(plan.num_rows, features, plan.input_dim, plan.options.solve, candidates,
-                      forced, plan.streamed)[1]
+    path, cost = final_path(plan.num_rows, features, plan.input_dim, plan.options.solve,
+                            candidates, forced, plan.streamed)
+    return cost + variance_cost(plan.num_rows, features, path)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),

@@ -41,6 +41,7 @@ from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
 from rfgp.recipes._refine import REFINE
 from rfgp.recipes._refit import REFIT, REPLAN_SHARE, replan_final
+from rfgp.recipes._scale import booked_scale_cost
 from rfgp.recipes._schedule import Schedule, plan_stages
 from rfgp.recipes._search import SEARCH
 from rfgp.recipes._select import SELECT
@@ -63,13 +64,19 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *
     read from a data source (a memory-map, chunks, process shards), so that a CG fit passes
     over them once per product. The plan's ``D`` depends on the machine through its measured
     multiply-add rate and, on the CG path, its memory (features beyond a quarter of it are
-    recomputed at every pass): 20,480 features for the example on a two-core machine of
-    23 GB.
+    recomputed at every pass, and the dense route of its variances needs room for ``B``).
+    On the CG path the final fit books its model's first predictive variances too
+    (:func:`~rfgp.recipes._refit.variance_cost`), about as costly as the fit itself: 5,120
+    features in weight space for the example's default budget on a machine of 23 GB, 19,456
+    by CG at twice that budget.
 
     Example:
         >>> s = plan_regression(40000, 9, RegressionOptions().checked())
-        >>> s.num_features > 8192, s.final_solve, s.subsample, s.search_evidence
-        (True, 'cg', 2000, 'features')
+        >>> s.subsample, s.search_evidence
+        (2000, 'features')
+        >>> larger = plan_regression(40000, 9, RegressionOptions(time_budget=480).checked())
+        >>> larger.num_features > 8192, larger.final_solve
+        (True, 'cg')
         >>> plan_regression(300, 4, RegressionOptions().checked()).search_evidence
         'exact'
     """
@@ -176,7 +183,9 @@ def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData
     if data.options.anytime and data.options.num_features is None:
         # What the time left pays for, in the cost model's multiply-adds: the CG path's
         # forecast (refit._forecast_features) may spend it where its iterations are many.
-        allowance = REPLAN_SHARE * max(left, 0.0) * rate
+        # (the scale search's calibrations come out of the same seconds, before it)
+        allowance = max(REPLAN_SHARE * max(left, 0.0) * rate
+                        - booked_scale_cost(again.settings), 0.0)
         refit = dict(again.settings.get("refit", {}), allowance=allowance)
         again = dataclasses.replace(again, settings=dict(again.settings, refit=refit))
     if again is schedule:

@@ -120,17 +120,22 @@ def _recipe_data(planned, spectrum_decay, noise):
 
 
 def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_more():
-    from rfgp.recipes._refit import _forecast_features
+    from rfgp.recipes._refit import _forecast_features, variance_cost
+
+    def with_variances(size):
+        # the fit's forecast and its first variances' on the same spectrum
+        fit = forecast_cg(choice.spectrum, 1.0, 20000, size, 8)
+        held = spectrum_at(choice.spectrum, 1.0, size)[:fit.rank]
+        return fit.multiply_adds + variance_cost(20000, size, "cg", held)
 
     # A slowly decaying spectrum and little noise: many iterations, so fewer features.
     data, choice = _recipe_data(16384, 1.0, 1.0)
     lowered = _forecast_features(data, choice, 1)
     assert lowered.num_features < 16384
-    booked = iterative_fit_cost(20000, 16384, 8)
-    assert lowered.multiply_adds <= booked
+    booked = iterative_fit_cost(20000, 16384, 8) + variance_cost(20000, 16384, "cg")
+    assert with_variances(lowered.num_features) <= booked
     # The next size of the grid would not have fitted.
-    bigger = forecast_cg(choice.spectrum, 1.0, 20000, lowered.num_features + 1024, 8)
-    assert bigger.multiply_adds > booked
+    assert with_variances(lowered.num_features + 1024) > booked
     # A fast decay and much noise: fewer iterations than the constant, D never raised.
     data, choice = _recipe_data(16384, 2.0, 10.0)
     kept = _forecast_features(data, choice, 1)

@@ -645,3 +645,36 @@ def test_a_build_without_the_dense_route_checks_its_lower_ranks_in_a_few_passes(
     ratio = early.variances(rows) / exact
     assert float(ratio.min()) >= 1 - 1e-9
     assert float(ratio.max()) <= 1 + early.bound + 1e-9
+
+
+def test_the_serving_cost_is_the_cheaper_route_for_the_rows_asked_for():
+    from rfgp.inference._cg_dense import ITERATIVE_RATE_SHARE, SERVING_RANK, serving_cost
+    from rfgp.inference._cg_variance import LANCZOS_STEPS, START_RANK
+
+    w, n = 8192, 13500
+    slow = 1e4 / torch.arange(1, 1025, dtype=torch.float64)
+    fast = 1e4 * torch.exp(-torch.arange(1024.0, dtype=torch.float64) / 8)
+    # The form, forecast on the spectrum: its build and, per row, its application and the
+    # refinement its bound leaves.
+    for spectrum in (slow, fast):
+        rank, bound, build, iterations = forecast_form(spectrum, w, n, 1e-2, 2048)
+        per_row = iterations * (2 * n * w + 2 * w * (2 * 1024 + rank)) + 2 * w * (1024 + rank)
+        for rows in (0, 100, 1350):
+            form = serving_cost(w, n, rows, spectrum, dense=False)
+            assert form == pytest.approx(build + rows * per_row, rel=1e-12)
+            # the dense factor at the passes' rate share caps it where B fits
+            dense = ITERATIVE_RATE_SHARE * (n * w * w + w**3 / 3 + rows * w * w)
+            assert serving_cost(w, n, rows, spectrum) == pytest.approx(min(form, dense))
+    assert serving_cost(w, n, 1350, slow) < serving_cost(w, n, 1350, slow, dense=False)
+    assert serving_cost(w, n, 1350, fast) == serving_cost(w, n, 1350, fast, dense=False)
+    # Without a spectrum: a form of SERVING_RANK doubling from START_RANK, LANCZOS_STEPS
+    # products per rank tried, that meets the tolerance beside a preconditioner of its rank.
+    ranks = [START_RANK * 2**k for k in range(4)]
+    assert ranks[-1] == SERVING_RANK
+    build = ((len(ranks) * LANCZOS_STEPS + SERVING_RANK) * 2.0 * n * w
+             + sum(8.0 * w * r**2 for r in ranks))
+    rows = 1350
+    expected = build + rows * 2.0 * w * 2 * SERVING_RANK
+    assert serving_cost(w, n, rows, dense=False) == pytest.approx(expected, rel=1e-12)
+    # a narrow model's form is as wide as the model
+    assert serving_cost(256, n, 0, dense=False) < serving_cost(512, n, 0, dense=False)

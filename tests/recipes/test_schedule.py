@@ -141,15 +141,17 @@ def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
     from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
 
     # The default budget at the reference rate stays on the weight-space path while the rows
-    # are within its limit (CG needs D <= N), beyond it may take up to N features by CG,
-    # and on 4 * 10^4 rows of 9 inputs at least 16,384 (two cores: the Krylov calibration
-    # costs a few CG fits) ...
+    # are within its limit (CG needs D <= N), beyond it may take up to N features by CG;
+    # on 4 * 10^4 rows of 9 inputs twice the default takes at least 16,384 by CG (two
+    # cores: the Krylov calibration costs a few CG fits, the first variances as much again)
+    # ...
     for n in ROWS:
         plan = _plan(n)
         assert plan.final_solve == "weight" or MAX_WEIGHT_FEATURES < plan.num_features <= n
-    default = _plan(40000, d=9)
-    assert default.final_solve == "cg" and default.num_features >= 16384
-    assert sum(default.predicted.values()) <= default.budget
+    for factor in (1, 2):
+        plan = _plan(40000, d=9, time_budget=factor * default_budget(40000))
+        assert sum(plan.predicted.values()) <= plan.budget
+    assert plan.final_solve == "cg" and plan.num_features >= 16384
     # ... a larger one buys more features by CG, never more than the rows, ...
     for n in (20000, 40000, 100000):
         plan = _plan(n, time_budget=2000.0)
@@ -265,6 +267,28 @@ def test_the_replan_keeps_a_given_feature_count_and_anytime_false():
         opts = RegressionOptions(**options).checked()
         plan = plan_regression(13500, 26, opts)
         assert replan_final(plan, 13500, 26, opts, 1e6, opts.machine_rate) is plan
+
+
+def test_the_cg_path_books_its_first_predictive_variances():
+    # A CG fit's variances (a low-rank form or a dense factor of B, built at the first
+    # prediction) cost about as much as the fit: the plan books them, so a budget buys fewer
+    # features than it would for the fit alone, and the weight path books none.
+    from rfgp.inference._fit_cost import final_path
+    from rfgp.recipes._refit import compared, variance_cost
+    from rfgp.recipes._schedule import Plan
+
+    n, d = 40000, 9
+    assert variance_cost(n, 8192, "weight") == 0.0 and variance_cost(n, 8192, None) == 0.0
+    for factor in (2.0, 4.0):
+        opts = RegressionOptions(time_budget=factor * default_budget(n)).checked()
+        plan = plan_regression(n, d, opts)
+        assert plan.final_solve == "cg"
+        fit = final_path(n, plan.num_features, d, "auto",
+                         compared(Plan(n, d, opts, 0.0)))[1]
+        variances = variance_cost(n, plan.num_features, "cg")
+        assert variances > 0.1 * fit  # not a rounding term
+        assert plan.predicted["refit"] * plan.machine_rate >= fit + variances
+        assert sum(plan.predicted.values()) <= plan.budget * (1 + 1e-12)
 
 
 def test_more_budget_goes_to_features_while_they_are_below_the_rows():
