@@ -197,7 +197,23 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
             gram, rhs, outputscale = reuse
             ratio = kernel_outputscale(kernel) / outputscale
             reuse = gram.mul_(ratio), rhs * (math.sqrt(ratio) * target_unit)
-        return gp._fit_batches([(x, y, None)], None, reuse=reuse)
+        gp._fit_batches([(x, y, None)], None, reuse=reuse)
+    return _with_known_evidence(gp, calibration, y.numel(), target_unit)
+
+
+def _with_known_evidence(gp: RandomFeatureGP, calibration: ScaleCalibration, entries: int,
+                         target_unit: float) -> RandomFeatureGP:
+    r"""``gp`` (fitted by CG at ``calibration``'s root) with the Krylov calibration's estimate
+    of its log evidence, which its ``log_marginal_likelihood()`` then serves: the estimate is
+    per datum in the calibration's units, so the fit's (targets ``u`` times those, ``entries``
+    data) is :math:`n\,(\ell - \log u)`, its standard error :math:`n\,s`. A new stochastic
+    estimate would cost a Lanczos run per probe (8.6 s on 13,500 rows at 7,168 features)."""
+    result = calibration.iterative
+    if calibration.path == "cg" and result is not None:
+        gp._state.solver.known_evidence = (
+            entries * (result.log_evidence - math.log(target_unit)),
+            entries * result.standard_error)
+    return gp
 
 
 def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
@@ -290,7 +306,9 @@ def fit_calibrated_source(kernel: Kernel, source: DataSource, calibration: Scale
     if calibration.path == "cg":
         gp = RandomFeatureGP(kernel, noise=noise, solve="cg", cache_bytes=0)
         with torch.no_grad():
-            return gp._fit_source(source, like, calibration.reuse)
+            gp._fit_source(source, like, calibration.reuse)
+        columns = 1 if like[1].dim() == 1 else like[1].shape[-1]
+        return _with_known_evidence(gp, calibration, source.num_rows * columns, target_unit)
     gp = RandomFeatureGP(kernel, noise=noise, solve="weight", statistics_dtype=_WEIGHT_DTYPE)
     with torch.no_grad():
         if not isinstance(calibration.reuse, tuple):

@@ -36,7 +36,11 @@ class ModelSelection:
         :math:`\log p(y) = -\tfrac12(y^\top S^{-1} y - h^\top B^{-1} h + \log|B| +
         \sum_i \log s_i + N \log 2\pi)`, the evidence of the real GP with kernel
         :math:`\mathrm{Re}\,\hat k` (GPyTorch's ``ExactMarginalLogLikelihood`` times ``N``),
-        also for ``complex_posterior=True``.
+        also for ``complex_posterior=True``. On the ``"cg"`` path an unbiased stochastic
+        estimate of :math:`\log|B|` (its standard error in the solver's
+        ``evidence_standard_error``); a fit calibrated by the Krylov calibration
+        (:func:`~rfgp.inference.fit_calibrated`) serves that calibration's estimate of the
+        same model until it is refitted.
 
         Args:
             x, y, noise: without ``x`` and ``y``, the fitted data's evidence (not

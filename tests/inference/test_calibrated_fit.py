@@ -102,3 +102,38 @@ def test_float32_data_calibrates_and_fits_as_float64_data_on_the_weight_path():
     mean64 = fits[DT].predict(xq.double())
     # float32 rounding of inputs and features moves the mean by far less than the noise
     assert float((mean32 - mean64).abs().max()) < 1e-3
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_cg_fit_serves_its_calibration_evidence_until_it_is_refitted(columns):
+    # The Krylov calibration estimated the evidence of the very model the CG fit fits: its
+    # log_marginal_likelihood() is that estimate (no new probes), within the estimate's own
+    # standard error of the exact evidence of the same features (8 probes: a deviation beyond
+    # 5 estimated standard errors has probability below 2e-3 under Student's t with 7 degrees
+    # of freedom), in the data's units; a new noise drops it.
+    from rfgp.recipes import fit_auto
+
+    g = gen(11)
+    n = 1500
+    x = torch.rand(n, 3, generator=g, dtype=DT)
+    f = torch.sin(6 * x[:, 0]) + x[:, 1] ** 2
+    y = torch.stack([(1 + t) * f + 0.05 * torch.randn(n, generator=g, dtype=DT)
+                     for t in range(columns)], -1).squeeze(-1) * 37.0  # not a power of two
+    y = y - y.mean(0)
+    gp = fit_auto(x, y, solve="cg", num_features=512, seed=0, local_search=False,
+                  lengthscale_draws=0, cv_folds=0)
+    solver = gp._state.solver
+    assert gp.solve_used == "cg" and solver.known_evidence is not None
+    served = float(gp.log_marginal_likelihood())
+    error = gp._state.solver.evidence_standard_error
+    assert (served, error) == solver.known_evidence and error > 0
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+                  .fit(x, y).log_marginal_likelihood())
+    assert abs(served - exact) <= 5 * error + 1e-9 * abs(exact)
+    # A new noise: a new factorisation, a new estimate of the new model's evidence.
+    gp.noise = gp.noise.detach() * 2
+    again = float(gp.log_marginal_likelihood())
+    assert gp._state.solver.known_evidence is None
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+                  .fit(x, y).log_marginal_likelihood())
+    assert abs(again - exact) <= 5 * gp._state.solver.evidence_standard_error + 1e-9 * abs(exact)
