@@ -38,6 +38,7 @@ __all__ = [
     "dense_fits",
     "dense_pays",
     "forecast_form",
+    "form_build_cost",
     "keep_building",
     "refine_cost",
     "serving_cost",
@@ -195,14 +196,7 @@ def serving_cost(width: int, rows: int, queries: int, eigenvalues: Optional[Tens
     w = float(width)
     if eigenvalues is None:
         held = rank = min(SERVING_RANK, max(1, width))
-        steps, size = 0, min(START_RANK, rank)
-        factorisations = 8.0 * w * size**2
-        while size < rank:
-            size = min(2 * size, rank)
-            steps += 1
-            factorisations += 8.0 * w * size**2
-        build = ((steps + 1) * LANCZOS_STEPS + rank) * 2.0 * rows * w + factorisations
-        iterations = 0
+        build, iterations = form_build_cost(width, rows, rank), 0
     else:
         held = int(eigenvalues.shape[0])
         rank, _, build, iterations = forecast_form(eigenvalues, width, rows, tolerance,
@@ -305,21 +299,39 @@ def forecast_form(eigenvalues: Tensor, width: int, rows: int, tolerance: float,
                               else torch.full_like(tail, mass / tail.numel())])
         spectrum = spectrum.sort(descending=True).values
     limit = max(1, min(max_rank, width))
-    rank, products, factorisations = min(START_RANK, limit), 0.0, 0.0
+    rank = min(START_RANK, limit)
     while True:
         bound = sketch_residual(spectrum, held + rank) + shift
-        products += LANCZOS_STEPS
-        factorisations += 8.0 * width * rank**2
         if bound <= tolerance or rank >= limit:
             break
         rank = min(2 * rank, limit)
-    products += rank
     iterations = 0
     if bound > tolerance:
         shaped = preconditioned_spectrum(spectrum, held + rank)
         condition = float(1.0 / shaped.min()) if shaped.numel() else 1.0
         iterations = cg_iterations_on(shaped, math.sqrt(tolerance / condition))
-    return rank, bound, products * 2.0 * rows * width + factorisations, iterations
+    return rank, bound, form_build_cost(width, rows, rank), iterations
+
+
+def form_build_cost(width: int, rows: int, rank: int) -> float:
+    """Multiply-adds of a low-rank form's build up to ``rank``, its rank doubling from
+    :data:`START_RANK` (:meth:`LowRankInverse.build`): :data:`LANCZOS_STEPS` products per
+    rank tried and ``rank`` sketch columns, ``2 N W`` each, and ``8 W r^2`` per
+    factorisation.
+
+    Example:
+        >>> form_build_cost(1000, 100, 256) == (2 * 12 + 256) * 2 * 100 * 1000 + 8 * 1000 * (
+        ...     128**2 + 256**2)
+        True
+    """
+    w = float(width)
+    size = min(START_RANK, rank)
+    tried, factorisations = 1, 8.0 * w * size**2
+    while size < rank:
+        size = min(2 * size, rank)
+        tried += 1
+        factorisations += 8.0 * w * size**2
+    return (tried * LANCZOS_STEPS + rank) * 2.0 * rows * w + factorisations
 
 
 def keep_building(history: List[Tuple[int, float]], tolerance: float, shift: float,

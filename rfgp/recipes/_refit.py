@@ -356,9 +356,8 @@ def plan_final_growth(plan: Plan) -> None:
         plan.spent += _final_cost(plan, larger, candidates) - current
         features = larger
     plan.num_features = features
-    path, cost = final_path(n, features, d, opts.solve, candidates,
-                            opts.num_features is not None, plan.streamed)
-    cost += variance_cost(n, features, path)
+    path, cost = _final_path(n, features, d, opts.solve, candidates,
+                             opts.num_features is not None, plan.streamed)
     plan.final_solve, plan.predicted["refit"] = path, cost + booked_scale_cost(plan.settings)
 
 
@@ -419,9 +418,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
                                      row_capped_features(num_rows))
     if larger <= schedule.num_features:
         return schedule
-    path, multiply_adds = final_path(num_rows, larger, input_dim, options.solve, candidates,
-                                     False, streamed)
-    multiply_adds += variance_cost(num_rows, larger, path)
+    path, multiply_adds = _final_path(num_rows, larger, input_dim, options.solve, candidates,
+                                      False, streamed)
     predicted = dict(schedule.predicted, refit=(multiply_adds + scale) / rate)
     return dataclasses.replace(schedule, num_features=larger, final_solve=path,
                                predicted=predicted)
@@ -466,9 +464,18 @@ def compared(plan: Plan) -> int:
 def _final_cost(plan: Plan, features: int, candidates: int, forced: bool = False) -> float:
     """Multiply-adds of the calibrated final fit at ``features`` on the path it takes
     (:func:`~rfgp.inference.final_path`; on rows read from a source, one pass per product)."""
-    path, cost = final_path(plan.num_rows, features, plan.input_dim, plan.options.solve,
-                            candidates, forced, plan.streamed)
-    return cost + variance_cost(plan.num_rows, features, path)
+    return _final_path(plan.num_rows, features, plan.input_dim, plan.options.solve,
+                       candidates, forced, plan.streamed)[1]
+
+
+def _final_path(num_rows: int, features: int, input_dim: int, solve: str, candidates: int,
+                forced: bool, streamed: bool) -> tuple:
+    """``(path, multiply-adds)`` of the calibrated final fit
+    (:func:`~rfgp.inference.final_path`) and its model's first variances
+    (:func:`variance_cost`)."""
+    path, cost = final_path(num_rows, features, input_dim, solve, candidates, forced,
+                            streamed)
+    return path, cost + variance_cost(num_rows, features, path)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),
