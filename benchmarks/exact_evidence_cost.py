@@ -9,7 +9,7 @@ evaluation with its gradient (lengthscales, outputscale, noise) on a grid of blo
 input counts, and sets it against
 
 * the count at the cost model's reference rate (what the schedule predicts), and
-* the count at this machine's own matrix-product rate (``measure_machine_rate``), so that
+* the count at this machine's own matrix-product rate (``product_rate``), so that
   the ratio is free of the machine's speed;
 
 then fits :math:`c_2` and :math:`c_d` to the measurements by relative least squares (with the
@@ -40,7 +40,8 @@ from _pages import best_of, study_options, write_page  # noqa: E402
 from rfgp.inference._evidence import fourier_kernel_negative_log_evidence  # noqa: E402
 from rfgp.inference._fit_cost import exact_evidence_cost  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
-from rfgp.recipes import RegressionOptions, measure_machine_rate  # noqa: E402
+from rfgp.recipes import RegressionOptions  # noqa: E402
+from rfgp.inference._fit_cost import product_rate  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 DT = torch.float64
@@ -90,7 +91,7 @@ def main():
     args, out = study_options(__doc__, OUT)
     sizes, dims = ([200, 400], [4, 16]) if args.quick else ([400, 625, 922, 1000], [4, 16, 32])
     repeats = 3 if args.quick else 5
-    rate = measure_machine_rate()
+    rate = product_rate()
     rows = []
     for n in sizes:
         for d in dims:
@@ -107,7 +108,7 @@ def main():
         f"`n^3 + {used_c2:g} n^2 + {used_cd:g} n^2 d` "
         "(`rfgp.recipes._schedule.exact_evidence_cost`) converted to seconds at the cost model's "
         f"reference rate ({REFERENCE_RATE:.3g} multiply-adds/s) and at this machine's "
-        f"matrix-product rate ({rate:.3g}/s, `measure_machine_rate`), and against the earlier "
+        f"matrix-product rate ({rate:.3g}/s, `product_rate`), and against the earlier "
         "count `n^3/3 + 3 n^2 d` at the reference rate.", "",
         f"Records of `python benchmarks/exact_evidence_cost.py"
         f"{' --quick' if args.quick else ''}` ({platform.processor() or platform.machine()}, "

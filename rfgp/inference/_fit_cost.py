@@ -30,12 +30,15 @@ __all__ = [
     "CALIBRATION_RUNS",
     "CG_ITERATIONS",
     "CHOICE_FEATURES",
+    "DENSE_SPEEDUP",
     "EXACT_DISTANCE_COST",
     "EXACT_ELEMENTWISE_COST",
     "FEATURE_STEP",
     "MAX_FUNCTION_FEATURES",
     "MAX_ITERATIVE_FEATURES",
     "MAX_WEIGHT_FEATURES",
+    "REFERENCE_PRODUCT_RATE",
+    "REFERENCE_RATE",
     "SKETCH_PASSES",
     "SKETCH_RANK",
     "cg_fit_cost",
@@ -50,9 +53,27 @@ __all__ = [
     "iterative_fit_cost",
     "largest_features_within",
     "measure_machine_rate",
+    "product_rate",
     "row_capped_features",
 ]
 
+#: Multiply-adds per second of the reference machine (two CPU cores, double precision) at which
+#: the cost model's counts match its seconds: the rate at which the recipes' default schedule
+#: converts seconds of budget into work. A fixed number, so that a schedule depends on the
+#: data's size and the budget alone and a fit is reproducible.
+REFERENCE_RATE = 2.5e10
+#: Multiply-adds per second of a 1,024-square ``float64`` matrix product on the reference machine
+#: (:func:`product_rate`; 7.6e10 to 8.2e10 measured): a large product runs about three times
+#: faster than the cost model's mixed work (:data:`REFERENCE_RATE`).
+REFERENCE_PRODUCT_RATE = 8.0e10
+#: How much faster than :data:`REFERENCE_RATE` the calibrated final fit's dense work runs (its
+#: Gram or kernel matrix, eigendecomposition and Cholesky factor: large products and blocked
+#: factorisations, where the rate's mixed work also holds memory-bound passes and overhead):
+#: on the reference machine, 13,500 rows of 26 inputs, the weight-space calibrated fit at
+#: 4,096 / 6,144 / 8,192 features took 11.0 / 26.3 / 58.2 s where its counts at the reference
+#: rate forecast 22.7 / 53.0 / 118.1 s (an eigendecomposition alone runs at 1.9 times the
+#: rate for its 4 D^3, a large product at 3.2 times).
+DENSE_SPEEDUP = 2.0
 #: Most features of a weight-space (``D x D``) final fit.
 MAX_WEIGHT_FEATURES = 8192
 #: Most features of a function-space (``N x N``) final fit, on few rows.
@@ -200,12 +221,37 @@ def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> f
 
 def measure_machine_rate(size: int = 1024, repeats: int = 3,
                          dtype: torch.dtype = torch.float64) -> float:
-    """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
-    of ``repeats``) in the floating ``dtype`` (a ``torch.dtype`` or its name, e.g.
-    ``"float32"``): pass it as ``machine_rate`` to budget in this machine's seconds.
+    r"""This machine's rate in the cost model's unit: pass it as ``machine_rate`` to budget in
+    this machine's seconds.
+
+    The cost model's counts are fitted to the reference machine's seconds at
+    :data:`REFERENCE_RATE`, a rate that mixes large products with memory-bound passes and
+    per-step overhead; a large matrix product alone runs faster there,
+    :data:`REFERENCE_PRODUCT_RATE`. This machine's rate is the reference rate scaled by how much
+    faster its ``size x size`` product runs (:func:`product_rate`, the best of ``repeats``, in
+    the floating ``dtype``, a ``torch.dtype`` or its name, e.g. ``"float32"``):
+
+    .. math::
+        r = r_{\text{ref}} \, \frac{p}{p_{\text{ref}}}.
+
+    On the reference machine it is about :data:`REFERENCE_RATE` (its product rate instead
+    would budget three times the work its seconds hold). Taken at the reference's size and
+    dtype (1,024, ``float64``) the ratio compares like with like; elsewhere it is the
+    product's own speed-up.
 
     Example:
         >>> measure_machine_rate(64, 1) > 0
+        True
+    """
+    return REFERENCE_RATE * product_rate(size, repeats, dtype) / REFERENCE_PRODUCT_RATE
+
+
+def product_rate(size: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.float64) -> float:
+    """This machine's multiply-adds per second in a ``size x size`` matrix product (the best
+    of ``repeats``, after one product that warms the library up) in the floating ``dtype``.
+
+    Example:
+        >>> product_rate(64, 1) > 0
         True
     """
     size = check_int("size", size, minimum=2)
@@ -335,7 +381,8 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     r"""Multiply-adds of the calibrated final fit on the ``D x D`` (or ``N x N``) path. In
     weight space, one calibration costs the features (:math:`N D d`), the Gram matrix
     (:math:`\frac58 N D^2` as a blocked product of its upper triangle) and its
-    eigendecomposition (about :math:`4 D^3`); there is one per candidate lengthscale at
+    eigendecomposition (about :math:`4 D^3`), these dense counts at :data:`DENSE_SPEEDUP`
+    times the reference rate (divided by it here); there is one per candidate lengthscale at
     :math:`\min(D, D_c)` features (:data:`CHOICE_FEATURES`), one more at :math:`D` where
     several candidates were compared at fewer, and the Cholesky factor (the fit reuses the
     chosen Gram matrix). In function space (``N < D``), the features, the kernel matrix
@@ -344,25 +391,29 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     kernel matrix and factor.
 
     Example:
-        >>> final_fit_cost(10**4, 2048, 8, 2) > final_fit_cost(10**4, 2048, 8)
+        >>> n, m, d = 10**4, 2048, 8
+        >>> final_fit_cost(n, m, d) == n * m * d + (0.625 * n * m**2 + 4 * m**3 + m**3 / 3) / 2
+        True
+        >>> final_fit_cost(n, m, d, 2) > final_fit_cost(n, m, d)
         True
     """
     n, m, k = float(num_rows), float(num_features), max(1, candidates)
+    s = 1.0 / DENSE_SPEEDUP
     if n < m:
         def kernel_calibration(width: float) -> float:
-            return n * width * input_dim + n * n * width + 4 * n**3
+            return n * width * input_dim + s * (n * n * width + 4 * n**3)
 
-        fit = n * m * input_dim + n * n * m + n**3 / 3
+        fit = n * m * input_dim + s * (n * n * m + n**3 / 3)
         if k > 1 and m > CHOICE_FEATURES:
             return k * kernel_calibration(CHOICE_FEATURES) + kernel_calibration(m) + fit
         return k * kernel_calibration(m) + fit
 
     def calibration(width: float) -> float:
-        return n * width * input_dim + 0.625 * n * width * width + 4 * width**3
+        return n * width * input_dim + s * (0.625 * n * width * width + 4 * width**3)
 
     if k > 1 and m > CHOICE_FEATURES:
-        return k * calibration(CHOICE_FEATURES) + calibration(m) + m**3 / 3
-    return k * calibration(m) + m**3 / 3
+        return k * calibration(CHOICE_FEATURES) + calibration(m) + s * m**3 / 3
+    return k * calibration(m) + s * m**3 / 3
 
 
 def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int,

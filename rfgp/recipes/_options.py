@@ -24,14 +24,10 @@ from typing import Any, Optional
 
 from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._validation import validate_parameters
+from rfgp.inference._fit_cost import REFERENCE_RATE
 
 __all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
 
-#: Multiply-adds per second of the reference machine (two CPU cores, double-precision matrix
-#: products): the rate at which the default schedule converts seconds of budget into work.
-#: A fixed number, so that a schedule depends on the data's size and the budget alone and a
-#: fit is reproducible; pass ``machine_rate`` for another machine.
-REFERENCE_RATE = 2.5e10
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,12 @@ def test_the_schedule_is_monotone_in_the_rows():
     assert [p.refine_rows for p in plans] == sorted(p.refine_rows for p in plans)
     # At a fixed budget, more rows never buy more features on one path (the CG path beyond
     # the weight-space limit opens only where the rows are at least the features, so there
-    # a larger set may afford more features than a smaller one is allowed).
+    # a larger set may afford more features than a smaller one is allowed), except where
+    # the smaller set's plan reached its own rows: D = N already spans every function the
+    # rows can tell apart, and the grid's next width above N is another set's.
     fixed = [_plan(n, time_budget=60.0, solve="weight").num_features for n in ROWS]
-    assert fixed == sorted(fixed, reverse=True)
+    for n, smaller, larger in zip(ROWS, fixed, fixed[1:]):
+        assert smaller >= larger or smaller >= n, (n, smaller, larger)
 
 
 def test_the_default_budget_is_linear_in_the_rows_and_covers_the_plan():
@@ -389,6 +392,30 @@ def test_machine_rate_refuses_a_dtype_it_cannot_multiply_in(dtype):
 
 def test_machine_rate_takes_a_dtype_by_name():
     assert measure_machine_rate(32, 1, dtype="float32") > 0
+
+
+def test_the_machine_rate_is_the_reference_rate_scaled_by_the_product_speed(monkeypatch):
+    # The cost model's unit is the reference machine's mixed work, not a bare product: a
+    # machine whose products run as fast as the reference's gets the reference rate (its
+    # product rate would budget three times the work its seconds hold), one twice as fast
+    # twice it; the size and dtype reach the product's measurement.
+    import rfgp.inference._fit_cost as fit_cost
+
+    asked = []
+
+    def product(speed):
+        def rate(size, repeats, dtype):
+            asked.append((size, repeats, dtype))
+            return speed * fit_cost.REFERENCE_PRODUCT_RATE
+        return rate
+
+    monkeypatch.setattr(fit_cost, "product_rate", product(1.0))
+    assert measure_machine_rate() == pytest.approx(RegressionOptions().machine_rate, rel=1e-12)
+    monkeypatch.setattr(fit_cost, "product_rate", product(2.0))
+    assert measure_machine_rate(256, 2, "float32") == pytest.approx(
+        2 * fit_cost.REFERENCE_RATE, rel=1e-12)
+    assert asked == [(1024, 3, torch.float64), (256, 2, "float32")]
+    assert fit_cost.REFERENCE_PRODUCT_RATE > fit_cost.REFERENCE_RATE
 
 
 def test_the_final_fit_replans_at_the_rate_the_stages_before_achieved():
