@@ -39,9 +39,10 @@ gradients beyond while :math:`D \le N`), the refinement's rows and the local sta
 what is left (the local stage also gives the final model a second candidate to compare, at
 up to 2048 features), and what they leave grows ``D`` (in multiples of 1024, on conjugate
 gradients up to :math:`D = N`). When the final fit starts it re-plans ``D`` from the seconds
-actually left, at the rate the stages before achieved (``anytime``; never fewer features than
-planned). The default budget, :math:`\max(30, 20 + N/400)` seconds, is linear in the rows;
-:func:`measure_machine_rate` measures this machine's rate.
+actually left, at ``machine_rate`` or the lower rate of stages that ran slower than forecast
+(``anytime``; never fewer features than planned). The default budget,
+:math:`\max(30, 20 + N/400)` seconds, is linear in the rows; :func:`measure_machine_rate`
+measures this machine's rate.
 """
 
 from rfgp._report import ClassifierFitReport, FitReport

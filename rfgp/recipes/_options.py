@@ -115,8 +115,9 @@ class RegressionOptions(RecipeOptions):
             every process runs the same recipe and returns the same model (statistics
             all-reduced, rank 0's schedule and stage results adopted by all).
         anytime: when the final fit starts, re-plan its ``D`` from the seconds actually left
-            at the rate the stages before measured (never fewer features than planned), so
-            that stages that finish early leave their time to the features; ``False`` keeps
+            at ``machine_rate``, or the lower rate of stages that ran slower than forecast
+            (never fewer features than planned), so that stages that finish early leave
+            their time to the features; ``False`` keeps
             the schedule, a function of the rows, inputs and budget alone (a fit then
             reproduces on every machine).
     """

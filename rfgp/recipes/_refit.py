@@ -366,7 +366,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
     r"""The schedule with the final ``D`` re-planned from the time actually left when the
     final fit starts (an anytime rule): the largest ``D`` of the feature grid whose fit, on
     its path, costs at most :data:`REPLAN_SHARE` of ``seconds_left`` at ``rate``
-    multiply-adds per second (the rate the stages before measured), and never fewer than the
+    multiply-adds per second (the options' rate, or the lower one of stages that ran slower
+    than forecast), and never fewer than the
     schedule's own ``D``:
 
     .. math::

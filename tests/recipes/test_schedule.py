@@ -418,9 +418,36 @@ def test_the_machine_rate_is_the_reference_rate_scaled_by_the_product_speed(monk
     assert fit_cost.REFERENCE_PRODUCT_RATE > fit_cost.REFERENCE_RATE
 
 
+def test_stages_faster_than_forecast_leave_the_rate_and_slower_ones_lower_it():
+    # A stage that ended early did less work (its L-BFGS converged), and the seconds it saved
+    # are left over already: the re-plan at a quarter of the forecast equals the one at the
+    # forecast (the same seconds left), while a stage eight times slower than forecast
+    # lowers the rate and with it the final D.
+    import time
+
+    from rfgp.recipes import FitReport
+    from rfgp.recipes._regression import replanned
+    from rfgp.recipes._stage import RecipeData
+
+    x, y = torch.zeros(40000, 9, dtype=torch.float64), torch.zeros(40000, dtype=torch.float64)
+    opts = RegressionOptions().checked()
+    plan = plan_regression(40000, 9, opts)
+    data = RecipeData(opts, plan, x, y, x, y, torch.ones(9, dtype=torch.float64), 1.0,
+                      torch.Generator())
+
+    def replan(share):
+        report = FitReport.begin(None, plan)
+        report.seconds["search"] = plan.predicted["search"] * share
+        return replanned(data, report, time.perf_counter()).schedule.num_features
+
+    as_forecast = replan(1.0)
+    assert replan(0.25) == as_forecast
+    assert replan(8.0) < as_forecast
+
+
 def test_the_final_fit_replans_at_the_rate_the_stages_before_achieved():
     # Stages that ran four times faster than predicted leave the budget to the features: the
-    # final D grows (to the rows, on 4 * 10^4 rows of 9 inputs), the report shows the new
+    # final D grows (on 4 * 10^4 rows of 9 inputs, by CG), the report shows the new
     # schedule, and anytime=False keeps the planned one.
     import time
 
