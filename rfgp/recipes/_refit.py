@@ -28,7 +28,7 @@ lies at least as far down on the sets measured (pol: 0.8 at 2,048 features, belo
 power-plant, bike), the test log likelihood rises with it, and where it falls (pumadyn32nm)
 or stays flat (elevators), so does the test log likelihood.
 
-On the CG path the choice model also says whether a larger model can matter: where its signal
+On either path the choice model also says whether a larger model can matter: where its signal
 in noise units, :math:`s = c\,\mathrm{tr}\,G`, makes the Monte Carlo difference between two
 feature draws at most a tenth of the noise (:func:`features_cannot_matter`), the final model
 is the choice's, in weight space (data without signal: on 41,202 rows the planned 41,202
@@ -163,10 +163,12 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
     start = calibration
     forecast = None
     signal = None
-    if (iterative and data.options.calibrate and data.options.num_features is None
-            and start.spectrum is not None):
+    if (choice and features > choice and data.options.calibrate
+            and data.options.num_features is None and start.spectrum is not None):
         # The choice model's signal in noise units: if more features cannot move the
-        # posterior by a tenth of the noise, the final model stays at the choice's D.
+        # posterior by a tenth of the noise, the final model stays at the choice's D, on
+        # either path (on 41,203 rows without signal, 6,144 weight-space features cost
+        # 38 s for the 2,048 features' predictions).
         signal = float(start.spectrum.double().sum()) * start.factor / start.noise
         if features_cannot_matter(signal, choice):
             features, iterative, path = choice, False, "weight"

@@ -12,7 +12,7 @@ import torch
 
 from rfgp.inference._calibration import feature_model_evidence
 from rfgp.inference._krylov_calibration import calibrate_by_krylov
-from rfgp.recipes import FitReport, fit_auto
+from rfgp.recipes import FitReport, RegressionOptions, fit_auto
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 
@@ -301,6 +301,38 @@ def test_a_final_model_whose_features_cannot_matter_stays_at_the_choice_model(mo
     assert kept.solve_used == "weight" and kept_report.num_features == 2048
     assert kept_report.schedule.final_solve == "weight"
     assert kept_report.schedule.num_features == 2048
+
+
+def test_a_weight_space_model_whose_features_cannot_matter_stays_at_the_choice_model(
+        monkeypatch):
+    from rfgp.recipes import _refit
+    from rfgp.recipes._regression import plan_regression
+
+    # The rule holds on the weight path too: a plan of 3,000 weight-space features is kept
+    # at the choice model's 2,048 where more features cannot move the posterior, and fitted
+    # as planned where they can; the signal it read is the choice model's, reported.
+    g = gen(11)
+    x = torch.rand(3000, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(3000, generator=g, dtype=DT)
+    options = dict(solve="weight", seed=0, local_search=False, cv_folds=0, time_budget=14.0,
+                   anytime=False)
+    assert plan_regression(3000, 2, RegressionOptions(**options).checked()).num_features == 3000
+    read = []
+
+    def rule(answer):
+        def cannot_matter(signal, features):
+            read.append((signal, features))
+            return answer
+        return cannot_matter
+
+    for answer, features in ((True, 2048), (False, 3000)):
+        monkeypatch.setattr(_refit, "features_cannot_matter", rule(answer))
+        report = FitReport()
+        gp = fit_auto(x, y, report=report, **options)
+        assert report.num_features == features and gp.solve_used == "weight"
+        assert report.schedule.num_features == features
+        assert read[-1] == (report.calibration["signal"], 2048)
+        assert report.calibration["signal"] > 0
 
 
 def test_features_cannot_matter_is_a_tenth_of_the_noise_from_the_monte_carlo_error():
