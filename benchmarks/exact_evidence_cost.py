@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 from _pages import best_of, study_options, write_page  # noqa: E402
 
 from rfgp.inference._evidence import fourier_kernel_negative_log_evidence  # noqa: E402
-from rfgp.inference._fit_cost import exact_evidence_cost, product_rate  # noqa: E402
+from rfgp.inference._fit_cost import exact_evidence_cost  # noqa: E402
+from rfgp.inference._machine_rate import product_rate  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.recipes import RegressionOptions  # noqa: E402
 

@@ -43,11 +43,11 @@ from rfgp.inference._fit_cost import (
     final_fit_cost,
     final_path,
     largest_features_within,
-    measure_machine_rate,
     row_capped_features,
 )
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws
+from rfgp.inference._machine_rate import measure_machine_rate
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.inference._stochastic_evidence import stochastic_log_evidence

@@ -24,10 +24,9 @@ from typing import Any, Optional
 
 from rfgp._parameters import PARAMETER_CONSTRAINTS
 from rfgp._validation import validate_parameters
-from rfgp.inference._fit_cost import REFERENCE_RATE
+from rfgp.inference._machine_rate import REFERENCE_RATE
 
 __all__ = ["ClassifierOptions", "RecipeOptions", "RegressionOptions", "REFERENCE_RATE"]
-
 
 
 @dataclass(frozen=True)

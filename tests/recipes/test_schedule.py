@@ -399,23 +399,23 @@ def test_the_machine_rate_is_the_reference_rate_scaled_by_the_product_speed(monk
     # machine whose products run as fast as the reference's gets the reference rate (its
     # product rate would budget three times the work its seconds hold), one twice as fast
     # twice it; the size and dtype reach the product's measurement.
-    import rfgp.inference._fit_cost as fit_cost
+    import rfgp.inference._machine_rate as rates
 
     asked = []
 
     def product(speed):
         def rate(size, repeats, dtype):
             asked.append((size, repeats, dtype))
-            return speed * fit_cost.REFERENCE_PRODUCT_RATE
+            return speed * rates.REFERENCE_PRODUCT_RATE
         return rate
 
-    monkeypatch.setattr(fit_cost, "product_rate", product(1.0))
+    monkeypatch.setattr(rates, "product_rate", product(1.0))
     assert measure_machine_rate() == pytest.approx(RegressionOptions().machine_rate, rel=1e-12)
-    monkeypatch.setattr(fit_cost, "product_rate", product(2.0))
+    monkeypatch.setattr(rates, "product_rate", product(2.0))
     assert measure_machine_rate(256, 2, "float32") == pytest.approx(
-        2 * fit_cost.REFERENCE_RATE, rel=1e-12)
+        2 * rates.REFERENCE_RATE, rel=1e-12)
     assert asked == [(1024, 3, torch.float64), (256, 2, "float32")]
-    assert fit_cost.REFERENCE_PRODUCT_RATE > fit_cost.REFERENCE_RATE
+    assert rates.REFERENCE_PRODUCT_RATE > rates.REFERENCE_RATE
 
 
 def test_stages_faster_than_forecast_leave_the_rate_and_slower_ones_lower_it():
