@@ -267,7 +267,7 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     (:func:`~rfgp.inference._fit_cost.iterative_fit_cost` of the plan's ``D``, at the constant
     iterations and rank) and the allowance of the seconds left when the final fit started
     (``schedule.settings["refit"]["allowance"]``, :data:`REPLAN_SHARE` of them at the
-    measured rate, under ``anytime``), so that more budget never lowers it further. Never
+    re-plan's rate, under ``anytime``), so that more budget never lowers it further. Never
     raised: the constants are those of a typical noisy set, and a forecast of fewer iterations
     leaves the plan as it is. ``None`` where the choice model has no spectrum or the ``D`` was
     given; the forecast at the plan's ``D`` where it fits.
