@@ -104,6 +104,29 @@ def test_float32_data_calibrates_and_fits_as_float64_data_on_the_weight_path():
     assert float((mean32 - mean64).abs().max()) < 1e-3
 
 
+def test_a_served_evidence_is_dropped_when_the_outputscale_changes_after_the_fit():
+    # The served estimate belongs to the fitted model: a new outputscale makes a new model,
+    # whose evidence is estimated anew (never the stale value), within its standard error of
+    # the exact evidence of the same features at the new outputscale.
+    from rfgp.recipes import fit_auto
+
+    g = gen(12)
+    n = 1500
+    x = torch.rand(n, 3, generator=g, dtype=DT)
+    y = 37.0 * (torch.sin(6 * x[:, 0]) + 0.05 * torch.randn(n, generator=g, dtype=DT))
+    y = y - y.mean()
+    gp = fit_auto(x, y, solve="cg", num_features=512, seed=0, local_search=False,
+                  lengthscale_draws=0, cv_folds=0)
+    served = float(gp.log_marginal_likelihood())
+    assert gp._state.solver.known_evidence is not None
+    gp.kernel.outputscale = gp.kernel.outputscale.detach() * 4
+    again = float(gp.log_marginal_likelihood())
+    assert gp._state.solver.known_evidence is None and again != served
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+                  .fit(x, y).log_marginal_likelihood())
+    assert abs(again - exact) <= 5 * gp._state.solver.evidence_standard_error + 1e-9 * abs(exact)
+
+
 @pytest.mark.parametrize("columns", [1, 2])
 def test_a_cg_fit_serves_its_calibration_evidence_until_it_is_refitted(columns):
     # The Krylov calibration estimated the evidence of the very model the CG fit fits: its
