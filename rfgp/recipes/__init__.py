@@ -35,10 +35,10 @@ schedules the stages from their costs.
 **The budget.** A cost model converts ``time_budget`` seconds at ``machine_rate``
 multiply-adds a second into a schedule (:attr:`FitReport.schedule`): the final fit gets the
 most features that fit 40% of the budget (weight space up to 8192 features, conjugate
-gradients beyond while :math:`D \le N`), the refinement's rows and the local stage's starts
+gradients beyond, more features than rows too), the refinement's rows and the local stage's starts
 what is left (the local stage also gives the final model a second candidate to compare, at
 up to 2048 features), and what they leave grows ``D`` (in multiples of 1024, on conjugate
-gradients up to :math:`D = N`). When the final fit starts it re-plans ``D`` from the seconds
+gradients up to 65,536). When the final fit starts it re-plans ``D`` from the seconds
 actually left, at ``machine_rate`` or the lower rate of stages that ran slower than forecast
 (``anytime``; never fewer features than planned). The default budget,
 :math:`\max(30, 20 + N/400)` seconds, is linear in the rows; :func:`measure_machine_rate`

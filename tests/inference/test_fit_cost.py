@@ -56,11 +56,15 @@ def test_the_calibrated_cg_fit_counts_its_fit_by_the_cg_fit_cost(monkeypatch):
 
 
 def test_the_path_changes_where_the_weight_space_matrices_stop_fitting():
-    # D x D up to MAX_WEIGHT_FEATURES; beyond, CG while D <= N, and no path for D > N on
-    # rows too many for the N x N solve.
+    # D x D up to MAX_WEIGHT_FEATURES; beyond, CG up to MAX_ITERATIVE_FEATURES, more
+    # features than rows too on rows too many for the N x N solve, and no path beyond.
     assert final_path(10**5, MAX_WEIGHT_FEATURES, 8, "auto")[0] == "weight"
     assert final_path(10**5, 2 * MAX_WEIGHT_FEATURES, 8, "auto")[0] == "cg"
-    assert final_path(20000, MAX_ITERATIVE_FEATURES, 8, "auto") == (None, math.inf)
+    assert final_path(20000, MAX_ITERATIVE_FEATURES, 8, "auto")[0] == "cg"
+    assert final_path(20000, MAX_ITERATIVE_FEATURES + 2, 8, "auto") == (None, math.inf)
+    # On few rows the N x N solve holds D > N in weight space, and no CG takes over past it.
+    assert final_path(2000, 4 * MAX_WEIGHT_FEATURES, 8, "auto")[0] == "weight"
+    assert final_path(60, MAX_ITERATIVE_FEATURES, 8, "auto") == (None, math.inf)
 
 
 def test_features_beyond_the_cache_cost_a_pass_each_like_streamed_rows():

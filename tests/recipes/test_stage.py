@@ -47,9 +47,8 @@ def test_the_stages_share_their_names_and_the_progress_counts_them():
 
 
 def test_an_added_stage_is_booked_at_its_place_and_the_others_plan_around_it(monkeypatch):
-    # At 200 s the plain plan's final D (32,768 on 4 * 10^4 rows) is what the budget pays
-    # for below its cap (D <= N), so a stage booked before the final fit's growth takes
-    # features from it.
+    # At 200 s the plain plan's final D on 4 * 10^4 rows is what the budget pays for below
+    # its cap, so a stage booked before the final fit's growth takes features from it.
     options = RegressionOptions(time_budget=200.0).checked()
     plain = regression.plan_regression(40000, 8, options)
     monkeypatch.setattr(regression, "STAGES", _with_polish())
