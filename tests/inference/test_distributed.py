@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rfgp import RandomFeatureGP
 from rfgp.kernels import FourierFeatureKernel
+from tests import ranks
 
 DT = torch.float64
 WORLD = 2
@@ -39,11 +36,8 @@ def _shard(rank, n):
     return slice(0, 150) if rank == 0 else slice(150, n)
 
 
-def _worker(rank, port, out_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank, store_path, out_path):
+    ranks.join(rank, store_path, WORLD)
     try:
         x, y, noise, xt = _data()
         s = _shard(rank, x.shape[0])
@@ -55,7 +49,7 @@ def _worker(rank, port, out_path):
         stream.fit_stream([(x[s][:70], y[s][:70]), (x[s][70:], y[s][70:])], distributed=True)
         upd = RandomFeatureGP(_kernel(seed=0), noise=0.1).fit(x[:10], y[:10])
         upd.update(x[10:][s], y[10:][s], distributed=True)
-        torch.save(
+        ranks.leave(
             {
                 "mean": mean,
                 "std": std,
@@ -64,24 +58,17 @@ def _worker(rank, port, out_path):
                 "stream": stream.predict(xt),
                 "update": upd.predict(xt),
             },
-            f"{out_path}.{rank}",
+            out_path,
+            rank,
         )
     finally:
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_two_process_fit_equals_single_process_fit(tmp_path):
-    out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
-    results = [torch.load(f"{out}.{r}") for r in range(WORLD)]
+    results = ranks.run(_worker, tmp_path, (), WORLD)
     x, y, noise, xt = _data()
     single = RandomFeatureGP(_kernel(seed=0), solve="weight").fit(x, y, noise)
     mean, std = single.predict(xt, return_std=True)

@@ -719,15 +719,12 @@ def _distributed_data():
     return x, y, noise, xt
 
 
-def _distributed_worker(rank, port, out_path):
-    import os
-
+def _distributed_worker(rank, store_path, out_path):
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from tests import ranks
+
+    ranks.join(rank, store_path, WORLD)
     try:
         x, y, noise, xt = _distributed_data()
         s = slice(0, 150) if rank == 0 else slice(150, x.shape[0])
@@ -749,11 +746,10 @@ def _distributed_worker(rank, port, out_path):
                                  preconditioner_rank=8)
         capped.fit(x[s], y[s], noise[s], distributed=True, chunk_size=40)
         capped_std = capped.predict(torch.cat([xt, 0.5 * xt]), return_std=True)[1]
-        torch.save({"mean": mean, "std": std, "groups": gp.factorization_groups,
-                    "capped_std": capped_std, "routes": capped.cg_info["variance_routes"],
-                    "lml": gp.log_marginal_likelihood(), "stream": stream.predict(xt),
-                    "weight": weight.predict(xt)},
-                   f"{out_path}.{rank}")
+        ranks.leave({"mean": mean, "std": std, "groups": gp.factorization_groups,
+                     "capped_std": capped_std, "routes": capped.cg_info["variance_routes"],
+                     "lml": gp.log_marginal_likelihood(), "stream": stream.predict(xt),
+                     "weight": weight.predict(xt)}, out_path, rank)
     finally:
         dist.destroy_process_group()
 
@@ -761,14 +757,12 @@ def _distributed_worker(rank, port, out_path):
 @pytest.mark.slow
 def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
-    from tests.inference.test_distributed import _free_port
+    from tests import ranks
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
-    out = str(tmp_path / "result")
-    mp.spawn(_distributed_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
+    results = ranks.run(_distributed_worker, tmp_path, (), WORLD)
     x, y, noise, xt = _distributed_data()
     single = RandomFeatureGP(_fourier(), solve="cg", cg_tolerance=TIGHT,
                              cg_variance_tolerance=VARIANCE).fit(x, y, noise)
@@ -776,8 +770,7 @@ def test_distributed_cg_fit_equals_the_single_process_fit(tmp_path):
     stream = RandomFeatureGP(_fourier(), noise=0.1, solve="cg", cg_tolerance=TIGHT).fit(x, y)
     many_std = RandomFeatureGP(_fourier(), solve="weight").fit(x, y, noise).predict(
         torch.cat([xt, 0.5 * xt]), return_std=True)[1]
-    for rank in range(WORLD):
-        res = torch.load(f"{out}.{rank}")
+    for res in results:
         assert res["groups"] == single.factorization_groups == [[0], [1]]
         assert _relative(res["weight"], mean) < 1e-8
         assert _relative(res["mean"], mean) < 1e-8

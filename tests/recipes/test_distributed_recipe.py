@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import time
-import warnings
-
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rfgp import fit_auto
 from rfgp._data import ArraySource, ShardedSource, draw_rows
 from rfgp.sklearn import RandomFeatureGPRegressor
+from tests import ranks
 
 DT = torch.float64
 WORLD = 2
@@ -24,8 +20,6 @@ OPTIONS = dict(subsample=250, refine_rows=500, search_features=64, num_features=
 CG_OPTIONS = dict(OPTIONS, solve="cg", num_features=512)
 ESTIMATOR = dict(num_features=128, random_state=0, time_budget=20, lengthscale_draws=0,
                  max_lengthscale=None, local_search=False)
-# Every scenario ends well within this: a hang in a collective would not.
-DEADLINE_S = 240
 
 
 def _data():
@@ -64,10 +58,7 @@ def _failing(xs, ys, rank, fail_at):
 
 
 def _worker(rank, store_path, out_path, scenario):
-    torch.set_num_threads(1)
-    # A file store: no store server thread on rank 0 for the other rank to outlive at exit.
-    store = dist.FileStore(store_path, WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+    ranks.join(rank, store_path, WORLD)
     try:
         x, y, xt = _data()
         xs, ys = x[_shard(rank)], y[_shard(rank)]
@@ -122,36 +113,14 @@ def _worker(rank, store_path, out_path, scenario):
             chunks, _ = _failing(xs, ys, rank, passes)
             results["read"] = _error(lambda: fit_auto(chunks, distributed=True, calibrate=False,
                                                       **OPTIONS))
-        torch.save(results, f"{out_path}.{rank}")
-        # Both ranks leave together: a rank that tears the group down while the other still
-        # talks to it can abort the other at its exit.
-        dist.barrier()
-        open(f"{out_path}.{rank}.done", "w").close()
+        ranks.leave(results, out_path, rank)
     finally:
         dist.destroy_process_group()
 
 
 def _run(tmp_path, scenario):
-    """The worker on two processes; fails the test if they do not finish by the deadline."""
-    out = str(tmp_path / "result")
-    context = mp.spawn(_worker, args=(str(tmp_path / "store"), out, scenario), nprocs=WORLD,
-                       join=False)
-    started = time.monotonic()
-    try:
-        while not context.join(timeout=2):
-            if time.monotonic() - started > DEADLINE_S:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"the ranks did not finish within {DEADLINE_S} s: a rank was left "
-                            "waiting")
-    except mp.ProcessExitedException as error:
-        # Every rank saved its results and met the others after its last collective: the
-        # work is done and agreed, and what died is the process group's teardown at exit
-        # (gloo, outside the package). Any earlier death fails the test.
-        if not all(os.path.exists(f"{out}.{r}.done") for r in range(WORLD)):
-            raise
-        warnings.warn(f"a rank died in the process group's teardown, after its work: {error}")
-    return [torch.load(f"{out}.{r}") for r in range(WORLD)]
+    """The worker on two processes (:func:`tests.ranks.run`)."""
+    return ranks.run(_worker, tmp_path, (scenario,), WORLD)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
