@@ -12,7 +12,7 @@ search leaves where that is less (its ``D`` the largest on the feature grid,
 features' error shrinks only as :math:`D^{-1/2}` while the fit grows as :math:`N D^2`); the
 refinement's rows (at most :data:`REFINE_SHARE` of the budget), the local stage's starts (at
 most :data:`LOCAL_SHARE`: its later starts rarely move the lengthscales, while the final model
-stays feature-limited until ``D`` approaches the rows) and the Laplace Hessian; then the rest
+stays feature-limited while ``D`` grows, past the rows too) and the Laplace Hessian; then the rest
 buys the final ``D``: the largest whose fit, on its cheapest path, the budget less those
 stages' bounded shares pays for (beyond the weight-space limit the CG path with the Krylov
 calibration, :mod:`~rfgp.inference._krylov_calibration`, costs a few CG fits). Every stage's
@@ -50,7 +50,7 @@ FINAL_SHARE = 0.4
 REFINE_SHARE = 0.2
 #: Share of the budget the local stage's starts may take: beyond it the budget buys features
 #: (the local stage's later starts rarely move the lengthscales; the features' error falls
-#: as D^{-1/2} until D reaches the rows).
+#: as D^{-1/2}, past the rows too).
 LOCAL_SHARE = 0.2
 #: Fewest features of a final fit chosen by the schedule.
 MIN_FEATURES = 512
