@@ -482,14 +482,13 @@ def final_path(num_rows: int, num_features: int, input_dim: int, solve: str,
         ('weight', 'cg')
     """
     n, m = num_rows, num_features
-    fits = m <= MAX_WEIGHT_FEATURES or (
-        n < m and m <= MAX_FUNCTION_FEATURES and n * m <= MAX_WEIGHT_FEATURES**2)
+    # Past the rows, the N x N solve where its matrices hold: exact up to its own limit.
+    function_space = n < m and n * m <= MAX_WEIGHT_FEATURES**2
+    fits = m <= MAX_WEIGHT_FEATURES or (function_space and m <= MAX_FUNCTION_FEATURES)
     if (solve == "weight" and (fits or forced)) or (solve == "auto" and fits):
         return "weight", final_fit_cost(n, m, input_dim, candidates)
-    # "auto" takes CG past the rows only where the rows are too many for the N x N solve's
-    # matrices: on fewer, that solve is exact up to its own limit, MAX_FUNCTION_FEATURES.
-    beyond = m <= n or n * m > MAX_WEIGHT_FEATURES**2
+    # "auto" takes CG (past the rows too) wherever the N x N solve's matrices do not hold.
     if solve == "cg" or (solve == "auto" and (forced or (m <= MAX_ITERATIVE_FEATURES
-                                                         and beyond))):
+                                                         and not function_space))):
         return "cg", iterative_fit_cost(n, m, input_dim, candidates, streamed)
     return None, math.inf
