@@ -7,8 +7,9 @@ A variance :math:`\phi_* B^{-1} \phi_*^H` of a ``solve="cg"`` fit takes one of f
   t)` at the tolerance :math:`t`), its variances scaled by
   :func:`served_factor` where :math:`\tau > t`;
 * ``"refined"``: CG per query row, preconditioned by the form, where its bound does not;
-* ``"dense"``: the Cholesky factor of :math:`B` (:mod:`~rfgp.inference._cg_dense`), where
-  forming it costs less than either, for the rows of the prediction;
+* ``"dense"``: the Cholesky factor of :math:`B` (:mod:`~rfgp.inference._cg_dense`), or of the
+  rows' :math:`K = I + \Psi\Psi^H` where that is cheaper (more features than rows, every
+  feature kept), where forming it costs less than either, for the rows of the prediction;
 * ``"exact"``: CG per query row from zero (``cg_variance="exact"``).
 
 :class:`VarianceRoutes` holds what the routes build once per fit (the forms, the dense
@@ -29,10 +30,14 @@ from torch import Tensor
 from rfgp.inference._cg_dense import (
     PROBE_ROWS,
     DenseInverse,
+    RowDenseInverse,
+    dense_cost,
     dense_first,
     dense_fits,
     dense_pays,
     keep_building,
+    row_dense_fits,
+    row_precision_holds,
 )
 from rfgp.inference._cg_variance import (
     START_RANK,
@@ -129,10 +134,10 @@ class VarianceRoutes:
         dense = self.dense.get(g)
         if (dense is None and auto and floor == 0.0 and g not in self.low_rank
                 and self.dense_first(g, rows)):
-            dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
+            dense = self.dense[g] = self.build_dense(column, rows) or False
         served, open_rows = None, None
         if not dense:
-            possible = dense is None and auto and self.dense_possible()
+            possible = dense is None and auto and any(self.dense_forms())
             serving = None
             if floor > 0.0:
                 allowed = int(FLOOR_OPEN_ROWS * feats.shape[0] / rows)
@@ -169,8 +174,9 @@ class VarianceRoutes:
                 pre = solver.preconditioners[g]
                 if iterations is not None and dense_pays(solver.operator.width,
                                                          solver.num_rows, rows, iterations,
-                                                         pre.rank, low.rank):
-                    dense = self.dense[g] = DenseInverse.build(solver.operator, column) or False
+                                                         pre.rank, low.rank,
+                                                         *self.dense_forms()):
+                    dense = self.dense[g] = self.build_dense(column, rows) or False
         if dense:
             self.taken[g] = "dense"
             out = dense.predict(feats, want_root)
@@ -194,31 +200,57 @@ class VarianceRoutes:
         needs it anyway)."""
         solver = self.solver
         pre = solver.preconditioners[g]
-        if not pre.rank or not self.dense_possible():
+        forms = self.dense_forms()
+        if not pre.rank or not any(forms):
             return False
         op = solver.operator
         cap = variance_rank_cap(op, solver.settings)
         trace = self.traces[g] = group_trace(op, solver.groups()[g][0], pre)
         return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows,
                            solver.settings.variance_bound, cap,
-                           excess_trace(pre, trace, op.width), rounding_shift(pre, op.width))
+                           excess_trace(pre, trace, op.width), rounding_shift(pre, op.width),
+                           *forms)
 
-    def dense_possible(self) -> bool:
-        r"""Whether ``B`` may be formed: it fits in a quarter of the memory, and its Cholesky
-        factor's relative error (about :math:`\kappa(B)\,\epsilon`, :math:`\kappa(B)` from
-        the preconditioners' top eigenvalues) is a tenth of the variance tolerance."""
+    def dense_forms(self) -> Tuple[bool, bool]:
+        r"""``(weights, rows)``: whether ``B`` may be formed, and whether the rows' ``K``
+        may (:class:`~rfgp.inference._cg_dense.RowDenseInverse`).
+
+        ``B``: it fits in a quarter of the memory, and its Cholesky factor's relative error
+        (about :math:`\kappa(B)\,\epsilon`, :math:`\kappa(B)` from the preconditioners' top
+        eigenvalues) is a tenth of the variance tolerance. ``K``: fewer rows than features,
+        every feature kept in memory (never rows on a source or sharded over processes), ``K``
+        fits in a quarter of the memory, and the difference it answers by keeps a tenth of
+        the tolerance (:func:`~rfgp.inference._cg_dense.row_precision_holds`)."""
         solver = self.solver
         op = solver.operator
         largest = max((float(p.eigenvalues.max()) for p in solver.preconditioners if p.rank),
                       default=0.0)
+        tolerance = solver.settings.variance_tolerance
         eps = torch.finfo(op.dtype).eps
-        possible = (dense_fits(op.width, op.vector_dtype, op.device)
-                    and (1.0 + largest) * eps <= 0.1 * solver.settings.variance_tolerance)
+        weights = (dense_fits(op.width, op.vector_dtype, op.device)
+                   and (1.0 + largest) * eps <= 0.1 * tolerance)
         if op.distributed:  # a collective decision: forming B all-reduces it
-            refusals = op.reduce(torch.tensor([0.0 if possible else 1.0], dtype=torch.float64,
+            refusals = op.reduce(torch.tensor([0.0 if weights else 1.0], dtype=torch.float64,
                                               device=op.device))
-            possible = float(refusals) == 0.0
-        return possible
+            return float(refusals) == 0.0, False
+        rows = (solver.num_rows < op.width and op.holds_all()
+                and row_dense_fits(solver.num_rows, op.vector_dtype, op.device)
+                and row_precision_holds(largest, op.dtype, tolerance))
+        return weights, rows
+
+    def build_dense(self, column: int, queries: int):
+        """The dense factor for target ``column``: of the rows' ``K`` where that form is open
+        and costs less for ``queries`` rows (:func:`~rfgp.inference._cg_dense.dense_cost`),
+        else of ``B`` where open; ``None`` where the factorisation failed and no other form
+        is open."""
+        op, n = self.solver.operator, self.solver.num_rows
+        weights, rows = self.dense_forms()
+        if rows and (not weights or dense_cost(op.width, n, queries, False, True)
+                     < dense_cost(op.width, n, queries)):
+            built = RowDenseInverse.build(op, column)
+            if built is not None or not weights:
+                return built
+        return DenseInverse.build(op, column) if weights else None
 
     def low_rank_inverse(self, g: int, queries: Optional[int] = None,
                          serves: Optional[Callable[[LowRankInverse], float]] = None
@@ -248,12 +280,13 @@ class VarianceRoutes:
             cap = variance_rank_cap(op, solver.settings)
             if queries is not None:
                 shift = rounding_shift(pre, op.width)
+                forms = self.dense_forms()
 
-                def proceed(history, cap=cap, shift=shift) -> bool:
+                def proceed(history, cap=cap, shift=shift, forms=forms) -> bool:
                     # extrapolated towards what the last rank serves at: with a floor, the
                     # rows' bound, not the latent tolerance
                     return keep_building(history, accepts[-1], shift, cap, op.width,
-                                         solver.num_rows, queries)
+                                         solver.num_rows, queries, *forms)
 
             (self.low_rank[g],) = group_inverses(op, [solver.groups()[g]], [pre],
                                                  solver.settings, [self.traces.get(g)],

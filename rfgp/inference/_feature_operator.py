@@ -302,6 +302,66 @@ class FeatureOperator:
         out.diagonal().add_(1.0)
         return out
 
+    def holds_all(self) -> bool:
+        """Whether every chunk's features are kept (:attr:`cache_bytes`), so that a pass
+        recomputes none: the rows' own form of ``B`` (:meth:`row_matrix`) pairs every chunk
+        with every other, which is only cheap over kept features. Never on a data source, a
+        detached fit or rows sharded over processes."""
+        if self.streamed or self.detached or self.distributed:
+            return False
+        chunks = sum(math.ceil(x.shape[0] / self.chunk) for x, _, _ in self.data)
+        return chunks > 0 and len(self._cache) == chunks
+
+    def _row_weights(self, column: int) -> List[Tuple[Tensor, Tensor]]:
+        """Per chunk: its features and :math:`s_i^{-1/2}` ``(n,)`` for target ``column``."""
+        index = torch.tensor([column], dtype=torch.long, device=self.device)
+        return [(feats, self.inverse_noise(noise, index, feats.shape[0])[:, 0].sqrt())
+                for feats, _, noise in self.chunks()]
+
+    def row_matrix(self, column: int) -> Tensor:
+        r"""``(N, N)`` :math:`K = I + \Psi\Psi^H`, :math:`\Psi = S^{-1/2}\Phi` with the noise
+        of target ``column``: the rows' form of :math:`B = I + \Psi^H\Psi` (the same
+        eigenvalues but for the ones). Formed block by block from the kept features
+        (:meth:`holds_all`, which the caller has checked, with ``N^2`` numbers against the
+        memory), in :math:`N^2 W / 2` multiply-adds: a block below the diagonal is mirrored.
+
+        Example:
+            >>> from rfgp.kernels import FourierFeatureKernel
+            >>> fm = FeatureMap(FourierFeatureKernel(8, seed=0).double())
+            >>> x = torch.rand(10, 2, dtype=torch.float64)
+            >>> noise = torch.full((10, 1), 0.5, dtype=torch.float64)
+            >>> op = FeatureOperator(fm, [(x, torch.zeros(10, 1, dtype=torch.float64), noise)],
+            ...                      False, torch.float64, chunk=4, cache_bytes=1 << 20)
+            >>> phi = fm.rows(x)
+            >>> _ = op.dense(0)  # a pass keeps the features
+            >>> k = torch.eye(10, dtype=torch.float64) + phi @ phi.T / 0.5
+            >>> op.holds_all(), torch.allclose(op.row_matrix(0), k)
+            (True, True)
+        """
+        parts = self._row_weights(column)
+        n = sum(feats.shape[0] for feats, _ in parts)
+        out = torch.empty(n, n, dtype=self.vector_dtype, device=self.device)
+        starts = [0]
+        for feats, _ in parts:
+            starts.append(starts[-1] + feats.shape[0])
+        for i, (fi, wi) in enumerate(parts):
+            for j in range(i + 1):
+                fj, wj = parts[j]
+                block = (fi @ fj.transpose(0, 1).conj()) * wi.unsqueeze(1) * wj.unsqueeze(0)
+                out[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
+                if j < i:
+                    out[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = (
+                        block.transpose(0, 1).conj())
+        out.diagonal().add_(1.0)
+        return out
+
+    def row_products(self, rows: Tensor, column: int) -> Tensor:
+        r"""``(N, M)`` :math:`\Psi Q^H` for query rows ``Q`` ``(M, W)`` (differentiable in
+        them), :math:`\Psi` as in :meth:`row_matrix`, in ``rows``' dtype."""
+        q = rows.transpose(0, 1).conj()
+        return torch.cat([(feats.to(rows.dtype) @ q) * w.to(q.real.dtype).unsqueeze(1)
+                          for feats, w in self._row_weights(column)])
+
     def preconditioned_trace(self, column: int, basis: Tensor,
                              weights: Tensor) -> Tuple[float, float]:
         r"""``(t, m)``: :math:`t = \sum_i s_i^{-1} \phi_i (I - U\,\mathrm{diag}(w)\,U^H)

@@ -107,7 +107,7 @@ class RegressionOptions(RecipeOptions):
             its lengthscales among the stages' candidates); ``False`` keeps the search's.
         solve: the final fit's path: ``"weight"`` (its ``D x D`` matrix factorised),
             ``"cg"`` (conjugate gradients, no ``D x D`` matrix) or ``"auto"``, the weight
-            space up to 8192 features and CG beyond, while ``D`` is at most the rows. On rows
+            space up to 8192 features and CG beyond (past the rows too). On rows
             not held in memory (a memory-map, chunks, process shards) every CG product is a
             pass over them, which the schedule counts.
         distributed: each ``torch.distributed`` process passes its own shard of the rows;

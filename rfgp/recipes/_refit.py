@@ -61,9 +61,16 @@ from rfgp.inference import (
     largest_features_within,
     row_capped_features,
 )
-from rfgp.inference._cg_dense import dense_fits, serving_cost
+from rfgp.inference._cg_dense import (
+    dense_fits,
+    row_dense_fits,
+    row_precision_holds,
+    serving_cost,
+)
 from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
 from rfgp.inference._fit_cost import iterative_fit_cost
+from rfgp.inference._iterative import CGSettings
+from rfgp.inference._linalg import available_memory
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
 from rfgp.recipes._scale import (
@@ -283,7 +290,7 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
     scale = choice.factor / choice.noise
     booked = max(iterative_fit_cost(n, planned, d, candidates, streamed)
-                 + variance_cost(n, planned, "cg"),
+                 + variance_cost(n, planned, "cg", streamed=streamed),
                  data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
     forecasts: Dict[int, CGForecast] = {}
@@ -293,7 +300,7 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
                                                  candidates, streamed)
         # the variances' form on the same spectrum, beside a preconditioner of its rank
         held = spectrum_at(choice.spectrum, scale, size)[:forecast.rank]
-        return forecast.multiply_adds + variance_cost(n, size, "cg", held)
+        return forecast.multiply_adds + variance_cost(n, size, "cg", held, streamed)
 
     smallest = min(planned, CHOICE_FEATURES)
     features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
@@ -435,7 +442,7 @@ def predicted_rows(num_rows: int) -> int:
 
 
 def variance_cost(num_rows: int, features: int, path: Optional[str],
-                  spectrum: Optional[Tensor] = None) -> float:
+                  spectrum: Optional[Tensor] = None, streamed: bool = False) -> float:
     r"""Multiply-adds of the final model's first predictive variances, booked with its fit.
 
     A weight-space fit's Cholesky factor gives them at no further cost. A CG fit's
@@ -447,14 +454,26 @@ def variance_cost(num_rows: int, features: int, path: Optional[str],
     the forecast eigenvalues of :math:`B - I` at ``features`` (their leading ones, as the
     preconditioner holds them), else the form of the cost model's constants.
 
+    The dense factor is that of ``B`` where it fits in memory, or of the rows' ``K`` where
+    that is cheaper (:class:`~rfgp.inference._cg_dense.RowDenseInverse`: more features than
+    rows, the rows in memory (not ``streamed``), every feature kept as the final fit keeps
+    them, ``K`` within the memory, and the precision its difference needs, judged on
+    ``spectrum``'s top eigenvalue where given; without a spectrum, as on the sets measured,
+    taken to hold, and the final fit's forecast lowers ``D`` where it does not).
+
     Example:
         >>> variance_cost(13500, 8192, "weight"), variance_cost(13500, 8192, "cg") > 0
         (0.0, True)
     """
     if path != "cg":
         return 0.0
+    cpu = torch.device("cpu")
+    by_rows = (not streamed and num_rows < features and row_dense_fits(num_rows, torch.float64, cpu)
+               and num_rows * features * 8 <= available_memory(cpu) // 4
+               and (spectrum is None or not spectrum.numel() or row_precision_holds(
+                   float(spectrum.max()), torch.float64, CGSettings.variance_tolerance)))
     return serving_cost(features, num_rows, predicted_rows(num_rows), spectrum,
-                        dense=dense_fits(features, torch.float64, torch.device("cpu")))
+                        dense=dense_fits(features, torch.float64, cpu), by_rows=by_rows)
 
 
 def compared(plan: Plan) -> int:
@@ -478,7 +497,7 @@ def _final_path(num_rows: int, features: int, input_dim: int, solve: str, candid
     (:func:`variance_cost`)."""
     path, cost = final_path(num_rows, features, input_dim, solve, candidates, forced,
                             streamed)
-    return path, cost + variance_cost(num_rows, features, path)
+    return path, cost + variance_cost(num_rows, features, path, streamed=streamed)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),

@@ -20,9 +20,12 @@ from rfgp.inference._cg_dense import (
     ITERATIVE_RATE_SHARE,
     PROBE_ROWS,
     DenseInverse,
+    RowDenseInverse,
+    dense_cost,
     dense_pays,
     forecast_form,
     keep_building,
+    row_precision_holds,
 )
 from rfgp.inference._cg_routes import VarianceRoutes, served_factor
 from rfgp.inference._cg_variance import (
@@ -32,6 +35,7 @@ from rfgp.inference._cg_variance import (
     LowRankInverse,
     norm_bound,
 )
+from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._nystrom import NystromPreconditioner
 from rfgp.kernels import FourierFeatureKernel, PolynomialSketchKernel
@@ -303,7 +307,7 @@ def test_the_dense_route_is_refused_where_float32_cannot_resolve_b():
                          **_low_rank_capped(cg_variance_tolerance=1e-2)).fit(x.float(), y.float())
     (pre,) = gp._state.solver.preconditioners
     assert (1 + float(pre.eigenvalues.max())) * torch.finfo(torch.float32).eps > 1e-3
-    assert not gp._state.solver.routes.dense_possible()
+    assert not any(gp._state.solver.routes.dense_forms())
     gp.predict(xt.float(), return_std=True)
     assert gp.cg_info["variance_routes"] == ["refined"]
 
@@ -678,3 +682,125 @@ def test_the_serving_cost_is_the_cheaper_route_for_the_rows_asked_for():
     assert serving_cost(w, n, rows, dense=False) == pytest.approx(expected, rel=1e-12)
     # a narrow model's form is as wide as the model
     assert serving_cost(256, n, 0, dense=False) < serving_cost(512, n, 0, dense=False)
+
+
+# ---------------------------------------------------------------------- the rows' form of B
+def _rows_pair(case, n=300, **options):
+    """A fit of more features than rows (768 real, 384 complex, on ``n`` rows) whose
+    variances take the dense route: the rows' ``K`` is then the cheaper form."""
+    make_kernel, columns, noise = CASES[case]
+    x, y, xt = _data(n=n, columns=columns)
+    fit_noise = None
+    if noise == "rows":
+        fit_noise = 0.005 + 0.02 * torch.rand(y.shape, generator=torch.Generator().manual_seed(1),
+                                              dtype=DT)
+        fit_noise[:, 1] = 2 * fit_noise[:, 0]
+        noise = 1.0
+    exact = RandomFeatureGP(make_kernel(), noise=noise, solve="weight").fit(x, y, fit_noise)
+    fast = RandomFeatureGP(make_kernel(), noise=noise, solve="cg", cg_tolerance=TIGHT,
+                           **_low_rank_capped(**dict(dict(cg_variance_tolerance=1e-3), **options))
+                           ).fit(x, y, fit_noise)
+    return exact, fast, xt
+
+
+def _rounding(fast):
+    r"""The rows' form's relative error bound :math:`(1 + \lambda_{\max})^2 \epsilon`."""
+    largest = max(float(p.eigenvalues.max()) for p in fast._state.solver.preconditioners)
+    return (1.0 + largest) ** 2 * torch.finfo(DT).eps
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_rows_form_is_exact_with_its_gradient_and_joint_covariance(case, monkeypatch):
+    # Woodbury: phi B^-1 phi^H = |phi|^2 - |L^-1 Psi phi^H|^2 with L L^H = I + Psi Psi^H; the
+    # difference is exact up to (1 + lambda_max)^2 eps of each variance.
+    monkeypatch.setattr(cg_routes, "dense_pays", lambda *args: True)
+    exact, fast, xt = _rows_pair(case)
+    q0, q1 = xt.clone().requires_grad_(True), xt.clone().requires_grad_(True)
+    std0 = exact.predict(q0, return_std=True)[1]
+    std1 = fast.predict(q1, return_std=True)[1]
+    routes = fast._state.solver.routes
+    assert fast.cg_info["variance_routes"] == ["dense"] * len(fast.factorization_groups)
+    assert all(isinstance(form, RowDenseInverse) for form in routes.dense.values())
+    rtol = _rounding(fast)
+    assert rtol < 1e-4  # the guard's tenth of the tolerance
+    torch.testing.assert_close(std1, std0, rtol=rtol, atol=0)
+    std0.sum().backward()
+    std1.sum().backward()
+    torch.testing.assert_close(q1.grad, q0.grad, rtol=1e-5, atol=1e-8)
+    cov0 = exact.posterior(xt[:12]).covariance_matrix
+    cov1 = fast.posterior(xt[:12]).covariance_matrix
+    scale = float(cov0.diagonal().max())
+    torch.testing.assert_close(cov1, cov0, rtol=0, atol=rtol * scale)
+
+
+def test_the_rows_form_needs_more_features_than_rows_kept_features_and_the_precision():
+    def form(fast, xt):
+        fast.predict(xt, return_std=True)
+        (built,) = fast._state.solver.routes.dense.values()
+        return type(built)
+
+    _, fast, xt = _rows_pair("real")
+    assert fast._state.solver.routes.dense_forms() == (True, True)
+    assert form(fast, xt) is RowDenseInverse
+    # recomputed features (no cache): every block of K would recompute them
+    _, fast, xt = _rows_pair("real", cache_bytes=0)
+    assert fast._state.solver.routes.dense_forms() == (True, False)
+    assert form(fast, xt) is DenseInverse
+    # a tolerance the difference cannot keep: (1 + lambda)^2 eps above its tenth
+    _, fast, xt = _rows_pair("real", cg_variance_tolerance=1e-9)
+    assert 10 * _rounding(fast) > 1e-9
+    assert fast._state.solver.routes.dense_forms() == (True, False)
+    assert form(fast, xt) is DenseInverse
+    # as many rows as features: B is the smaller matrix
+    _, fast, xt = _rows_pair("real", n=800)
+    assert fast._state.solver.routes.dense_forms() == (True, False)
+
+
+def test_the_rows_form_serves_where_b_does_not_fit(monkeypatch):
+    monkeypatch.setattr(cg_routes, "dense_fits", lambda *args: False)
+    exact, fast, xt = _rows_pair("real")
+    assert fast._state.solver.routes.dense_forms() == (False, True)
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    var1 = fast.predict(xt, return_std=True)[1].square()
+    (built,) = fast._state.solver.routes.dense.values()
+    assert isinstance(built, RowDenseInverse)
+    torch.testing.assert_close(var1, var0, rtol=_rounding(fast), atol=0)
+
+
+@pytest.mark.parametrize("complex_solve", [False, True])
+def test_row_matrix_is_i_plus_psi_psi_h_over_chunks_with_row_noise(complex_solve):
+    # Psi = S^-1/2 Phi with a noise per row and per target column; chunks of 7 rows, so K is
+    # assembled from blocks, the ones above the diagonal mirrored.
+    kernel = _complex(32) if complex_solve else _fourier(32)
+    fm = FeatureMap(kernel)
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(30, 3, generator=g, dtype=DT)
+    noise = 0.1 + torch.rand(30, 2, generator=g, dtype=DT)
+    op = FeatureOperator(fm, [(x, torch.zeros(30, 2, dtype=DT), noise)], complex_solve, DT,
+                         chunk=7, cache_bytes=1 << 20)
+    op.dense(0)
+    assert op.holds_all()
+    phi = fm.rows(x)
+    phi = phi if complex_solve else torch.cat([phi.real, phi.imag], -1) if phi.is_complex() else phi
+    for column in (0, 1):
+        psi = phi / noise[:, column].sqrt().unsqueeze(1)
+        k = torch.eye(30, dtype=psi.dtype) + psi @ psi.conj().T
+        torch.testing.assert_close(op.row_matrix(column), k, rtol=1e-12, atol=1e-12)
+        q = torch.randn(4, phi.shape[1], generator=g, dtype=DT).to(psi.dtype)
+        torch.testing.assert_close(op.row_products(q, column), psi @ q.conj().T)
+        b = torch.eye(phi.shape[1], dtype=psi.dtype) + psi.conj().T @ psi
+        reference = (q @ torch.linalg.solve(b, q.conj().T)).diagonal().real
+        torch.testing.assert_close(RowDenseInverse.build(op, column).variances(q), reference)
+
+
+def test_dense_cost_is_that_of_the_cheaper_open_form():
+    n, m = 10_000, 1_000
+    w = 2 * n
+    weights = n * w * w + w**3 / 3 + m * w * w
+    rows = n * n * w / 2 + n**3 / 3 + m * (n * w + n * n)
+    assert dense_cost(w, n, m) == weights
+    assert dense_cost(w, n, m, by_rows=True) == rows < weights / 3
+    assert dense_cost(w, n, m, weights=False, by_rows=True) == rows
+    assert dense_cost(w, n, m, weights=False) == float("inf")
+    assert dense_cost(n // 2, n, m, by_rows=True) == dense_cost(n // 2, n, m)
+    assert row_precision_holds(2e6, DT, 1e-2) and not row_precision_holds(3e6, DT, 1e-2)
