@@ -50,7 +50,8 @@ from rfgp.inference._cg_variance import (
     variance_rank_cap,
 )
 
-__all__ = ["FLOOR_OPEN_ROWS", "VarianceRoutes", "certified", "served_factor", "serving_bound"]
+__all__ = ["FLOOR_OPEN_ROWS", "VarianceRoutes", "certified", "floor_bound", "served_factor",
+           "serving_bound"]
 
 #: With a noise floor, the query rows (per prediction) that the low-rank form's build may
 #: leave uncertified, to be refined by CG: preconditioned by a form of bound tau (condition
@@ -120,8 +121,10 @@ class VarianceRoutes:
         :data:`FLOOR_OPEN_ROWS` rows (in proportion to the prediction's rows) uncertified
         instead of at the latent tolerance, and only the uncertified rows go on to the dense
         factor or to a refinement, whose CG stops at :math:`t\,(\phi^H u + s)`. The dense
-        factor is then not weighed before the form: the form's forecast is that of the
-        latent tolerance, which overstates its cost by far where the noise dominates."""
+        factor is then weighed before the form against the form's forecast at the bound that
+        certifies a typical row (:func:`floor_bound` of the mean :math:`v_i / s_i` over the
+        training rows), not at the latent tolerance, which overstates the form's cost by far
+        where the noise dominates."""
         solver, settings = self.solver, self.solver.settings
         if settings.variance == "exact":
             self.taken[g] = "exact"
@@ -132,8 +135,8 @@ class VarianceRoutes:
         rows = max(feats.shape[0], solver.expected_rows)
         auto = settings.variance == "auto"
         dense = self.dense.get(g)
-        if (dense is None and auto and floor == 0.0 and g not in self.low_rank
-                and self.dense_first(g, rows)):
+        if (dense is None and auto and g not in self.low_rank
+                and self.dense_first(g, rows, floor)):
             dense = self.dense[g] = self.build_dense(column, rows) or False
         served, open_rows = None, None
         if not dense:
@@ -193,11 +196,19 @@ class VarianceRoutes:
         variances[open_rows] = out[0].to(variances.dtype)
         return variances, None
 
-    def dense_first(self, g: int, rows: int) -> bool:
-        """Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
+    def dense_first(self, g: int, rows: int, floor: float = 0.0) -> bool:
+        r"""Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
         for ``rows`` rows (:func:`~rfgp.inference._cg_dense.dense_first`), on the
         preconditioner's eigenvalues and the one-pass trace of the excess (kept: the form
-        needs it anyway)."""
+        needs it anyway).
+
+        With a noise ``floor`` (the variances of new observations) the form need only reach
+        the bound that certifies a row of the typical ratio :math:`\rho = v / s`
+        (:func:`floor_bound`): over the training rows the mean of :math:`v_i / s_i` is
+        :math:`\mathrm{tr}(B^{-1}(B - I)) / N`, the effective degrees of freedom per row, at
+        most the trace's :math:`t / N` (the held eigenvalues enter it as
+        :math:`\lambda / (1 + \lambda)`, the rest whole). A row whose variance exceeds the
+        typical one still gets its own certificate from whichever route is taken."""
         solver = self.solver
         pre = solver.preconditioners[g]
         forms = self.dense_forms()
@@ -206,8 +217,13 @@ class VarianceRoutes:
         op = solver.operator
         cap = variance_rank_cap(op, solver.settings)
         trace = self.traces[g] = group_trace(op, solver.groups()[g][0], pre)
-        return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows,
-                           solver.settings.variance_bound, cap,
+        bound = solver.settings.variance_bound
+        if floor > 0.0:
+            ratio = trace[0] / max(solver.num_rows, 1)
+            bound = max(bound, floor_bound(ratio, solver.settings.variance_tolerance))
+            if not math.isfinite(bound):  # the trace certifies every row: no form to build
+                return False
+        return dense_first(pre.eigenvalues, op.width, solver.num_rows, rows, bound, cap,
                            excess_trace(pre, trace, op.width), rounding_shift(pre, op.width),
                            *forms)
 
@@ -341,6 +357,24 @@ def certified(variances: Tensor, bound: float, tolerance: float, floor: float) -
     # bound the form is an upper bound alone, and error <= v_hat <= t s <= t (v + s) still
     ratio = (1.0 + bound) / (bound - tolerance) if math.isfinite(bound) else 1.0
     return variances <= tolerance * floor * ratio
+
+
+def floor_bound(ratio: float, tolerance: float) -> float:
+    r"""The largest bound :math:`\tau` at which a form certifies (:func:`certified`) a row
+    whose variance is ``ratio`` :math:`\rho = v / s` times the noise floor :math:`s`, at the
+    tolerance :math:`t`: :math:`\tau = t\,(\rho + 1) / (\rho - t)` where :math:`\rho > t`,
+    else any (infinite). A variance far above the noise needs the latent tolerance
+    (:math:`\tau \to t`), one at the noise's level about twice it, one far below none.
+
+    Example:
+        >>> round(floor_bound(1e6, 0.01), 6), round(floor_bound(1.0, 0.01), 4)
+        (0.01, 0.0202)
+        >>> floor_bound(0.005, 0.01)
+        inf
+    """
+    if ratio <= tolerance:
+        return math.inf
+    return tolerance * (ratio + 1.0) / (ratio - tolerance)
 
 
 def serving_bound(variances: Tensor, tolerance: float, floor: float, allowed: int) -> float:

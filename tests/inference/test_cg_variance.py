@@ -288,9 +288,9 @@ def test_the_rows_of_a_chunked_prediction_are_weighed_together(monkeypatch):
     seen = []
     original = VarianceRoutes.dense_first
 
-    def spy(self, g, rows):
+    def spy(self, g, rows, floor=0.0):
         seen.append(rows)
-        return original(self, g, rows)
+        return original(self, g, rows, floor)
 
     monkeypatch.setattr(VarianceRoutes, "dense_first", spy)
     _, fast, xt = _fit_pair("real", **_low_rank_capped())

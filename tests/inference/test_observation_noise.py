@@ -68,6 +68,12 @@ def test_iterative_variances_of_new_observations_are_within_the_tolerance_of_the
                            preconditioner_rank=16, cg_variance_rank=512,
                            cg_variance_tolerance=tolerance).fit(x, y)
     got = fast.predict(xt, return_std=True, observation_noise=True)[1].square()
+    if variance == "auto":
+        # B (2048 features, 2000 rows) costs less than the form even at the bound a typical
+        # row needs with the noise added: it is formed first, and every variance is exact.
+        assert fast.cg_info["variance_routes"] == ["dense"]
+        torch.testing.assert_close(got, truth, rtol=SLACK, atol=0)
+        return
     (bound,) = fast.cg_info["variance_bounds"]
     assert bound > fast.cg_settings.variance_bound  # the latent tolerance is not met
     # Each lies in [v + s, v + s + t (v + s)]: the form's and CG's values are upper bounds.
@@ -238,3 +244,39 @@ def test_the_open_rows_allowance_is_a_fraction_of_the_first_doubling():
     from rfgp.inference._cg_variance import START_RANK
 
     assert 0 < FLOOR_OPEN_ROWS <= START_RANK
+
+
+@pytest.mark.parametrize("noise", [0.01, 0.5, 2.0])
+def test_with_a_floor_the_dense_route_is_weighed_at_the_bound_a_typical_row_needs(
+        noise, monkeypatch):
+    # The mean of v_i / s_i over the training rows is tr(B^-1 (B - I)) / N (the degrees of
+    # freedom per row); the trace t = tr(P^-1 (B - I)) of the one pass is at least that
+    # (P <= B for a Nystrom preconditioner), and the form is forecast at floor_bound of it.
+    from rfgp.inference import _cg_routes
+    from rfgp.inference._cg_routes import floor_bound
+
+    x, y, xt = _data()
+    tolerance = 1e-2
+    gp = RandomFeatureGP(_kernel(), noise=noise, solve="cg", preconditioner_rank=16,
+                         cg_variance_tolerance=tolerance).fit(x, y)
+    solver = gp._state.solver
+    routes = solver.routes
+    seen = []
+    original = _cg_routes.dense_first
+
+    def spy(*args, **kwargs):
+        seen.append(args[4])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_cg_routes, "dense_first", spy)
+    routes.dense_first(0, xt.shape[0])
+    routes.dense_first(0, xt.shape[0], noise)
+    latent = solver.settings.variance_bound
+    b = solver.operator.dense(0)
+    dof = float(b.shape[0] - torch.linalg.inv(b).diagonal().sum())
+    t = routes.traces[0][0]
+    assert t >= dof * (1 - 1e-9)
+    assert seen[0] == latent
+    assert seen[1] == max(latent, floor_bound(t / x.shape[0], tolerance))
+    # more noise, fewer degrees of freedom per row: a looser bound for the form
+    assert (seen[1] > latent) == (floor_bound(t / x.shape[0], tolerance) > latent)

@@ -298,6 +298,28 @@ def test_the_cg_path_books_its_first_predictive_variances():
         assert sum(plan.predicted.values()) <= plan.budget * (1 + 1e-12)
 
 
+def test_the_booked_variances_take_the_rows_form_past_the_rows_where_it_is_open():
+    # More features than rows, in memory: the dense route's K = I + Psi Psi^H (N^2 W / 2 +
+    # N^3 / 3) is booked where it costs less than B (N W^2 + W^3 / 3); rows on a source (every
+    # pass reads them, no feature is kept) and a spectrum too large for the difference's
+    # precision book B's.
+    from rfgp.inference._cg_dense import dense_fits, serving_cost
+    from rfgp.recipes._refit import predicted_rows, variance_cost
+
+    n, w = 3000, 6144  # B, K and the features within a quarter of any test machine's memory
+    assert dense_fits(w, torch.float64, torch.device("cpu"))
+    m = predicted_rows(n)
+    slow = 1e4 / torch.arange(1, 513, dtype=torch.float64)  # no form serves: dense
+    rows = variance_cost(n, w, "cg", slow)
+    assert rows == serving_cost(w, n, m, slow, by_rows=True)
+    assert rows < 0.5 * serving_cost(w, n, m, slow)
+    assert variance_cost(n, w, "cg", slow, streamed=True) == serving_cost(w, n, m, slow)
+    large = slow * 1e3  # lambda_max 1e7: (1 + lambda)^2 eps above a tenth of 1%
+    assert variance_cost(n, w, "cg", large) == serving_cost(w, n, m, large)
+    # fewer features than rows: B is the smaller matrix, the booking as before
+    assert variance_cost(n, n // 2, "cg", slow) == serving_cost(n // 2, n, m, slow)
+
+
 def test_more_budget_goes_to_features_while_they_are_below_the_rows():
     # Past the first local starts the budget buys features, not more starts: at 2x the
     # default the final model on 4 * 10^4 rows has more features than at 1x, and the local
