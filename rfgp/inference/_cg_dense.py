@@ -33,7 +33,6 @@ __all__ = [
     "ITERATIVE_RATE_SHARE",
     "PROBE_ROWS",
     "DenseInverse",
-    "RowDenseInverse",
     "dense_cost",
     "dense_first",
     "dense_fits",
@@ -42,8 +41,6 @@ __all__ = [
     "form_build_cost",
     "keep_building",
     "refine_cost",
-    "row_dense_fits",
-    "row_precision_holds",
     "serving_cost",
 ]
 
@@ -111,106 +108,6 @@ class DenseInverse:
         return _squared_norms(self.roots(rows))
 
 
-class RowDenseInverse:
-    r""":math:`B^{-1}` through the rows: with :math:`\Psi = S^{-1/2}\Phi` (``N x W``) and
-    :math:`B = I + \Psi^H\Psi`, Woodbury's identity gives
-
-    .. math::
-        B^{-1} = I - \Psi^H K^{-1} \Psi,\qquad K = I + \Psi\Psi^H = LL^H,
-
-    so :math:`\phi_* B^{-1}\phi_*^H = \|\phi_*\|^2 - \|L^{-1}\Psi\phi_*^H\|^2`, the
-    covariances :math:`\mathrm{Re}\{\Phi_*\Phi_*^H - C^H C\}`, :math:`C = L^{-1}\Psi
-    \Phi_*^H`, differentiable in the query rows. Where ``N < W`` forming ``K`` (``N^2 W / 2``
-    multiply-adds, ``N^3 / 3`` for its factor, ``N^2`` numbers twice) costs less than
-    :class:`DenseInverse`'s ``B`` (``N W^2``, ``W^3 / 3``, ``W^2`` numbers twice): a third
-    of it at ``W = 2N``. Each query row then costs ``N W + N^2`` (a product with the kept
-    features and a triangular solve) against ``W^2``.
-
-    The difference loses digits where a variance is small beside its prior
-    :math:`\|\phi_*\|^2`: its relative error is about :math:`\kappa(K)\,\epsilon\,
-    \|\phi_*\|^2 / v \le (1 + \lambda_{\max})^2\,\epsilon` (:math:`v \ge \|\phi_*\|^2
-    / (1 + \lambda_{\max})`), which the routes hold to a tenth of the variance tolerance
-    before they take this form (:func:`row_precision_holds`); a difference rounded below
-    zero is returned as zero.
-
-    Args:
-        operator: the fit's :class:`~rfgp.inference._feature_operator.FeatureOperator`,
-            every feature kept (:meth:`~rfgp.inference._feature_operator.FeatureOperator.
-            holds_all`).
-        column: the target column whose noise ``S`` holds.
-        factor: ``L`` ``(N, N)``, lower triangular.
-
-    Example:
-        >>> from rfgp.inference._feature_map import FeatureMap
-        >>> from rfgp.inference._feature_operator import FeatureOperator
-        >>> from rfgp.kernels import FourierFeatureKernel
-        >>> fm = FeatureMap(FourierFeatureKernel(16, seed=0).double())
-        >>> x = torch.rand(6, 2, dtype=torch.float64)
-        >>> noise = torch.full((6, 1), 0.1, dtype=torch.float64)
-        >>> op = FeatureOperator(fm, [(x, torch.zeros(6, 1, dtype=torch.float64), noise)],
-        ...                      False, torch.float64, chunk=4, cache_bytes=1 << 20)
-        >>> _ = op.dense(0)  # a pass keeps the features
-        >>> rows = torch.rand(3, 16, dtype=torch.float64)
-        >>> inverse = RowDenseInverse.build(op, 0)
-        >>> torch.allclose(inverse.variances(rows), DenseInverse.build(op, 0).variances(rows))
-        True
-    """
-
-    def __init__(self, operator, column: int, factor: Tensor) -> None:
-        self.operator = operator
-        self.column = column
-        self.factor = factor
-
-    @staticmethod
-    def build(operator, column: int) -> Optional[RowDenseInverse]:
-        """Form ``K`` with the noise of target ``column`` from the operator's kept features
-        and factorise it; ``None`` where the Cholesky fails in the operator's precision."""
-        with torch.no_grad():
-            factor = try_cholesky(operator.row_matrix(column))
-        return None if factor is None else RowDenseInverse(operator, column, factor)
-
-    def solved(self, rows: Tensor) -> Tensor:
-        r"""``(N, M)`` :math:`C = L^{-1}\Psi Q^H` of the query rows ``Q`` ``(M, W)``."""
-        products = self.operator.row_products(rows, self.column)
-        return torch.linalg.solve_triangular(self.factor.to(products.dtype), products,
-                                             upper=False)
-
-    def predict(self, rows: Tensor, want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """The variances ``(M,)`` and with ``want_root`` the covariance ``(M, M)``."""
-        solved = self.solved(rows).transpose(0, 1)
-        variances = (_squared_norms(rows) - _squared_norms(solved)).clamp_min(0.0)
-        if not want_root:
-            return variances, None
-        covariance = _real_gram(rows) - _real_gram(solved)
-        return variances, covariance
-
-    def variances(self, rows: Tensor) -> Tensor:
-        r"""``(M,)`` :math:`\phi_i B^{-1} \phi_i^H` of the query rows ``(M, W)``."""
-        return self.predict(rows, False)[0]
-
-
-def row_dense_fits(rows: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``K`` and its factor (``2 N^2`` numbers of ``dtype``) take at most a quarter
-    of ``device``'s memory (:class:`RowDenseInverse`)."""
-    return dense_fits(rows, dtype, device)
-
-
-def row_precision_holds(largest: float, dtype: torch.dtype, tolerance: float) -> bool:
-    r"""Whether :class:`RowDenseInverse`'s difference keeps every variance within a tenth
-    of ``tolerance``: :math:`(1 + \lambda_{\max})^2\,\epsilon \le t / 10`, with
-    :math:`\lambda_{\max}` (``largest``) the top eigenvalue of :math:`B - I`.
-
-    Example:
-        >>> holds = [row_precision_holds(v, torch.float64, 1e-2) for v in (1e5, 1e7)]
-        >>> holds
-        [True, False]
-        >>> row_precision_holds(1e3, torch.float32, 1e-2)
-        False
-    """
-    eps = torch.finfo(dtype).eps
-    return (1.0 + largest) ** 2 * eps <= 0.1 * tolerance
-
-
 def dense_fits(width: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether ``B`` and its factor (``2 W^2`` numbers of ``dtype``) take at most a quarter of
     ``device``'s memory."""
@@ -246,7 +143,8 @@ def dense_cost(width: int, rows: int, queries: int, weights: bool = True,
                by_rows: bool = False) -> float:
     r"""Multiply-adds of the dense route for ``queries`` rows, on the cheaper of its open
     forms: ``B`` (``weights``: the Gram ``N W^2``, the Cholesky ``W^3 / 3`` and a triangular
-    solve ``W^2`` per row) and the rows' ``K`` (``by_rows``, :class:`RowDenseInverse`:
+    solve ``W^2`` per row) and the rows' ``K`` (``by_rows``,
+    :class:`~rfgp.inference._cg_rows.RowDenseInverse`:
     ``N^2 W / 2``, ``N^3 / 3`` and ``N W + N^2`` per row); infinite where neither is open.
 
     Example:
@@ -302,7 +200,8 @@ def serving_cost(width: int, rows: int, queries: int, eigenvalues: Optional[Tens
         tolerance: the variance tolerance :math:`\rho`.
         max_rank: the form's rank cap.
         dense: whether the dense route's ``B`` is open.
-        by_rows: whether its rows' form is open (:class:`RowDenseInverse`).
+        by_rows: whether its rows' form is open (:class:`~rfgp.inference._cg_rows.
+            RowDenseInverse`).
 
     Returns:
         Multiply-adds (a float).

@@ -30,15 +30,13 @@ from torch import Tensor
 from rfgp.inference._cg_dense import (
     PROBE_ROWS,
     DenseInverse,
-    RowDenseInverse,
     dense_cost,
     dense_first,
     dense_fits,
     dense_pays,
     keep_building,
-    row_dense_fits,
-    row_precision_holds,
 )
+from rfgp.inference._cg_rows import RowDenseInverse, row_precision_holds
 from rfgp.inference._cg_variance import (
     START_RANK,
     LowRankInverse,
@@ -135,12 +133,14 @@ class VarianceRoutes:
         rows = max(feats.shape[0], solver.expected_rows)
         auto = settings.variance == "auto"
         dense = self.dense.get(g)
-        if (dense is None and auto and g not in self.low_rank
-                and self.dense_first(g, rows, floor)):
-            dense = self.dense[g] = self.build_dense(column, rows) or False
+        # the dense route's open forms, once per call (a collective all-reduce when distributed)
+        forms = self.dense_forms() if dense is None and auto else (False, False)
+        if (any(forms) and g not in self.low_rank
+                and self.dense_first(g, rows, floor, forms)):
+            dense = self.dense[g] = self.build_dense(column, rows, forms) or False
         served, open_rows = None, None
         if not dense:
-            possible = dense is None and auto and any(self.dense_forms())
+            possible = any(forms)
             serving = None
             if floor > 0.0:
                 allowed = int(FLOOR_OPEN_ROWS * feats.shape[0] / rows)
@@ -151,7 +151,7 @@ class VarianceRoutes:
                         values = form.variances(queries)
                     return serving_bound(values, tolerance, floor, allowed)
 
-            low = self.low_rank_inverse(g, rows if possible else None, serving)
+            low = self.low_rank_inverse(g, rows if possible else None, serving, forms)
             if low.bound <= serves:
                 self.taken[g] = "lowrank"
                 variances, covariance = low.predict(feats, want_root)
@@ -177,9 +177,8 @@ class VarianceRoutes:
                 pre = solver.preconditioners[g]
                 if iterations is not None and dense_pays(solver.operator.width,
                                                          solver.num_rows, rows, iterations,
-                                                         pre.rank, low.rank,
-                                                         *self.dense_forms()):
-                    dense = self.dense[g] = self.build_dense(column, rows) or False
+                                                         pre.rank, low.rank, *forms):
+                    dense = self.dense[g] = self.build_dense(column, rows, forms) or False
         if dense:
             self.taken[g] = "dense"
             out = dense.predict(feats, want_root)
@@ -196,7 +195,8 @@ class VarianceRoutes:
         variances[open_rows] = out[0].to(variances.dtype)
         return variances, None
 
-    def dense_first(self, g: int, rows: int, floor: float = 0.0) -> bool:
+    def dense_first(self, g: int, rows: int, floor: float = 0.0,
+                    forms: Optional[Tuple[bool, bool]] = None) -> bool:
         r"""Whether forming ``B`` now costs less than group ``g``'s low-rank form as forecast
         for ``rows`` rows (:func:`~rfgp.inference._cg_dense.dense_first`), on the
         preconditioner's eigenvalues and the one-pass trace of the excess (kept: the form
@@ -208,10 +208,11 @@ class VarianceRoutes:
         :math:`\mathrm{tr}(B^{-1}(B - I)) / N`, the effective degrees of freedom per row, at
         most the trace's :math:`t / N` (the held eigenvalues enter it as
         :math:`\lambda / (1 + \lambda)`, the rest whole). A row whose variance exceeds the
-        typical one still gets its own certificate from whichever route is taken."""
+        typical one still gets its own certificate from whichever route is taken.
+        ``forms``: :meth:`dense_forms`, where the caller has them."""
         solver = self.solver
         pre = solver.preconditioners[g]
-        forms = self.dense_forms()
+        forms = self.dense_forms() if forms is None else forms
         if not pre.rank or not any(forms):
             return False
         op = solver.operator
@@ -250,17 +251,17 @@ class VarianceRoutes:
                                               device=op.device))
             return float(refusals) == 0.0, False
         rows = (solver.num_rows < op.width and op.holds_all()
-                and row_dense_fits(solver.num_rows, op.vector_dtype, op.device)
+                and dense_fits(solver.num_rows, op.vector_dtype, op.device)
                 and row_precision_holds(largest, op.dtype, tolerance))
         return weights, rows
 
-    def build_dense(self, column: int, queries: int):
+    def build_dense(self, column: int, queries: int, forms: Tuple[bool, bool]):
         """The dense factor for target ``column``: of the rows' ``K`` where that form is open
         and costs less for ``queries`` rows (:func:`~rfgp.inference._cg_dense.dense_cost`),
-        else of ``B`` where open; ``None`` where the factorisation failed and no other form
-        is open."""
+        else of ``B`` where open (``forms``: :meth:`dense_forms`); ``None`` where the
+        factorisation failed and no other form is open."""
         op, n = self.solver.operator, self.solver.num_rows
-        weights, rows = self.dense_forms()
+        weights, rows = forms
         if rows and (not weights or dense_cost(op.width, n, queries, False, True)
                      < dense_cost(op.width, n, queries)):
             built = RowDenseInverse.build(op, column)
@@ -269,13 +270,14 @@ class VarianceRoutes:
         return DenseInverse.build(op, column) if weights else None
 
     def low_rank_inverse(self, g: int, queries: Optional[int] = None,
-                         serves: Optional[Callable[[LowRankInverse], float]] = None
-                         ) -> LowRankInverse:
+                         serves: Optional[Callable[[LowRankInverse], float]] = None,
+                         forms: Optional[Tuple[bool, bool]] = None) -> LowRankInverse:
         """Noise group ``g``'s low-rank :math:`B^{-1}` of the variances, built at its first
         use after a fit (a collective call under ``torch.distributed``). With ``queries``
         (the rows asked for, where the dense route is open), the build stops at the rank
         where its measured bounds show it will not pay (:func:`~rfgp.inference._cg_dense.
-        keep_building`); with ``serves`` at the first rank whose bound is within what it
+        keep_building`, weighed against the dense route's open ``forms``, :meth:`dense_forms`
+        where not given); with ``serves`` at the first rank whose bound is within what it
         says that rank serves at (:meth:`LowRankInverse.build`). A form stopped there serves
         the rows of new observations it was built for, not the latent tolerance: a call
         without ``serves`` builds the form again."""
@@ -296,7 +298,7 @@ class VarianceRoutes:
             cap = variance_rank_cap(op, solver.settings)
             if queries is not None:
                 shift = rounding_shift(pre, op.width)
-                forms = self.dense_forms()
+                forms = self.dense_forms() if forms is None else forms
 
                 def proceed(history, cap=cap, shift=shift, forms=forms) -> bool:
                     # extrapolated towards what the last rank serves at: with a floor, the

@@ -61,16 +61,11 @@ from rfgp.inference import (
     largest_features_within,
     row_capped_features,
 )
-from rfgp.inference._cg_dense import (
-    dense_fits,
-    row_dense_fits,
-    row_precision_holds,
-    serving_cost,
-)
+from rfgp.inference._cg_dense import dense_fits, serving_cost
 from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
+from rfgp.inference._cg_rows import row_form_open
 from rfgp.inference._fit_cost import iterative_fit_cost
 from rfgp.inference._iterative import CGSettings
-from rfgp.inference._linalg import available_memory
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
 from rfgp.recipes._scale import (
@@ -455,11 +450,9 @@ def variance_cost(num_rows: int, features: int, path: Optional[str],
     preconditioner holds them), else the form of the cost model's constants.
 
     The dense factor is that of ``B`` where it fits in memory, or of the rows' ``K`` where
-    that is cheaper (:class:`~rfgp.inference._cg_dense.RowDenseInverse`: more features than
-    rows, the rows in memory (not ``streamed``), every feature kept as the final fit keeps
-    them, ``K`` within the memory, and the precision its difference needs, judged on
-    ``spectrum``'s top eigenvalue where given; without a spectrum, as on the sets measured,
-    taken to hold, and the final fit's forecast lowers ``D`` where it does not).
+    that is open (:func:`~rfgp.inference._cg_rows.row_form_open`, the precision judged on
+    ``spectrum``'s top eigenvalue where given; without one, as on the sets measured, taken to
+    hold, and the final fit's forecast lowers ``D`` where it does not) and cheaper.
 
     Example:
         >>> variance_cost(13500, 8192, "weight"), variance_cost(13500, 8192, "cg") > 0
@@ -467,13 +460,11 @@ def variance_cost(num_rows: int, features: int, path: Optional[str],
     """
     if path != "cg":
         return 0.0
-    cpu = torch.device("cpu")
-    by_rows = (not streamed and num_rows < features and row_dense_fits(num_rows, torch.float64, cpu)
-               and num_rows * features * 8 <= available_memory(cpu) // 4
-               and (spectrum is None or not spectrum.numel() or row_precision_holds(
-                   float(spectrum.max()), torch.float64, CGSettings.variance_tolerance)))
+    largest = float(spectrum.max()) if spectrum is not None and spectrum.numel() else None
+    by_rows = row_form_open(num_rows, features, largest, streamed, CGSettings.variance_tolerance)
     return serving_cost(features, num_rows, predicted_rows(num_rows), spectrum,
-                        dense=dense_fits(features, torch.float64, cpu), by_rows=by_rows)
+                        dense=dense_fits(features, torch.float64, torch.device("cpu")),
+                        by_rows=by_rows)
 
 
 def compared(plan: Plan) -> int:

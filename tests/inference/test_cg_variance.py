@@ -20,14 +20,13 @@ from rfgp.inference._cg_dense import (
     ITERATIVE_RATE_SHARE,
     PROBE_ROWS,
     DenseInverse,
-    RowDenseInverse,
     dense_cost,
     dense_pays,
     forecast_form,
     keep_building,
-    row_precision_holds,
 )
 from rfgp.inference._cg_routes import VarianceRoutes, served_factor
+from rfgp.inference._cg_rows import RowDenseInverse, row_precision_holds
 from rfgp.inference._cg_variance import (
     LANCZOS_RUNS,
     LANCZOS_STEPS,
@@ -74,13 +73,13 @@ CASES = {
 }
 
 
-def _fit_pair(case, **options):
+def _fit_pair(case, n=600, **options):
     """The weight-space and the CG fit of a case; the CG fit's variances come from the
     low-rank form (``cg_variance="lowrank"``) unless ``options`` say otherwise: on these
     small problems ``"auto"`` forms ``B`` at once, which costs less than any form."""
     options.setdefault("cg_variance", "lowrank")
     make_kernel, columns, noise = CASES[case]
-    x, y, xt = _data(columns=columns)
+    x, y, xt = _data(n=n, columns=columns)
     fit_noise = None
     if noise == "rows":
         fit_noise = 0.005 + 0.02 * torch.rand(y.shape, generator=torch.Generator().manual_seed(1),
@@ -288,9 +287,9 @@ def test_the_rows_of_a_chunked_prediction_are_weighed_together(monkeypatch):
     seen = []
     original = VarianceRoutes.dense_first
 
-    def spy(self, g, rows, floor=0.0):
+    def spy(self, g, rows, floor=0.0, forms=None):
         seen.append(rows)
-        return original(self, g, rows, floor)
+        return original(self, g, rows, floor, forms)
 
     monkeypatch.setattr(VarianceRoutes, "dense_first", spy)
     _, fast, xt = _fit_pair("real", **_low_rank_capped())
@@ -688,19 +687,8 @@ def test_the_serving_cost_is_the_cheaper_route_for_the_rows_asked_for():
 def _rows_pair(case, n=300, **options):
     """A fit of more features than rows (768 real, 384 complex, on ``n`` rows) whose
     variances take the dense route: the rows' ``K`` is then the cheaper form."""
-    make_kernel, columns, noise = CASES[case]
-    x, y, xt = _data(n=n, columns=columns)
-    fit_noise = None
-    if noise == "rows":
-        fit_noise = 0.005 + 0.02 * torch.rand(y.shape, generator=torch.Generator().manual_seed(1),
-                                              dtype=DT)
-        fit_noise[:, 1] = 2 * fit_noise[:, 0]
-        noise = 1.0
-    exact = RandomFeatureGP(make_kernel(), noise=noise, solve="weight").fit(x, y, fit_noise)
-    fast = RandomFeatureGP(make_kernel(), noise=noise, solve="cg", cg_tolerance=TIGHT,
-                           **_low_rank_capped(**dict(dict(cg_variance_tolerance=1e-3), **options))
-                           ).fit(x, y, fit_noise)
-    return exact, fast, xt
+    return _fit_pair(case, n, **_low_rank_capped(**dict(dict(cg_variance_tolerance=1e-3),
+                                                        **options)))
 
 
 def _rounding(fast):
@@ -757,7 +745,8 @@ def test_the_rows_form_needs_more_features_than_rows_kept_features_and_the_preci
 
 
 def test_the_rows_form_serves_where_b_does_not_fit(monkeypatch):
-    monkeypatch.setattr(cg_routes, "dense_fits", lambda *args: False)
+    # the memory admits the rows' K (300 x 300) but not B (768 x 768)
+    monkeypatch.setattr(cg_routes, "dense_fits", lambda width, *args: width < 768)
     exact, fast, xt = _rows_pair("real")
     assert fast._state.solver.routes.dense_forms() == (False, True)
     var0 = exact.predict(xt, return_std=True)[1].square()
@@ -804,3 +793,16 @@ def test_dense_cost_is_that_of_the_cheaper_open_form():
     assert dense_cost(w, n, m, weights=False) == float("inf")
     assert dense_cost(n // 2, n, m, by_rows=True) == dense_cost(n // 2, n, m)
     assert row_precision_holds(2e6, DT, 1e-2) and not row_precision_holds(3e6, DT, 1e-2)
+
+
+def test_the_rows_form_follows_a_new_noise_after_the_fit():
+    # The rows' K holds the noise: a changed noise drops the factor, never a stale answer.
+    exact, fast, xt = _rows_pair("real")
+    fast.predict(xt, return_std=True)
+    (built,) = fast._state.solver.routes.dense.values()
+    assert isinstance(built, RowDenseInverse)
+    fast.noise = 0.02
+    exact.noise = 0.02
+    var0 = exact.predict(xt, return_std=True)[1].square()
+    var1 = fast.predict(xt, return_std=True)[1].square()
+    torch.testing.assert_close(var1, var0, rtol=_rounding(fast), atol=0)

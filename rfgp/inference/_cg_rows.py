@@ -1,0 +1,142 @@
+r"""The rows' form of the iterative solve's dense variances.
+
+With more features than rows (``N < W``) the dense route of :mod:`~rfgp.inference._cg_dense`
+need not form the ``W x W`` matrix :math:`B`: :class:`RowDenseInverse` answers by Woodbury's
+identity through the ``N x N`` matrix :math:`K = I + \Psi\Psi^H` of the rows, formed from the
+features the fit keeps. :func:`row_precision_holds` is the precision its difference needs;
+:func:`row_form_open` says, before a fit, whether the form will be open (the recipe's
+forecast of the variances' cost).
+
+Internal: not part of the public API (see :mod:`rfgp.inference`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from rfgp.inference._cg_dense import dense_fits
+from rfgp.inference._cg_variance import _real_gram, _squared_norms
+from rfgp.inference._linalg import available_memory, try_cholesky
+
+__all__ = ["RowDenseInverse", "row_form_open", "row_precision_holds"]
+
+
+class RowDenseInverse:
+    r""":math:`B^{-1}` through the rows: with :math:`\Psi = S^{-1/2}\Phi` (``N x W``) and
+    :math:`B = I + \Psi^H\Psi`, Woodbury's identity gives
+
+    .. math::
+        B^{-1} = I - \Psi^H K^{-1} \Psi,\qquad K = I + \Psi\Psi^H = LL^H,
+
+    so :math:`\phi_* B^{-1}\phi_*^H = \|\phi_*\|^2 - \|L^{-1}\Psi\phi_*^H\|^2`, the
+    covariances :math:`\mathrm{Re}\{\Phi_*\Phi_*^H - C^H C\}`, :math:`C = L^{-1}\Psi
+    \Phi_*^H`, differentiable in the query rows. Where ``N < W`` forming ``K`` (``N^2 W / 2``
+    multiply-adds, ``N^3 / 3`` for its factor, ``N^2`` numbers twice) costs less than
+    :class:`~rfgp.inference._cg_dense.DenseInverse`'s ``B`` (``N W^2``, ``W^3 / 3``,
+    ``W^2`` numbers twice): a fifth of it at ``W = 2N``. Each query row then costs
+    ``N W + N^2`` (a product with the kept features and a triangular solve) against ``W^2``.
+
+    The difference loses digits where a variance is small beside its prior
+    :math:`\|\phi_*\|^2`: its relative error is about :math:`\kappa(K)\,\epsilon\,
+    \|\phi_*\|^2 / v \le (1 + \lambda_{\max})^2\,\epsilon` (:math:`v \ge \|\phi_*\|^2
+    / (1 + \lambda_{\max})`), which the routes hold to a tenth of the variance tolerance
+    before they take this form (:func:`row_precision_holds`); a difference rounded below
+    zero is returned as zero.
+
+    Args:
+        operator: the fit's :class:`~rfgp.inference._feature_operator.FeatureOperator`,
+            every feature kept (:meth:`~rfgp.inference._feature_operator.FeatureOperator.
+            holds_all`).
+        column: the target column whose noise ``S`` holds.
+        factor: ``L`` ``(N, N)``, lower triangular.
+
+    Example:
+        >>> from rfgp.inference._feature_map import FeatureMap
+        >>> from rfgp.inference._feature_operator import FeatureOperator
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> fm = FeatureMap(FourierFeatureKernel(16, seed=0).double())
+        >>> x = torch.rand(6, 2, dtype=torch.float64)
+        >>> noise = torch.full((6, 1), 0.1, dtype=torch.float64)
+        >>> op = FeatureOperator(fm, [(x, torch.zeros(6, 1, dtype=torch.float64), noise)],
+        ...                      False, torch.float64, chunk=4, cache_bytes=1 << 20)
+        >>> _ = op.dense(0)  # a pass keeps the features
+        >>> rows = torch.rand(3, 16, dtype=torch.float64)
+        >>> inverse = RowDenseInverse.build(op, 0)
+        >>> from rfgp.inference._cg_dense import DenseInverse
+        >>> torch.allclose(inverse.variances(rows), DenseInverse.build(op, 0).variances(rows))
+        True
+    """
+
+    def __init__(self, operator, column: int, factor: Tensor) -> None:
+        self.operator = operator
+        self.column = column
+        self.factor = factor
+
+    @staticmethod
+    def build(operator, column: int) -> Optional[RowDenseInverse]:
+        """Form ``K`` with the noise of target ``column`` from the operator's kept features
+        and factorise it; ``None`` where the Cholesky fails in the operator's precision."""
+        with torch.no_grad():
+            factor = try_cholesky(operator.row_matrix(column))
+        return None if factor is None else RowDenseInverse(operator, column, factor)
+
+    def solved(self, rows: Tensor) -> Tensor:
+        r"""``(N, M)`` :math:`C = L^{-1}\Psi Q^H` of the query rows ``Q`` ``(M, W)``."""
+        products = self.operator.row_products(rows, self.column)
+        return torch.linalg.solve_triangular(self.factor.to(products.dtype), products,
+                                             upper=False)
+
+    def predict(self, rows: Tensor, want_root: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """The variances ``(M,)`` and with ``want_root`` the covariance ``(M, M)``."""
+        solved = self.solved(rows).transpose(0, 1)
+        variances = (_squared_norms(rows) - _squared_norms(solved)).clamp_min(0.0)
+        if not want_root:
+            return variances, None
+        covariance = _real_gram(rows) - _real_gram(solved)
+        return variances, covariance
+
+    def variances(self, rows: Tensor) -> Tensor:
+        r"""``(M,)`` :math:`\phi_i B^{-1} \phi_i^H` of the query rows ``(M, W)``."""
+        return self.predict(rows, False)[0]
+
+
+def row_precision_holds(largest: float, dtype: torch.dtype, tolerance: float) -> bool:
+    r"""Whether :class:`RowDenseInverse`'s difference keeps every variance within a tenth
+    of ``tolerance``: :math:`(1 + \lambda_{\max})^2\,\epsilon \le t / 10`, with
+    :math:`\lambda_{\max}` (``largest``) the top eigenvalue of :math:`B - I`.
+
+    Example:
+        >>> holds = [row_precision_holds(v, torch.float64, 1e-2) for v in (1e5, 1e7)]
+        >>> holds
+        [True, False]
+        >>> row_precision_holds(1e3, torch.float32, 1e-2)
+        False
+    """
+    eps = torch.finfo(dtype).eps
+    return (1.0 + largest) ** 2 * eps <= 0.1 * tolerance
+
+
+def row_form_open(rows: int, width: int, largest: Optional[float] = None,
+                  streamed: bool = False, tolerance: float = 1e-2,
+                  dtype: torch.dtype = torch.float64,
+                  device: Optional[torch.device] = None) -> bool:
+    r"""Whether a CG fit of ``rows`` rows and ``width`` features will find the rows' form
+    open, forecast before the fit: more features than rows, the rows in memory (not
+    ``streamed``), every feature kept (the ``N W`` of them within a quarter of the memory,
+    as a calibrated fit keeps them), ``K`` and its factor within another quarter
+    (:func:`~rfgp.inference._cg_dense.dense_fits`), and, where the top eigenvalue of
+    :math:`B - I` is forecast (``largest``), the precision (:func:`row_precision_holds`);
+    ``device``: the CPU by default.
+
+    Example:
+        >>> row_form_open(3000, 6144), row_form_open(3000, 2048), row_form_open(3000, 6144, 1e7)
+        (True, False, False)
+    """
+    device = torch.device("cpu") if device is None else device
+    item = torch.empty((), dtype=dtype).element_size()
+    return (not streamed and rows < width and dense_fits(rows, dtype, device)
+            and rows * width * item <= available_memory(device) // 4
+            and (largest is None or row_precision_holds(largest, dtype, tolerance)))
