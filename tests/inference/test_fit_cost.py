@@ -84,3 +84,31 @@ def test_features_beyond_the_cache_cost_a_pass_each_like_streamed_rows():
     assert cg_fit_cost(n, m, d, iterations=10, cached=0.5) == pytest.approx(
         (cg_fit_cost(n, m, d, iterations=10, cached=True)
          + cg_fit_cost(n, m, d, iterations=10, cached=False)) / 2, rel=1e-12)
+
+
+def test_every_pass_counts_its_memory_traffic_beside_its_multiply_adds():
+    # With cached features one more CG iteration is one product pair per target column
+    # (2 N D T) and one pass's traffic (PASS_TRAFFIC N D), so a single-column iteration costs
+    # 2 + PASS_TRAFFIC per entry, not the 2 of its multiply-adds: with few columns a pass runs
+    # at the memory's speed.
+    from rfgp.inference._fit_cost import PASS_TRAFFIC
+
+    n, m, d = 13500, 30720, 26
+    for columns in (1, 8):
+        step = (cg_fit_cost(n, m, d, iterations=51, num_columns=columns, cached=True)
+                - cg_fit_cost(n, m, d, iterations=50, num_columns=columns, cached=True))
+        assert step == pytest.approx((2 * columns + PASS_TRAFFIC) * n * m, rel=1e-12)
+    # The calibration's passes read the cached features too: its cost grows by the traffic
+    # of its runs' iterations (the targets' run and the probes' shorter one) with I.
+    from rfgp.inference._fit_cost import CALIBRATION_PROBES, CALIBRATION_RUNS, PROBE_RUN_SHARE
+
+    whole = float("inf")
+    step = (iterative_fit_cost(n, m, d, iterations=41, cache_bytes=whole)
+            - iterative_fit_cost(n, m, d, iterations=40, cache_bytes=whole))
+    runs = CALIBRATION_RUNS * (1 + PROBE_RUN_SHARE)
+    columns = 1 + CALIBRATION_PROBES * PROBE_RUN_SHARE
+    fit = 2 + PASS_TRAFFIC
+    products = 2 * CALIBRATION_RUNS * columns + PASS_TRAFFIC * runs + fit
+    # The Galerkin projection's 2 s^2 grows with I too; bound it out by the difference.
+    assert step >= products * n * m * (1 - 1e-12)
+    assert step - products * n * m < 0.05 * products * n * m

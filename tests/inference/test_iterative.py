@@ -648,10 +648,13 @@ def test_non_convergence_warns_with_the_residual_reached():
 
 
 def test_cost_model_is_the_documented_sum():
+    from rfgp.inference._fit_cost import PASS_TRAFFIC
+
     n, d, dim, it, r = 1000, 256, 4, 20, 16
     features = n * d * (dim + 4.0)
     products = 2.0 * n * d * (1 * (it + 1) + r)
-    expected = (it + 2) * features + products + 2.0 * d * r**2
+    traffic = PASS_TRAFFIC * n * d * (it + 2)  # every pass reads each feature entry
+    expected = (it + 2) * features + products + traffic + 2.0 * d * r**2
     assert cg_fit_cost(n, d, dim, iterations=it, rank=r) == expected
     cached = cg_fit_cost(n, d, dim, iterations=it, rank=r, cached=True)
     assert cached == expected - (it + 1) * features
