@@ -101,7 +101,9 @@ SKETCH_PASSES = 5
 #: columns took 19, 23 and 25. Counted apart from the ``2 k`` (traffic and arithmetic that
 #: do not overlap), ``2 k + 12`` meets those within a fifth. A calibrated CG fit at that size
 #: (pol, 388 passes, most of them single-column) took 143 s where the multiply-adds alone
-#: forecast 73 s.
+#: forecast 73 s. The ratio of memory to multiply-add speed is the reference machine's: on
+#: one whose memory is slower against its multiply-adds (a GPU's) the
+#: term is an estimate that errs low.
 PASS_TRAFFIC = 12.0
 #: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
 #: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
