@@ -3,7 +3,7 @@
 The recipe's local stage and its Laplace Hessian evaluate the exact kernel's evidence with its
 gradient on blocks of at most 1,000 neighbouring rows
 (:func:`rfgp.inference._blocks.kd_blocks`). The schedule
-(:func:`rfgp.recipes._schedule.exact_evidence_cost`) predicts one evaluation on ``n`` rows of
+(:func:`rfgp.inference._evidence_cost.exact_evidence_cost`) predicts one evaluation on ``n`` rows of
 ``d`` inputs as :math:`n^3 + c_2 n^2 + c_d n^2 d` multiply-adds. This script times one
 evaluation with its gradient (lengthscales, outputscale, noise) on a grid of block sizes and
 input counts, and sets it against
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from _pages import best_of, study_options, write_page  # noqa: E402
 
 from rfgp.inference._evidence import fourier_kernel_negative_log_evidence  # noqa: E402
-from rfgp.inference._fit_cost import exact_evidence_cost  # noqa: E402
+from rfgp.inference._evidence_cost import exact_evidence_cost  # noqa: E402
 from rfgp.inference._machine_rate import product_rate  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 from rfgp.recipes import RegressionOptions  # noqa: E402
@@ -106,7 +106,8 @@ def main():
         "outputscale, noise) on `n` rows of `d` inputs: the shortest of "
         f"{repeats} runs, against the schedule's count "
         f"`n^3 + {used_c2:g} n^2 + {used_cd:g} n^2 d` "
-        "(`rfgp.recipes._schedule.exact_evidence_cost`) converted to seconds at the cost model's "
+        "(`rfgp.inference._evidence_cost.exact_evidence_cost`) converted to seconds at the "
+        "cost model's "
         f"reference rate ({REFERENCE_RATE:.3g} multiply-adds/s) and at this machine's "
         f"matrix-product rate ({rate:.3g}/s, `product_rate`), and against the earlier "
         "count `n^3/3 + 3 n^2 d` at the reference rate.", "",

@@ -21,6 +21,7 @@ from rfgp.inference._calibrated_fit import (
     fit_calibrated_source,
 )
 from rfgp.inference._cross_validation import cross_validate
+from rfgp.inference._evidence_cost import exact_evidence_cost, feature_evidence_cost
 from rfgp.inference._evidence_search import (
     WARM_UP_STEPS,
     EvidenceObjective,
@@ -38,8 +39,6 @@ from rfgp.inference._fit_cost import (
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
     classifier_fit_cost,
-    exact_evidence_cost,
-    feature_evidence_cost,
     final_fit_cost,
     final_path,
     largest_features_within,

@@ -53,13 +53,12 @@ from rfgp.inference._calibration import (
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
-from rfgp.inference._fit_cost import final_path
+from rfgp.inference._fit_cost import feature_cache_bytes, final_path
 from rfgp.inference._krylov_calibration import (
     KrylovCalibration,
     calibrate_by_krylov,
     calibrate_operator_by_krylov,
 )
-from rfgp.inference._linalg import available_memory
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
 
@@ -355,7 +354,7 @@ def _cache_bytes(x: Tensor, kernel: Kernel) -> int:
     quarter of the memory (the rest are recomputed at every product)."""
     width = FeatureMap(feature_kernel(kernel)).num_real_features
     whole = x.shape[0] * width * x.element_size()
-    return int(min(whole, available_memory(x.device) // 4))
+    return int(min(whole, feature_cache_bytes(x.device)))
 
 
 def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,

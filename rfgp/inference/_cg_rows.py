@@ -19,7 +19,8 @@ from torch import Tensor
 
 from rfgp.inference._cg_dense import dense_fits
 from rfgp.inference._cg_variance import _real_gram, _squared_norms
-from rfgp.inference._linalg import available_memory, try_cholesky
+from rfgp.inference._fit_cost import feature_cache_bytes
+from rfgp.inference._linalg import try_cholesky
 
 __all__ = ["RowDenseInverse", "row_form_open", "row_precision_holds"]
 
@@ -125,8 +126,9 @@ def row_form_open(rows: int, width: int, largest: Optional[float] = None,
                   device: Optional[torch.device] = None) -> bool:
     r"""Whether a CG fit of ``rows`` rows and ``width`` features will find the rows' form
     open, forecast before the fit: more features than rows, the rows in memory (not
-    ``streamed``), every feature kept (the ``N W`` of them within a quarter of the memory,
-    as a calibrated fit keeps them), ``K`` and its factor within another quarter
+    ``streamed``), every feature kept (the ``N W`` of them within
+    :func:`~rfgp.inference._fit_cost.feature_cache_bytes`, as a calibrated fit keeps them),
+    ``K`` and its factor within a quarter of the memory
     (:func:`~rfgp.inference._cg_dense.dense_fits`), and, where the top eigenvalue of
     :math:`B - I` is forecast (``largest``), the precision (:func:`row_precision_holds`);
     ``device``: the CPU by default.
@@ -138,5 +140,5 @@ def row_form_open(rows: int, width: int, largest: Optional[float] = None,
     device = torch.device("cpu") if device is None else device
     item = torch.empty((), dtype=dtype).element_size()
     return (not streamed and rows < width and dense_fits(rows, dtype, device)
-            and rows * width * item <= available_memory(device) // 4
+            and rows * width * item <= feature_cache_bytes(device)
             and (largest is None or row_precision_holds(largest, dtype, tolerance)))

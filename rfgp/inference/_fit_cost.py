@@ -4,8 +4,8 @@ into a feature count.
 
 Every count is the leading terms of the fit's matrix products and factorisations, in
 multiply-adds; divide by a machine's multiply-add rate (:func:`measure_machine_rate`) for
-seconds. The evidence's evaluations are counted too (:func:`feature_evidence_cost`,
-:func:`exact_evidence_cost`), for whoever plans a search of hyperparameters. The feature count a
+seconds. The evidence search's evaluations are counted in
+:mod:`~rfgp.inference._evidence_cost`. The feature count a
 budget affords is always found by :func:`largest_features_within`: the largest power of two
 whose cost fits, because a feature map's error shrinks only as :math:`D^{-1/2}` while its fit
 grows at least linearly in :math:`D`.
@@ -21,7 +21,6 @@ from typing import Callable, Optional
 import torch
 
 from rfgp._validation import check_int, check_real
-from rfgp.inference._blocks import kd_levels
 from rfgp.inference._linalg import available_memory
 
 __all__ = [
@@ -30,8 +29,6 @@ __all__ = [
     "CG_ITERATIONS",
     "CHOICE_FEATURES",
     "DENSE_SPEEDUP",
-    "EXACT_DISTANCE_COST",
-    "EXACT_ELEMENTWISE_COST",
     "FEATURE_STEP",
     "MAX_FUNCTION_FEATURES",
     "MAX_ITERATIVE_FEATURES",
@@ -43,8 +40,7 @@ __all__ = [
     "classifier_fit_cost",
     "cg_fit_seconds",
     "cg_num_features",
-    "exact_evidence_cost",
-    "feature_evidence_cost",
+    "feature_cache_bytes",
     "feature_grid",
     "final_fit_cost",
     "final_path",
@@ -105,12 +101,13 @@ SKETCH_PASSES = 5
 #: one whose memory is slower against its multiply-adds (a GPU's) the
 #: term is an estimate that errs low.
 PASS_TRAFFIC = 12.0
-#: Multiply-adds per entry of an exact evidence's ``n x n`` matrices (elementwise passes), and
-#: per entry and input (distances, gradient sums): fitted to evaluations with their gradients
-#: on 400 to 1,000 rows of 4 to 32 inputs, where counting the Cholesky factor and the
-#: distances alone fell short by 2 to 5 times.
-EXACT_ELEMENTWISE_COST = 100.0
-EXACT_DISTANCE_COST = 8.0
+
+
+def feature_cache_bytes(device: torch.device) -> int:
+    """Bytes of feature rows an iterative fit keeps across its products: a quarter of
+    ``device``'s memory (the rest are recomputed at every pass), the rule the fit, its cost
+    model and the variances' forecast share."""
+    return available_memory(device) // 4
 
 
 def feature_grid(smallest: int, largest: int, step: int = 0, cap: int = 0) -> list:
@@ -169,57 +166,6 @@ def largest_features_within(cost: Callable[[int], float], budget: float, smalles
     return best
 
 
-# ====================================================================== the evidence
-def feature_evidence_cost(num_rows: int, num_features: int, input_dim: int) -> float:
-    r"""Multiply-adds of one evaluation of the random-feature evidence and its gradient:
-    :math:`2 n D^2 + 2 n D d + D^3` (the Gram matrix and its derivative products, the
-    projections, the factor)."""
-    n, m = float(num_rows), float(num_features)
-    return 2 * n * m * m + 2 * n * m * input_dim + m**3
-
-
-def exact_evidence_cost(num_rows: int, input_dim: int, block_rows: int = 0) -> float:
-    r"""Multiply-adds of one evaluation of the exact evidence and its gradient on ``num_rows``
-    rows, :math:`n^3 + c_2 n^2 + c_d n^2 d`, or summed over the blocks that
-    :func:`~rfgp.inference._blocks.kd_blocks` cuts for ``block_rows`` (``N / 2^k`` rows each).
-
-    The cubic term is the Cholesky factor and the inverse the gradient needs
-    (:math:`n^3 / 3 + 2 n^3 / 3`); :math:`c_d n^2 d` (:data:`EXACT_DISTANCE_COST`) the
-    distances and the lengthscales' gradient sums; :math:`c_2 n^2`
-    (:data:`EXACT_ELEMENTWISE_COST`) the elementwise passes over the ``n x n`` matrices,
-    which run at memory speed, not at a product's.
-
-    Args:
-        num_rows: ``n`` (at least 1); input_dim: ``d`` (at least 0).
-        block_rows: the most rows of a block (0: one block of every row).
-
-    Returns:
-        The multiply-adds as a float; ``math.inf`` where they exceed the float range.
-
-    Raises:
-        TypeError / ValueError: for a non-integer or out-of-range argument.
-
-    Example:
-        >>> exact_evidence_cost(3000, 4, 1000) == 4 * exact_evidence_cost(750, 4)
-        True
-        >>> exact_evidence_cost(10**200, 4)
-        inf
-    """
-    num_rows = check_int("num_rows", num_rows)
-    input_dim = check_int("input_dim", input_dim, minimum=0)
-    block_rows = check_int("block_rows", block_rows, minimum=0)
-    try:
-        if block_rows and num_rows > block_rows:
-            blocks = 2 ** kd_levels(num_rows, block_rows)
-            # ceil(num_rows / blocks) in integers: a float quotient of huge counts overflows.
-            return blocks * exact_evidence_cost(-(-num_rows // blocks), input_dim)
-        n = float(num_rows)
-        return n**3 + (EXACT_ELEMENTWISE_COST + EXACT_DISTANCE_COST * input_dim) * n * n
-    except OverflowError:
-        # A count of multiply-adds beyond the float range: more than any budget holds.
-        return math.inf
-
-
 # ====================================================================== the iterative fit
 def cg_fit_cost(num_rows: int, num_features: int, input_dim: int, iterations: int = 100,
                 rank: int = 0, num_columns: int = 1, feature_cost: float = 4.0,
@@ -273,10 +219,11 @@ def cg_fit_cost(num_rows: int, num_features: int, input_dim: int, iterations: in
     per_entry = check_real("feature_cost", feature_cost, low=0.0)
     features = float(rows) * width * (dim + per_entry)
     share = min(max(float(cached), 0.0), 1.0)
-    passes = share + (1.0 - share) * (iterations + 2)
+    data_passes = iterations + 2  # the right-hand side, the sketch, the iterations
+    computed = share + (1.0 - share) * data_passes  # the features, where not cached
     products = 2.0 * rows * width * (columns * (iterations + 1) + rank)
-    traffic = PASS_TRAFFIC * rows * width * (iterations + 2)  # each pass reads every entry
-    return passes * features + products + traffic + 2.0 * width * rank**2
+    traffic = PASS_TRAFFIC * rows * width * data_passes  # each pass reads every entry
+    return computed * features + products + traffic + 2.0 * width * rank**2
 
 
 def cg_fit_seconds(num_rows: int, num_features: int, input_dim: int, *,
@@ -455,16 +402,16 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     # Streamed, every iteration is a pass: the targets' run, then the probes' own; the
     # sketch's rank doubles from 32, a pass per block (SKETCH_PASSES to SKETCH_RANK).
     blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
-    uncached = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
+    data_passes = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
     if streamed:
         share = 0.0
     else:
-        held = (available_memory(torch.device("cpu")) // 4 if cache_bytes is None
-                else cache_bytes)
+        held = feature_cache_bytes(torch.device("cpu")) if cache_bytes is None else cache_bytes
         share = min(1.0, held / (8.0 * n * m))
-    passes = share + (1.0 - share) * uncached
+    computed = share + (1.0 - share) * data_passes  # the features, where not cached
     # Cached or not, every pass reads its features (PASS_TRAFFIC).
-    calibration = n * m * ((input_dim + 4) * passes + sketch + solves + PASS_TRAFFIC * uncached)
+    calibration = n * m * ((input_dim + 4) * computed + sketch + solves
+                           + PASS_TRAFFIC * data_passes)
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=math.ceil(iterations),
                       cached=share)
     return choice + calibration + fit

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from rfgp.inference._blocks import kd_blocks
-from rfgp.inference._fit_cost import (
+from rfgp.inference._evidence_cost import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
+    exact_evidence_cost,
+)
+from rfgp.inference._fit_cost import (
     FEATURE_STEP,
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
-    exact_evidence_cost,
     feature_grid,
     final_fit_cost,
     row_capped_features,
