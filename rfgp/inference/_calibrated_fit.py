@@ -50,13 +50,16 @@ from rfgp.inference._calibration import (
     maximize_scale_evidence,
     spectral_statistics,
 )
+from rfgp.inference._cg_rows import RowsFit, row_form_open, row_precision_holds
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
 from rfgp.inference._fit_cost import feature_cache_bytes, final_path
+from rfgp.inference._iterative import CGSettings
 from rfgp.inference._krylov_calibration import (
     KrylovCalibration,
     calibrate_by_krylov,
+    calibrate_by_rows,
     calibrate_operator_by_krylov,
 )
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
@@ -85,8 +88,10 @@ class ScaleCalibration:
         noise: :math:`\\sigma^2`.
         loss: :math:`-\\log p(y)` at ``(factor, noise)`` (an estimate on the ``"cg"`` path).
         reuse: what the fit of the calibrated model takes over: ``(Z^T Z, Z^T Y,
-            outputscale)`` of the features (``"weight"``) or the Nyström preconditioner of the
-            fit's matrix (``"cg"``); ``None``: the fit computes its own.
+            outputscale)`` of the features (``"weight"``), the Nyström preconditioner of the
+            fit's matrix or the rows' Gram matrix (``"cg"``, a
+            :class:`~rfgp.inference._cg_rows.RowsFit` where it calibrated through the rows);
+            ``None``: the fit computes its own.
         iterative: the Krylov calibration's record (``"cg"`` only; its ``products`` count
             the column products with the Gram matrix by purpose).
         column_squares: ``(T,)`` each target column's :math:`y_t^\\top y_t` in the
@@ -110,7 +115,8 @@ class ScaleCalibration:
 
 def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                      path: str = "weight", factor: float = 1.0, noise_floor: float = 0.0,
-                     keep: bool = True, seed: int = 0) -> ScaleCalibration:
+                     keep: bool = True, seed: int = 0,
+                     rows: Optional[bool] = None) -> ScaleCalibration:
     r"""The outputscale factor :math:`a` and noise :math:`\sigma^2 \ge \sigma^2_0` that maximise
     the evidence of ``kernel``'s feature model on ``(x, y)``, started at ``(factor, noise)``.
     The noise also stays above :math:`c\, a \lambda_{\max}(G)`, so that the fit's matrix
@@ -128,6 +134,10 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         noise_floor: :math:`\sigma^2_0`.
         keep: keep the Gram matrix for the fit (``"weight"``; ``False`` frees it at once).
         seed: the seed of the iterative calibration's probes and sketch.
+        rows: on the ``"cg"`` path, whether to calibrate (and with ``keep`` to fit) through
+            the rows' ``N x N`` form where it is open (:func:`rows_route_open`); ``None``:
+            wherever it is open. The recipe weighs the two routes' costs
+            (:func:`~rfgp.recipes._refit.cg_route_costs`).
 
     Returns:
         A :class:`ScaleCalibration`.
@@ -146,6 +156,9 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     """
     if path == "cg":  # products with the features in their own dtype
         condition = _CONDITION[x.dtype]
+        if rows is not False and rows_route_open(x, kernel):
+            return _calibrate_by_rows(kernel, x, y, noise, factor, noise_floor, condition,
+                                      keep, seed)
         result = calibrate_by_krylov(
             kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
             cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
@@ -158,6 +171,37 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                                                   factor_start=factor, condition=condition)
     return ScaleCalibration("weight", factor, noise, loss, products[0] if products else None,
                             spectrum=_weight_spectrum(evidence))
+
+
+def rows_route_open(x: Tensor, kernel: Kernel) -> bool:
+    """Whether the ``"cg"`` path calibrates and fits ``kernel``'s features on ``x`` through
+    the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_calibration.calibrate_by_rows`,
+    :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs and the rows' form open
+    (:func:`~rfgp.inference._cg_rows.row_form_open`: more real features than rows, all of
+    them kept, ``N x N`` matrices within the memory)."""
+    width = FeatureMap(feature_kernel(kernel)).num_real_features
+    return x.dtype == torch.float64 and row_form_open(x.shape[0], width, device=x.device)
+
+
+def _calibrate_by_rows(kernel: Kernel, x: Tensor, y: Tensor, noise: float, factor: float,
+                       noise_floor: float, condition: float, keep: bool,
+                       seed: int) -> ScaleCalibration:
+    """The ``"cg"`` path's calibration through the rows (:func:`rows_route_open`); with
+    ``keep`` its ``G`` goes to the fit (:class:`~rfgp.inference._cg_rows.RowsFit`) where the
+    rows' factor keeps the variances' precision at the root
+    (:func:`~rfgp.inference._cg_rows.row_precision_holds` on the top eigenvalue of ``c G``),
+    else the fit runs CG from a sketch of its own."""
+    result, gram = calibrate_by_rows(
+        kernel, x, y, noise, factor=factor, noise_floor=noise_floor, condition=condition,
+        cache_bytes=_cache_bytes(x, kernel), generator=torch.Generator().manual_seed(seed))
+    pre = result.preconditioner
+    top = float(pre.eigenvalues.max()) if pre is not None and pre.rank else 0.0
+    reuse = None
+    if keep and row_precision_holds(top, torch.float64, CGSettings.variance_tolerance):
+        reuse = RowsFit(gram, kernel_outputscale(kernel))
+    del gram
+    return ScaleCalibration("cg", result.factor, result.noise,
+                            -result.log_evidence * y.numel(), reuse, result)
 
 
 def _weight_spectrum(evidence: Any) -> Optional[Tensor]:
@@ -192,6 +236,8 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
     gp = RandomFeatureGP(kernel, noise=noise, **options)
     with torch.no_grad():
         reuse = calibration.reuse
+        if isinstance(reuse, RowsFit):
+            reuse.ratio = kernel_outputscale(kernel) / reuse.outputscale
         if isinstance(reuse, tuple):
             gram, rhs, outputscale = reuse
             ratio = kernel_outputscale(kernel) / outputscale

@@ -5,24 +5,26 @@ need not form the ``W x W`` matrix :math:`B`: :class:`RowDenseInverse` answers b
 identity through the ``N x N`` matrix :math:`K = I + \Psi\Psi^H` of the rows, formed from the
 features the fit keeps. :func:`row_precision_holds` is the precision its difference needs;
 :func:`row_form_open` says, before a fit, whether the form will be open (the recipe's
-forecast of the variances' cost).
+forecast of the variances' cost). :class:`RowsFit` hands a calibration's :math:`\Phi\Phi^\top`
+to the fit, which :func:`fit_by_rows` turns into the mean weights and the variances' factor
+with one Cholesky factorisation, without conjugate gradients.
 
 Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from rfgp.inference._cg_dense import dense_fits
 from rfgp.inference._cg_variance import _real_gram, _squared_norms
-from rfgp.inference._fit_cost import feature_cache_bytes
+from rfgp.inference._fit_cost import rows_route
 from rfgp.inference._linalg import try_cholesky
 
-__all__ = ["RowDenseInverse", "row_form_open", "row_precision_holds"]
+__all__ = ["RowDenseInverse", "RowsFit", "fit_by_rows", "row_form_open", "row_precision_holds"]
 
 
 class RowDenseInverse:
@@ -125,20 +127,112 @@ def row_form_open(rows: int, width: int, largest: Optional[float] = None,
                   dtype: torch.dtype = torch.float64,
                   device: Optional[torch.device] = None) -> bool:
     r"""Whether a CG fit of ``rows`` rows and ``width`` features will find the rows' form
-    open, forecast before the fit: more features than rows, the rows in memory (not
-    ``streamed``), every feature kept (the ``N W`` of them within
-    :func:`~rfgp.inference._fit_cost.feature_cache_bytes`, as a calibrated fit keeps them),
-    ``K`` and its factor within a quarter of the memory
-    (:func:`~rfgp.inference._cg_dense.dense_fits`), and, where the top eigenvalue of
-    :math:`B - I` is forecast (``largest``), the precision (:func:`row_precision_holds`);
-    ``device``: the CPU by default.
+    open, forecast before the fit: the memory's rule of
+    :func:`~rfgp.inference._fit_cost.rows_route` (more features than rows, the rows in
+    memory, every feature kept as a calibrated fit keeps them, ``K`` and its factor within a
+    quarter of the memory), and, where the top eigenvalue of :math:`B - I` is forecast
+    (``largest``), the precision (:func:`row_precision_holds`); ``device``: the CPU by
+    default.
 
     Example:
         >>> row_form_open(3000, 6144), row_form_open(3000, 2048), row_form_open(3000, 6144, 1e7)
         (True, False, False)
     """
-    device = torch.device("cpu") if device is None else device
     item = torch.empty((), dtype=dtype).element_size()
-    return (not streamed and rows < width and dense_fits(rows, dtype, device)
-            and rows * width * item <= feature_cache_bytes(device)
+    return (rows_route(rows, width, streamed, device, item)
             and (largest is None or row_precision_holds(largest, dtype, tolerance)))
+
+
+@dataclass
+class RowsFit:
+    r"""The rows' Gram matrix :math:`G = \Phi\Phi^\top` (``N x N``, float64) of a calibration
+    (:func:`~rfgp.inference._calibrated_fit.calibrate_scales` where the rows' form is open),
+    handed to the CG fit of the same features (:func:`fit_by_rows`), which consumes it.
+
+    Attributes:
+        gram: ``(N, N)`` :math:`G` at the calibration's kernel outputscale.
+        outputscale: that outputscale.
+        ratio: the fit's outputscale over the calibration's (the fit's features are
+            :math:`\sqrt{\mathrm{ratio}}` times the calibration's; set by the fit).
+    """
+
+    gram: Optional[Tensor]
+    outputscale: float = 1.0
+    ratio: float = 1.0
+
+
+def fit_by_rows(operator, given: RowsFit, groups) -> Optional[Tuple[Tensor, RowDenseInverse]]:
+    r"""The mean weights of the CG fit and its variances' :class:`RowDenseInverse`, from the
+    calibration's :math:`G = \Phi\Phi^\top` by one Cholesky factorisation: with one noise
+    :math:`s` for every row and column, :math:`K = I + \mathrm{ratio}\,G / s = L L^\top`
+    and by Woodbury's identity
+
+    .. math::
+        w = B^{-1}\Phi^\top S^{-1} y = \Phi^\top K^{-1} y / s,
+
+    ``N^3 / 3`` multiply-adds for the factor and one pass over the features (which keeps
+    them for the variances' products) in place of the CG iterations; the factor then serves
+    every variance (:class:`RowDenseInverse`, the dense route the first prediction would
+    have built from the same ``K``). ``None`` where this form does not apply: features in
+    complex or multi-output form, a noise per row, more than one noise group, a distributed
+    or streamed operator, a ``G`` of other rows, or a failed factorisation.
+
+    Args:
+        operator: the fit's :class:`~rfgp.inference._feature_operator.FeatureOperator`, its
+            column noise set.
+        given: the calibration's :class:`RowsFit` (its ``gram`` is scaled in place).
+        groups: the operator's noise groups.
+
+    Returns:
+        ``(weights (W, T), RowDenseInverse)`` or ``None``.
+
+    Example:
+        >>> from rfgp.inference._feature_map import FeatureMap
+        >>> from rfgp.inference._feature_operator import FeatureOperator
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> fm = FeatureMap(FourierFeatureKernel(32, seed=0).double())
+        >>> x = torch.rand(10, 2, dtype=torch.float64)
+        >>> y = torch.randn(10, 1, dtype=torch.float64)
+        >>> op = FeatureOperator(fm, [(x, y, None)], False, torch.float64, chunk=4,
+        ...                      cache_bytes=1 << 20)
+        >>> op.column_noise = torch.tensor([0.1], dtype=torch.float64)
+        >>> phi = fm.rows(x)
+        >>> weights, _ = fit_by_rows(op, RowsFit(phi @ phi.T), op.noise_groups())
+        >>> b = torch.eye(32, dtype=torch.float64) + phi.T @ phi / 0.1
+        >>> torch.allclose(weights, torch.linalg.solve(b, phi.T @ y / 0.1))
+        True
+    """
+    fm = operator.feature_map
+    n = operator.num_rows
+    if (operator.complex_solve or fm.is_complex or fm.outputs_per_input != 1
+            or operator.distributed or operator.streamed or len(groups) != 1
+            or operator.column_noise is None or given.gram.shape != (n, n)
+            or any(noise is not None for _, _, noise in operator.data)):
+        return None
+    noise = operator.column_noise.to(torch.float64)
+    if not bool((noise == noise[0]).all()) or not float(noise[0]) > 0.0:
+        return None
+    s = float(noise[0])
+    with torch.no_grad():
+        matrix = given.gram.mul_(given.ratio / s)
+        matrix.diagonal().add_(1.0)
+        factor = try_cholesky(matrix)
+        del matrix
+        given.gram = None
+        if factor is None:
+            return None
+        targets = torch.cat([t.to(torch.float64) for _, t, _ in operator.data])
+        alpha = torch.cholesky_solve(targets, factor) / s
+        weights = torch.zeros(operator.width, targets.shape[1], dtype=operator.vector_dtype,
+                              device=operator.device)
+        start = 0
+
+        def local_pass() -> None:
+            nonlocal start
+            for feats, _, _ in operator.chunks():
+                stop = start + feats.shape[0]
+                weights.addmm_(feats.transpose(0, 1), alpha[start:stop].to(weights.dtype))
+                start = stop
+
+        operator.run(local_pass)
+    return weights, RowDenseInverse(operator, 0, factor.to(operator.vector_dtype))

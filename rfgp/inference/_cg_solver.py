@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from rfgp.inference._cg_routes import VarianceRoutes
+from rfgp.inference._cg_rows import RowsFit, fit_by_rows
 from rfgp.inference._cg_variance import LowRankInverse
 from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._evidence import LOG_2PI, check_representable
@@ -108,6 +109,12 @@ class ConjugateGradientSolver(Solver):
         #: a preconditioner of B computed by the caller (one noise group): the first
         #: factorisation takes it instead of a sketch
         self.given_preconditioner: Optional[NystromPreconditioner] = None
+        #: a calibration's rows' Gram matrix (:class:`~rfgp.inference._cg_rows.RowsFit`): the
+        #: first factorisation solves through the rows' factor instead of by CG
+        self.given_rows: Optional[RowsFit] = None
+        #: whether the preconditioners are still to be sketched: a fit through the rows' factor
+        #: needs none, so the sketch waits for the first CG solve (samples, a refinement)
+        self.sketch_pending = False
         self._groups: List[List[int]] = []
         #: CG iterations of the last solve for the mean weights
         self.iterations = 0
@@ -159,6 +166,10 @@ class ConjugateGradientSolver(Solver):
         """CG on :math:`B W = \\mathrm{rhs}`, column ``j`` with the noise of ``columns[j]``
         (``energy_tolerance``: see :func:`~rfgp.inference._iterative.conjugate_gradients`)."""
         columns = list(columns)
+        if self.sketch_pending:
+            self.sketch_pending = False
+            with torch.no_grad():
+                self.preconditioners = self.build_preconditioners(self.operator)
         return conjugate_gradients(
             lambda v: self.operator.apply(v, columns), rhs,
             lambda r: self.precondition(r, columns), self.tolerance(),
@@ -183,9 +194,7 @@ class ConjugateGradientSolver(Solver):
                 return operator.gram(v, [col] * v.shape[1])
 
             if rank == 0:
-                empty = torch.zeros(operator.width, 0, dtype=operator.vector_dtype,
-                                    device=operator.device)
-                out.append(NystromPreconditioner(empty, empty.real.new_zeros(0)))
+                out.append(_empty_preconditioner(operator))
             else:
                 # The sketch serves this group's columns' mean solves.
                 out.append(NystromPreconditioner.sketch(
@@ -201,8 +210,18 @@ class ConjugateGradientSolver(Solver):
         t = op.num_columns
         self.forget_variances()
         self.known_evidence = None
+        given_rows, self.given_rows = self.given_rows, None
+        self.sketch_pending = False
         with torch.no_grad():
             self._groups = op.noise_groups()
+            fitted = None if given_rows is None else fit_by_rows(op, given_rows, self._groups)
+            if fitted is not None:
+                # The rows' factor gives the mean and serves the variances: no CG, no sketch.
+                self.mean_weights, self.routes.dense[0] = fitted
+                self.iterations = 0
+                self.preconditioners = [_empty_preconditioner(op)]
+                self.sketch_pending = True
+                return
             self.preconditioners = self.build_preconditioners(op)
             index = torch.arange(t, device=op.device)
             rhs = op.project(lambda y, s: y.to(op.dtype) * op.inverse_noise(s, index, y.shape[0]),
@@ -353,6 +372,7 @@ class ConjugateGradientSolver(Solver):
             "mean_weights": self.mean_weights,
             "preconditioners": [(p.basis, p.eigenvalues) for p in self.preconditioners],
             "iterations": self.iterations,
+            "sketch_pending": self.sketch_pending,
         }
 
     @classmethod
@@ -426,7 +446,14 @@ class ConjugateGradientSolver(Solver):
                 f"checkpoint entry {state.name('preconditioners')} must hold one preconditioner "
                 f"per noise group ({len(solver._groups)}), got {len(solver.preconditioners)}")
         solver.iterations = state.integer("iterations")
+        solver.sketch_pending = state.boolean("sketch_pending", default=False)
         return solver
+
+
+def _empty_preconditioner(operator: FeatureOperator) -> NystromPreconditioner:
+    """The preconditioner of rank 0 (the identity) for ``operator``'s ``B``."""
+    empty = torch.zeros(operator.width, 0, dtype=operator.vector_dtype, device=operator.device)
+    return NystromPreconditioner(empty, empty.real.new_zeros(0))
 
 
 def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],

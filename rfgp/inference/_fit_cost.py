@@ -47,6 +47,8 @@ __all__ = [
     "iterative_fit_cost",
     "largest_features_within",
     "row_capped_features",
+    "rows_fit_cost",
+    "rows_route",
 ]
 
 #: How much faster than the reference rate (``REFERENCE_RATE``) the calibrated final fit's
@@ -415,6 +417,68 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=math.ceil(iterations),
                       cached=share)
     return choice + calibration + fit
+
+
+def rows_route(num_rows: int, num_features: int, streamed: bool = False,
+               device: Optional[torch.device] = None, item: int = 8) -> bool:
+    r"""Whether a CG fit of ``num_rows`` rows and ``num_features`` features takes the rows'
+    ``N x N`` form (:func:`rows_fit_cost`; the calibration's and the variances' dense route,
+    :func:`~rfgp.inference._cg_rows.row_form_open`): more features than rows, the rows in
+    memory (not ``streamed``), every feature kept (``N D`` numbers of ``item`` bytes within
+    :func:`feature_cache_bytes`), and the ``N x N`` matrix and its factor within a quarter of
+    the memory (``device``: the CPU by default).
+
+    Example:
+        >>> rows_route(3000, 6144), rows_route(3000, 2048), rows_route(3000, 6144, True)
+        (True, False, False)
+    """
+    device = torch.device("cpu") if device is None else device
+    n, m = int(num_rows), int(num_features)
+    return (not streamed and n < m and 2 * n * n * item <= available_memory(device) // 4
+            and n * m * item <= feature_cache_bytes(device))
+
+
+def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: int = 1,
+                  iterations: float = CG_ITERATIONS, rank: int = SKETCH_RANK) -> float:
+    r"""Multiply-adds of the calibrated final fit on the CG path through the rows' form
+    (:func:`rows_route`): the choice calibrations as in :func:`iterative_fit_cost`; the
+    features once, kept (:math:`N D (d + 4)`); :math:`G = \Phi\Phi^\top`
+    (:math:`N^2 D / 2`); the Krylov calibration on products with :math:`G`, each
+    :math:`N^2` per column and :math:`t / 2` per entry of :math:`G` for its pass's memory
+    traffic (a product reads :math:`G` once where a feature pass reads :math:`\Phi` twice,
+    :data:`PASS_TRAFFIC` :math:`= t`): the sketch's :math:`r` columns and :math:`8 N r^2`,
+    :math:`R` runs of :math:`I` iterations over the target and the probes
+    (:math:`1 + q p` columns) in :math:`P = 2 + b + R I (1 + q)` passes, the projection
+    :math:`2 N s^2`; then the fit: the Cholesky factor of :math:`I + c G`
+    (:math:`N^3 / 3`), the fit's features and one pass for its weights
+    (:math:`N D (d + 5)`):
+
+    .. math::
+        C = k\,C_{\text{choice}} + N D (2 d + 9)
+            + \big(\tfrac12 N^2 D + \tfrac13 N^3\big) / s_{\text{dense}}
+            + N^2 \big(r + 8 + R I (1 + q p) + \tfrac{t}{2} P\big) + N (8 r^2 + 2 s^2),
+
+    the dense products at :data:`DENSE_SPEEDUP` (:math:`s_{\text{dense}}`; on pol's 12,150
+    rows at 21,504 features :math:`G` took 33.5 s and the Krylov calibration 28.4 s at rank
+    1,024 and 139 and 91 iterations, where the CG path's calibration and fit took 99.7 s).
+    The factor then serves the first variances, which cost only their query rows
+    (:func:`~rfgp.recipes._refit.variance_cost`).
+
+    Example:
+        >>> forming_g = 12000**2 * 32768 / 2 / DENSE_SPEEDUP  # most of it, at 32,768 features
+        >>> 0.5 < forming_g / rows_fit_cost(12000, 32768, 26) < 1
+        True
+    """
+    n, m = float(num_rows), float(num_features)
+    choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
+    columns = iterations * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES * PROBE_RUN_SHARE)
+    subspace = rank + columns
+    blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
+    passes = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
+    dense = (n * n * m / 2 + n**3 / 3) / DENSE_SPEEDUP
+    krylov = (n * n * (rank + 8 + columns + PASS_TRAFFIC / 2 * passes)
+              + n * (8 * rank**2 + 2 * subspace**2))
+    return choice + n * m * (2 * input_dim + 9) + dense + krylov
 
 
 def row_capped_features(num_rows: int) -> int:

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rfgp._data import DataSource, ShardedSource
 from rfgp._ops import power_of_two_scale
+from rfgp.inference._cg_rows import RowsFit
 from rfgp.inference._cg_solver import ConjugateGradientSolver
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import DataBatch, FeatureOperator, SourceRows
@@ -261,7 +262,8 @@ class SolverFactory:
         ``reuse``: what the caller already computed for this fit. A weight-space solver takes
         products ``(Z^T Z, Z^T Y)`` (see :meth:`given_statistics`) instead of a pass over the
         rows; an iterative one takes a :class:`NystromPreconditioner` of its ``B`` as its
-        first preconditioner instead of a sketch."""
+        first preconditioner instead of a sketch, or a calibration's rows' Gram matrix
+        (:class:`~rfgp.inference._cg_rows.RowsFit`) to solve through instead of by CG."""
         rows = sum(b[1].shape[0] for b in prepared)
         if not distributed and self.use_function_space(rows, prepared[0][0]):
             return self.function_solver(prepared, scale)
@@ -270,6 +272,8 @@ class SolverFactory:
             solver = self.iterative_solver(data, scale, chunk, distributed, process_group)
             if isinstance(reuse, NystromPreconditioner):
                 solver.given_preconditioner = reuse
+            elif isinstance(reuse, RowsFit):
+                solver.given_rows = reuse
             return solver
         if isinstance(reuse, tuple) and not distributed:
             return self.weight_solver(self.given_statistics(prepared, scale, reuse), scale)

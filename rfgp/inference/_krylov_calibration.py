@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from gpytorch.kernels import Kernel
@@ -100,7 +100,7 @@ from rfgp.inference._krylov_subspace import (
 from rfgp.inference._nystrom import NystromPreconditioner, NystromSketch, rank_memory_cap
 from rfgp.kernels._composition import feature_kernel
 
-__all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov",
+__all__ = ["ACCEPT_RADIUS", "KrylovCalibration", "calibrate_by_krylov", "calibrate_by_rows",
            "calibrate_operator_by_krylov", "krylov_scale_calibration"]
 
 #: A root farther than this from every solved point (in log c) gets a run of its own: the
@@ -178,7 +178,8 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
                              probe_tolerance: float = PROBE_TOLERANCE,
                              max_runs: int = 4, max_iterations: int = 1000,
                              max_rank: Optional[int] = None,
-                             generator: Optional[torch.Generator] = None) -> KrylovCalibration:
+                             generator: Optional[torch.Generator] = None,
+                             function_space: bool = False) -> KrylovCalibration:
     r"""The outputscale factor and noise that maximise a feature model's evidence, from
     products with its Gram matrix :math:`G` alone (module docstring).
 
@@ -206,6 +207,11 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
         max_iterations: CG iterations per run.
         max_rank: a cap on the automatic rank (default: the memory cap).
         generator: the probes' and the sketch's draws.
+        function_space: the rows' form: ``gram`` is ``V -> G V`` with the ``N x N``
+            :math:`G = \Phi\Phi^\top` and ``rhs`` the targets ``(N,)`` or ``(N, T)``
+            themselves (:meth:`~rfgp.inference._krylov_subspace.ScaleProfile.terms`): the
+            same evidence, from products that cost ``N^2`` instead of ``2 N W`` where
+            :math:`\Phi\Phi^\top` is formed.
 
     Returns:
         A :class:`KrylovCalibration`.
@@ -354,7 +360,8 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
             subspace.add(sketcher.test[:, kept_tests:], sketcher.image[:, kept_tests:] / start)
             kept_tests = sketcher.rank
             theta, projected, basis_map = subspace.ritz(forms)
-            profile = ScaleProfile(theta, projected, t, num_probes, *anchor_sketch, probes)
+            profile = ScaleProfile(theta, projected, t, num_probes, *anchor_sketch, probes,
+                                   function_space)
             low = max(min(runs) - SEARCH_RADIUS, -_LOG_C_LIMIT)
             high = min(max(runs) + SEARCH_RADIUS, ceiling)
             log_c, interior = profile_minimiser(profile, low, high, target_squares, n, t,
@@ -363,15 +370,14 @@ def krylov_scale_calibration(gram: Callable[[Tensor], Tensor], rhs: Tensor,
             if interior and near <= ACCEPT_RADIUS:
                 break
         c = math.exp(log_c)
-        quad, norm, traces = profile.pieces(c)
-        q_value = target_squares - c * quad
+        q_value, curvature, traces = profile.terms(c, target_squares)
         noise_out = profile_noise(q_value, target_squares, n * t, noise_floor)
         at_floor = noise_floor > 0 and q_value / (n * t) <= noise_floor
         # log|A_c| per probe: the anchor's quadrature carried along log c.
         per_probe = anchor_logdets + integrated_slope(profile, anchor, log_c)
         logdet = float(per_probe.mean())
         total = q_value / noise_out + t * logdet + n * t * (math.log(noise_out) + LOG_2PI)
-        slope_samples = t * (width - traces) - c * norm / noise_out
+        slope_samples = t * (width - traces) - curvature / noise_out
     return KrylovCalibration(
         factor=c * noise_out, noise=noise_out,
         log_evidence=-0.5 * total / (n * t),
@@ -427,6 +433,52 @@ def calibrate_by_krylov(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         op, float(columns.square().sum()), n, noise, factor=factor, noise_floor=noise_floor,
         condition=condition, num_probes=num_probes, rank=rank, tolerance=tolerance,
         probe_tolerance=probe_tolerance, max_runs=max_runs, generator=generator)
+
+
+def calibrate_by_rows(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
+                      cache_bytes: int = 1 << 30, **options) -> Tuple[KrylovCalibration, Tensor]:
+    r""":func:`calibrate_by_krylov` in the rows' form: :math:`G = \Phi\Phi^\top` (``N x N``)
+    formed once from the features (``N^2 W / 2`` multiply-adds, block by block), then the
+    Krylov calibration on products with it (``function_space``), each ``N^2`` multiply-adds
+    in place of two passes over the ``N x W`` features. With more features than rows
+    (``W > N``) the products are cheaper by ``2 W / N`` and read ``N^2`` numbers instead of
+    twice ``N W``; the ``G`` formed is that of the fit's rows' factor
+    (:func:`~rfgp.inference._cg_rows.fit_by_rows`), which the variances would form anyway.
+
+    Args:
+        kernel, x, y, noise: as in :func:`calibrate_by_krylov`.
+        cache_bytes: bytes of feature rows kept while ``G`` is formed (every row's are held
+            while it is: the caller has checked them against the memory).
+        **options: as in :func:`krylov_scale_calibration`.
+
+    Returns:
+        ``(KrylovCalibration, G)``: its ``preconditioner`` is of the rows' ``I + c G``.
+
+    Example:
+        >>> from rfgp.kernels import FourierFeatureKernel
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(300, 2, generator=g, dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)
+        >>> k = ScaleKernel(FourierFeatureKernel(512, ard_num_dims=2, seed=0)).double()
+        >>> k.base_kernel.lengthscale = 0.3
+        >>> out, gram = calibrate_by_rows(k, x, y - y.mean(), 0.1, generator=g)
+        >>> 0.005 < out.noise < 0.02, tuple(gram.shape)
+        (True, (300, 300))
+    """
+    n = x.shape[0]
+    columns = y.reshape(n, -1).to(torch.float64)
+    op = FeatureOperator(FeatureMap(feature_kernel(kernel)), [(x, columns, None)], False,
+                         torch.float64, _CHUNK_ROWS, cache_bytes)
+    op.column_noise = torch.ones(1, dtype=torch.float64, device=columns.device)
+    with torch.no_grad():
+        gram = op.row_matrix(0)
+        del op  # the features: G holds all the calibration and the fit need of them
+        gram.diagonal().sub_(1.0)
+        result = krylov_scale_calibration(lambda v: gram @ v, columns,
+                                          float(columns.square().sum()), n, noise,
+                                          function_space=True, **options)
+    return result, gram
 
 
 def calibrate_operator_by_krylov(operator: FeatureOperator, target_squares: float,

@@ -20,6 +20,14 @@ noise :math:`\sigma^2(c) = \max(Q(c) / (N T), \sigma_0^2)` has the slope
 its root is the calibrated :math:`c`, and the integral of :math:`W - \mathrm{tr}\,A_s^{-1}`
 over :math:`\log s` carries a log-determinant from one :math:`c` to another.
 
+In the rows' (function-space) form, :math:`G = \Phi\Phi^\top` is ``N x N`` and the forms
+are of the targets themselves (:math:`b_t = y_t`): then :math:`Q(c) = \sum_t y_t^\top
+A_c^{-1} y_t` and :math:`c\,y^\top A_c^{-1} G A_c^{-1} y = y^\top A_c^{-1} y -
+\|A_c^{-1} y\|^2` (as :math:`A_c^{-1} c G A_c^{-1} = A_c^{-1} - A_c^{-2}`), while the
+log-determinant and :math:`W - \mathrm{tr}\,A_c^{-1}` (``N`` in place of ``W``) are
+unchanged: the nonzero eigenvalues of :math:`\Phi\Phi^\top` and :math:`\Phi^\top\Phi`
+are the same (:meth:`ScaleProfile.terms`).
+
 Internal: not part of the public API (see :mod:`rfgp.inference`).
 """
 
@@ -147,8 +155,10 @@ class ScaleProfile:
     """The Galerkin estimates of the profile's pieces at any ``c`` (module docstring)."""
 
     def __init__(self, theta: Tensor, projected: Tensor, num_columns: int, num_probes: int,
-                 sketch_basis: Tensor, sketch_eigenvalues: Tensor, probes: Tensor) -> None:
+                 sketch_basis: Tensor, sketch_eigenvalues: Tensor, probes: Tensor,
+                 function_space: bool = False) -> None:
         t, p = num_columns, num_probes
+        self.function_space = function_space
         self.theta = theta
         self.b_hat = projected[:, :t]
         self.z_hat = projected[:, t:t + p]
@@ -169,15 +179,23 @@ class ScaleProfile:
         control = self.probe_norms - (self.probe_weights * damp.unsqueeze(1)).sum(0)
         return quad, norm, exact + bilinear - control
 
+    def terms(self, c: float, target_squares: float) -> Tuple[float, float, Tensor]:
+        r"""``(Q(c), c y^T A^-1 G A^-1 y summed, per-probe trace samples (p,))``: in weight
+        space :math:`Q = \sum_t y_t^\top y_t - c\,b^\top A^{-1} b` and the second
+        :math:`c\|A^{-1} b\|^2`; in the rows' form :math:`Q = y^\top A^{-1} y` and
+        :math:`y^\top A^{-1} y - \|A^{-1} y\|^2` (module docstring)."""
+        quad, norm, traces = self.pieces(c)
+        if self.function_space:
+            return quad, quad - norm, traces
+        return target_squares - c * quad, c * norm, traces
+
 
 def profile_slope(profile: ScaleProfile, log_c: float, target_squares: float,
                   num_rows: int, num_columns: int, noise_floor: float) -> float:
     """:math:`dg / d\\log c` of the Galerkin profile (module docstring)."""
-    c = math.exp(log_c)
-    quad, norm, traces = profile.pieces(c)
-    noise = profile_noise(target_squares - c * quad, target_squares, num_rows * num_columns,
-                           noise_floor)
-    return num_columns * (profile.width - float(traces.mean())) - c * norm / noise
+    q_value, curvature, traces = profile.terms(math.exp(log_c), target_squares)
+    noise = profile_noise(q_value, target_squares, num_rows * num_columns, noise_floor)
+    return num_columns * (profile.width - float(traces.mean())) - curvature / noise
 
 
 def profile_noise(quad: float, target_squares: float, count: int, noise_floor: float) -> float:

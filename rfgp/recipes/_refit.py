@@ -64,7 +64,7 @@ from rfgp.inference import (
 from rfgp.inference._cg_dense import dense_fits, serving_cost
 from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
 from rfgp.inference._cg_rows import row_form_open
-from rfgp.inference._fit_cost import iterative_fit_cost
+from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, rows_fit_cost
 from rfgp.inference._iterative import CGSettings
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
@@ -183,13 +183,25 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
             features = forecast.num_features
             report.num_features = features
             report.schedule = dataclasses.replace(data.schedule, num_features=features)
+    rows = False
+    if iterative and data.options.calibrate and data.source is None:
+        # The CG path's cheaper route at the final D: through the rows' N x N form or by
+        # products with the features (on the choice model's forecast where there is one).
+        costs = (cg_route_costs(data.num_rows, features, data.input_dim,
+                                max(1, len(candidates)), False, forecast, start.spectrum,
+                                start.factor / start.noise)
+                 if forecast is not None and start.spectrum is not None else
+                 cg_route_costs(data.num_rows, features, data.input_dim,
+                                max(1, len(candidates))))
+        rows = costs[1] < costs[0]
     if choice and data.options.calibrate:
         # The chosen lengthscales' D-feature model calibrates itself: in weight space from
         # the search's scales as every candidate did (the fewer features' outputscale
         # factor can be far from its own), by CG from the fewer features' scales.
         kernel = _final_kernel(data, draws, centre, outputscale, False, features)
         calibration = _calibrate(data, kernel, start.noise if iterative else noise, floor,
-                                 path=path, factor=start.factor if iterative else 1.0)
+                                 path=path, factor=start.factor if iterative else 1.0,
+                                 rows=rows)
     kernel = _final_kernel(data, draws, centre, outputscale * calibration.factor, True,
                            features)
     if data.options.calibrate:
@@ -213,7 +225,7 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
                 "standard_error": result.standard_error,
                 "gradient_standard_error": result.gradient_standard_error,
                 "rank": result.rank, "iterations": result.iterations,
-                "products": result.products,
+                "products": result.products, "route": "rows" if rows else "features",
             }
             if forecast is not None:
                 report.calibration["iterative"]["forecast"] = {
@@ -266,7 +278,7 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     spectrum (:func:`~rfgp.inference._cg_forecast.forecast_cg`) make the planned ``D`` cost
     more than the fit may: the largest ``D`` of the feature grid, at most the plan's, whose
     forecast cost is at most the larger of the booked cost
-    (:func:`~rfgp.inference._fit_cost.iterative_fit_cost` of the plan's ``D``, at the constant
+    (:func:`~rfgp.inference.final_path` of the plan's ``D`` on the CG path, at the constant
     iterations and rank) and the allowance of the seconds left when the final fit started
     (``schedule.settings["refit"]["allowance"]``, :data:`REPLAN_SHARE` of them at the
     re-plan's rate, under ``anytime``), so that more budget never lowers it further. Never
@@ -284,7 +296,7 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
         return None
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
     scale = choice.factor / choice.noise
-    booked = max(iterative_fit_cost(n, planned, d, candidates, streamed)
+    booked = max(final_path(n, planned, d, "cg", candidates, True, streamed)[1]
                  + variance_cost(n, planned, "cg", streamed=streamed),
                  data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
@@ -293,9 +305,8 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     def cost(size: int) -> float:
         forecasts[size] = forecast = forecast_cg(choice.spectrum, scale, n, size, d,
                                                  candidates, streamed)
-        # the variances' form on the same spectrum, beside a preconditioner of its rank
-        held = spectrum_at(choice.spectrum, scale, size)[:forecast.rank]
-        return forecast.multiply_adds + variance_cost(n, size, "cg", held, streamed)
+        return min(cg_route_costs(n, size, d, candidates, streamed, forecast,
+                                  choice.spectrum, scale))
 
     smallest = min(planned, CHOICE_FEATURES)
     features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
@@ -304,16 +315,17 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
-               keep: bool = True, path: str = "weight", factor: float = 1.0) -> ScaleCalibration:
+               keep: bool = True, path: str = "weight", factor: float = 1.0,
+               rows: bool = False) -> ScaleCalibration:
     """The calibration of ``kernel`` on every row by ``path``, from ``(factor, noise)``: in
-    memory, or over the chunks of the data's source (on the ``"cg"`` path a pass over them
-    per product)."""
+    memory (on the ``"cg"`` path through the rows' form where ``rows``), or over the chunks
+    of the data's source (on the ``"cg"`` path a pass over them per product)."""
     if data.source is not None:
         return calibrate_source_scales(kernel, data.source, noise, x_unit=data.x_unit,
                                        y_unit=data.y_unit, noise_floor=floor, keep=keep,
                                        path=path, factor=factor, seed=data.options.seed)
     return calibrate_scales(kernel, data.x, data.y, noise, path=path, factor=factor,
-                            noise_floor=floor, keep=keep, seed=data.options.seed)
+                            noise_floor=floor, keep=keep, seed=data.options.seed, rows=rows)
 
 
 def plan_final_share(plan: Plan) -> None:
@@ -467,6 +479,62 @@ def variance_cost(num_rows: int, features: int, path: Optional[str],
                         by_rows=by_rows)
 
 
+def cg_route_costs(num_rows: int, features: int, input_dim: int, candidates: int,
+                   streamed: bool = False, forecast: Optional[CGForecast] = None,
+                   eigenvalues: Optional[Tensor] = None, scale: float = 1.0) -> tuple:
+    r"""``(features, rows)``: multiply-adds of the calibrated CG fit and its first variances
+    by its two routes. By the features: the Krylov calibration and CG fit on products with
+    :math:`\Phi` (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`) and the variances'
+    cheaper form (:func:`variance_cost`). Through the rows, where their form is open
+    (:func:`~rfgp.inference._cg_rows.row_form_open`, else ``inf``): the calibration on
+    products with :math:`G = \Phi\Phi^\top` and one Cholesky factor for the fit
+    (:func:`~rfgp.inference._fit_cost.rows_fit_cost`), which then serves the variances'
+    query rows (:func:`rows_query_cost`). The rows' route costs ``N^2 D / 2`` to form
+    :math:`G`, the features' route two passes over ``N D`` entries per product: with many
+    CG iterations (little noise) the rows' is cheaper, with few the features' is.
+
+    ``forecast``: the CG forecast at ``features`` from ``eigenvalues`` of a smaller model's
+    :math:`G` at ``scale`` (:func:`~rfgp.inference._cg_forecast.forecast_cg`), whose
+    iterations and rank both routes then take (the same spectrum: :math:`\Phi\Phi^\top`
+    and :math:`\Phi^\top\Phi` share their nonzero eigenvalues); without one the cost
+    model's constants.
+
+    Example:
+        >>> by_features, by_rows = cg_route_costs(12150, 32768, 26, 1)
+        >>> math.isfinite(by_rows), cg_route_costs(12150, 8192, 26, 1)[1]
+        (True, inf)
+    """
+    n = num_rows
+    if forecast is None:
+        held = None
+        by_features = (final_path(n, features, input_dim, "cg", candidates, True, streamed)[1]
+                       + variance_cost(n, features, "cg", streamed=streamed))
+        iterations, rank = CG_ITERATIONS, SKETCH_RANK
+    else:
+        # the variances' form on the same spectrum, beside a preconditioner of its rank
+        held = spectrum_at(eigenvalues, scale, features)[:forecast.rank]
+        by_features = forecast.multiply_adds + variance_cost(n, features, "cg", held, streamed)
+        iterations, rank = forecast.iterations, forecast.rank
+    largest = float(held.max()) if held is not None and held.numel() else None
+    if not row_form_open(n, features, largest, streamed, CGSettings.variance_tolerance):
+        return by_features, math.inf
+    by_rows = (rows_fit_cost(n, features, input_dim, candidates, iterations, rank)
+               + rows_query_cost(n, features))
+    return by_features, by_rows
+
+
+def rows_query_cost(num_rows: int, features: int) -> float:
+    r"""Multiply-adds of the first variances of a fit through the rows' factor
+    (:func:`~rfgp.inference._cg_rows.fit_by_rows`) for :func:`predicted_rows` rows: per row
+    a product with the kept features and a triangular solve, :math:`N D + N^2`.
+
+    Example:
+        >>> rows_query_cost(13500, 32768) == 1350 * (13500 * 32768 + 13500**2)
+        True
+    """
+    return predicted_rows(num_rows) * (float(num_rows) * features + float(num_rows) ** 2)
+
+
 def compared(plan: Plan) -> int:
     """The candidates the final fit compares, as the cost model counts them: the
     refinement's end, and the local stage's best where a local stage can run (the scale
@@ -488,6 +556,8 @@ def _final_path(num_rows: int, features: int, input_dim: int, solve: str, candid
     (:func:`variance_cost`)."""
     path, cost = final_path(num_rows, features, input_dim, solve, candidates, forced,
                             streamed)
+    if path == "cg":  # the cheaper of its routes, the features' or the rows'
+        return path, min(cg_route_costs(num_rows, features, input_dim, candidates, streamed))
     return path, cost + variance_cost(num_rows, features, path, streamed=streamed)
 
 
