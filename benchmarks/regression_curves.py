@@ -38,8 +38,10 @@ Writes ``docs/benchmarks/regression_curves.md`` and ``regression_curves_<set>.pn
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import platform
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -94,6 +96,7 @@ def default_budget(rows, name: str, num_rows: int) -> float:
 def run(args, records: Records) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    stamp = run_stamp()
     for name in args.sets:
         x, y = load_uci(name)
         xtr, ytr, xte, yte = standardised_split(x, y, 0)
@@ -108,14 +111,14 @@ def run(args, records: Records) -> None:
             if multiplier != 1.0:
                 params["time_budget"] = multiplier * default_budget(load_rows(records), name,
                                                                     xtr.shape[0])
-            record_fit(records, {"set": name, "split": 0, "method": method},
+            record_fit(records, {"set": name, "split": 0, "method": method, "run": stamp},
                        partial(rfgp_default, xtr, ytr, xte, **params), xtr, yte, args.threads,
                        method)
         for m in args.inducing if "sgpr" in args.methods else ():
             method = f"SGPR {m}"
             if (name, 0, method) in done:
                 continue
-            head = {"set": name, "split": 0, "method": method}
+            head = {"set": name, "split": 0, "method": method, "run": stamp}
             limit = LIMIT_SECONDS if m >= LIMITED_FROM else None
             try:
                 record_fit(records, head, partial(sgpr, xtr, ytr, xte, m, args.sgpr_steps,
@@ -126,12 +129,12 @@ def run(args, records: Records) -> None:
                                 "steps": stop.steps, "threads": args.threads})
                 print(f"{name:18s} {method:15s} unfinished: {stop}", flush=True)
         if "svgp" in args.methods and (name, 0, "SVGP") not in done:
-            record_fit(records, {"set": name, "split": 0, "method": "SVGP"},
+            record_fit(records, {"set": name, "split": 0, "method": "SVGP", "run": stamp},
                        partial(svgp, xtr, ytr, xte, max_epochs=args.svgp_epochs), xtr, yte,
                        args.threads, "SVGP")
         if ("exact" in args.methods and (name, 0, "exact GP") not in done
                 and xtr.shape[0] <= EXACT_MAX):
-            record_fit(records, {"set": name, "split": 0, "method": "exact GP"},
+            record_fit(records, {"set": name, "split": 0, "method": "exact GP", "run": stamp},
                        partial(exact_gp, xtr, ytr, xte, max_rows=args.exact_rows), xtr, yte,
                        args.threads, "exact GP")
 
@@ -212,6 +215,18 @@ def coverage_range(rows, low: float = 0.93, high: float = 0.97) -> list:
                                       f"**missed** ({', '.join(outside)})")]
 
 
+def run_stamp() -> dict:
+    """The run a record comes from: the UTC date and the source's commit (``None`` outside a
+    git checkout), so that a page of records re-run at different times says which is which."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "commit": commit or None}
+
+
 def write_markdown(rows, out: Path) -> None:
     unfinished = [r for r in rows if r.get("unfinished")]
     rows = [r for r in rows if not r.get("unfinished")]
@@ -225,8 +240,12 @@ def write_markdown(rows, out: Path) -> None:
              "SVGP: 500 inducing points until the ELBO stops improving; "
              "exact GP: L-BFGS hyperparameters on at most 10,000 rows and a float64 Cholesky "
              "posterior on all training rows (sets up to 20,000 training rows). Gaps: RMSE and "
-             "MNLL minus the exact GP's. All methods of a set ran in one process, one after the "
-             "other; times depend on the machine's load.", "",
+             "MNLL minus the exact GP's. Every point ran with this script on the same kind of "
+             "two-core machine, a set's methods one after the other in one process; points "
+             "re-run after a later change of rfgp carry their run's date and commit (the "
+             "`run` field of their records; the hand-written section below names the "
+             "re-runs), so a set's points need not all come from one process. Times depend "
+             "on the machine's load.", "",
              f"Records of `python benchmarks/regression_curves.py` "
              f"({platform.processor() or platform.machine()}, Python "
              f"{platform.python_version()}, torch {torch.__version__}, {threads} thread(s)).", ""]
