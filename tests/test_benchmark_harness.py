@@ -146,6 +146,17 @@ def test_curves_page_lists_an_unfinished_run_outside_its_table(harness, tmp_path
     assert "SGPR 2048: unfinished, its training forecast at 7200 s after 2 steps" in page
 
 
+def test_curves_records_carry_the_date_and_commit_of_their_run(harness):
+    import datetime
+    import re
+
+    curves = pytest.importorskip("regression_curves")
+    stamp = curves.run_stamp()
+    assert datetime.date.fromisoformat(stamp["date"]) <= datetime.datetime.now(
+        datetime.timezone.utc).date()
+    assert stamp["commit"] is None or re.fullmatch(r"[0-9a-f]{4,40}", stamp["commit"])
+
+
 def test_classification_benchmark_runs_adults_seeds_on_one_load(harness, tmp_path, monkeypatch):
     cls = pytest.importorskip("classification_uci")
     loads, fitted = [], []

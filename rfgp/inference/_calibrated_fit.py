@@ -412,7 +412,11 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     :math:`\sigma^2` maximise :math:`\log p(y)` of that :math:`D`-feature model; up to 8192
     features (``solve="weight"``) exactly, from one eigendecomposition of its Gram matrix,
     beyond (``solve="cg"``) from products with its features alone (a stochastic estimate whose
-    error is far below the evidence's curvature).
+    error is far below the evidence's curvature). With more features than rows, where the
+    rows' ``N x N`` matrix :math:`\Phi\Phi^\top` fits (:func:`rows_route_open`), the
+    ``"cg"`` path forms it once (``N^2 D / 2`` multiply-adds), calibrates on products with it
+    and fits by one Cholesky factor of :math:`I + c\,\Phi\Phi^\top`, the exact posterior of
+    the calibrated model, whose factor then serves every predictive variance.
 
     Args:
         kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from gpytorch.kernels import Kernel
@@ -178,11 +178,14 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve="weight")
     if iterative and data.options.calibrate:
-        forecast = _forecast_features(data, start, max(1, len(candidates)))
-        if forecast is not None and forecast.num_features < features:
+        forecast, weight = _forecast_final(data, start, max(1, len(candidates)))
+        if forecast is not None and (forecast.num_features < features or weight):
             features = forecast.num_features
+            if weight:  # the D x D solve costs less at this D than either CG route
+                iterative, path, forecast = False, "weight", None
             report.num_features = features
-            report.schedule = dataclasses.replace(data.schedule, num_features=features)
+            report.schedule = dataclasses.replace(data.schedule, num_features=features,
+                                                  final_solve=path)
     rows = False
     if iterative and data.options.calibrate and data.source is None:
         # The CG path's cheaper route at the final D: through the rows' N x N form or by
@@ -291,9 +294,22 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
     budget; the spectrum of the :data:`~rfgp.inference.CHOICE_FEATURES`-feature model, already
     factorised for the choice, shows it before the large model is built.
     """
+    return _forecast_final(data, choice, candidates)[0]
+
+
+def _forecast_final(data: RecipeData, choice: ScaleCalibration,
+                    candidates: int) -> Tuple[Optional[CGForecast], bool]:
+    """:func:`_forecast_features` with the paths weighed too: ``(forecast, weight)``, where
+    ``weight`` says that at the forecast's ``D`` the ``D x D`` solve (where ``solve="auto"``
+    allows it, :func:`~rfgp.inference.final_path`) costs no more than either CG route on the
+    forecast. Each size of the grid costs its cheapest path, so a CG ``D`` planned on the
+    cost model's constants is lowered to the weight space's largest where the forecast shows
+    the CG routes dear, not to a smaller CG model (power-plant at the default budget: the
+    re-plan's CG model near the rows was lowered to 5,120 features by CG, where the weight
+    space's 7,168 cost less)."""
     planned = data.schedule.num_features
     if choice.spectrum is None or data.options.num_features is not None:
-        return None
+        return None, False
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
     scale = choice.factor / choice.noise
     booked = max(final_path(n, planned, d, "cg", candidates, True, streamed)[1]
@@ -301,17 +317,22 @@ def _forecast_features(data: RecipeData, choice: ScaleCalibration,
                  data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
     forecasts: Dict[int, CGForecast] = {}
+    weight: Dict[int, bool] = {}
 
     def cost(size: int) -> float:
         forecasts[size] = forecast = forecast_cg(choice.spectrum, scale, n, size, d,
                                                  candidates, streamed)
-        return min(cg_route_costs(n, size, d, candidates, streamed, forecast,
-                                  choice.spectrum, scale))
+        by_cg = min(cg_route_costs(n, size, d, candidates, streamed, forecast,
+                                   choice.spectrum, scale))
+        path, by_weight = final_path(n, size, d, data.options.solve, candidates, False,
+                                     streamed)
+        weight[size] = path == "weight" and by_weight <= by_cg
+        return by_weight if weight[size] else by_cg
 
     smallest = min(planned, CHOICE_FEATURES)
     features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
     # Every size of the grid was forecast on the way (largest_features_within tries them all).
-    return forecasts[features]
+    return forecasts[features], weight[features]
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,

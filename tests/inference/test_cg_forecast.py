@@ -110,12 +110,12 @@ def test_less_noise_forecasts_more_iterations_and_more_cost():
     assert clean.multiply_adds > noisy.multiply_adds
 
 
-def _recipe_data(planned, spectrum_decay, noise):
+def _recipe_data(planned, spectrum_decay, noise, solve="cg"):
     lam = 1e4 * INDEX ** -spectrum_decay
     choice = ScaleCalibration("weight", 1.0, noise, spectrum=lam)
     data = SimpleNamespace(schedule=SimpleNamespace(num_features=planned, settings={}),
-                           options=SimpleNamespace(num_features=None), num_rows=20000,
-                           input_dim=8, source=None)
+                           options=SimpleNamespace(num_features=None, solve=solve),
+                           num_rows=20000, input_dim=8, source=None)
     return data, choice
 
 
@@ -145,13 +145,43 @@ def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_mo
     assert _forecast_features(data, choice, 1) is None
 
 
+def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
+    # Under solve="auto" a size the D x D solve allows costs its cheaper path: where the
+    # forecast makes CG dear (many iterations), the planned CG model is lowered to the weight
+    # space's largest affordable D, never below the CG-only answer (each size's cost can
+    # only fall), within the same booking.
+    from rfgp.inference import final_path
+    from rfgp.inference._fit_cost import MAX_WEIGHT_FEATURES
+    from rfgp.recipes._refit import _forecast_features, _forecast_final
+
+    data, choice = _recipe_data(16384, 1.0, 0.01)
+    cg_only = _forecast_features(data, choice, 1)
+    data, choice = _recipe_data(16384, 1.0, 0.01, solve="auto")
+    forecast, weight = _forecast_final(data, choice, 1)
+    assert weight and forecast.num_features <= MAX_WEIGHT_FEATURES
+    assert forecast.num_features >= cg_only.num_features
+    path, cost = final_path(20000, forecast.num_features, 8, "auto")
+    assert path == "weight"
+    assert cost <= iterative_fit_cost(20000, 16384, 8) + variance_cost_of(20000, 16384)
+    # a noisy, fast-decaying spectrum keeps the planned CG model
+    data, choice = _recipe_data(16384, 2.0, 10.0, solve="auto")
+    forecast, weight = _forecast_final(data, choice, 1)
+    assert not weight and forecast.num_features == 16384
+
+
+def variance_cost_of(rows, features):
+    from rfgp.recipes._refit import variance_cost
+
+    return variance_cost(rows, features, "cg")
+
+
 def test_fit_auto_fits_the_features_the_forecast_leaves(monkeypatch):
     import rfgp.recipes._refit as refit
 
     def lowered(data, choice, candidates):
-        return CGForecast(512, 512, 10.0, 2.0, 1.0)
+        return CGForecast(512, 512, 10.0, 2.0, 1.0), False
 
-    monkeypatch.setattr(refit, "_forecast_features", lowered)
+    monkeypatch.setattr(refit, "_forecast_final", lowered)
     g = gen(3)
     x = torch.rand(1200, 2, generator=g, dtype=DT)
     y = torch.sin(6 * x[:, 0]) + 0.05 * torch.randn(1200, generator=g, dtype=DT)
