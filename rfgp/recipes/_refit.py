@@ -303,10 +303,10 @@ def _forecast_final(data: RecipeData, choice: ScaleCalibration,
     ``weight`` says that at the forecast's ``D`` the ``D x D`` solve (where ``solve="auto"``
     allows it, :func:`~rfgp.inference.final_path`) costs no more than either CG route on the
     forecast. Each size of the grid costs its cheapest path, so a CG ``D`` planned on the
-    cost model's constants is lowered to the weight space's largest where the forecast shows
-    the CG routes dear, not to a smaller CG model (power-plant at the default budget: the
-    re-plan's CG model near the rows was lowered to 5,120 features by CG, where the weight
-    space's 7,168 cost less)."""
+    cost model's constants is lowered, where the forecast shows the CG routes dear, to the
+    largest ``D`` on either path, and fitted on the cheaper one (on 20,000 rows of 8 inputs
+    with a slowly decaying spectrum and little noise, 8,192 features cost 2.1e12
+    multiply-adds by CG on the forecast and 1.6e12 in weight space)."""
     planned = data.schedule.num_features
     if choice.spectrum is None or data.options.num_features is not None:
         return None, False
