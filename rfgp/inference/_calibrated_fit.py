@@ -50,11 +50,11 @@ from rfgp.inference._calibration import (
     maximize_scale_evidence,
     spectral_statistics,
 )
-from rfgp.inference._cg_rows import RowsFit, row_form_open, row_precision_holds
+from rfgp.inference._cg_rows import RowsFit, row_precision_holds
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
-from rfgp.inference._fit_cost import feature_cache_bytes, final_path
+from rfgp.inference._fit_cost import feature_cache_bytes, final_path, rows_route
 from rfgp.inference._iterative import CGSettings
 from rfgp.inference._krylov_calibration import (
     KrylovCalibration,
@@ -176,11 +176,11 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 def rows_route_open(x: Tensor, kernel: Kernel) -> bool:
     """Whether the ``"cg"`` path calibrates and fits ``kernel``'s features on ``x`` through
     the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_calibration.calibrate_by_rows`,
-    :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs and the rows' form open
-    (:func:`~rfgp.inference._cg_rows.row_form_open`: more real features than rows, all of
-    them kept, ``N x N`` matrices within the memory)."""
+    :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs and the rows' route open
+    (:func:`~rfgp.inference._fit_cost.rows_route`: more real features than rows, ``N x N``
+    matrices within the memory; features beyond the cache are computed again)."""
     width = FeatureMap(feature_kernel(kernel)).num_real_features
-    return x.dtype == torch.float64 and row_form_open(x.shape[0], width, device=x.device)
+    return x.dtype == torch.float64 and rows_route(x.shape[0], width, device=x.device)
 
 
 def _calibrate_by_rows(kernel: Kernel, x: Tensor, y: Tensor, noise: float, factor: float,

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from rfgp.inference._cg_variance import _real_gram, _squared_norms
-from rfgp.inference._fit_cost import rows_route
+from rfgp.inference._fit_cost import feature_cache_bytes, rows_route
 from rfgp.inference._linalg import try_cholesky
 
 __all__ = ["RowDenseInverse", "RowsFit", "fit_by_rows", "row_form_open", "row_precision_holds"]
@@ -129,17 +129,19 @@ def row_form_open(rows: int, width: int, largest: Optional[float] = None,
     r"""Whether a CG fit of ``rows`` rows and ``width`` features will find the rows' form
     open, forecast before the fit: the memory's rule of
     :func:`~rfgp.inference._fit_cost.rows_route` (more features than rows, the rows in
-    memory, every feature kept as a calibrated fit keeps them, ``K`` and its factor within a
-    quarter of the memory), and, where the top eigenvalue of :math:`B - I` is forecast
-    (``largest``), the precision (:func:`row_precision_holds`); ``device``: the CPU by
-    default.
+    memory, ``K`` and its factor within a quarter of the memory), every feature kept as a
+    calibrated fit keeps them (within :func:`~rfgp.inference._fit_cost.feature_cache_bytes`),
+    and, where the top eigenvalue of :math:`B - I` is forecast (``largest``), the precision
+    (:func:`row_precision_holds`); ``device``: the CPU by default.
 
     Example:
         >>> row_form_open(3000, 6144), row_form_open(3000, 2048), row_form_open(3000, 6144, 1e7)
         (True, False, False)
     """
+    device = torch.device("cpu") if device is None else device
     item = torch.empty((), dtype=dtype).element_size()
     return (rows_route(rows, width, streamed, device, item)
+            and rows * width * item <= feature_cache_bytes(device)
             and (largest is None or row_precision_holds(largest, dtype, tolerance)))
 
 
@@ -175,7 +177,8 @@ def fit_by_rows(operator, given: RowsFit, groups) -> Optional[Tuple[Tensor, RowD
     every variance (:class:`RowDenseInverse`, the dense route the first prediction would
     have built from the same ``K``). ``None`` where this form does not apply: features in
     complex or multi-output form, a noise per row, more than one noise group, a distributed
-    or streamed operator, a ``G`` of other rows, or a failed factorisation.
+    or streamed operator, a ``G`` of other rows, or a failed factorisation. Features the
+    operator does not keep are computed again for the variances' products.
 
     Args:
         operator: the fit's :class:`~rfgp.inference._feature_operator.FeatureOperator`, its

@@ -194,8 +194,10 @@ class FeatureOperator:
         self._cache, self._cached = {}, 0
 
     # ------------------------------------------------------------------ passes
-    def chunks(self) -> Iterator[Chunk]:
-        """The training chunks with their features (computed or cached)."""
+    def chunks(self, fresh: bool = False) -> Iterator[Chunk]:
+        """The training chunks with their features (computed or cached). A chunk's features
+        that are not cached are computed into one buffer shared by the pass, valid until the
+        next chunk's; with ``fresh`` into storage of their own, which a caller may hold."""
         if self.detached:
             raise RuntimeError(
                 "this solve='cg' fit was loaded from a checkpoint without its training rows (a "
@@ -209,10 +211,10 @@ class FeatureOperator:
             for start in range(0, x.shape[0], self.chunk):
                 stop = min(start + self.chunk, x.shape[0])
                 rows = slice(start * p, stop * p)
-                feats = self._features(index, start, x[start:stop].to(feature_dtype))
+                feats = self._features(index, start, x[start:stop].to(feature_dtype), fresh)
                 yield feats, targets[rows], None if noise is None else noise[rows]
 
-    def _features(self, index: int, start: int, x: Tensor) -> Tensor:
+    def _features(self, index: int, start: int, x: Tensor, fresh: bool = False) -> Tensor:
         cached = self._cache.get((index, start))
         if cached is not None:
             return cached.to(self.vector_dtype)
@@ -220,7 +222,7 @@ class FeatureOperator:
         size = x.shape[0] * fm.outputs_per_input * fm.num_real_features * x.element_size()
         keep = self._cached + size <= self.cache_bytes
         with torch.no_grad():
-            if keep or fm.is_complex or fm.outputs_per_input != 1:
+            if keep or fresh or fm.is_complex or fm.outputs_per_input != 1:
                 rows = fm.rows(x)
             else:
                 # A chunk dropped after use is written into the pass's buffer: a fresh N x D
@@ -312,18 +314,22 @@ class FeatureOperator:
         chunks = sum(math.ceil(x.shape[0] / self.chunk) for x, _, _ in self.data)
         return chunks > 0 and len(self._cache) == chunks
 
-    def _row_weights(self, column: int) -> List[Tuple[Tensor, Tensor]]:
-        """Per chunk: its features and :math:`s_i^{-1/2}` ``(n,)`` for target ``column``."""
+    def _row_weights(self, column: int, fresh: bool = False) -> Iterator[Tuple[Tensor, Tensor]]:
+        """Per chunk, lazily: its features and :math:`s_i^{-1/2}` ``(n,)`` for target
+        ``column`` (``fresh``: as in :meth:`chunks`)."""
         index = torch.tensor([column], dtype=torch.long, device=self.device)
-        return [(feats, self.inverse_noise(noise, index, feats.shape[0])[:, 0].sqrt())
-                for feats, _, noise in self.chunks()]
+        for feats, _, noise in self.chunks(fresh):
+            yield feats, self.inverse_noise(noise, index, feats.shape[0])[:, 0].sqrt()
 
     def row_matrix(self, column: int) -> Tensor:
         r"""``(N, N)`` :math:`K = I + \Psi\Psi^H`, :math:`\Psi = S^{-1/2}\Phi` with the noise
         of target ``column``: the rows' form of :math:`B = I + \Psi^H\Psi` (the same
-        eigenvalues but for the ones). Formed block by block from the kept features
-        (:meth:`holds_all`, which the caller has checked, with ``N^2`` numbers against the
-        memory), in :math:`N^2 W / 2` multiply-adds: a block below the diagonal is mirrored.
+        eigenvalues but for the ones). Formed block by block (the caller has checked its
+        ``N^2`` numbers against the memory), in :math:`N^2 W / 2` multiply-adds: a block
+        below the diagonal is mirrored. Features that are not kept are computed again for
+        each block row, about ``C / 2`` times for ``C`` chunks (a fraction
+        :math:`C (d + 4) / N` of the products), so that at most two chunks' are held beside
+        the kept ones.
 
         Example:
             >>> from rfgp.kernels import FourierFeatureKernel
@@ -338,20 +344,22 @@ class FeatureOperator:
             >>> op.holds_all(), torch.allclose(op.row_matrix(0), k)
             (True, True)
         """
-        parts = self._row_weights(column)
-        n = sum(feats.shape[0] for feats, _ in parts)
+        n = self.num_rows
         out = torch.empty(n, n, dtype=self.vector_dtype, device=self.device)
-        starts = [0]
-        for feats, _ in parts:
-            starts.append(starts[-1] + feats.shape[0])
-        for i, (fi, wi) in enumerate(parts):
-            for j in range(i + 1):
-                fj, wj = parts[j]
+        top = 0
+        for fi, wi in self._row_weights(column, fresh=True):
+            rows_i = slice(top, top + fi.shape[0])
+            left = 0
+            for fj, wj in self._row_weights(column):
+                if left > top:
+                    break
+                rows_j = slice(left, left + fj.shape[0])
                 block = (fi @ fj.transpose(0, 1).conj()) * wi.unsqueeze(1) * wj.unsqueeze(0)
-                out[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
-                if j < i:
-                    out[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = (
-                        block.transpose(0, 1).conj())
+                out[rows_i, rows_j] = block
+                if left < top:
+                    out[rows_j, rows_i] = block.transpose(0, 1).conj()
+                left += fj.shape[0]
+            top += fi.shape[0]
         out.diagonal().add_(1.0)
         return out
 
@@ -359,6 +367,7 @@ class FeatureOperator:
         r"""``(N, M)`` :math:`\Psi Q^H` for query rows ``Q`` ``(M, W)`` (differentiable in
         them), :math:`\Psi` as in :meth:`row_matrix`, in ``rows``' dtype."""
         q = rows.transpose(0, 1).conj()
+        # each chunk's product before the next chunk's features (a shared buffer where not kept)
         return torch.cat([(feats.to(rows.dtype) @ q) * w.to(q.real.dtype).unsqueeze(1)
                           for feats, w in self._row_weights(column)])
 

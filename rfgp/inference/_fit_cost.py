@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from rfgp._data import DEFAULT_CHUNK_ROWS
 from rfgp._validation import check_int, check_real
 from rfgp.inference._linalg import available_memory
 
@@ -421,12 +422,13 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
 
 def rows_route(num_rows: int, num_features: int, streamed: bool = False,
                device: Optional[torch.device] = None, item: int = 8) -> bool:
-    r"""Whether a CG fit of ``num_rows`` rows and ``num_features`` features takes the rows'
-    ``N x N`` form (:func:`rows_fit_cost`; the calibration's and the variances' dense route,
-    :func:`~rfgp.inference._cg_rows.row_form_open`): more features than rows, the rows in
-    memory (not ``streamed``), every feature kept (``N D`` numbers of ``item`` bytes within
-    :func:`feature_cache_bytes`), and the ``N x N`` matrix and its factor within a quarter of
-    the memory (``device``: the CPU by default).
+    r"""Whether a CG fit of ``num_rows`` rows and ``num_features`` features may take the rows'
+    ``N x N`` form (:func:`rows_fit_cost`): more features than rows, the rows in memory (not
+    ``streamed``), and the ``N x N`` matrix and its factor (numbers of ``item`` bytes) within
+    a quarter of the memory (``device``: the CPU by default). The features need not all be
+    kept: those beyond :func:`feature_cache_bytes` are computed again where the matrix and the
+    variances' products need them. (The features' route forms the rows' matrix for its
+    variances only from kept features, :func:`~rfgp.inference._cg_rows.row_form_open`.)
 
     Example:
         >>> rows_route(3000, 6144), rows_route(3000, 2048), rows_route(3000, 6144, True)
@@ -434,12 +436,12 @@ def rows_route(num_rows: int, num_features: int, streamed: bool = False,
     """
     device = torch.device("cpu") if device is None else device
     n, m = int(num_rows), int(num_features)
-    return (not streamed and n < m and 2 * n * n * item <= available_memory(device) // 4
-            and n * m * item <= feature_cache_bytes(device))
+    return not streamed and n < m and 2 * n * n * item <= available_memory(device) // 4
 
 
 def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: int = 1,
-                  iterations: float = CG_ITERATIONS, rank: int = SKETCH_RANK) -> float:
+                  iterations: float = CG_ITERATIONS, rank: int = SKETCH_RANK,
+                  cache_bytes: Optional[float] = None) -> float:
     r"""Multiply-adds of the calibrated final fit on the CG path through the rows' form
     (:func:`rows_route`): the choice calibrations as in :func:`iterative_fit_cost`; the
     features once, kept (:math:`N D (d + 4)`); :math:`G = \Phi\Phi^\top`
@@ -462,7 +464,9 @@ def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: 
     rows at 21,504 features :math:`G` took 33.5 s and the Krylov calibration 28.4 s at rank
     1,024 and 139 and 91 iterations, where the CG path's calibration and fit took 99.7 s).
     The factor then serves the first variances, which cost only their query rows
-    (:func:`~rfgp.recipes._refit.variance_cost`).
+    (:func:`~rfgp.recipes._refit.variance_cost`). Features beyond ``cache_bytes`` (default
+    :func:`feature_cache_bytes`) are computed again for each block row of :math:`G`, about
+    :math:`(C + 1) / 2` times for :math:`C` chunks of rows.
 
     Example:
         >>> forming_g = 12000**2 * 32768 / 2 / DENSE_SPEEDUP  # most of it, at 32,768 features
@@ -478,7 +482,11 @@ def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: 
     dense = (n * n * m / 2 + n**3 / 3) / DENSE_SPEEDUP
     krylov = (n * n * (rank + 8 + columns + PASS_TRAFFIC / 2 * passes)
               + n * (8 * rank**2 + 2 * subspace**2))
-    return choice + n * m * (2 * input_dim + 9) + dense + krylov
+    held = feature_cache_bytes(torch.device("cpu")) if cache_bytes is None else cache_bytes
+    share = min(1.0, held / (8.0 * n * m))
+    blocks = math.ceil(n / DEFAULT_CHUNK_ROWS)
+    again = (1.0 - share) * (blocks + 1) / 2 * n * m * (input_dim + 4)
+    return choice + n * m * (2 * input_dim + 9) + again + dense + krylov
 
 
 def row_capped_features(num_rows: int) -> int:

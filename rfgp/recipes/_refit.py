@@ -63,8 +63,8 @@ from rfgp.inference import (
 )
 from rfgp.inference._cg_dense import dense_fits, serving_cost
 from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
-from rfgp.inference._cg_rows import row_form_open
-from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, rows_fit_cost
+from rfgp.inference._cg_rows import row_form_open, row_precision_holds
+from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, rows_fit_cost, rows_route
 from rfgp.inference._iterative import CGSettings
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
@@ -506,8 +506,10 @@ def cg_route_costs(num_rows: int, features: int, input_dim: int, candidates: int
     r"""``(features, rows)``: multiply-adds of the calibrated CG fit and its first variances
     by its two routes. By the features: the Krylov calibration and CG fit on products with
     :math:`\Phi` (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`) and the variances'
-    cheaper form (:func:`variance_cost`). Through the rows, where their form is open
-    (:func:`~rfgp.inference._cg_rows.row_form_open`, else ``inf``): the calibration on
+    cheaper form (:func:`variance_cost`). Through the rows, where their route is open
+    (:func:`~rfgp.inference._fit_cost.rows_route` and the variances' precision on the
+    forecast's top eigenvalue, :func:`~rfgp.inference._cg_rows.row_precision_holds`; else
+    ``inf``): the calibration on
     products with :math:`G = \Phi\Phi^\top` and one Cholesky factor for the fit
     (:func:`~rfgp.inference._fit_cost.rows_fit_cost`), which then serves the variances'
     query rows (:func:`rows_query_cost`). The rows' route costs ``N^2 D / 2`` to form
@@ -536,8 +538,9 @@ def cg_route_costs(num_rows: int, features: int, input_dim: int, candidates: int
         held = spectrum_at(eigenvalues, scale, features)[:forecast.rank]
         by_features = forecast.multiply_adds + variance_cost(n, features, "cg", held, streamed)
         iterations, rank = forecast.iterations, forecast.rank
-    largest = float(held.max()) if held is not None and held.numel() else None
-    if not row_form_open(n, features, largest, streamed, CGSettings.variance_tolerance):
+    largest = float(held.max()) if held is not None and held.numel() else 0.0
+    if not (rows_route(n, features, streamed)
+            and row_precision_holds(largest, torch.float64, CGSettings.variance_tolerance)):
         return by_features, math.inf
     by_rows = (rows_fit_cost(n, features, input_dim, candidates, iterations, rank)
                + rows_query_cost(n, features))

@@ -170,6 +170,28 @@ def test_fit_by_rows_declines_what_its_single_noise_form_cannot_hold():
     torch.testing.assert_close(fitted[0], torch.linalg.solve(b, phi.T @ y / 0.1))
 
 
+@pytest.mark.parametrize("cache_bytes", [0, 5 * 64 * 8, 1 << 20])
+def test_the_rows_products_need_not_keep_the_features(cache_bytes):
+    # K = I + Psi Psi^T and Psi Q^T from an operator that keeps none, some or all of its
+    # features (those not kept are computed again, into one shared buffer): the same numbers,
+    # so the fit through the rows and its variances serve where the features exceed the cache.
+    fm = FeatureMap(FourierFeatureKernel(64, seed=0).double())
+    x = torch.rand(13, 2, generator=gen(6), dtype=DT)
+    y = torch.randn(13, 1, generator=gen(7), dtype=DT)
+    op = FeatureOperator(fm, [(x, y, None)], False, DT, chunk=4, cache_bytes=cache_bytes)
+    op.column_noise = torch.tensor([0.5], dtype=DT)
+    phi = fm.rows(x)
+    with torch.no_grad():
+        torch.testing.assert_close(op.row_matrix(0), torch.eye(13, dtype=DT) + phi @ phi.T / 0.5)
+        q = torch.randn(3, 64, generator=gen(8), dtype=DT)
+        torch.testing.assert_close(op.row_products(q, 0), phi @ q.T / 0.5**0.5)
+        weights, inverse = fit_by_rows(op, RowsFit(phi @ phi.T), op.noise_groups())
+    b = torch.eye(64, dtype=DT) + phi.T @ phi / 0.5
+    torch.testing.assert_close(weights, torch.linalg.solve(b, phi.T @ y / 0.5))
+    torch.testing.assert_close(inverse.variances(q),
+                               (q * torch.linalg.solve(b, q.T).T).sum(-1))
+
+
 def test_the_features_route_is_kept_where_the_rows_are_not_fewer():
     kernel, x, y = _problem(n=600, num_features=256, seed=15)  # 256 features, 600 rows
     assert not rows_route_open(x, kernel)
