@@ -176,11 +176,13 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 def rows_route_open(x: Tensor, kernel: Kernel) -> bool:
     """Whether the ``"cg"`` path calibrates and fits ``kernel``'s features on ``x`` through
     the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_calibration.calibrate_by_rows`,
-    :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs and the rows' route open
+    :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs, real features of one
+    output per input (the fit through the rows takes no other), and the rows' route open
     (:func:`~rfgp.inference._fit_cost.rows_route`: more real features than rows, ``N x N``
     matrices within the memory; features beyond the cache are computed again)."""
-    width = FeatureMap(feature_kernel(kernel)).num_real_features
-    return x.dtype == torch.float64 and rows_route(x.shape[0], width, device=x.device)
+    fm = FeatureMap(feature_kernel(kernel))
+    return (x.dtype == torch.float64 and not fm.is_complex and fm.outputs_per_input == 1
+            and rows_route(x.shape[0], fm.num_real_features, device=x.device))
 
 
 def _calibrate_by_rows(kernel: Kernel, x: Tensor, y: Tensor, noise: float, factor: float,

@@ -197,6 +197,11 @@ def test_the_features_route_is_kept_where_the_rows_are_not_fewer():
     assert not rows_route_open(x, kernel)
     calibration = calibrate_scales(kernel, x, y, 0.1, path="cg")
     assert not isinstance(calibration.reuse, RowsFit)
+    # nor for features of several outputs per input, whose rows' matrix is N p x N p
+    from rfgp.kernels import CurlFreeFeatureKernel
+
+    vector = ScaleKernel(CurlFreeFeatureKernel(512, input_dim=2, seed=0)).double()
+    assert not rows_route_open(x[:100], vector)
     # and a caller may refuse the rows where they are open
     kernel, x, y = _problem(seed=16)
     calibration = calibrate_scales(kernel, x, y, 0.1, path="cg", rows=False)
