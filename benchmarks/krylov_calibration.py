@@ -56,7 +56,7 @@ from rfgp.inference._calibration import (  # noqa: E402
     maximize_scale_evidence,
 )
 from rfgp.inference._cg_solver import FeatureOperator  # noqa: E402
-from rfgp.inference._krylov_calibration import (  # noqa: E402
+from rfgp.inference._krylov_features import (  # noqa: E402
     calibrate_by_krylov,
     calibrate_by_rows,
 )

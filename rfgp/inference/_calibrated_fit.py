@@ -12,7 +12,7 @@ outputscale and the noise :math:`\sigma^2` that maximise the evidence of that mo
   (:func:`~rfgp.inference._calibration.maximize_scale_evidence`); the fit rescales that Gram
   matrix instead of forming it again.
 * ``"cg"`` (beyond the ``D x D`` path): from products with the features alone, by the Krylov
-  calibration (:func:`~rfgp.inference._krylov_calibration.calibrate_by_krylov`: one Galerkin
+  calibration (:func:`~rfgp.inference._krylov_features.calibrate_by_krylov`: one Galerkin
   subspace of preconditioned CG runs serves every scale); the fit's conjugate gradients start
   from the calibration's Nyström preconditioner, which is that of the fit's matrix at the root.
 
@@ -56,8 +56,8 @@ from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
 from rfgp.inference._fit_cost import feature_cache_bytes, final_path, rows_route
 from rfgp.inference._iterative import CGSettings
-from rfgp.inference._krylov_calibration import (
-    KrylovCalibration,
+from rfgp.inference._krylov_calibration import KrylovCalibration
+from rfgp.inference._krylov_features import (
     calibrate_by_krylov,
     calibrate_by_rows,
     calibrate_operator_by_krylov,
@@ -175,7 +175,7 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
 
 def rows_route_open(x: Tensor, kernel: Kernel) -> bool:
     """Whether the ``"cg"`` path calibrates and fits ``kernel``'s features on ``x`` through
-    the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_calibration.calibrate_by_rows`,
+    the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_features.calibrate_by_rows`,
     :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs, real features of one
     output per input (the fit through the rows takes no other), and the rows' route open
     (:func:`~rfgp.inference._fit_cost.rows_route`: more real features than rows, ``N x N``
@@ -239,7 +239,7 @@ def fit_calibrated(kernel: Kernel, x: Tensor, y: Tensor, calibration: ScaleCalib
     with torch.no_grad():
         reuse = calibration.reuse
         if isinstance(reuse, RowsFit):
-            reuse.ratio = kernel_outputscale(kernel) / reuse.outputscale
+            reuse.gram.mul_(kernel_outputscale(kernel) / reuse.outputscale)
         if isinstance(reuse, tuple):
             gram, rhs, outputscale = reuse
             ratio = kernel_outputscale(kernel) / outputscale
@@ -279,7 +279,7 @@ def calibrate_source_scales(kernel: Kernel, source: DataSource, noise: float, *,
       ``N x N`` form is used (nothing kept). Memory ``O(chunk * D + D^2)``, one pass.
     * ``"cg"``: the Krylov calibration from ``factor`` (probes and sketch drawn from ``seed``)
       with every product :math:`G V` one pass over the rows, never held
-      (:func:`~rfgp.inference._krylov_calibration.calibrate_operator_by_krylov` on
+      (:func:`~rfgp.inference._krylov_features.calibrate_operator_by_krylov` on
       :class:`~rfgp.inference._feature_operator.SourceRows`); its preconditioner is kept for
       the fit. Memory ``O(chunk * D + D k)`` for the ``k`` columns of the sketch and runs.
     """

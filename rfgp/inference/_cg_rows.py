@@ -152,22 +152,20 @@ class RowsFit:
     handed to the CG fit of the same features (:func:`fit_by_rows`), which consumes it.
 
     Attributes:
-        gram: ``(N, N)`` :math:`G` at the calibration's kernel outputscale.
-        outputscale: that outputscale.
-        ratio: the fit's outputscale over the calibration's (the fit's features are
-            :math:`\sqrt{\mathrm{ratio}}` times the calibration's; set by the fit).
+        gram: ``(N, N)`` :math:`G` at the kernel outputscale ``outputscale`` (the fit scales it
+            in place to its own, :func:`~rfgp.inference._calibrated_fit.fit_calibrated`).
+        outputscale: the outputscale ``gram`` is at.
     """
 
     gram: Optional[Tensor]
     outputscale: float = 1.0
-    ratio: float = 1.0
 
 
 def fit_by_rows(operator, given: RowsFit, groups) -> Optional[Tuple[Tensor, RowDenseInverse]]:
     r"""The mean weights of the CG fit and its variances' :class:`RowDenseInverse`, from the
-    calibration's :math:`G = \Phi\Phi^\top` by one Cholesky factorisation: with one noise
-    :math:`s` for every row and column, :math:`K = I + \mathrm{ratio}\,G / s = L L^\top`
-    and by Woodbury's identity
+    calibration's :math:`G = \Phi\Phi^\top` (of the fit's features) by one Cholesky
+    factorisation: with one noise :math:`s` for every row and column,
+    :math:`K = I + G / s = L L^\top` and by Woodbury's identity
 
     .. math::
         w = B^{-1}\Phi^\top S^{-1} y = \Phi^\top K^{-1} y / s,
@@ -183,7 +181,8 @@ def fit_by_rows(operator, given: RowsFit, groups) -> Optional[Tuple[Tensor, RowD
     Args:
         operator: the fit's :class:`~rfgp.inference._feature_operator.FeatureOperator`, its
             column noise set.
-        given: the calibration's :class:`RowsFit` (its ``gram`` is scaled in place).
+        given: the calibration's :class:`RowsFit`, whose ``gram`` this takes over (it is
+            dropped from ``given`` whether the fit goes through it or not).
         groups: the operator's noise groups.
 
     Returns:
@@ -205,23 +204,19 @@ def fit_by_rows(operator, given: RowsFit, groups) -> Optional[Tuple[Tensor, RowD
         >>> torch.allclose(weights, torch.linalg.solve(b, phi.T @ y / 0.1))
         True
     """
+    gram, given.gram = given.gram, None  # N^2 numbers: not kept past this call
     fm = operator.feature_map
     n = operator.num_rows
+    # One noise group of column noise (None: a noise per row) is one s for every entry.
     if (operator.complex_solve or fm.is_complex or fm.outputs_per_input != 1
             or operator.distributed or operator.streamed or len(groups) != 1
-            or operator.column_noise is None or given.gram.shape != (n, n)
-            or any(noise is not None for _, _, noise in operator.data)):
+            or operator.column_noise is None or gram.shape != (n, n)):
         return None
-    noise = operator.column_noise.to(torch.float64)
-    if not bool((noise == noise[0]).all()) or not float(noise[0]) > 0.0:
-        return None
-    s = float(noise[0])
+    s = float(operator.column_noise[0])
     with torch.no_grad():
-        matrix = given.gram.mul_(given.ratio / s)
-        matrix.diagonal().add_(1.0)
-        factor = try_cholesky(matrix)
-        del matrix
-        given.gram = None
+        gram.div_(s).diagonal().add_(1.0)
+        factor = try_cholesky(gram)
+        del gram
         if factor is None:
             return None
         targets = torch.cat([t.to(torch.float64) for _, t, _ in operator.data])

@@ -215,8 +215,6 @@ class ConjugateGradientSolver(Solver):
         with torch.no_grad():
             self._groups = op.noise_groups()
             fitted = None if given_rows is None else fit_by_rows(op, given_rows, self._groups)
-            if given_rows is not None:
-                given_rows.gram = None  # N^2 numbers: not kept through a CG fit
             if fitted is not None:
                 # The rows' factor gives the mean and serves the variances: no CG, no sketch.
                 self.mean_weights, self.routes.dense[0] = fitted

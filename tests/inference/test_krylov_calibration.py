@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rfgp.inference._calibration import feature_model_evidence, maximize_scale_evidence
-from rfgp.inference._krylov_calibration import calibrate_by_krylov, krylov_scale_calibration
+from rfgp.inference._krylov_calibration import krylov_scale_calibration
+from rfgp.inference._krylov_features import calibrate_by_krylov
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
 

@@ -20,7 +20,8 @@ from rfgp.inference._cg_rows import RowsFit, fit_by_rows
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator
 from rfgp.inference._fit_cost import iterative_fit_cost, rows_fit_cost, rows_route
-from rfgp.inference._krylov_calibration import calibrate_by_rows, krylov_scale_calibration
+from rfgp.inference._krylov_calibration import krylov_scale_calibration
+from rfgp.inference._krylov_features import calibrate_by_rows
 from rfgp.kernels import FourierFeatureKernel
 from rfgp.recipes._refit import cg_route_costs
 from tests.helpers import DT, gen

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rfgp.inference._calibration import feature_model_evidence
-from rfgp.inference._krylov_calibration import calibrate_by_krylov
+from rfgp.inference._krylov_features import calibrate_by_krylov
 from rfgp.recipes import FitReport, RegressionOptions, fit_auto
 from rfgp.recipes._start import make_ard_kernel
 from tests.helpers import DT, gen
