@@ -137,7 +137,7 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
         rows: on the ``"cg"`` path, whether to calibrate (and with ``keep`` to fit) through
             the rows' ``N x N`` form where it is open (:func:`rows_route_open`); ``None``:
             wherever it is open. The recipe weighs the two routes' costs
-            (:func:`~rfgp.recipes._refit.cg_route_costs`).
+            (:func:`~rfgp.recipes._final_cost.cg_route_costs`).
 
     Returns:
         A :class:`ScaleCalibration`.

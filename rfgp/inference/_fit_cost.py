@@ -464,7 +464,7 @@ def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: 
     rows at 21,504 features :math:`G` took 33.5 s and the Krylov calibration 28.4 s at rank
     1,024 and 139 and 91 iterations, where the CG path's calibration and fit took 99.7 s).
     The factor then serves the first variances, which cost only their query rows
-    (:func:`~rfgp.recipes._refit.variance_cost`). Features beyond ``cache_bytes`` (default
+    (:func:`~rfgp.recipes._final_cost.variance_cost`). Features beyond ``cache_bytes`` (default
     :func:`feature_cache_bytes`) are computed again for each block row of :math:`G`, about
     :math:`(C + 1) / 2` times for :math:`C` chunks of rows.
 

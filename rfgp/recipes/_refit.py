@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 from gpytorch.kernels import Kernel
@@ -61,11 +61,7 @@ from rfgp.inference import (
     largest_features_within,
     row_capped_features,
 )
-from rfgp.inference._cg_dense import dense_fits, serving_cost
-from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
-from rfgp.inference._cg_rows import row_form_open, row_precision_holds
-from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, rows_fit_cost, rows_route
-from rfgp.inference._iterative import CGSettings
+from rfgp.recipes._final_cost import cg_route_costs, forecast_final
 from rfgp.recipes._laplace import hessian_cost, lengthscale_mixture_kernel
 from rfgp.recipes._local import local_possible
 from rfgp.recipes._scale import (
@@ -78,17 +74,13 @@ from rfgp.recipes._schedule import FINAL_SHARE, MIN_FEATURES, Plan
 from rfgp.recipes._stage import RecipeData, Searched, Stage
 from rfgp.recipes._start import make_ard_kernel, set_hyperparameters
 
-__all__ = ["PREDICTED_ROWS", "REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share",
-           "refit", "replan_final", "variance_cost"]
+__all__ = ["REFIT", "REPLAN_SHARE", "plan_final_growth", "plan_final_share", "refit",
+           "replan_final"]
 
 #: Share of the seconds left when the final fit starts that its re-planned ``D`` may take
 #: (:func:`replan_final`): the final fit's cost is predicted less surely than the search's
 #: (the CG iterations grow with the signal-to-noise ratio).
 REPLAN_SHARE = 0.9
-#: The rows of the prediction whose variances the final fit's cost books (on the CG path,
-#: :func:`variance_cost`): a held-out tenth of the rows, at most this many (beyond, a
-#: prediction's cost per row is its own, like its mean's).
-PREDICTED_ROWS = 2048
 
 
 def _final_kernel(data: RecipeData, draws: Optional[Tensor], centre: Tensor,
@@ -177,26 +169,19 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
             report.num_features = features
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve="weight")
+    route = "features"
     if iterative and data.options.calibrate:
-        forecast, weight = _forecast_final(data, start, max(1, len(candidates)))
-        if forecast is not None and (forecast.num_features < features or weight):
+        # The final D and its cheapest path and route (on the choice model's forecast where
+        # there is one): the D x D solve, or CG through the rows' N x N form or the features.
+        forecast, route = forecast_final(data, start, max(1, len(candidates)))
+        if forecast is not None and (forecast.num_features < features or route == "weight"):
             features = forecast.num_features
-            if weight:  # the D x D solve costs less at this D than either CG route
+            if route == "weight":
                 iterative, path, forecast = False, "weight", None
             report.num_features = features
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve=path)
-    rows = False
-    if iterative and data.options.calibrate and data.source is None:
-        # The CG path's cheaper route at the final D: through the rows' N x N form or by
-        # products with the features (on the choice model's forecast where there is one).
-        costs = (cg_route_costs(data.num_rows, features, data.input_dim,
-                                max(1, len(candidates)), False, forecast, start.spectrum,
-                                start.factor / start.noise)
-                 if forecast is not None and start.spectrum is not None else
-                 cg_route_costs(data.num_rows, features, data.input_dim,
-                                max(1, len(candidates))))
-        rows = costs[1] < costs[0]
+    rows = route == "rows"
     if choice and data.options.calibrate:
         # The chosen lengthscales' D-feature model calibrates itself: in weight space from
         # the search's scales as every candidate did (the fewer features' outputscale
@@ -228,7 +213,7 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
                 "standard_error": result.standard_error,
                 "gradient_standard_error": result.gradient_standard_error,
                 "rank": result.rank, "iterations": result.iterations,
-                "products": result.products, "route": "rows" if rows else "features",
+                "products": result.products, "route": route,
             }
             if forecast is not None:
                 report.calibration["iterative"]["forecast"] = {
@@ -273,66 +258,6 @@ def features_cannot_matter(signal: float, features: int) -> bool:
         (True, False)
     """
     return 2.0 * signal / math.sqrt(max(features, 1)) <= SIGNAL_TOLERANCE
-
-
-def _forecast_features(data: RecipeData, choice: ScaleCalibration,
-                       candidates: int) -> Optional[CGForecast]:
-    r"""The CG path's ``D``, lowered where the iterations forecast from the choice model's
-    spectrum (:func:`~rfgp.inference._cg_forecast.forecast_cg`) make the planned ``D`` cost
-    more than the fit may: the largest ``D`` of the feature grid, at most the plan's, whose
-    forecast cost is at most the larger of the booked cost
-    (:func:`~rfgp.inference.final_path` of the plan's ``D`` on the CG path, at the constant
-    iterations and rank) and the allowance of the seconds left when the final fit started
-    (``schedule.settings["refit"]["allowance"]``, :data:`REPLAN_SHARE` of them at the
-    re-plan's rate, under ``anytime``), so that more budget never lowers it further. Never
-    raised: the constants are those of a typical noisy set, and a forecast of fewer iterations
-    leaves the plan as it is. ``None`` where the choice model has no spectrum or the ``D`` was
-    given; the forecast at the plan's ``D`` where it fits.
-
-    Why: on a nearly noiseless set the CG solves take several times the constant iterations
-    (pol: 62 to 85, against 40), and the final fit ran 2.5 times its prediction, beyond the
-    budget; the spectrum of the :data:`~rfgp.inference.CHOICE_FEATURES`-feature model, already
-    factorised for the choice, shows it before the large model is built.
-    """
-    return _forecast_final(data, choice, candidates)[0]
-
-
-def _forecast_final(data: RecipeData, choice: ScaleCalibration,
-                    candidates: int) -> Tuple[Optional[CGForecast], bool]:
-    """:func:`_forecast_features` with the paths weighed too: ``(forecast, weight)``, where
-    ``weight`` says that at the forecast's ``D`` the ``D x D`` solve (where ``solve="auto"``
-    allows it, :func:`~rfgp.inference.final_path`) costs no more than either CG route on the
-    forecast. Each size of the grid costs its cheapest path, so a CG ``D`` planned on the
-    cost model's constants is lowered, where the forecast shows the CG routes dear, to the
-    largest ``D`` on either path, and fitted on the cheaper one (on 20,000 rows of 8 inputs
-    with a slowly decaying spectrum and little noise, 8,192 features cost 2.1e12
-    multiply-adds by CG on the forecast and 1.6e12 in weight space)."""
-    planned = data.schedule.num_features
-    if choice.spectrum is None or data.options.num_features is not None:
-        return None, False
-    n, d, streamed = data.num_rows, data.input_dim, data.source is not None
-    scale = choice.factor / choice.noise
-    booked = max(final_path(n, planned, d, "cg", candidates, True, streamed)[1]
-                 + variance_cost(n, planned, "cg", streamed=streamed),
-                 data.schedule.settings.get("refit", {}).get("allowance", 0.0))
-
-    forecasts: Dict[int, CGForecast] = {}
-    weight: Dict[int, bool] = {}
-
-    def cost(size: int) -> float:
-        forecasts[size] = forecast = forecast_cg(choice.spectrum, scale, n, size, d,
-                                                 candidates, streamed)
-        by_cg = min(cg_route_costs(n, size, d, candidates, streamed, forecast,
-                                   choice.spectrum, scale))
-        path, by_weight = final_path(n, size, d, data.options.solve, candidates, False,
-                                     streamed)
-        weight[size] = path == "weight" and by_weight <= by_cg
-        return by_weight if weight[size] else by_cg
-
-    smallest = min(planned, CHOICE_FEATURES)
-    features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
-    # Every size of the grid was forecast on the way (largest_features_within tries them all).
-    return forecasts[features], weight[features]
 
 
 def _calibrate(data: RecipeData, kernel: Kernel, noise: float, floor: float,
@@ -412,7 +337,8 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
 
     Both terms only grow (the plan's with the budget, the other with the time left), so more
     budget or faster stages never give fewer features. On the CG path the fit's cost
-    includes its first predictive variances' (:func:`variance_cost`). A given
+    includes its first predictive variances'
+    (:func:`~rfgp.recipes._final_cost.variance_cost`). A given
     ``num_features`` (or ``anytime=False``) keeps the schedule as it is; so does a ``D``
     already at its cap.
 
@@ -463,102 +389,6 @@ def replan_final(schedule: Any, num_rows: int, input_dim: int, options: Any,
                                predicted=predicted)
 
 
-def predicted_rows(num_rows: int) -> int:
-    """The rows whose variances the final fit books: a tenth of ``num_rows``, at most
-    :data:`PREDICTED_ROWS`."""
-    return max(1, min(PREDICTED_ROWS, math.ceil(num_rows / 10)))
-
-
-def variance_cost(num_rows: int, features: int, path: Optional[str],
-                  spectrum: Optional[Tensor] = None, streamed: bool = False) -> float:
-    r"""Multiply-adds of the final model's first predictive variances, booked with its fit.
-
-    A weight-space fit's Cholesky factor gives them at no further cost. A CG fit's
-    (``path == "cg"``) build a low-rank form of :math:`B^{-1}` or a dense factor of ``B``
-    at the first prediction with ``return_std`` (:func:`~rfgp.inference._cg_dense.
-    serving_cost`, for :func:`predicted_rows` rows): on the sets measured it took as long as
-    the fit itself, 0.5 to 1.1 times its seconds (pol at 13,500 features: the dense factor,
-    63 s after a 63 s fit), so a budget that left it out was overrun twofold. ``spectrum``:
-    the forecast eigenvalues of :math:`B - I` at ``features`` (their leading ones, as the
-    preconditioner holds them), else the form of the cost model's constants.
-
-    The dense factor is that of ``B`` where it fits in memory, or of the rows' ``K`` where
-    that is open (:func:`~rfgp.inference._cg_rows.row_form_open`, the precision judged on
-    ``spectrum``'s top eigenvalue where given; without one, as on the sets measured, taken to
-    hold, and the final fit's forecast lowers ``D`` where it does not) and cheaper.
-
-    Example:
-        >>> variance_cost(13500, 8192, "weight"), variance_cost(13500, 8192, "cg") > 0
-        (0.0, True)
-    """
-    if path != "cg":
-        return 0.0
-    largest = float(spectrum.max()) if spectrum is not None and spectrum.numel() else None
-    by_rows = row_form_open(num_rows, features, largest, streamed, CGSettings.variance_tolerance)
-    return serving_cost(features, num_rows, predicted_rows(num_rows), spectrum,
-                        dense=dense_fits(features, torch.float64, torch.device("cpu")),
-                        by_rows=by_rows)
-
-
-def cg_route_costs(num_rows: int, features: int, input_dim: int, candidates: int,
-                   streamed: bool = False, forecast: Optional[CGForecast] = None,
-                   eigenvalues: Optional[Tensor] = None, scale: float = 1.0) -> tuple:
-    r"""``(features, rows)``: multiply-adds of the calibrated CG fit and its first variances
-    by its two routes. By the features: the Krylov calibration and CG fit on products with
-    :math:`\Phi` (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`) and the variances'
-    cheaper form (:func:`variance_cost`). Through the rows, where their route is open
-    (:func:`~rfgp.inference._fit_cost.rows_route` and the variances' precision on the
-    forecast's top eigenvalue, :func:`~rfgp.inference._cg_rows.row_precision_holds`; else
-    ``inf``): the calibration on
-    products with :math:`G = \Phi\Phi^\top` and one Cholesky factor for the fit
-    (:func:`~rfgp.inference._fit_cost.rows_fit_cost`), which then serves the variances'
-    query rows (:func:`rows_query_cost`). The rows' route costs ``N^2 D / 2`` to form
-    :math:`G`, the features' route two passes over ``N D`` entries per product: with many
-    CG iterations (little noise) the rows' is cheaper, with few the features' is.
-
-    ``forecast``: the CG forecast at ``features`` from ``eigenvalues`` of a smaller model's
-    :math:`G` at ``scale`` (:func:`~rfgp.inference._cg_forecast.forecast_cg`), whose
-    iterations and rank both routes then take (the same spectrum: :math:`\Phi\Phi^\top`
-    and :math:`\Phi^\top\Phi` share their nonzero eigenvalues); without one the cost
-    model's constants.
-
-    Example:
-        >>> by_features, by_rows = cg_route_costs(12150, 32768, 26, 1)
-        >>> math.isfinite(by_rows), cg_route_costs(12150, 8192, 26, 1)[1]
-        (True, inf)
-    """
-    n = num_rows
-    if forecast is None:
-        held = None
-        by_features = (final_path(n, features, input_dim, "cg", candidates, True, streamed)[1]
-                       + variance_cost(n, features, "cg", streamed=streamed))
-        iterations, rank = CG_ITERATIONS, SKETCH_RANK
-    else:
-        # the variances' form on the same spectrum, beside a preconditioner of its rank
-        held = spectrum_at(eigenvalues, scale, features)[:forecast.rank]
-        by_features = forecast.multiply_adds + variance_cost(n, features, "cg", held, streamed)
-        iterations, rank = forecast.iterations, forecast.rank
-    largest = float(held.max()) if held is not None and held.numel() else 0.0
-    if not (rows_route(n, features, streamed)
-            and row_precision_holds(largest, torch.float64, CGSettings.variance_tolerance)):
-        return by_features, math.inf
-    by_rows = (rows_fit_cost(n, features, input_dim, candidates, iterations, rank)
-               + rows_query_cost(n, features))
-    return by_features, by_rows
-
-
-def rows_query_cost(num_rows: int, features: int) -> float:
-    r"""Multiply-adds of the first variances of a fit through the rows' factor
-    (:func:`~rfgp.inference._cg_rows.fit_by_rows`) for :func:`predicted_rows` rows: per row
-    a product with the kept features and a triangular solve, :math:`N D + N^2`.
-
-    Example:
-        >>> rows_query_cost(13500, 32768) == 1350 * (13500 * 32768 + 13500**2)
-        True
-    """
-    return predicted_rows(num_rows) * (float(num_rows) * features + float(num_rows) ** 2)
-
-
 def compared(plan: Plan) -> int:
     """The candidates the final fit compares, as the cost model counts them: the
     refinement's end, and the local stage's best where a local stage can run (the scale
@@ -577,12 +407,12 @@ def _final_path(num_rows: int, features: int, input_dim: int, solve: str, candid
                 forced: bool, streamed: bool) -> tuple:
     """``(path, multiply-adds)`` of the calibrated final fit
     (:func:`~rfgp.inference.final_path`) and its model's first variances
-    (:func:`variance_cost`)."""
+    (:func:`~rfgp.recipes._final_cost.variance_cost`)."""
     path, cost = final_path(num_rows, features, input_dim, solve, candidates, forced,
                             streamed)
     if path == "cg":  # the cheaper of its routes, the features' or the rows'
         return path, min(cg_route_costs(num_rows, features, input_dim, candidates, streamed))
-    return path, cost + variance_cost(num_rows, features, path, streamed=streamed)
+    return path, cost  # a weight-space fit's factor gives its variances (variance_cost)
 
 
 REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),

@@ -66,7 +66,7 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *
     multiply-add rate and, on the CG path, its memory (features beyond a quarter of it are
     recomputed at every pass, and the dense route of its variances needs room for ``B``).
     On the CG path the final fit books its model's first predictive variances too
-    (:func:`~rfgp.recipes._refit.variance_cost`), about as costly as the fit itself: 6,144
+    (:func:`~rfgp.recipes._final_cost.variance_cost`), about as costly as the fit itself: 6,144
     features in weight space for the example's default budget on a machine of 23 GB, 20,480
     by CG at twice that budget.
 
@@ -189,7 +189,7 @@ def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData
                          streamed=data.source is not None)
     if data.options.anytime and data.options.num_features is None:
         # What the time left pays for, in the cost model's multiply-adds: the CG path's
-        # forecast (refit._forecast_features) may spend it where its iterations are many.
+        # forecast (_final_cost.forecast_final) may spend it where its iterations are many.
         # (the scale search's calibrations come out of the same seconds, before it)
         allowance = max(REPLAN_SHARE * max(left, 0.0) * rate
                         - booked_scale_cost(again.settings), 0.0)

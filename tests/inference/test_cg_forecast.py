@@ -120,7 +120,7 @@ def _recipe_data(planned, spectrum_decay, noise, solve="cg"):
 
 
 def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_more():
-    from rfgp.recipes._refit import _forecast_features, variance_cost
+    from rfgp.recipes._final_cost import forecast_final, variance_cost
 
     def with_variances(size):
         # the fit's forecast and its first variances' on the same spectrum
@@ -130,7 +130,7 @@ def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_mo
 
     # A slowly decaying spectrum and little noise: many iterations, so fewer features.
     data, choice = _recipe_data(16384, 1.0, 1.0)
-    lowered = _forecast_features(data, choice, 1)
+    lowered = forecast_final(data, choice, 1)[0]
     assert lowered.num_features < 16384
     booked = iterative_fit_cost(20000, 16384, 8) + variance_cost(20000, 16384, "cg")
     assert with_variances(lowered.num_features) <= booked
@@ -138,11 +138,11 @@ def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_mo
     assert with_variances(lowered.num_features + 1024) > booked
     # A fast decay and much noise: fewer iterations than the constant, D never raised.
     data, choice = _recipe_data(16384, 2.0, 10.0)
-    kept = _forecast_features(data, choice, 1)
+    kept = forecast_final(data, choice, 1)[0]
     assert kept.num_features == 16384 and kept.iterations < CG_ITERATIONS
     # A given D, or no spectrum (function space): no forecast.
     data.options.num_features = 16384
-    assert _forecast_features(data, choice, 1) is None
+    assert forecast_final(data, choice, 1)[0] is None
 
 
 def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
@@ -152,12 +152,13 @@ def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
     # only fall), within the same booking.
     from rfgp.inference import final_path
     from rfgp.inference._fit_cost import MAX_WEIGHT_FEATURES
-    from rfgp.recipes._refit import _forecast_features, _forecast_final
+    from rfgp.recipes._final_cost import forecast_final
 
     data, choice = _recipe_data(16384, 1.0, 0.01)
-    cg_only = _forecast_features(data, choice, 1)
+    cg_only = forecast_final(data, choice, 1)[0]
     data, choice = _recipe_data(16384, 1.0, 0.01, solve="auto")
-    forecast, weight = _forecast_final(data, choice, 1)
+    forecast, route = forecast_final(data, choice, 1)
+    weight = route == "weight"
     assert weight and forecast.num_features <= MAX_WEIGHT_FEATURES
     assert forecast.num_features >= cg_only.num_features
     path, cost = final_path(20000, forecast.num_features, 8, "auto")
@@ -165,12 +166,13 @@ def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
     assert cost <= iterative_fit_cost(20000, 16384, 8) + variance_cost_of(20000, 16384)
     # a noisy, fast-decaying spectrum keeps the planned CG model
     data, choice = _recipe_data(16384, 2.0, 10.0, solve="auto")
-    forecast, weight = _forecast_final(data, choice, 1)
+    forecast, route = forecast_final(data, choice, 1)
+    weight = route == "weight"
     assert not weight and forecast.num_features == 16384
 
 
 def variance_cost_of(rows, features):
-    from rfgp.recipes._refit import variance_cost
+    from rfgp.recipes._final_cost import variance_cost
 
     return variance_cost(rows, features, "cg")
 
@@ -179,9 +181,9 @@ def test_fit_auto_fits_the_features_the_forecast_leaves(monkeypatch):
     import rfgp.recipes._refit as refit
 
     def lowered(data, choice, candidates):
-        return CGForecast(512, 512, 10.0, 2.0, 1.0), False
+        return CGForecast(512, 512, 10.0, 2.0, 1.0), "features"
 
-    monkeypatch.setattr(refit, "_forecast_final", lowered)
+    monkeypatch.setattr(refit, "forecast_final", lowered)
     g = gen(3)
     x = torch.rand(1200, 2, generator=g, dtype=DT)
     y = torch.sin(6 * x[:, 0]) + 0.05 * torch.randn(1200, generator=g, dtype=DT)

@@ -23,7 +23,7 @@ from rfgp.inference._fit_cost import iterative_fit_cost, rows_fit_cost, rows_rou
 from rfgp.inference._krylov_calibration import krylov_scale_calibration
 from rfgp.inference._krylov_features import calibrate_by_rows
 from rfgp.kernels import FourierFeatureKernel
-from rfgp.recipes._refit import cg_route_costs
+from rfgp.recipes._final_cost import cg_route_costs
 from tests.helpers import DT, gen
 
 

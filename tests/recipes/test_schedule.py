@@ -283,7 +283,8 @@ def test_the_cg_path_books_its_first_predictive_variances():
     # prediction) cost about as much as the fit: the plan books them, so a budget buys fewer
     # features than it would for the fit alone, and the weight path books none.
     from rfgp.inference._fit_cost import final_path
-    from rfgp.recipes._refit import compared, variance_cost
+    from rfgp.recipes._final_cost import variance_cost
+    from rfgp.recipes._refit import compared
     from rfgp.recipes._schedule import Plan
 
     n, d = 40000, 9
@@ -306,7 +307,7 @@ def test_the_booked_variances_take_the_rows_form_past_the_rows_where_it_is_open(
     # pass reads them, no feature is kept) and a spectrum too large for the difference's
     # precision book B's.
     from rfgp.inference._cg_dense import dense_fits, serving_cost
-    from rfgp.recipes._refit import predicted_rows, variance_cost
+    from rfgp.recipes._final_cost import predicted_rows, variance_cost
 
     n, w = 3000, 6144  # B, K and the features within a quarter of any test machine's memory
     assert dense_fits(w, torch.float64, torch.device("cpu"))
