@@ -398,26 +398,36 @@ def iterative_fit_cost(num_rows: int, num_features: int, input_dim: int,
     """
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    columns = 1 + CALIBRATION_PROBES * PROBE_RUN_SHARE  # target solves per run, probes too
-    solves = 2 * iterations * CALIBRATION_RUNS * columns
-    subspace = rank + CALIBRATION_RUNS * iterations * columns
+    columns, subspace, data_passes = _krylov_counts(iterations, rank)
     sketch = 2 * rank + 8 * rank**2 / n + 2 * subspace**2 / n
-    # Streamed, every iteration is a pass: the targets' run, then the probes' own; the
-    # sketch's rank doubles from 32, a pass per block (SKETCH_PASSES to SKETCH_RANK).
-    blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
-    data_passes = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
-    if streamed:
-        share = 0.0
-    else:
-        held = feature_cache_bytes(torch.device("cpu")) if cache_bytes is None else cache_bytes
-        share = min(1.0, held / (8.0 * n * m))
+    share = 0.0 if streamed else _cached_share(n, m, cache_bytes)
     computed = share + (1.0 - share) * data_passes  # the features, where not cached
     # Cached or not, every pass reads its features (PASS_TRAFFIC).
-    calibration = n * m * ((input_dim + 4) * computed + sketch + solves
+    calibration = n * m * ((input_dim + 4) * computed + sketch + 2 * columns
                            + PASS_TRAFFIC * data_passes)
     fit = cg_fit_cost(num_rows, num_features, input_dim, iterations=math.ceil(iterations),
                       cached=share)
     return choice + calibration + fit
+
+
+def _krylov_counts(iterations: float, rank: int) -> tuple:
+    """``(columns, subspace, passes)`` of the Krylov calibration at ``iterations`` per run and
+    sketch ``rank``: the column products of its :data:`CALIBRATION_RUNS` runs over the target
+    and the probes (a probe's run :data:`PROBE_RUN_SHARE` as long), the dimension of its
+    Galerkin subspace, and its passes over the rows (the projection, the trace's probes, the
+    sketch's blocks, its rank doubling from 32, :data:`SKETCH_PASSES` to
+    :data:`SKETCH_RANK`, and one per iteration of each run, the targets' and the probes')."""
+    columns = iterations * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES * PROBE_RUN_SHARE)
+    blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
+    passes = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
+    return columns, rank + columns, passes
+
+
+def _cached_share(rows: float, features: float, cache_bytes: Optional[float]) -> float:
+    """The share of ``rows x features`` float64 features kept within ``cache_bytes`` (default
+    :func:`feature_cache_bytes`)."""
+    held = feature_cache_bytes(torch.device("cpu")) if cache_bytes is None else cache_bytes
+    return min(1.0, held / (8.0 * rows * features))
 
 
 def rows_route(num_rows: int, num_features: int, streamed: bool = False,
@@ -475,17 +485,12 @@ def rows_fit_cost(num_rows: int, num_features: int, input_dim: int, candidates: 
     """
     n, m = float(num_rows), float(num_features)
     choice = final_fit_cost(num_rows, min(num_features, CHOICE_FEATURES), input_dim, candidates)
-    columns = iterations * CALIBRATION_RUNS * (1 + CALIBRATION_PROBES * PROBE_RUN_SHARE)
-    subspace = rank + columns
-    blocks = max(1, SKETCH_PASSES + round(math.log2(max(rank, 1) / SKETCH_RANK)))
-    passes = 2 + blocks + CALIBRATION_RUNS * iterations * (1 + PROBE_RUN_SHARE)
+    columns, subspace, passes = _krylov_counts(iterations, rank)
     dense = (n * n * m / 2 + n**3 / 3) / DENSE_SPEEDUP
     krylov = (n * n * (rank + 8 + columns + PASS_TRAFFIC / 2 * passes)
               + n * (8 * rank**2 + 2 * subspace**2))
-    held = feature_cache_bytes(torch.device("cpu")) if cache_bytes is None else cache_bytes
-    share = min(1.0, held / (8.0 * n * m))
-    blocks = math.ceil(n / DEFAULT_CHUNK_ROWS)
-    again = (1.0 - share) * (blocks + 1) / 2 * n * m * (input_dim + 4)
+    chunks = math.ceil(n / DEFAULT_CHUNK_ROWS)
+    again = (1.0 - _cached_share(n, m, cache_bytes)) * (chunks + 1) / 2 * n * m * (input_dim + 4)
     return choice + n * m * (2 * input_dim + 9) + again + dense + krylov
 
 
