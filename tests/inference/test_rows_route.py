@@ -233,3 +233,48 @@ def test_the_routes_are_weighed_by_their_costs():
     # the rows' cost grows with D only through forming G and the features
     step = rows_fit_cost(12000, 65536, 26) - rows_fit_cost(12000, 32768, 26)
     assert step == pytest.approx(32768 * (12000**2 / 2 / 2.0 + 12000 * (2 * 26 + 9)))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("nan_y", "finite"), ("inf_x", "finite"), ("empty", "x"), ("scalar_y", "y"),
+])
+def test_bad_input_to_a_fit_through_the_rows_is_refused_at_the_edge(bad, match):
+    kernel, x, y = _problem(seed=17)
+    assert rows_route_open(x, kernel)
+    if bad == "nan_y":
+        y = y.clone()
+        y[3] = float("nan")
+    elif bad == "inf_x":
+        x = x.clone()
+        x[5, 0] = float("inf")
+    elif bad == "empty":
+        x, y = x[:0], y[:0]
+    else:
+        y = y[0]
+    with pytest.raises((ValueError, TypeError), match=match):
+        calibrated_fit(kernel, x, y, noise=0.1, solve="cg")
+
+
+def test_a_fit_through_the_rows_follows_the_targets_scale_and_a_changed_kernel():
+    # Targets a million times larger: about the same model in their units (the noise times
+    # 1e12, within the few percent that accepting a root within 10% in c leaves), and through
+    # the rows exactly the weight-space posterior of its own kernel and noise; and an
+    # outputscale changed after the fit gives the new model's posterior, never the fitted one's.
+    kernel, x, y = _problem(seed=18)
+    gp = calibrated_fit(kernel, x, y, noise=0.1, solve="cg")
+    big = calibrated_fit(kernel, x, y * 1e6, noise=0.1 * 1e12, solve="cg")
+    assert big._state.solver.sketch_pending
+    xq = torch.rand(8, 2, generator=gen(4), dtype=DT)
+    with torch.no_grad():
+        assert float(big.noise) == pytest.approx(float(gp.noise) * 1e12, rel=0.05)
+        same = RandomFeatureGP(copy.deepcopy(big.kernel), noise=big.noise.detach().clone(),
+                               solve="weight").fit(x, y * 1e6)
+        for a, b in zip(big.predict(xq, return_std=True), same.predict(xq, return_std=True)):
+            torch.testing.assert_close(a / 1e6, b / 1e6, rtol=1e-7, atol=1e-9)
+        gp.kernel.outputscale = gp.kernel.outputscale.detach() * 4
+        plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone(),
+                                solve="weight").fit(x, y)
+        mean, std = gp.predict(xq, return_std=True)
+        mean0, std0 = plain.predict(xq, return_std=True)
+    torch.testing.assert_close(mean, mean0, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(std, std0, rtol=1e-3, atol=1e-6)
