@@ -169,14 +169,19 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
     little noise, 8,192 features cost 2.1e12 multiply-adds by CG on the forecast and 1.6e12 in
     weight space).
     """
-    planned = data.schedule.num_features
+    planned, solve = data.schedule.num_features, data.options.solve
     n, d, streamed = data.num_rows, data.input_dim, data.source is not None
+    weight_plan = data.schedule.final_solve == "weight"
     if choice.spectrum is None or data.options.num_features is not None:
+        if weight_plan:
+            return None, "weight"
         by_features, by_rows = cg_route_costs(n, planned, d, candidates, streamed)
         return None, "rows" if by_rows < by_features else "features"
     scale = choice.factor / choice.noise
-    booked = max(cg_route_costs(n, planned, d, candidates, streamed)[0],
-                 data.schedule.settings.get("refit", {}).get("allowance", 0.0))
+    # What the plan booked for its D on its path, at the cost model's constants.
+    booked = (final_path(n, planned, d, solve, candidates, False, streamed)[1] if weight_plan
+              else cg_route_costs(n, planned, d, candidates, streamed)[0])
+    booked = max(booked, data.schedule.settings.get("refit", {}).get("allowance", 0.0))
 
     forecasts: Dict[int, CGForecast] = {}
     routes: Dict[int, str] = {}
@@ -186,9 +191,9 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
                                                  candidates, streamed)
         by_features, by_rows = cg_route_costs(n, size, d, candidates, streamed, forecast,
                                               choice.spectrum, scale)
-        path, by_weight = final_path(n, size, d, data.options.solve, candidates, False,
-                                     streamed)
-        options = {"features": by_features, "rows": by_rows}
+        path, by_weight = final_path(n, size, d, solve, candidates, False, streamed)
+        # CG wherever the options allow it ("weight" never takes it)
+        options = {} if solve == "weight" else {"features": by_features, "rows": by_rows}
         if path == "weight":
             options["weight"] = by_weight
         # the weight space first where it ties: the exact solve, and no CG at all

@@ -32,7 +32,11 @@ On either path the choice model also says whether a larger model can matter: whe
 in noise units, :math:`s = c\,\mathrm{tr}\,G`, makes the Monte Carlo difference between two
 feature draws at most a tenth of the noise (:func:`features_cannot_matter`), the final model
 is the choice's, in weight space (data without signal: on 41,202 rows the planned 41,202
-features cost minutes of feature passes and predicted the same to every digit).
+features cost minutes of feature passes and predicted the same to every digit). Its
+spectrum also forecasts the CG iterations at the final ``D``
+(:func:`~rfgp.recipes._final_cost.forecast_final`): a ``D`` planned on the CG path is lowered
+where they cost more than planned, and on either path the fit takes the cheapest of the
+weight space, CG by the features and CG through the rows at that ``D``.
 """
 
 from __future__ import annotations
@@ -169,15 +173,21 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
             report.num_features = features
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve="weight")
-    route = "features"
-    if iterative and data.options.calibrate:
+    route = "features" if iterative else "weight"
+    weighed = iterative or (choice and features > choice and start.spectrum is not None)
+    if weighed and data.options.calibrate:
         # The final D and its cheapest path and route (on the choice model's forecast where
         # there is one): the D x D solve, or CG through the rows' N x N form or the features.
+        # A weight-space plan is weighed too: with little signal in much noise, CG converges
+        # in a few iterations where the D x D solve costs N D^2 whatever the spectrum.
         forecast, route = forecast_final(data, start, max(1, len(candidates)))
-        if forecast is not None and (forecast.num_features < features or route == "weight"):
-            features = forecast.num_features
-            if route == "weight":
-                iterative, path, forecast = False, "weight", None
+        weighed_path = "weight" if route == "weight" else "cg"
+        if forecast is not None and (forecast.num_features < features
+                                     or weighed_path != path):
+            features, path = forecast.num_features, weighed_path
+            iterative = path == "cg"
+            if not iterative:
+                forecast = None
             report.num_features = features
             report.schedule = dataclasses.replace(data.schedule, num_features=features,
                                                   final_solve=path)

@@ -110,10 +110,11 @@ def test_less_noise_forecasts_more_iterations_and_more_cost():
     assert clean.multiply_adds > noisy.multiply_adds
 
 
-def _recipe_data(planned, spectrum_decay, noise, solve="cg"):
+def _recipe_data(planned, spectrum_decay, noise, solve="cg", path="cg"):
     lam = 1e4 * INDEX ** -spectrum_decay
     choice = ScaleCalibration("weight", 1.0, noise, spectrum=lam)
-    data = SimpleNamespace(schedule=SimpleNamespace(num_features=planned, settings={}),
+    data = SimpleNamespace(schedule=SimpleNamespace(num_features=planned, settings={},
+                                                    final_solve=path),
                            options=SimpleNamespace(num_features=None, solve=solve),
                            num_rows=20000, input_dim=8, source=None)
     return data, choice
@@ -169,6 +170,74 @@ def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
     forecast, route = forecast_final(data, choice, 1)
     weight = route == "weight"
     assert not weight and forecast.num_features == 16384
+
+
+def test_a_weight_space_plan_takes_cg_at_its_features_where_the_forecast_converges_fast():
+    # Little signal in much noise: CG converges in a few iterations, so the D x D solve
+    # (N D^2 whatever the spectrum) costs more than CG at the same D, which the fit then
+    # takes; its D is the plan's (the plan's path paid for it), never raised.
+    from rfgp.inference import final_path
+    from rfgp.recipes._final_cost import cg_route_costs, forecast_final
+
+    data, choice = _recipe_data(8192, 2.0, 1e4, solve="auto", path="weight")
+    forecast, route = forecast_final(data, choice, 1)
+    assert route in ("features", "rows") and forecast.num_features == 8192
+    assert forecast.iterations < CG_ITERATIONS
+    by_weight = final_path(20000, 8192, 8, "auto")[1]
+    scale = choice.factor / choice.noise
+    assert min(cg_route_costs(20000, 8192, 8, 1, False, forecast, choice.spectrum,
+                              scale)) < by_weight
+    # A slowly decaying spectrum and little noise: many iterations, the weight space kept
+    # at the plan's D (it was paid for).
+    data, choice = _recipe_data(8192, 1.0, 0.01, solve="auto", path="weight")
+    forecast, route = forecast_final(data, choice, 1)
+    assert route == "weight" and forecast.num_features == 8192
+    # solve="weight" never takes CG, and a given D or no spectrum keeps the weight space.
+    data, choice = _recipe_data(8192, 2.0, 1e4, solve="weight", path="weight")
+    assert forecast_final(data, choice, 1)[1] == "weight"
+    data, choice = _recipe_data(8192, 2.0, 1e4, solve="auto", path="weight")
+    data.options.num_features = 8192
+    assert forecast_final(data, choice, 1) == (None, "weight")
+
+
+def test_fit_auto_fits_a_weight_space_plan_by_cg_where_the_forecast_says_so(monkeypatch):
+    # The same D and lengthscales by either path: the CG fit's calibrated noise is the
+    # weight-space fit's to the Krylov estimate's accuracy (its evidence's curvature here is
+    # N / 2 per unit log-noise squared, so a few percent), and so are its predictions.
+    import rfgp.recipes._refit as refit
+
+    real = refit.forecast_final
+    seen = []
+
+    def by_cg(data, choice, candidates):
+        forecast, route = real(data, choice, candidates)
+        seen.append((data.schedule.final_solve, route))
+        planned = data.schedule.num_features
+        return CGForecast(planned, 512, 10.0, 2.0, 1.0), "features"
+
+    g = gen(5)
+    x = torch.rand(2500, 2, generator=g, dtype=DT)
+    y = torch.sin(6 * x[:, 0]) * torch.cos(3 * x[:, 1]) + 0.1 * torch.randn(2500, generator=g,
+                                                                             dtype=DT)
+    y = y - y.mean()
+    options = dict(seed=0, local_search=False, lengthscale_draws=0, cv_folds=0, subsample=1000,
+                   time_budget=12.0, anytime=False)
+    weight_report = FitReport()
+    weight_gp = fit_auto(x, y, report=weight_report, solve="weight", **options)
+    assert weight_report.schedule.final_solve == "weight"
+    assert weight_report.num_features > 2048  # compared at fewer features: weighed
+    monkeypatch.setattr(refit, "forecast_final", by_cg)
+    report = FitReport()
+    gp = fit_auto(x, y, report=report, **options)
+    assert seen and seen[0][0] == "weight"
+    assert report.schedule.final_solve == "cg"
+    assert report.num_features == weight_report.num_features
+    assert report.calibration["iterative"]["route"] == "features"
+    assert abs(math.log(float(gp.noise) / float(weight_gp.noise))) < 0.05
+    xt = torch.rand(200, 2, generator=g, dtype=DT)
+    with torch.no_grad():
+        gap = (gp.predict(xt) - weight_gp.predict(xt)).abs().max()
+    assert float(gap) < 0.05 * float(weight_gp.noise) ** 0.5
 
 
 def variance_cost_of(rows, features):
