@@ -20,6 +20,7 @@ from rfgp.inference._calibrated_fit import (
     fit_calibrated,
     fit_calibrated_source,
 )
+from rfgp.inference._cg_cost import final_path, row_capped_features
 from rfgp.inference._cross_validation import cross_validate
 from rfgp.inference._evidence_cost import exact_evidence_cost, feature_evidence_cost
 from rfgp.inference._evidence_search import (
@@ -40,9 +41,7 @@ from rfgp.inference._fit_cost import (
     MAX_WEIGHT_FEATURES,
     classifier_fit_cost,
     final_fit_cost,
-    final_path,
     largest_features_within,
-    row_capped_features,
 )
 from rfgp.inference._fit_state import StaleFitError
 from rfgp.inference._laplace import evidence_hessian, lengthscale_draws

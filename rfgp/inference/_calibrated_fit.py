@@ -50,11 +50,11 @@ from rfgp.inference._calibration import (
     maximize_scale_evidence,
     spectral_statistics,
 )
+from rfgp.inference._cg_cost import feature_cache_bytes, final_path, rows_route
 from rfgp.inference._cg_rows import RowsFit, row_precision_holds
 from rfgp.inference._feature_gp import RandomFeatureGP
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator, SourceRows
-from rfgp.inference._fit_cost import feature_cache_bytes, final_path, rows_route
 from rfgp.inference._iterative import CGSettings
 from rfgp.inference._krylov_calibration import KrylovCalibration
 from rfgp.inference._krylov_features import (
@@ -178,7 +178,7 @@ def rows_route_open(x: Tensor, kernel: Kernel) -> bool:
     the rows' ``N x N`` form (:func:`~rfgp.inference._krylov_features.calibrate_by_rows`,
     :func:`~rfgp.inference._cg_rows.fit_by_rows`): float64 inputs, real features of one
     output per input (the fit through the rows takes no other), and the rows' route open
-    (:func:`~rfgp.inference._fit_cost.rows_route`: more real features than rows, ``N x N``
+    (:func:`~rfgp.inference._cg_cost.rows_route`: more real features than rows, ``N x N``
     matrices within the memory; features beyond the cache are computed again)."""
     fm = FeatureMap(feature_kernel(kernel))
     return (x.dtype == torch.float64 and not fm.is_complex and fm.outputs_per_input == 1

@@ -1,8 +1,8 @@
 r"""The CG path's iterations and Nyström rank, forecast from a smaller model's spectrum.
 
-The cost model of the CG path (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`) counts
-its products with :data:`~rfgp.inference._fit_cost.CG_ITERATIONS` iterations per solve and a
-sketch of rank :data:`~rfgp.inference._fit_cost.SKETCH_RANK`: the constants of a typical noisy
+The cost model of the CG path (:func:`~rfgp.inference._cg_cost.iterative_fit_cost`) counts
+its products with :data:`~rfgp.inference._cg_cost.CG_ITERATIONS` iterations per solve and a
+sketch of rank :data:`~rfgp.inference._cg_cost.SKETCH_RANK`: the constants of a typical noisy
 set. The iterations grow with the signal-to-noise ratio and with how slowly the kernel's
 spectrum decays, and on a nearly noiseless set they are several times the constant (on pol,
 noise 0.008 in standardised units, 62 to 85 iterations and a sketch of rank 1,024). The
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rfgp.inference._fit_cost import CALIBRATION_PROBES, iterative_fit_cost
+from rfgp.inference._cg_cost import CALIBRATION_PROBES, iterative_fit_cost
 from rfgp.inference._krylov_calibration import SKETCH_SOLVES
 from rfgp.inference._nystrom import MAX_PAYING_RANK, RANK_STOP_EIGENVALUE, doubling_pays
 
@@ -78,7 +78,7 @@ SPECTRUM_CLUSTERS = 256
 class CGForecast:
     """A forecast of the CG path at ``num_features``: its Nyström ``rank``, CG ``iterations``
     per solve, the preconditioned ``condition`` number and the calibrated fit's
-    ``multiply_adds`` (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`)."""
+    ``multiply_adds`` (:func:`~rfgp.inference._cg_cost.iterative_fit_cost`)."""
 
     num_features: int
     rank: int
@@ -224,7 +224,7 @@ def forecast_cg(eigenvalues: Tensor, scale: float, num_rows: int, num_features: 
         eigenvalues: ``(m,)`` eigenvalues of the smaller model's :math:`\Phi^\top\Phi`.
         scale: :math:`c = a / \sigma^2` of its calibration (in the same units).
         num_rows, num_features, input_dim: ``N``, ``D``, ``d`` of the large model.
-        candidates, streamed: as in :func:`~rfgp.inference._fit_cost.iterative_fit_cost`.
+        candidates, streamed: as in :func:`~rfgp.inference._cg_cost.iterative_fit_cost`.
         tolerance: the solves' relative residual.
 
     Returns:

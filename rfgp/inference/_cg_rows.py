@@ -20,8 +20,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp.inference._cg_cost import feature_cache_bytes, rows_route
 from rfgp.inference._cg_variance import _real_gram, _squared_norms
-from rfgp.inference._fit_cost import feature_cache_bytes, rows_route
 from rfgp.inference._linalg import try_cholesky
 
 __all__ = ["RowDenseInverse", "RowsFit", "fit_by_rows", "row_form_open", "row_precision_holds"]
@@ -128,9 +128,9 @@ def row_form_open(rows: int, width: int, largest: Optional[float] = None,
                   device: Optional[torch.device] = None) -> bool:
     r"""Whether a CG fit of ``rows`` rows and ``width`` features will find the rows' form
     open, forecast before the fit: the memory's rule of
-    :func:`~rfgp.inference._fit_cost.rows_route` (more features than rows, the rows in
+    :func:`~rfgp.inference._cg_cost.rows_route` (more features than rows, the rows in
     memory, ``K`` and its factor within a quarter of the memory), every feature kept as a
-    calibrated fit keeps them (within :func:`~rfgp.inference._fit_cost.feature_cache_bytes`),
+    calibrated fit keeps them (within :func:`~rfgp.inference._cg_cost.feature_cache_bytes`),
     and, where the top eigenvalue of :math:`B - I` is forecast (``largest``), the precision
     (:func:`row_precision_holds`); ``device``: the CPU by default.
 

@@ -1,8 +1,9 @@
 r"""What the final fit of :func:`~rfgp.recipes.fit_auto` costs, beyond the fit's own cost model
-(:mod:`~rfgp.inference._fit_cost`): its model's first predictive variances, which the budget
-books with it (:func:`variance_cost`); the CG path's two routes, by the features or through
-the rows' ``N x N`` matrix (:func:`cg_route_costs`); and the forecast that, once the choice
-model's spectrum is known, lowers the planned ``D`` and picks its path and route
+(:mod:`~rfgp.inference._fit_cost`, :mod:`~rfgp.inference._cg_cost`): its model's first
+predictive variances, which the budget books with it (:func:`variance_cost`); the CG path's
+two routes, by the features or through the rows' ``N x N`` matrix (:func:`cg_route_costs`);
+and the forecast that, once the choice model's spectrum is known, lowers the planned ``D``
+and picks its path and route
 (:func:`forecast_final`). The stage itself is :mod:`~rfgp.recipes._refit`.
 
 Internal: not part of the public API (see :mod:`rfgp.recipes`).
@@ -23,16 +24,16 @@ from rfgp.inference import (
     final_path,
     largest_features_within,
 )
-from rfgp.inference._cg_dense import dense_fits, serving_cost
-from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
-from rfgp.inference._cg_rows import row_form_open, row_precision_holds
-from rfgp.inference._fit_cost import (
+from rfgp.inference._cg_cost import (
     CG_ITERATIONS,
     SKETCH_RANK,
     iterative_fit_cost,
     rows_fit_cost,
     rows_route,
 )
+from rfgp.inference._cg_dense import dense_fits, serving_cost
+from rfgp.inference._cg_forecast import CGForecast, forecast_cg, spectrum_at
+from rfgp.inference._cg_rows import row_form_open, row_precision_holds
 from rfgp.inference._iterative import CGSettings
 from rfgp.recipes._stage import RecipeData
 
@@ -87,12 +88,12 @@ def cg_route_costs(num_rows: int, features: int, input_dim: int, candidates: int
                    eigenvalues: Optional[Tensor] = None, scale: float = 1.0) -> tuple:
     r"""``(features, rows)``: multiply-adds of the calibrated CG fit and its first variances
     by its two routes. By the features: the Krylov calibration and CG fit on products with
-    :math:`\Phi` (:func:`~rfgp.inference._fit_cost.iterative_fit_cost`) and the variances'
+    :math:`\Phi` (:func:`~rfgp.inference._cg_cost.iterative_fit_cost`) and the variances'
     cheaper form (:func:`variance_cost`). Through the rows, where their route is open
-    (:func:`~rfgp.inference._fit_cost.rows_route` and the variances' precision on the
+    (:func:`~rfgp.inference._cg_cost.rows_route` and the variances' precision on the
     forecast's top eigenvalue, :func:`~rfgp.inference._cg_rows.row_precision_holds`; else
     ``inf``): the calibration on products with :math:`G = \Phi\Phi^\top` and one Cholesky
-    factor for the fit (:func:`~rfgp.inference._fit_cost.rows_fit_cost`), which then serves
+    factor for the fit (:func:`~rfgp.inference._cg_cost.rows_fit_cost`), which then serves
     the variances' query rows (:func:`rows_query_cost`). The rows' route costs
     ``N^2 D / 2`` to form :math:`G`, the features' route two passes over ``N D`` entries per
     product: with many CG iterations (little noise) the rows' is cheaper, with few the

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rfgp.inference._calibrated_fit import ScaleCalibration
+from rfgp.inference._cg_cost import CG_ITERATIONS, SKETCH_RANK, iterative_fit_cost
 from rfgp.inference._cg_forecast import (
     FORECAST_RANKS,
     CGForecast,
@@ -19,7 +20,6 @@ from rfgp.inference._cg_forecast import (
     sketch_residual,
     spectrum_at,
 )
-from rfgp.inference._fit_cost import CG_ITERATIONS, SKETCH_RANK, iterative_fit_cost
 from rfgp.recipes import FitReport, fit_auto
 from tests.helpers import DT, gen
 

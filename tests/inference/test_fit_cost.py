@@ -8,14 +8,11 @@ import math
 import pytest
 import torch
 
-import rfgp.inference._fit_cost as fit_cost
+import rfgp.inference._cg_cost as cg_cost
+from rfgp.inference._cg_cost import cg_fit_cost, cg_num_features, final_path, iterative_fit_cost
 from rfgp.inference._fit_cost import (
     MAX_ITERATIVE_FEATURES,
     MAX_WEIGHT_FEATURES,
-    cg_fit_cost,
-    cg_num_features,
-    final_path,
-    iterative_fit_cost,
     largest_features_within,
 )
 
@@ -48,8 +45,8 @@ def test_the_calibrated_cg_fit_counts_its_fit_by_the_cg_fit_cost(monkeypatch):
     # model changes the calibrated fit's cost by the same amount, at every D.
     n, d = 40000, 8
     before = {m: iterative_fit_cost(n, m, d) for m in (4096, 16384, 65536)}
-    original = fit_cost.cg_fit_cost
-    monkeypatch.setattr(fit_cost, "cg_fit_cost",
+    original = cg_cost.cg_fit_cost
+    monkeypatch.setattr(cg_cost, "cg_fit_cost",
                         lambda *args, **kwargs: original(*args, **kwargs) + 1e6)
     for m, cost in before.items():
         assert iterative_fit_cost(n, m, d) == pytest.approx(cost + 1e6, rel=1e-15, abs=1e-3)
@@ -91,7 +88,7 @@ def test_every_pass_counts_its_memory_traffic_beside_its_multiply_adds():
     # (2 N D T) and one pass's traffic (PASS_TRAFFIC N D), so a single-column iteration costs
     # 2 + PASS_TRAFFIC per entry, not the 2 of its multiply-adds: with few columns a pass runs
     # at the memory's speed.
-    from rfgp.inference._fit_cost import PASS_TRAFFIC
+    from rfgp.inference._cg_cost import PASS_TRAFFIC
 
     n, m, d = 13500, 30720, 26
     for columns in (1, 8):
@@ -100,7 +97,7 @@ def test_every_pass_counts_its_memory_traffic_beside_its_multiply_adds():
         assert step == pytest.approx((2 * columns + PASS_TRAFFIC) * n * m, rel=1e-12)
     # The calibration's passes read the cached features too: its cost grows by the traffic
     # of its runs' iterations (the targets' run and the probes' shorter one) with I.
-    from rfgp.inference._fit_cost import CALIBRATION_PROBES, CALIBRATION_RUNS, PROBE_RUN_SHARE
+    from rfgp.inference._cg_cost import CALIBRATION_PROBES, CALIBRATION_RUNS, PROBE_RUN_SHARE
 
     whole = float("inf")
     step = (iterative_fit_cost(n, m, d, iterations=41, cache_bytes=whole)

@@ -11,7 +11,7 @@ import torch
 from rfgp import RandomFeatureGP
 from rfgp.inference import ConvergenceWarning
 from rfgp.inference import _cg_solver as cg_solver
-from rfgp.inference._fit_cost import cg_fit_cost, cg_fit_seconds, cg_num_features
+from rfgp.inference._cg_cost import cg_fit_cost, cg_fit_seconds, cg_num_features
 from rfgp.inference._iterative import (
     cg_iterations_bound,
     conjugate_gradients,
@@ -648,7 +648,7 @@ def test_non_convergence_warns_with_the_residual_reached():
 
 
 def test_cost_model_is_the_documented_sum():
-    from rfgp.inference._fit_cost import PASS_TRAFFIC
+    from rfgp.inference._cg_cost import PASS_TRAFFIC
 
     n, d, dim, it, r = 1000, 256, 4, 20, 16
     features = n * d * (dim + 4.0)

@@ -16,10 +16,10 @@ from rfgp import RandomFeatureGP
 from rfgp.inference import calibrate_scales, calibrated_fit, fit_calibrated
 from rfgp.inference._calibrated_fit import rows_route_open
 from rfgp.inference._calibration import kernel_spectral_statistics, maximize_scale_evidence
+from rfgp.inference._cg_cost import iterative_fit_cost, rows_fit_cost, rows_route
 from rfgp.inference._cg_rows import RowsFit, fit_by_rows
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._feature_operator import FeatureOperator
-from rfgp.inference._fit_cost import iterative_fit_cost, rows_fit_cost, rows_route
 from rfgp.inference._krylov_calibration import krylov_scale_calibration
 from rfgp.inference._krylov_features import calibrate_by_rows
 from rfgp.kernels import FourierFeatureKernel

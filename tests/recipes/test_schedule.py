@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rfgp.inference._blocks import kd_blocks
+from rfgp.inference._cg_cost import row_capped_features
 from rfgp.inference._evidence_cost import (
     EXACT_DISTANCE_COST,
     EXACT_ELEMENTWISE_COST,
@@ -20,7 +21,6 @@ from rfgp.inference._fit_cost import (
     MAX_WEIGHT_FEATURES,
     feature_grid,
     final_fit_cost,
-    row_capped_features,
 )
 from rfgp.recipes import RegressionOptions, measure_machine_rate
 from rfgp.recipes._regression import plan_regression
@@ -143,7 +143,8 @@ def test_machine_rate_is_a_positive_rate():
 
 
 def test_the_iterative_path_takes_over_beyond_the_weight_space_limit():
-    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES, final_path, iterative_fit_cost
+    from rfgp.inference._cg_cost import final_path, iterative_fit_cost
+    from rfgp.inference._fit_cost import MAX_ITERATIVE_FEATURES
 
     # The default budget at the reference rate stays on the weight-space path while the rows
     # are within its limit, beyond it may take features by CG;
@@ -282,7 +283,7 @@ def test_the_cg_path_books_its_first_predictive_variances():
     # A CG fit's variances (a low-rank form or a dense factor of B, built at the first
     # prediction) cost about as much as the fit: the plan books them, so a budget buys fewer
     # features than it would for the fit alone, and the weight path books none.
-    from rfgp.inference._fit_cost import final_path
+    from rfgp.inference._cg_cost import final_path
     from rfgp.recipes._final_cost import variance_cost
     from rfgp.recipes._refit import compared
     from rfgp.recipes._schedule import Plan

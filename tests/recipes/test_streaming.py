@@ -261,7 +261,7 @@ def test_schedule_at_scale_search_constant_final_fit_linear_in_rows():
 
 def test_schedule_of_rows_behind_a_source_counts_a_pass_per_cg_product():
     from rfgp.inference import final_path
-    from rfgp.inference._fit_cost import (
+    from rfgp.inference._cg_cost import (
         CALIBRATION_RUNS,
         CG_ITERATIONS,
         PROBE_RUN_SHARE,
