@@ -49,6 +49,7 @@ from rfgp.inference._iterative import (
     check_resolvable,
     conjugate_gradients,
     lanczos_largest,
+    standard_normal,
 )
 from rfgp.inference._logdet_probes import column_logdets, logdet_probes, probe_standard_error
 from rfgp.inference._nystrom import NystromPreconditioner, rank_memory_cap
@@ -194,7 +195,8 @@ class ConjugateGradientSolver(Solver):
                 return operator.gram(v, [col] * v.shape[1])
 
             if rank == 0:
-                out.append(_empty_preconditioner(operator))
+                out.append(NystromPreconditioner.identity(operator.width,
+                                                          operator.vector_dtype, operator.device))
             else:
                 # The sketch serves this group's columns' mean solves.
                 out.append(NystromPreconditioner.sketch(
@@ -219,7 +221,8 @@ class ConjugateGradientSolver(Solver):
                 # The rows' factor gives the mean and serves the variances: no CG, no sketch.
                 self.mean_weights, self.routes.dense[0] = fitted
                 self.iterations = 0
-                self.preconditioners = [_empty_preconditioner(op)]
+                self.preconditioners = [
+                    NystromPreconditioner.identity(op.width, op.vector_dtype, op.device)]
                 self.sketch_pending = True
                 return
             self.preconditioners = self.build_preconditioners(op)
@@ -303,11 +306,12 @@ class ConjugateGradientSolver(Solver):
 
                 def noise_draw(y: Tensor, s: Optional[Tensor], k: int = k,
                                index: Tensor = index) -> Tensor:
-                    eps = _random((y.shape[0], k), op.vector_dtype, generator, device)
+                    eps = standard_normal((y.shape[0], k), op.vector_dtype, generator, device)
                     return eps.to(op.device) * op.inverse_noise(s, index, y.shape[0]).sqrt()
 
                 rhs = op.project(noise_draw, k)
-                xi = _random((op.width, k), op.vector_dtype, generator, device).to(op.device)
+                xi = standard_normal((op.width, k), op.vector_dtype, generator, device)
+                xi = xi.to(op.device)
                 if op.distributed:
                     import torch.distributed as dist
 
@@ -448,23 +452,6 @@ class ConjugateGradientSolver(Solver):
         solver.iterations = state.integer("iterations")
         solver.sketch_pending = state.boolean("sketch_pending", default=False)
         return solver
-
-
-def _empty_preconditioner(operator: FeatureOperator) -> NystromPreconditioner:
-    """The preconditioner of rank 0 (the identity) for ``operator``'s ``B``."""
-    empty = torch.zeros(operator.width, 0, dtype=operator.vector_dtype, device=operator.device)
-    return NystromPreconditioner(empty, empty.real.new_zeros(0))
-
-
-def _random(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
-            device: torch.device) -> Tensor:
-    """Standard normal draws; complex ones ``a + i b`` with ``a, b ~ N(0, 1)``."""
-    real = dtype.to_real() if dtype.is_complex else dtype
-    draw = torch.randn(*shape, generator=generator, dtype=real, device=device)
-    if dtype.is_complex:
-        draw = torch.complex(draw, torch.randn(*shape, generator=generator, dtype=real,
-                                               device=device))
-    return draw
 
 
 # ====================================================================== the fitted evidence

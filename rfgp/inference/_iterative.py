@@ -41,6 +41,7 @@ __all__ = [
     "lanczos_largest",
     "lanczos_condition",
     "lanczos_log_quadrature",
+    "standard_normal",
 ]
 
 #: a product ``V -> A V`` of a Hermitian positive definite operator on ``(W, k)`` blocks
@@ -477,3 +478,15 @@ def cg_iterations_bound(condition: float, tolerance: float) -> float:
     r"""CG's iterations to reduce the error by ``tolerance`` on a spectrum of condition number
     :math:`\kappa`: :math:`\tfrac12 \sqrt{\kappa} \ln(2 / \epsilon)`."""
     return 0.5 * math.sqrt(max(condition, 1.0)) * math.log(2.0 / tolerance)
+
+
+def standard_normal(shape, dtype: torch.dtype, generator: Optional[torch.Generator],
+                    device: torch.device) -> Tensor:
+    """Standard normal draws of ``shape``; complex ones ``a + i b`` with ``a, b ~ N(0, 1)``
+    (the probes and sample draws of a Hermitian solve)."""
+    real = dtype.to_real() if dtype.is_complex else dtype
+    draw = torch.randn(*shape, generator=generator, dtype=real, device=device)
+    if dtype.is_complex:
+        draw = torch.complex(draw, torch.randn(*shape, generator=generator, dtype=real,
+                                               device=device))
+    return draw

@@ -75,6 +75,13 @@ class NystromPreconditioner:
         True
     """
 
+    @classmethod
+    def identity(cls, width: int, dtype: torch.dtype,
+                 device: torch.device) -> NystromPreconditioner:
+        """The preconditioner of rank 0, :math:`P = I`, for a ``W = width`` operator."""
+        empty = torch.zeros(width, 0, dtype=dtype, device=device)
+        return cls(empty, empty.real.new_zeros(0))
+
     def __init__(self, basis: Tensor, eigenvalues: Tensor) -> None:
         self.basis = basis
         self.eigenvalues = eigenvalues

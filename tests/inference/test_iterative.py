@@ -17,6 +17,7 @@ from rfgp.inference._iterative import (
     conjugate_gradients,
     lanczos_condition,
     lanczos_log_quadrature,
+    standard_normal,
 )
 from rfgp.inference._nystrom import (
     MAX_AUTO_RANK,
@@ -816,3 +817,25 @@ def test_cg_energy_is_the_preconditioned_norm_of_the_final_residual(scale):
     residual = rhs - a @ result.solution
     explicit = (residual * (p_inv @ residual)).sum(0)
     torch.testing.assert_close(result.energy, explicit, rtol=1e-8, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_the_rank_zero_preconditioner_is_the_identity(dtype):
+    pre = NystromPreconditioner.identity(7, dtype, torch.device("cpu"))
+    v = torch.randn(7, 3, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    assert pre.rank == 0
+    assert torch.equal(pre.inverse(v), v)
+
+
+def test_complex_standard_normal_draws_have_unit_variance_in_each_part():
+    # E|z|^2 = 2 for z = a + i b, a, b ~ N(0, 1) independent: the sample means of a^2, b^2
+    # and a b over n draws lie within 5 standard errors (sqrt(2 / n), sqrt(1 / n)).
+    n = 40000
+    z = standard_normal((n,), torch.complex128, torch.Generator().manual_seed(1),
+                        torch.device("cpu"))
+    a, b = z.real, z.imag
+    assert abs(float(a.square().mean()) - 1) < 5 * math.sqrt(2 / n)
+    assert abs(float(b.square().mean()) - 1) < 5 * math.sqrt(2 / n)
+    assert abs(float((a * b).mean())) < 5 * math.sqrt(1 / n)
+    real = standard_normal((3, 2), torch.float32, None, torch.device("cpu"))
+    assert real.dtype == torch.float32 and real.shape == (3, 2)
