@@ -355,3 +355,35 @@ def test_a_pass_over_a_memmap_leaves_its_pages_unmapped(tmp_path):
     writable[0, 0] = -1.0
     list(ArraySource(writable, np.zeros(rows, dtype=np.float32)).chunks(1 << 18))
     assert writable[0, 0] == -1.0
+
+
+def test_a_weight_space_plan_fitted_by_cg_on_a_memmap_equals_the_in_memory_fit(tmp_path,
+                                                                              monkeypatch):
+    # The final fit's forecast may put a weight-space plan on the CG path (where CG
+    # converges in a few iterations); on rows behind a source that fit streams its passes
+    # and gives the in-memory model, as a CG plan does.
+    import rfgp.recipes._refit as refit
+    from rfgp.inference._cg_forecast import CGForecast
+
+    switched = []
+
+    def by_cg(data, choice, candidates):
+        switched.append(data.schedule.final_solve)
+        return CGForecast(data.schedule.num_features, 256, 10.0, 2.0, 1.0), "features"
+
+    monkeypatch.setattr(refit, "forecast_final", by_cg)
+    x, y = _data(2500)
+    opts = dict(seed=0, local_search=False, lengthscale_draws=0, cv_folds=0, subsample=1000,
+                time_budget=12.0, anytime=False, max_iterations=60)
+    xt = torch.rand(40, 3, generator=torch.Generator().manual_seed(1), dtype=DT)
+    in_memory = fit_auto(x, y, **opts)
+    xm, ym = _memmap(tmp_path, x, y)
+    report = FitReport()
+    mapped = fit_auto(xm, ym, report=report, **opts)
+    assert switched == ["weight", "weight"] and report.num_features > 2048
+    assert report.schedule.final_solve == "cg" and mapped.solve_used == "cg"
+    torch.testing.assert_close(mapped.noise, in_memory.noise, rtol=1e-8, atol=0)
+    mean, std = in_memory.predict(xt, return_std=True)
+    m, s = mapped.predict(xt, return_std=True)
+    tolerance = in_memory.cg_settings.tolerance_for(DT)
+    assert bool(((m - mean).abs() <= 2 * tolerance * std + 1e-12).all())
