@@ -172,7 +172,9 @@ class _WeightSpaceEvidence(torch.autograd.Function):
             return differentiable_backward(ctx.needs_input_grad, grad,
                                            _weight_space_value, [z, y, s])
         grad_z, grad_s, _ = _weight_space_gradients(z, chol, alpha, resid, s)
-        return grad_z * grad, None, grad * grad_s
+        # d/dy = (Z Z^T + s I)^{-1} y = r / s (the residual of the weight-space solve).
+        grad_y = grad * resid / s if ctx.needs_input_grad[1] else None
+        return grad_z * grad, grad_y, grad * grad_s
 
 
 def _weight_space_value(z: Tensor, y: Tensor, s: Tensor) -> Tensor:
@@ -221,7 +223,8 @@ class _FourierEvidence(torch.autograd.Function):
         # tr(Z^T G) = T (D - tr B^-1) - ||alpha||^2.
         outputs = resid.shape[1]
         grad_a = 0.5 * (outputs * (2 * m - binv.diagonal().sum()) - alpha.square().sum()) / a
-        return grad * grad_proj, None, grad * grad_a, grad * grad_s
+        grad_y = grad * resid / s if ctx.needs_input_grad[1] else None  # (Z Z^T + s I)^-1 y
+        return grad * grad_proj, grad_y, grad * grad_a, grad * grad_s
 
 
 class _FunctionSpaceEvidence(torch.autograd.Function):
@@ -246,7 +249,8 @@ class _FunctionSpaceEvidence(torch.autograd.Function):
                     torch.diag_embed(s_.expand(z_.shape[0])), z_, z_.T), y_), [z, y, noise])
         gram_grad = _covariance_gradient(chol, alpha)
         grad_s = 0.5 * gram_grad.diagonal().sum()
-        return gram_grad @ z * grad, None, grad * grad_s
+        grad_y = grad * alpha if ctx.needs_input_grad[1] else None  # K^{-1} y
+        return gram_grad @ z * grad, grad_y, grad * grad_s
 
 
 def _check_evidence_arguments(caller: str, features: Tensor, y: Tensor, **scalars: Tensor) -> None:
