@@ -31,6 +31,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
+from torch import Tensor
 
 from rfgp._report import ClassifierFitReport, FitReport
 from rfgp._softmax import PROBA_METHODS
@@ -89,6 +90,7 @@ _REGRESSION: Table = {
     "anytime": [BOOLEAN],
     "solve": [Options(("auto", "weight", "cg"))],
     "distributed": [BOOLEAN],
+    "prior_mean": [Options(("constant", "zero"))],
 }
 
 _CLASSIFIER: Table = {
@@ -136,6 +138,8 @@ PARAMETER_CONSTRAINTS: Dict[str, Table] = {
         "solve": _REGRESSION["solve"],
         "noise_floor": [Interval(Real, 0, None)],
         "seed": [SEED],
+        # (its finiteness and shape: check_prior_mean, with the targets' columns at the fit)
+        "prior_mean": [InstanceOf((Real, Tensor), "a number or a 1-D tensor")],
     },
     "make_kernel": {**_KERNEL, "name": [Options(ESTIMATOR_KERNELS)],
                     "num_features": [Interval(Integral, 1, MAX_COUNT)], "seed": [SEED, None]},

@@ -62,6 +62,7 @@ from rfgp.inference._krylov_features import (
     calibrate_by_rows,
     calibrate_operator_by_krylov,
 )
+from rfgp.inference._prior_mean import adopt_prior_mean, check_prior_mean
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
 
@@ -407,7 +408,7 @@ def _cache_bytes(x: Tensor, kernel: Kernel) -> int:
 
 def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                    solve: str = "auto", noise_floor: float = 0.0,
-                   seed: int = 0) -> RandomFeatureGP:
+                   seed: int = 0, prior_mean: Any = 0.0) -> RandomFeatureGP:
     r"""Fit ``kernel``'s feature model with its outputscale and noise chosen by its own
     evidence: the rule of :func:`~rfgp.recipes.fit_auto`'s last stage, for lengthscales found
     elsewhere. With :math:`D` features the factor :math:`a` on the outputscale and the noise
@@ -423,10 +424,14 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     Args:
         kernel: a ``ScaleKernel`` around a random-feature kernel, or a sum of such (e.g.
             ``gp.kernel`` of a model from :func:`~rfgp.recipes.fit_auto`); copied, not changed.
-        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
+        x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` targets.
         noise: the starting noise (positive).
         solve: ``"auto"`` (the weight space up to 8192 features, CG beyond), ``"weight"`` or
             ``"cg"``.
+        prior_mean: the model's constant prior mean (a number, or one value per target
+            column; e.g. ``gp.prior_mean`` of a model from :func:`~rfgp.recipes.fit_auto`):
+            the calibration and the fit are those of ``y - prior_mean``, and the model
+            returned carries it.
         noise_floor: the noise's lower bound (a finite number >= 0); where it binds, the
             outputscale maximises the evidence with the noise held at it.
         seed: the seed of the iterative calibration's probes, an integer in
@@ -453,10 +458,16 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     """
     checked = validate_parameters(PARAMETER_CONSTRAINTS["calibrated_fit"], {
         "kernel": kernel, "noise": noise, "solve": solve, "noise_floor": noise_floor,
-        "seed": seed})
+        "seed": seed, "prior_mean": prior_mean})
     noise, solve, noise_floor, seed = (checked[name] for name in (
         "noise", "solve", "noise_floor", "seed"))
     x, y = check_evidence_rows(x, y, "calibrated_fit")
+    mean = check_prior_mean(prior_mean)
+    columns = 1 if y.dim() == 1 else y.shape[1]
+    if mean.dim() and mean.numel() != columns:
+        raise ValueError(f"prior_mean must hold one value per target column ({columns}), got "
+                         f"{mean.numel()}")
+    y = y - mean.to(y)
     kernel = copy.deepcopy(kernel)
     parts = kernel.kernels if isinstance(kernel, AdditiveKernel) else [kernel]
     odd = [type(part).__name__ for part in parts if not isinstance(part, ScaleKernel)]
@@ -472,4 +483,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
                                        noise_floor=noise_floor, seed=seed)
         for part in parts:
             part.outputscale = part.outputscale * calibration.factor
-    return fit_calibrated(kernel, x, y, calibration)
+    gp = fit_calibrated(kernel, x, y, calibration)
+    if bool(mean.any()):
+        adopt_prior_mean(gp, mean)
+    return gp

@@ -160,11 +160,23 @@ def regression_objective(
     y: Tensor,
     exact: bool = False,
     blocks: Optional[List[Tensor]] = None,
+    mean: bool = False,
 ) -> EvidenceObjective:
     r"""The objective :math:`-\log p(y) / (N T)` of ``gp`` over its kernel's trainable
     parameters and :math:`\log(\sigma^2 - \sigma^2_0)`, the floor :math:`\sigma^2_0` being
     :data:`~rfgp._units.NOISE_FLOOR` times the targets' mean square; ``finish`` sets
     the model noise to the point reached (the GP is not refitted).
+
+    With ``mean``, a constant prior mean :math:`m_t` per target column too, with the prior
+    :math:`m_t \sim N(0, v)`, :math:`v` the targets' mean square (the scale of any offset
+    the targets can hold): the objective is
+    :math:`-[\log p(y - m) + \log N(m; 0, v)] / (N T)`, whose minimiser in :math:`m` is
+    its posterior mean given the hyperparameters (a mean the evidence cannot tell apart from
+    the kernel's own constant part, as under long lengthscales and a large outputscale,
+    stays near zero instead of drifting); ``finish`` sets
+    :attr:`~rfgp.inference.RandomFeatureGP.prior_mean` to it. The gradient in :math:`m` is
+    :math:`-\mathbf 1^\top C^{-1} (y - m) + m / v` per column, from the evidences'
+    closed-form gradients in the targets.
 
     Args:
         gp: the model (its kernel's parameters and noise are changed by a search).
@@ -174,6 +186,8 @@ def regression_objective(
         blocks: with ``exact``, row-index tensors that partition the rows
             (k-d blocks of neighbouring rows): the sum of the blocks' exact
             evidences, that of the kernel matrix with its cross-block entries set to zero.
+        mean: search a constant prior mean too, from the model's own (without it, the
+            evidence is that of ``y`` less the model's fixed prior mean).
     """
     if blocks is not None and not exact:
         raise ValueError("regression_objective(blocks=...) needs exact=True")
@@ -190,6 +204,19 @@ def regression_objective(
         and base.num_outputs_per_input(x, x) == 1
     )
     y_cols = y.unsqueeze(-1) if y.dim() == 1 else y
+    prior_variance = max(float(y_cols.square().mean()), 1e-300)
+    if mean and not closed_form:
+        raise TypeError(
+            "regression_objective(mean=True) needs a ScaleKernel around a real kernel with one "
+            f"output per input, got {type(gp.kernel).__name__}"
+        )
+    # The targets less the model's prior mean (searched from its value with ``mean``); the
+    # autograd path below subtracts it itself.
+    offset = None
+    if mean or (closed_form and bool(gp.prior_mean.any())):
+        offset = gp.prior_mean.detach().to(y_cols).reshape(-1).expand(y_cols.shape[1]).clone()
+        if mean:
+            params.append(offset.requires_grad_(True))
     # Random Fourier features (or their exact kernel): the evidence of the kernel's own
     # projections, with the gradient in closed form through them. A subclass that redefines
     # the features keeps the closed form of its own features below.
@@ -204,20 +231,26 @@ def regression_objective(
     prepared = base.prepare_input(x) if fourier else x
 
     def loss() -> Tensor:
+        targets = y_cols if offset is None else y_cols - offset
         if fourier:
             value = fourier_kernel_negative_log_evidence(
-                base, prepared, y_cols, base.lengthscale.reshape(-1), gp.kernel.outputscale,
+                base, prepared, targets, base.lengthscale.reshape(-1), gp.kernel.outputscale,
                 log_noise.exp() + floor, exact, blocks)
         elif closed_form:
             z = base.features(x) * gp.kernel.outputscale.sqrt()
-            value = negative_log_evidence(z, y_cols, log_noise.exp() + floor)
+            value = negative_log_evidence(z, targets, log_noise.exp() + floor)
         else:
             value = -gp.log_marginal_likelihood(x, y, log_noise.exp() + floor)
+        if mean:  # the prior N(0, v) of the mean, less its constant
+            value = value + 0.5 * offset.square().sum() / prior_variance
         return value * scale
 
     def finish() -> None:
         gp.noise = (log_noise.detach().exp() + floor).to(gp.noise.dtype).reshape(
             gp.noise.shape)
+        if mean:
+            found = offset.detach()
+            gp.prior_mean = found[0] if found.numel() == 1 and y.dim() == 1 else found
 
     # A lengthscale that underflowed to 0 is outside the exact kernel's domain: the line
     # search backs off from it as from a non-finite loss.
@@ -262,6 +295,7 @@ def maximize_evidence(
     exact: bool = False,
     max_lengthscale: Optional[Tensor] = None,
     blocks: Optional[List[Tensor]] = None,
+    mean: bool = False,
 ) -> SearchResult:
     r"""Maximise :math:`\log p(y)` over the kernel's hyperparameters and the model noise:
     :func:`search_evidence` on :func:`regression_objective`, within
@@ -274,6 +308,7 @@ def maximize_evidence(
         max_iterations: L-BFGS iterations (each one line search, a few evaluations).
         tolerance: gradient tolerance on the loss per datum.
         exact, blocks: the evidence (see :func:`regression_objective`).
+        mean: search the prior mean too (see :func:`regression_objective`).
         max_lengthscale: ``(d,)`` upper bounds on the lengthscales (``None``: unbounded);
             needs a ``ScaleKernel`` around a kernel with ARD lengthscales.
 
@@ -297,8 +332,9 @@ def maximize_evidence(
                 f"with lengthscales, got {type(gp.kernel).__name__}"
             )
         with bounded_lengthscale(gp.kernel, max_lengthscale):
-            return maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks)
-    return search_evidence(regression_objective(gp, x, y, exact, blocks), max_iterations,
+            return maximize_evidence(gp, x, y, max_iterations, tolerance, exact, None, blocks,
+                                     mean)
+    return search_evidence(regression_objective(gp, x, y, exact, blocks, mean), max_iterations,
                            tolerance)
 
 
@@ -310,6 +346,7 @@ def two_path_search(
     tolerance: float = 1e-4,
     exact: bool = False,
     blocks: Optional[List[Tensor]] = None,
+    mean: bool = False,
 ) -> SearchResult:
     r"""The evidence search from ``gp``'s hyperparameters along two paths, the higher evidence
     kept: L-BFGS from the start, and L-BFGS after :data:`WARM_UP_STEPS` Adam steps
@@ -322,7 +359,8 @@ def two_path_search(
     leave such a plateau. Neither path is better everywhere; the evidence decides.
 
     Args:
-        gp, x, y, max_iterations, tolerance, exact, blocks: as in :func:`maximize_evidence`.
+        gp, x, y, max_iterations, tolerance, exact, blocks, mean: as in
+            :func:`maximize_evidence`.
 
     Returns:
         The :class:`SearchResult` of the kept path (its losses last, after the other's).
@@ -337,7 +375,7 @@ def two_path_search(
         >>> bool(0.003 < float(gp.noise) < 0.03)
         True
     """
-    return search_two_paths(lambda: regression_objective(gp, x, y, exact, blocks),
+    return search_two_paths(lambda: regression_objective(gp, x, y, exact, blocks, mean),
                             lambda: _hyperparameters(gp), lambda state: _restore(gp, state),
                             max_iterations, tolerance)
 
@@ -399,13 +437,16 @@ def search_two_paths(objective: Callable[[], EvidenceObjective], save: Callable[
 
 
 def _hyperparameters(gp: RandomFeatureGP):
-    """The kernel's trainable parameters and the noise, copied (the random weights stay)."""
-    return [p.detach().clone() for p in gp.kernel.parameters()], gp.noise.detach().clone()
+    """The kernel's trainable parameters, the noise and the prior mean, copied (the random
+    weights stay)."""
+    return ([p.detach().clone() for p in gp.kernel.parameters()], gp.noise.detach().clone(),
+            gp.prior_mean.detach().clone())
 
 
 def _restore(gp: RandomFeatureGP, state) -> None:
-    values, noise = state
+    values, noise, mean = state
     with torch.no_grad():
         for param, value in zip(gp.kernel.parameters(), values):
             param.copy_(value)
     gp.noise = noise.clone()
+    gp.prior_mean = mean.clone()

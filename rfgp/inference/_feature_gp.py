@@ -43,6 +43,7 @@ from rfgp.inference._noise import (
     column_noise,
 )
 from rfgp.inference._prediction import Prediction
+from rfgp.inference._prior_mean import check_prior_mean
 from rfgp.inference._selection import ConvergenceWarning
 from rfgp.inference._solvers import Solver
 from rfgp.kernels._base import RandomFeatureKernel
@@ -57,11 +58,12 @@ _STATISTICS_DTYPES = (None, torch.float32, torch.float64)
 class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
     r"""Gaussian-process regression with a random-feature kernel, solved in weight space.
 
-    The model is :math:`y_{it} = f_t(x_i) + \varepsilon_{it}`, :math:`\varepsilon_{it} \sim
-    N(0, \sigma_{it}^2)`, with independent outputs :math:`f_t \sim GP(0, \hat k)`. The prior mean
-    is **zero**: centre the targets (and add the mean back). With
+    The model is :math:`y_{it} = m_t + f_t(x_i) + \varepsilon_{it}`, :math:`\varepsilon_{it}
+    \sim N(0, \sigma_{it}^2)`, with independent outputs :math:`f_t \sim GP(0, \hat k)` and a
+    known constant prior mean :math:`m_t` (``prior_mean``, zero by default): the fit conditions
+    on :math:`y - m`, and every mean, posterior and sample path adds :math:`m` back. With
     :math:`B = \Phi^H S^{-1} \Phi + I`:
-    :math:`\mu(x) = \mathrm{Re}\{\Phi(x)^\top B^{-1} \Phi^H S^{-1} y\}`,
+    :math:`\mu(x) = m + \mathrm{Re}\{\Phi(x)^\top B^{-1} \Phi^H S^{-1} (y - m)\}`,
     :math:`\mathrm{Cov}(x, x') = \mathrm{Re}\{\Phi(x)^\top B^{-1} \overline{\Phi(x')}\}`.
 
     Complex features use this complex posterior; ``complex_posterior=False`` uses the real GP
@@ -148,7 +150,7 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         *, cg_tolerance: Optional[float] = None, max_cg_iterations: int = 1000,
         preconditioner_rank: Optional[int] = None, cache_bytes: int = 1 << 30,
         cg_variance: str = "auto", cg_variance_tolerance: float = 1e-2,
-        cg_variance_rank: int = 2048,
+        cg_variance_rank: int = 2048, prior_mean: Union[float, Tensor] = 0.0,
     ) -> None:
         super().__init__()
         # Sums and products of feature kernels become one feature map here, once, so that the
@@ -168,11 +170,14 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
                                       variance_rank=cg_variance_rank)
         self.kernel = kernel
         self.register_buffer("noise", check_model_noise(noise))
+        self.register_buffer("prior_mean", check_prior_mean(prior_mean))
         self._state: Optional[FitState] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "noise" and "_buffers" in self.__dict__ and "noise" in self._buffers:
             value = check_model_noise(value)
+        if name == "prior_mean" and "_buffers" in self.__dict__ and "prior_mean" in self._buffers:
+            value = check_prior_mean(value).to(self._buffers["prior_mean"].device)
         if name == "kernel" and isinstance(value, Kernel):
             value = feature_kernel(value)  # a reassigned kernel tree, as at construction
         super().__setattr__(name, value)
@@ -270,7 +275,8 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
     @property
     def _factory(self) -> SolverFactory:
         return SolverFactory(self.feature_map, self.solve, self._complex_solve, self.jitter,
-                             self.chunk_size, self.statistics_dtype, self.cg_settings)
+                             self.chunk_size, self.statistics_dtype, self.cg_settings,
+                             self.prior_mean)
 
     def _query(self, x: Any, name: str = "x") -> Tensor:
         """A query cast to the dtype of the fit (on its device)."""
@@ -344,6 +350,7 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
             solver=solver, layout=layout, fingerprint=self.feature_map.fingerprint(),
             factor_noise=self.noise.detach().clone(), feature_dtype=x.dtype, device=x.device,
             held=held, chunk=chunk, allocated_by_fit=allocated_by_fit,
+            prior_mean=self.prior_mean.detach().clone(),
         )
 
     def fit(self, x: Tensor, y: Tensor, noise: Optional[Union[float, Tensor]] = None, *,
@@ -443,7 +450,7 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
                 f"RandomFeatureGP.{what}: the model is not fitted; call fit(x, y) first"
             )
         state.solver.bind(self.feature_map)
-        changes = state.changes(self.kernel, self.noise)
+        changes = state.changes(self.kernel, self.noise, self.prior_mean)
         if changes and state.held is not None:
             self._fit_batches(state.held, state.chunk, allocated=state.allocated_by_fit)
             return self._state
@@ -480,4 +487,9 @@ class RandomFeatureGP(ModelSelection, Prediction, torch.nn.Module):
         saved = state_dict.get(prefix + "noise")
         if isinstance(saved, Tensor) and saved.shape != self.noise.shape:
             self._buffers["noise"] = torch.empty_like(saved)
+        mean = state_dict.get(prefix + "prior_mean")
+        if mean is None:  # a checkpoint of a model without a prior mean: zero
+            state_dict[prefix + "prior_mean"] = torch.zeros_like(self.prior_mean)
+        elif isinstance(mean, Tensor) and mean.shape != self.prior_mean.shape:
+            self._buffers["prior_mean"] = torch.empty_like(mean)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -58,11 +58,16 @@ class FitState:
     #: whether the fit chose the kernel's data-dependent allocation from its own rows (then
     #: more rows call for a new allocation, as a fit on all of them would choose)
     allocated_by_fit: bool = False
+    #: the constant prior mean the fit subtracted from the targets (``None``: zero)
+    prior_mean: Optional[Tensor] = None
 
-    def changes(self, kernel: torch.nn.Module, model_noise: Tensor) -> List[str]:
+    def changes(self, kernel: torch.nn.Module, model_noise: Tensor,
+                prior_mean: Optional[Tensor] = None) -> List[str]:
         """What changed since the fit that a refactorisation cannot follow (empty: nothing)."""
         check_noise_usable(model_noise, self.solver.dtype)
         changes = self.fingerprint.changes(kernel)
+        if not _same_mean(self.prior_mean, prior_mean):
+            changes.append("the prior mean changed since fit")
         if self.layout.frozen_noise_changed(model_noise):
             changes.append("the model noise changed since fit (its per-output values were "
                            "folded into the statistics)")
@@ -92,6 +97,8 @@ class FitState:
         self.solver.to(device, stats_dtype)
         self.fingerprint.apply(fn)
         self.factor_noise = fn(self.factor_noise)
+        if self.prior_mean is not None:
+            self.prior_mean = fn(self.prior_mean)
         if self.layout.frozen is not None:
             self.layout.frozen = fn(self.layout.frozen)
         if self.held is not None:
@@ -110,6 +117,7 @@ class FitState:
             "feature_dtype": str(self.feature_dtype).replace("torch.", ""),
             "device": str(self.device),
             "allocated_by_fit": self.allocated_by_fit,
+            "prior_mean": self.prior_mean,
         }
 
     @classmethod
@@ -157,4 +165,16 @@ class FitState:
             feature_dtype=record.dtype("feature_dtype"),
             device=record.device("device"),
             allocated_by_fit=record.boolean("allocated_by_fit", False),
+            # absent from checkpoints of models without a prior mean: zero
+            prior_mean=(record.tensor("prior_mean", optional=True)
+                        if "prior_mean" in record.values else None),
         )
+
+
+def _same_mean(fitted: Optional[Tensor], now: Optional[Tensor]) -> bool:
+    """Whether two prior means (``None``: zero) are equal."""
+    fitted = torch.zeros(()) if fitted is None else fitted
+    now = torch.zeros(()) if now is None else now
+    if fitted.shape != now.shape and fitted.dim() and now.dim():
+        return False
+    return bool((fitted.to(torch.float64).cpu() == now.to(torch.float64).cpu()).all())

@@ -34,6 +34,7 @@ from rfgp.inference._noise import (
     targets_as_rows,
 )
 from rfgp.inference._nystrom import NystromPreconditioner
+from rfgp.inference._prior_mean import mean_rows
 from rfgp.inference._solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference._statistics import FeatureStatistics
 
@@ -59,6 +60,8 @@ class SolverFactory:
         chunk_size: default rows per chunk (``None``: about ``4 * 10^6 / D``).
         statistics_dtype: dtype of the statistics (``None``: that of the features).
         cg: settings of the iterative solve.
+        prior_mean: the model's constant prior mean (``None``: zero), subtracted from every
+            batch's targets (:func:`~rfgp.inference._prior_mean.mean_rows`).
     """
 
     feature_map: FeatureMap
@@ -68,6 +71,7 @@ class SolverFactory:
     chunk_size: Optional[int]
     statistics_dtype: Optional[torch.dtype]
     cg: CGSettings = field(default_factory=CGSettings)
+    prior_mean: Optional[Tensor] = None
 
     def default_chunk(self, entries: int = CHUNK_ENTRIES) -> int:
         """The rows of a chunk: the model's ``chunk_size``, else as many as hold ``entries``
@@ -89,6 +93,9 @@ class SolverFactory:
         p = self.feature_map.outputs_per_input
         rows_y, y_ndim = targets_as_rows(y, x.shape[0], p)
         rows_y = rows_y.to(device=x.device, dtype=x.dtype)
+        mean = self.prior_mean
+        if mean is not None and (mean.dim() or bool(mean.any())):  # (a vector: its length)
+            rows_y = rows_y - mean_rows(mean, rows_y.shape[0], rows_y.shape[1], p, rows_y)
         if noise is not None:
             rows_noise = expand_noise(noise, x.shape[0], rows_y.shape[1], p)
         elif NoiseLayout.model_noise_varies_over_rows(model_noise, p):
@@ -178,6 +185,8 @@ class SolverFactory:
         with torch.no_grad():
             fm.real_rows(prepared[0])  # draws any lazily sampled weights before the fingerprint
         rows = SourceRows(source, self.stats_dtype(prepared[0].dtype))
+        if self.prior_mean is not None and bool(self.prior_mean.any()):
+            rows.offset = self.prior_mean.reshape(-1) if self.prior_mean.dim() else self.prior_mean
         scale = agreed_scale(power_of_two_scale(torch.tensor(rows.largest_target())),
                              prepared[0], distributed, group)
         rows.target_scale = scale

@@ -64,7 +64,8 @@ class ModelSelection:
                 return state.solver.log_evidence(self._column_noise(state.layout))
         if self.solve == "cg" or self.solve_used == "cg":
             return stochastic_log_evidence(self, x, y, noise)[0]
-        x_checked, rows_y, rows_noise = evidence_rows(self.feature_map, self.noise, x, y, noise)
+        x_checked, rows_y, rows_noise = evidence_rows(self.feature_map, self.noise, x, y, noise,
+                                                     self.prior_mean)
         z = self.feature_map.real_rows(x_checked)
         return log_evidence_from_features(z, rows_y, rows_noise.to(rows_y), self.jitter)
 

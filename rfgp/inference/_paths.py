@@ -10,7 +10,7 @@ draw of the posterior it came from whatever later happens to the model's kernel,
 from __future__ import annotations
 
 import copy
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from rfgp._data import array_row_chunks
 from rfgp._validation import check_int
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._noise import NoiseLayout
+from rfgp.inference._prior_mean import mean_rows
 from rfgp.kernels._base import real_form
 
 __all__ = ["SamplePaths"]
@@ -38,6 +39,7 @@ class SamplePaths(torch.nn.Module):
         draws: ``(columns, w)`` per group of outputs, ``w`` of shape ``(W, S, Tg)``.
         layout: the outputs' layout (shapes the values).
         complex_solve: whether ``w`` multiplies the complex features (else the real form).
+        prior_mean: the model's constant prior mean, added to every path (``None``: zero).
 
     Example:
         >>> from rfgp import RandomFeatureGP
@@ -55,6 +57,7 @@ class SamplePaths(torch.nn.Module):
         draws: Sequence[Tuple[List[int], Tensor]],
         layout: NoiseLayout,
         complex_solve: bool,
+        prior_mean: Optional[Tensor] = None,
     ) -> None:
         super().__init__()
         self.kernel = copy.deepcopy(kernel)
@@ -70,6 +73,8 @@ class SamplePaths(torch.nn.Module):
         self.y_ndim = layout.y_ndim
         self.outputs_per_input = layout.outputs_per_input
         self.complex_solve = complex_solve
+        mean = torch.zeros((), dtype=torch.float64) if prior_mean is None else prior_mean
+        self.register_buffer("prior_mean", mean.detach().clone())
 
     def weights(self, index: int) -> Tensor:
         """The drawn weights ``(W, S, Tg)`` of group ``index``."""
@@ -108,4 +113,15 @@ class SamplePaths(torch.nn.Module):
             vals = (feats @ w.to(feats.dtype).reshape(w.shape[0], -1)).real  # (M, S Tg)
             vals = vals.reshape(feats.shape[0], self.num_samples, len(cols)).permute(1, 0, 2)
             out = out.index_copy(2, torch.tensor(cols, device=out.device), vals)
+        mean = getattr(self, "prior_mean", None)  # absent from paths pickled before it
+        if mean is not None and bool(mean.any()):
+            out = out + mean_rows(mean, out.shape[1], out.shape[2], self.outputs_per_input, out)
         return out
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Paths saved before the prior mean existed had none: zero.
+        state_dict.setdefault(prefix + "prior_mean", torch.zeros((), dtype=torch.float64))
+        saved = state_dict[prefix + "prior_mean"]
+        if isinstance(saved, Tensor) and saved.shape != self.prior_mean.shape:
+            self._buffers["prior_mean"] = torch.empty_like(saved)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

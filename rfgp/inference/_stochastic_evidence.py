@@ -121,7 +121,7 @@ def stochastic_log_evidence(gp: Any, x: Optional[Tensor] = None, y: Optional[Ten
         return value, error
     fm = gp.feature_map
     p = fm.outputs_per_input
-    x, rows_y, rows_noise = evidence_rows(fm, gp.noise, x, y, noise)
+    x, rows_y, rows_noise = evidence_rows(fm, gp.noise, x, y, noise, gp.prior_mean)
     rows_noise = rows_noise.to(device=x.device)
 
     scale = power_of_two_scale(rows_y)
