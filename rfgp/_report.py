@@ -42,6 +42,8 @@ class FitReport:
             (``"candidates"``: their names, ``"evidence"``: the negative log evidence per
             datum of each at its calibrated scales), the candidate chosen, the
             ``outputscale_factor`` and the noise before and after.
+        prior_mean: the constant prior mean the search chose (a number, or ``(T,)`` one per
+            target column; ``None`` with ``prior_mean="zero"``).
     """
 
     schedule: Any = None
@@ -62,6 +64,7 @@ class FitReport:
     local_blocks: int = 0
     local_losses: List[float] = field(default_factory=list)
     calibration: Dict[str, Any] = field(default_factory=dict)
+    prior_mean: Optional[Tensor] = None
 
     @classmethod
     def begin(cls, report: Optional[FitReport], schedule: Any) -> FitReport:

@@ -19,8 +19,8 @@ observations the model holds. The recipe:
    re-standardising), repeat.
 
 :func:`thompson_sample` does steps 2-4; :func:`maximize_paths` does 3-4 for any callable paths.
-Fit a constant prior mean with the hyperparameters (the model has a zero mean: fit it to the
-targets minus that constant) and start each hyperparameter fit from the priors; the
+Fit a constant prior mean with the hyperparameters (the model's ``prior_mean``) and start
+each hyperparameter fit from the priors; the
 Thompson-sampling guide has the recipe. Once ``N`` is many times ``D``, draw the paths from a
 posterior with more features than the hyperparameter fit used (:func:`posterior_num_features`):
 a weight-space posterior with ``D`` features and ``N >> D`` observations is confident in every

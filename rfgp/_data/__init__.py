@@ -31,7 +31,13 @@ Internal: not part of the public API.
 from rfgp._data._draws import PERMUTATION_ROWS, draw_rows
 from rfgp._data._moments import MOMENT_BITS, SourceMoments, source_moments, target_moments
 from rfgp._data._queries import array_row_chunks
-from rfgp._data._sharded import ShardedSource, all_reduce_sum, gather_checked, open_source
+from rfgp._data._sharded import (
+    ShardedSource,
+    all_reduce_sum,
+    centred_source,
+    gather_checked,
+    open_source,
+)
 from rfgp._data._sources import (
     DEFAULT_CHUNK_ROWS,
     SOURCE_DTYPES,
@@ -57,6 +63,7 @@ __all__ = [
     "all_reduce_sum",
     "array_row_chunks",
     "as_source",
+    "centred_source",
     "check_chunk",
     "draw_rows",
     "gather_checked",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
@@ -35,11 +35,14 @@ class SourceMoments:
             column or one row), in the source's dtype, on the CPU.
         target_rms: the root mean square of ``y`` over every entry (float64, computed without
             squaring ``y`` itself, so at any magnitude a float64 holds).
+        target_mean: ``(T,)`` the mean of each target column over every row (float64; one
+            entry for ``(N,)`` targets).
     """
 
     num_rows: int
     column_scale: Tensor
     target_rms: float
+    target_mean: Optional[Tensor] = None
 
 
 def _power_of_two(values: Tensor) -> Tensor:
@@ -86,21 +89,25 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
     unit_x = _power_of_two(peak_x)
     unit_y = 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 1.0
 
-    def moments() -> Tuple[int, Tensor, Tensor, float]:
+    columns = max(1, math.prod(source.target_shape))
+
+    def moments() -> Tuple[int, Tensor, Tensor, float, Tensor]:
         count, mean, m2 = 0, torch.zeros(d, dtype=torch.float64), torch.zeros(
             d, dtype=torch.float64)
-        squares = 0.0
+        squares, sums = 0.0, torch.zeros(columns, dtype=torch.float64)
         for x, y in source.chunks(rows_per_chunk):
             z = x.to(torch.float64) / unit_x.to(x.device)
             centre = z.mean(0)
             count, mean, m2 = _merge(count, mean, m2, z.shape[0], centre.cpu(),
                                      (z - centre).square().sum(0).cpu())
-            squares += float((y.to(torch.float64) / unit_y).square().sum())
-        return count, mean, m2, squares
+            scaled = y.to(torch.float64) / unit_y
+            squares += float(scaled.square().sum())
+            sums += scaled.reshape(scaled.shape[0], columns).sum(0).cpu()
+        return count, mean, m2, squares, sums
 
     parts = gather_checked(moments, source.group) if sharded else [moments()]
     count, mean, m2 = 0, torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
-    for n_r, mean_r, m2_r, _ in parts:
+    for n_r, mean_r, m2_r, _, _ in parts:
         count, mean, m2 = _merge(count, mean, m2, n_r, mean_r, m2_r)
     squares = sum(part[3] for part in parts)
     if count > 1:
@@ -110,11 +117,13 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
         scale = torch.ones(d, dtype=torch.float64)
     entries = count * max(1, math.prod(source.target_shape))
     rms = unit_y * math.sqrt(squares / entries)
+    target_mean = unit_y * sum(part[4] for part in parts) / max(count, 1)
     # Rounded to MOMENT_BITS significant bits: the association of the sums (the chunks, the
     # processes) changes their last bits, and the search's start, on which the path of its
     # optimiser depends, must not change with it.
     return SourceMoments(count, _round_bits(scale).to(source.dtype),
-                         float(_round_bits(torch.tensor(rms, dtype=torch.float64))))
+                         float(_round_bits(torch.tensor(rms, dtype=torch.float64))),
+                         _round_bits(target_mean))
 
 
 def _round_bits(values: Tensor) -> Tensor:

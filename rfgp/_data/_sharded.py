@@ -8,6 +8,7 @@ Internal: not part of the public API.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
@@ -15,9 +16,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rfgp._data._sources import DEFAULT_CHUNK_ROWS, DataSource, Pair, as_source
+from rfgp._data._sources import (
+    DEFAULT_CHUNK_ROWS,
+    DataSource,
+    Pair,
+    ScaledTargets,
+    as_source,
+)
 
-__all__ = ["ShardedSource", "all_reduce_sum", "gather_checked", "open_source"]
+__all__ = ["ShardedSource", "all_reduce_sum", "centred_source", "gather_checked", "open_source"]
 
 
 def gather_checked(work: Callable[[], Any], process_group: Any = None) -> List[Any]:
@@ -137,6 +144,22 @@ class ShardedSource(DataSource):
     def chunks(self, rows_per_chunk: int = DEFAULT_CHUNK_ROWS) -> Iterator[Pair]:
         return self.localsource.chunks(rows_per_chunk)
 
+
+def centred_source(source: DataSource, offset: Any) -> DataSource:
+    """``source`` with ``offset`` (a number, or one value per target column) subtracted from
+    its targets; a :class:`ShardedSource` stays one (its shard is centred, no collective).
+
+    Example:
+        >>> from rfgp._data import ArraySource
+        >>> src = centred_source(ArraySource(torch.zeros(2, 1), torch.tensor([1.0, 3.0])), 2.0)
+        >>> src.take(torch.tensor([0, 1]))[1]
+        tensor([-1.,  1.])
+    """
+    if isinstance(source, ShardedSource):
+        shard = copy.copy(source)
+        shard.localsource = ScaledTargets(source.localsource, offset, 1.0)
+        return shard
+    return ScaledTargets(source, offset, 1.0)
 
 
 def open_source(x: Any, y: Any, distributed: bool) -> Optional[DataSource]:

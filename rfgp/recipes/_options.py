@@ -119,6 +119,11 @@ class RegressionOptions(RecipeOptions):
             their time to the features; ``False`` keeps
             the schedule, a function of the rows, inputs and budget alone (a fit then
             reproduces on every machine).
+        prior_mean: ``"constant"``: the first search also chooses a constant prior mean
+            per target column, with the prior :math:`N(0, v)` (:math:`v` the targets' mean
+            square), which every later stage and the final model keep
+            (:attr:`~rfgp.RandomFeatureGP.prior_mean`; ``report.prior_mean``); ``"zero"``:
+            the prior mean is zero (centre the targets first).
     """
 
     exact_rows: int = 1000
@@ -130,6 +135,7 @@ class RegressionOptions(RecipeOptions):
     solve: str = "auto"
     distributed: bool = False
     anytime: bool = True
+    prior_mean: str = "constant"
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from rfgp._working_set import (
     working_set,
 )
 from rfgp.inference import RandomFeatureGP
+from rfgp.inference._prior_mean import adopt_prior_mean
 from rfgp.recipes._laplace import LAPLACE
 from rfgp.recipes._local import LOCAL
 from rfgp.recipes._options import RegressionOptions
@@ -96,8 +97,11 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     :mod:`rfgp.recipes`); ``report.timing()`` sets each stage's predicted seconds against the
     measured ones.
 
-    The prior mean is zero: centre (or standardise) ``y`` first and add the mean back to the
-    predictions. Inputs need no scaling: the search runs in units near each column's spread.
+    The first search chooses a constant prior mean per target column with the other
+    hyperparameters (``prior_mean="constant"``, the default; ``report.prior_mean``): the
+    model's mean far from the data, where its evidence puts it rather than at the targets'
+    average; with ``prior_mean="zero"`` it is zero (centre the targets first). Inputs need no
+    scaling: the search runs in units near each column's spread.
 
     **Rows not in memory.** ``x`` and ``y`` may be numpy arrays or memory-maps
     (``np.load(path, mmap_mode="r")``), or ``x`` a re-iterable source of ``(x, y)`` chunks (a
@@ -114,7 +118,7 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
     Args:
         x: ``(N, d)`` float32 or float64 inputs: a tensor, a numpy array or memory-map, or a
             source of ``(x, y)`` chunks.
-        y: ``(N,)`` or ``(N, T)`` centred targets (``None`` for a chunk source).
+        y: ``(N,)`` or ``(N, T)`` targets (``None`` for a chunk source).
         report: a :class:`~rfgp.recipes.FitReport` to fill in (cleared first).
         **options: any of :class:`~rfgp.recipes.RegressionOptions` (``spectral``,
             ``num_features``, ``time_budget``, ``seed``, ``progress``, ...).
@@ -149,19 +153,28 @@ def fit_auto(x: Any, y: Any = None, *, report: Optional[FitReport] = None,
         if opts.distributed:
             searched, data = _agree_on_stages(timer, data, searched, report, started)
         else:
-            searched = _search_stages(timer, data, searched, report)
+            searched, data = _search_stages(timer, data, searched, report)
             data = replanned(data, report, started)
         gp = timer.run(STAGES[-1], data, searched, report)
+    if searched.mean is not None:
+        # The final fit was on the targets less the mean: the model that adds it back.
+        report.prior_mean = searched.mean * data.y_unit
+        adopt_prior_mean(gp, report.prior_mean)
     _report_in_data_units(data, searched, report)
     return gp
 
 
 def _search_stages(timer: StageTimer, data: RecipeData, searched: Searched,
-                   report: FitReport) -> Searched:
-    """The stages before the final fit, each handing on the next :class:`Searched`."""
+                   report: FitReport) -> tuple:
+    """The stages before the final fit, each handing on the next :class:`Searched`; a stage
+    that chose a prior mean hands the data centred by it to the stages after it:
+    ``(searched, data)``."""
     for stage in STAGES[:-1]:
+        before = searched.mean
         searched = timer.run(stage, data, searched, report) or searched
-    return searched
+        if searched.mean is not None and searched.mean is not before:
+            data = data.centred(searched.mean if before is None else searched.mean - before)
+    return searched, data
 
 
 def replanned(data: RecipeData, report: FitReport, started: float) -> RecipeData:
@@ -207,10 +220,12 @@ def _agree_on_stages(timer: StageTimer, data: RecipeData, searched: Searched,
     :class:`Searched`, report and re-planned schedule) adopted by all, so that every rank
     fits the same model: ``(searched, data)``."""
     def run() -> tuple:
-        found = _search_stages(timer, data, searched, report)
+        found = _search_stages(timer, data, searched, report)[0]
         return found, report, replanned(data, report, started).schedule
 
     adopted, record, schedule = agreed(run, data.source)
+    if adopted.mean is not None:  # every rank centres its own rows by rank 0's mean
+        data = data.centred(adopted.mean)
     seconds = report.seconds  # the timer's: the final fit's time joins rank 0's
     report.__dict__.update({key: value for key, value in record.__dict__.items()
                             if key != "seconds"})
@@ -277,7 +292,8 @@ def _begin(source: DataSource, opts: RegressionOptions, report: Optional[FitRepo
         held = None
     xs, ys = x / x_unit, y / y_unit
     data = RecipeData(opts, schedule, xs, ys, x, y, x_unit, y_unit, generator, order,
-                      source=held, target_mean_square=mean_square)
+                      source=held, target_mean_square=mean_square,
+                      target_mean=found.target_mean / y_unit)
     start = start_from_moments(scale / x_unit, median, mean_square)
     report.initial = {"lengthscale": start["lengthscale"] * x_unit,
                       "outputscale": start["outputscale"] * y_unit**2,

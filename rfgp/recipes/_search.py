@@ -1,7 +1,8 @@
 r"""The stage ``"search"`` of :func:`~rfgp.recipes.fit_auto` (:data:`SEARCH`): the evidence
 of the schedule's kind (the exact kernel's on at most ``exact_rows`` rows, the blocks' where
 the subsample is every row, else the features') maximised on the subsample along both paths
-of :func:`~rfgp.inference._evidence_search.two_path_search`. The search itself (objectives,
+of :func:`~rfgp.inference._evidence_search.two_path_search`, with the constant prior mean
+where ``prior_mean="constant"`` (handed on as :attr:`Searched.mean`). The search itself (objectives,
 L-BFGS, the two paths) is :mod:`rfgp.inference._evidence_search`'s.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+
+import torch
 
 from rfgp._report import FitReport
 from rfgp.inference import (
@@ -64,16 +67,21 @@ def search(data: RecipeData, start: Searched, report: FitReport) -> Searched:
     xs, ys, rows = data.head(data.schedule.subsample)
     evidence = data.schedule.search_evidence
     blocks = kd_blocks(xs, opts.exact_rows) if evidence == "blocks" else None
+    searches_mean = opts.prior_mean == "constant"
     result = two_path_search(start.model, xs, ys, opts.max_iterations, opts.tolerance,
-                             evidence != "features", blocks)
+                             evidence != "features", blocks, searches_mean)
     record_search(report, "search", result, evidence)
+    mean = None
+    if searches_mean:  # handed on: the later stages read the data centred by it
+        mean = start.model.prior_mean.detach().cpu().clone()
+        start.model.prior_mean = torch.zeros_like(mean)
     if not result.converged:
         warnings.warn(
             f"fit_auto: the evidence search did not converge in {opts.max_iterations} L-BFGS "
             "iterations; increase max_iterations",
             ConvergenceWarning,
         )
-    return replace(start, rows=rows, evidence=evidence, blocks=blocks)
+    return replace(start, rows=rows, evidence=evidence, blocks=blocks, mean=mean)
 
 
 SEARCH = Stage("search", search, ((0, plan_search),))

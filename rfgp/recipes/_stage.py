@@ -10,6 +10,7 @@ Internal: not part of the public API (see :mod:`rfgp.recipes`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
+from rfgp._data import centred_source
 from rfgp.inference import RandomFeatureGP
 
 __all__ = ["RecipeData", "Searched", "Stage", "StageTimer"]
@@ -43,6 +45,8 @@ class RecipeData:
             random order, in that order.
         target_mean_square: the mean of ``y^2`` over every row in the search's units (from the
             streamed moments; ``None``: that of ``y``).
+        target_mean: ``(T,)`` the mean of each target column over every row, search units
+            (from the streamed moments; ``None``: that of ``y``).
     """
 
     options: Any
@@ -57,6 +61,7 @@ class RecipeData:
     order: Optional[Tensor] = None
     source: Any = None
     target_mean_square: Optional[float] = None
+    target_mean: Optional[Tensor] = None
 
     @property
     def num_rows(self) -> int:
@@ -77,6 +82,26 @@ class RecipeData:
     @property
     def input_dim(self) -> int:
         return self.x.shape[1]
+
+    def centred(self, mean: Tensor) -> RecipeData:
+        r"""The data with the targets less ``mean`` (search units; a number or one value per
+        target column), everywhere a stage reads them: ``y``, ``y_data`` (less
+        ``mean * y_unit``), the source, and the moments (:math:`\overline{(y - m)^2} =
+        \overline{y^2} - 2 m \bar y + m^2`, averaged over the columns)."""
+        if not bool(mean.any()):
+            return self
+        mean = mean.to(torch.float64)
+        cols = self.y.numel() // max(self.y.shape[0], 1)
+        column_mean = mean.reshape(-1).expand(cols)
+        means = (self.target_mean if self.target_mean is not None
+                 else self.y.to(torch.float64).reshape(self.y.shape[0], cols).mean(0).cpu())
+        square = self.mean_square() - float((2.0 * column_mean * means.reshape(-1)
+                                             - column_mean.square()).mean())
+        data_mean = mean * self.y_unit
+        source = None if self.source is None else centred_source(self.source, data_mean)
+        return dataclasses.replace(
+            self, y=self.y - mean.to(self.y), y_data=self.y_data - data_mean.to(self.y_data),
+            source=source, target_mean_square=max(square, 0.0), target_mean=means - column_mean)
 
     def head(self, count: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """The first ``count`` rows of the random order (all rows, in their order, when
@@ -105,6 +130,8 @@ class Searched:
             model's evidence chooses (empty: the model's own).
         draws: ``(S, d)`` Laplace draws of the lengthscales relative to the centre, or
             ``None``.
+        mean: the constant prior mean the search chose, search units (``None``: zero);
+            the stages after it read the data centred by it (:meth:`RecipeData.centred`).
     """
 
     model: RandomFeatureGP
@@ -114,6 +141,7 @@ class Searched:
     bound: Optional[Tensor] = None
     candidates: Mapping[str, Tensor] = field(default_factory=dict)
     draws: Optional[Tensor] = None
+    mean: Optional[Tensor] = None
 
     def lengthscale(self) -> Tensor:
         """``(d,)`` the searched model's lengthscales."""

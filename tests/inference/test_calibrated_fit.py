@@ -122,7 +122,8 @@ def test_a_served_evidence_is_dropped_when_the_outputscale_changes_after_the_fit
     gp.kernel.outputscale = gp.kernel.outputscale.detach() * 4
     again = float(gp.log_marginal_likelihood())
     assert gp._state.solver.known_evidence is None and again != served
-    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight",
+                                  prior_mean=gp.prior_mean)
                   .fit(x, y).log_marginal_likelihood())
     assert abs(again - exact) <= 5 * gp._state.solver.evidence_standard_error + 1e-9 * abs(exact)
 
@@ -150,13 +151,15 @@ def test_a_cg_fit_serves_its_calibration_evidence_until_it_is_refitted(columns):
     served = float(gp.log_marginal_likelihood())
     error = gp._state.solver.evidence_standard_error
     assert (served, error) == solver.known_evidence and error > 0
-    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight",
+                                  prior_mean=gp.prior_mean)
                   .fit(x, y).log_marginal_likelihood())
     assert abs(served - exact) <= 5 * error + 1e-9 * abs(exact)
     # A new noise: a new factorisation, a new estimate of the new model's evidence.
     gp.noise = gp.noise.detach() * 2
     again = float(gp.log_marginal_likelihood())
     assert gp._state.solver.known_evidence is None
-    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight")
+    exact = float(RandomFeatureGP(gp.kernel, noise=gp.noise.detach(), solve="weight",
+                                  prior_mean=gp.prior_mean)
                   .fit(x, y).log_marginal_likelihood())
     assert abs(again - exact) <= 5 * gp._state.solver.evidence_standard_error + 1e-9 * abs(exact)

@@ -133,7 +133,8 @@ def test_fit_auto_ends_at_the_final_models_evidence_maximum():
         z = FeatureMap(kernel).real_rows(x)
     theta = torch.zeros(2, dtype=DT, requires_grad=True)
     noise = gp.noise.detach()
-    nll = negative_log_evidence(z * (theta[0] / 2).exp(), y.unsqueeze(-1),
+    # (of the targets less the prior mean the search chose)
+    nll = negative_log_evidence(z * (theta[0] / 2).exp(), (y - gp.prior_mean).unsqueeze(-1),
                                 noise * theta[1].exp())
     (grad,) = torch.autograd.grad(nll / y.numel(), theta)
     assert float(grad.abs().max()) < 1e-6
@@ -151,7 +152,8 @@ def test_the_final_fit_reuses_the_calibrations_products_exactly(columns):
     y = 1e-3 * (y if columns == 1 else torch.stack([y, -2 * y], -1))
     gp = fit_auto(x, y, num_features=48, seed=0)
     assert gp.solve_used == "weight"
-    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone())
+    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone(),
+                            prior_mean=gp.prior_mean)
     plain.fit(x, y)
     xt = x[:50] * 1.01
     fitted = gp._state
@@ -225,11 +227,12 @@ def test_candidates_are_compared_at_fewer_features_then_the_final_model_calibrat
     with torch.no_grad():
         z = FeatureMap(gp.kernel).real_rows(x)
     theta = torch.zeros(2, dtype=DT, requires_grad=True)
-    nll = negative_log_evidence(z * (theta[0] / 2).exp(), y.unsqueeze(-1),
+    nll = negative_log_evidence(z * (theta[0] / 2).exp(), (y - gp.prior_mean).unsqueeze(-1),
                                 gp.noise.detach() * theta[1].exp())
     (grad,) = torch.autograd.grad(nll / y.numel(), theta)
     assert float(grad.abs().max()) < 1e-6
-    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone()).fit(x, y)
+    plain = RandomFeatureGP(copy.deepcopy(gp.kernel), noise=gp.noise.detach().clone(),
+                            prior_mean=gp.prior_mean).fit(x, y)
     fitted = gp._state
     torch.testing.assert_close(gp.predict(x[:20]), plain.predict(x[:20]), rtol=1e-8, atol=1e-10)
     assert gp._state is fitted

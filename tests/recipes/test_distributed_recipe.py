@@ -154,7 +154,8 @@ def test_two_processes_fit_the_one_process_model(tmp_path):
         # the same model as one process: only the sums' association differs
         torch.testing.assert_close(res["mean"], mean, rtol=1e-8, atol=1e-8 * scale)
         torch.testing.assert_close(res["std"], std, rtol=1e-8, atol=1e-10)
-        torch.testing.assert_close(res["noise"], single.noise.detach(), rtol=1e-9, atol=0)
+        # (the noise is an optimum of those sums: their last bits move it by about 1e-9)
+        torch.testing.assert_close(res["noise"], single.noise.detach(), rtol=1e-8, atol=0)
         # a read failing in the final fit's stream, after its first collectives
         kind, message = res["read"]
         assert kind == "RuntimeError" and "rank 1" in message and "disk went away" in message

@@ -183,6 +183,11 @@ def test_source_moments_equal_the_in_memory_statistics():
     other = source_moments(ArraySource(x, y), rows_per_chunk=97)
     assert torch.equal(other.column_scale, found.column_scale)
     assert other.target_rms == found.target_rms
+    # each target column's mean (the recipe's prior mean centres the moments by it)
+    two = torch.stack([y + 2.5, -3.0 * y], -1)
+    found = source_moments(ArraySource(x, two), rows_per_chunk=700)
+    torch.testing.assert_close(found.target_mean, two.mean(0), rtol=2.0**-MOMENT_BITS,
+                               atol=1e-15)
 
 
 def test_take_returns_rows_in_the_asked_order():
