@@ -55,7 +55,8 @@ def main() -> float:
         data = write_data(folder)
         sample = np.sort(np.random.default_rng(1).choice(ROWS, SAMPLE, replace=False))
         block = torch.from_numpy(np.array(data[sample]))
-        # The prior mean is zero: these targets have mean near zero, so no centring here.
+        # The recipe chooses a constant prior mean on the sample; the model keeps it, and
+        # fit_stream subtracts it from every streamed row as fit would.
         # The features are sized for the rows the stream conditions on, not for the sample:
         # that fit costs N D^2 (2,048 features on a million rows: about a minute on two
         # cores), where the recipe left to itself sizes D for the sample's few thousand rows.
