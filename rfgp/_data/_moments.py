@@ -115,7 +115,7 @@ def source_moments(source: DataSource, rows_per_chunk: int = DEFAULT_CHUNK_ROWS,
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     else:
         scale = torch.ones(d, dtype=torch.float64)
-    entries = count * max(1, math.prod(source.target_shape))
+    entries = count * columns
     rms = unit_y * math.sqrt(squares / entries)
     target_mean = unit_y * sum(part[4] for part in parts) / max(count, 1)
     # Rounded to MOMENT_BITS significant bits: the association of the sums (the chunks, the

@@ -59,10 +59,6 @@ class SourceRows:
         y_unit, target_scale: divide the targets (powers of two: exact); ``target_scale`` may
             be set once the targets' size is known (:meth:`largest_target`).
 
-    Attributes:
-        offset: ``(T,)`` (or a number) subtracted from the targets first, in the source's
-            units (a model's constant prior mean); ``None``: nothing.
-
     Example:
         >>> from rfgp._data import ArraySource
         >>> rows = SourceRows(ArraySource(torch.zeros(5000, 2), torch.ones(5000)), torch.float64)
@@ -76,7 +72,6 @@ class SourceRows:
         self.dtype = dtype
         self.device = torch.device("cpu")
         self.x_unit, self.y_unit, self.target_scale = x_unit, y_unit, target_scale
-        self.offset: Optional[Tensor] = None
         self.num_columns = max(1, math.prod(source.target_shape))
         local = source.localsource if isinstance(source, ShardedSource) else source
         #: this process's rows
@@ -84,16 +79,9 @@ class SourceRows:
 
     def __iter__(self) -> Iterator[DataBatch]:
         for x, y in self.source.chunks(DEFAULT_CHUNK_ROWS):
-            targets = (self._centred(y) / self.y_unit).reshape(
-                x.shape[0], self.num_columns).to(self.dtype)
+            targets = (y / self.y_unit).reshape(x.shape[0], self.num_columns).to(self.dtype)
             yield ((x / self.x_unit).to(self.device),
                    (targets / self.target_scale).to(self.device), None)
-
-    def _centred(self, y: Tensor) -> Tensor:
-        """The source's targets less :attr:`offset` (along their last dimension)."""
-        if self.offset is None:
-            return y
-        return (y.to(torch.float64) - self.offset.to(y.device)).to(y.dtype)
 
     def run(self, work: Callable[[], Any]) -> Any:
         """``work()`` (a pass over the rows), checked on every process for a shard."""
@@ -104,8 +92,7 @@ class SourceRows:
     def largest_target(self) -> float:
         """The largest ``|y| / y_unit`` over this process's rows (a pass over the targets)."""
         def largest() -> float:
-            return max(float((self._centred(y) / self.y_unit).abs().max())
-                       for _, y in self.source.chunks())
+            return max(float((y / self.y_unit).abs().max()) for _, y in self.source.chunks())
 
         return self.run(largest)
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from rfgp._data import DataSource, ShardedSource
+from rfgp._data import DataSource, ShardedSource, centred_source
 from rfgp._ops import power_of_two_scale
 from rfgp.inference._cg_rows import RowsFit
 from rfgp.inference._cg_solver import ConjugateGradientSolver
@@ -34,7 +34,7 @@ from rfgp.inference._noise import (
     targets_as_rows,
 )
 from rfgp.inference._nystrom import NystromPreconditioner
-from rfgp.inference._prior_mean import mean_rows
+from rfgp.inference._prior_mean import add_mean_rows
 from rfgp.inference._solvers import FunctionSpaceSolver, Solver, WeightSpaceSolver
 from rfgp.inference._statistics import FeatureStatistics
 
@@ -93,9 +93,7 @@ class SolverFactory:
         p = self.feature_map.outputs_per_input
         rows_y, y_ndim = targets_as_rows(y, x.shape[0], p)
         rows_y = rows_y.to(device=x.device, dtype=x.dtype)
-        mean = self.prior_mean
-        if mean is not None and (mean.dim() or bool(mean.any())):  # (a vector: its length)
-            rows_y = rows_y - mean_rows(mean, rows_y.shape[0], rows_y.shape[1], p, rows_y)
+        rows_y = add_mean_rows(rows_y, self.prior_mean, p, sign=-1.0)
         if noise is not None:
             rows_noise = expand_noise(noise, x.shape[0], rows_y.shape[1], p)
         elif NoiseLayout.model_noise_varies_over_rows(model_noise, p):
@@ -184,9 +182,9 @@ class SolverFactory:
             fm.share_random_weights(prepared[0], group)
         with torch.no_grad():
             fm.real_rows(prepared[0])  # draws any lazily sampled weights before the fingerprint
-        rows = SourceRows(source, self.stats_dtype(prepared[0].dtype))
         if self.prior_mean is not None and bool(self.prior_mean.any()):
-            rows.offset = self.prior_mean.reshape(-1) if self.prior_mean.dim() else self.prior_mean
+            source = centred_source(source, self.prior_mean)  # read less the mean, per pass
+        rows = SourceRows(source, self.stats_dtype(prepared[0].dtype))
         scale = agreed_scale(power_of_two_scale(torch.tensor(rows.largest_target())),
                              prepared[0], distributed, group)
         rows.target_scale = scale

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rfgp._validation import check_tensor, describe
-from rfgp.inference._prior_mean import mean_rows
+from rfgp.inference._prior_mean import add_mean_rows
 
 __all__ = [
     "NoiseLayout",
@@ -152,8 +152,7 @@ def evidence_rows(feature_map: Any, model_noise: Tensor, x: Any, y: Any,
         raise ValueError("x must hold at least one row for the log marginal likelihood, got 0")
     p = feature_map.outputs_per_input
     rows_y = targets_as_rows(y, x.shape[0], p)[0].to(x)
-    if prior_mean is not None and bool(prior_mean.any()):
-        rows_y = rows_y - mean_rows(prior_mean, rows_y.shape[0], rows_y.shape[1], p, rows_y)
+    rows_y = add_mean_rows(rows_y, prior_mean, p, sign=-1.0)
     if noise is None:
         return x, rows_y, model_noise_rows(model_noise, x.shape[0], rows_y.shape[1], p)
     return x, rows_y, expand_noise(noise, x.shape[0], rows_y.shape[1], p)

@@ -21,7 +21,7 @@ from rfgp._data import array_row_chunks
 from rfgp._validation import check_int
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._noise import NoiseLayout
-from rfgp.inference._prior_mean import mean_rows
+from rfgp.inference._prior_mean import add_mean_rows
 from rfgp.kernels._base import real_form
 
 __all__ = ["SamplePaths"]
@@ -113,10 +113,8 @@ class SamplePaths(torch.nn.Module):
             vals = (feats @ w.to(feats.dtype).reshape(w.shape[0], -1)).real  # (M, S Tg)
             vals = vals.reshape(feats.shape[0], self.num_samples, len(cols)).permute(1, 0, 2)
             out = out.index_copy(2, torch.tensor(cols, device=out.device), vals)
-        mean = getattr(self, "prior_mean", None)  # absent from paths pickled before it
-        if mean is not None and bool(mean.any()):
-            out = out + mean_rows(mean, out.shape[1], out.shape[2], self.outputs_per_input, out)
-        return out
+        # (absent from paths pickled before the prior mean existed)
+        return add_mean_rows(out, getattr(self, "prior_mean", None), self.outputs_per_input)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Paths saved before the prior mean existed had none: zero.

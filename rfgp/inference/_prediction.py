@@ -25,7 +25,7 @@ from rfgp._validation import check_bool, check_generator, check_int
 from rfgp.inference._noise import column_noise
 from rfgp.inference._paths import SamplePaths
 from rfgp.inference._posterior import posterior_distribution, root_covariance
-from rfgp.inference._prior_mean import mean_rows
+from rfgp.inference._prior_mean import add_mean_rows
 
 __all__ = ["Prediction"]
 
@@ -52,18 +52,10 @@ class Prediction:
         rows, variance_correction = self.feature_map.checked_rows(phi, variance_correction)
         if not return_std:
             with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
-                return state.layout.shape_output(
-                    self._add_mean(state, state.solver.predict_mean(rows)))
+                return state.layout.shape_output(add_mean_rows(
+                    state.solver.predict_mean(rows), state.prior_mean,
+                    state.layout.outputs_per_input))
         return self._mean_and_std(state, rows, variance_correction, noise)
-
-    @staticmethod
-    def _add_mean(state, mean: Tensor) -> Tensor:
-        """``(R, T)`` posterior means of the centred targets plus the fit's prior mean."""
-        prior = state.prior_mean
-        if prior is None or not bool(prior.any()):
-            return mean
-        return mean + mean_rows(prior, mean.shape[-2], mean.shape[-1],
-                                state.layout.outputs_per_input, mean)
 
     def _mean_and_std(self, state, rows: Tensor, variance_correction: Optional[Tensor],
                       noise: Optional[Tensor]):
@@ -76,7 +68,7 @@ class Prediction:
                 var = var + variance_correction.to(var).reshape(-1).unsqueeze(-1)
             if noise is not None:
                 var = var + noise.to(var)
-            mean = self._add_mean(state, mean)
+            mean = add_mean_rows(mean, state.prior_mean, state.layout.outputs_per_input)
             return state.layout.shape_output(mean), state.layout.shape_output(var).sqrt()
 
     def posterior_from_features(self, phi: Tensor, variance_correction: Optional[Tensor] = None):
@@ -97,7 +89,7 @@ class Prediction:
         with torch.set_grad_enabled(torch.is_grad_enabled() and rows.requires_grad):
             mean, _, roots = state.solver.predict(rows, want_root=True)
         covs = [root_covariance(root, variance_correction, mean) for root in roots]
-        mean = self._add_mean(state, mean)
+        mean = add_mean_rows(mean, state.prior_mean, state.layout.outputs_per_input)
         return posterior_distribution(mean, covs, state.solver.groups(), state.layout)
 
     def posterior(self, x: Tensor):

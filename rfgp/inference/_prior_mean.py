@@ -13,14 +13,15 @@ Internal: not part of the public API (see :mod:`rfgp.inference`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from rfgp._validation import check_tensor
 
-__all__ = ["adopt_prior_mean", "check_prior_mean", "mean_rows", "shifted_targets"]
+__all__ = ["add_mean_rows", "adopt_prior_mean", "check_prior_mean", "mean_rows",
+           "shifted_targets"]
 
 
 def check_prior_mean(value: Any, name: str = "prior_mean") -> Tensor:
@@ -82,6 +83,23 @@ def mean_rows(mean: Tensor, num_rows: int, num_columns: int, outputs_per_input: 
     return mean.unsqueeze(0)
 
 
+def add_mean_rows(rows: Tensor, mean: Optional[Tensor], outputs_per_input: int,
+                  sign: float = 1.0) -> Tensor:
+    """``rows + sign * m`` for values in the solvers' ``(..., R, T)`` layout (a fit's targets
+    less the mean with ``sign=-1``; means and sample paths plus it); ``rows`` itself where
+    the mean is ``None`` or the number zero (a vector is laid out, so its length is checked).
+
+    Example:
+        >>> rows = torch.zeros(4, 1, dtype=torch.float64)  # 2 inputs, 2 outputs, interleaved
+        >>> add_mean_rows(rows, torch.tensor([1.0, 2.0]), 2, sign=-1.0).reshape(-1).tolist()
+        [-1.0, -2.0, -1.0, -2.0]
+    """
+    if mean is None or (mean.dim() == 0 and not bool(mean)):
+        return rows
+    return rows + sign * mean_rows(mean, rows.shape[-2], rows.shape[-1], outputs_per_input,
+                                   rows)
+
+
 def shifted_targets(y: Any, mean: Tensor) -> Any:
     """``y + mean`` in ``y``'s own shape (``(N,)``, ``(N, T)`` or ``(N, p)``; a 1-D mean runs
     along the last dimension), or ``y`` itself where the mean is zero."""
@@ -99,7 +117,8 @@ def adopt_prior_mean(gp: Any, mean: Tensor) -> None:
 
     Args:
         gp: a fitted :class:`~rfgp.inference.RandomFeatureGP` whose prior mean is zero.
-        mean: the mean (see :func:`check_prior_mean`).
+        mean: the mean, checked by the caller (:func:`check_prior_mean`, one value per
+            target column); assigning it to ``gp.prior_mean`` checks it as any assignment.
 
     Example:
         >>> from rfgp import RandomFeatureGP
@@ -113,13 +132,10 @@ def adopt_prior_mean(gp: Any, mean: Tensor) -> None:
         >>> torch.allclose(a.predict(x), b.predict(x), rtol=0, atol=1e-12)
         True
     """
-    mean = check_prior_mean(mean, "mean")
     state = gp._current("adopt_prior_mean")
     if bool(gp.prior_mean.any()):
         raise ValueError("adopt_prior_mean: the model's prior mean must be zero before, got "
                          f"{gp.prior_mean}")
-    mean_rows(mean, state.layout.outputs_per_input, state.layout.num_columns,
-              state.layout.outputs_per_input, mean)  # checks the mean's length
     gp.prior_mean = mean
     state.prior_mean = gp.prior_mean.detach().clone()
     if state.held is not None:

@@ -170,10 +170,10 @@ def _search_stages(timer: StageTimer, data: RecipeData, searched: Searched,
     that chose a prior mean hands the data centred by it to the stages after it:
     ``(searched, data)``."""
     for stage in STAGES[:-1]:
-        before = searched.mean
+        centred = searched.mean is not None
         searched = timer.run(stage, data, searched, report) or searched
-        if searched.mean is not None and searched.mean is not before:
-            data = data.centred(searched.mean if before is None else searched.mean - before)
+        if not centred and searched.mean is not None:  # the first search chose it
+            data = data.centred(searched.mean)
     return searched, data
 
 

@@ -46,7 +46,8 @@ class RandomFeatureGPRegressor(RegressorMixin, BaseEstimator):
     \overline{\Phi(x')}` a random-feature kernel with ``D`` features, and
     :math:`\varepsilon \sim N(0, s^2 \sigma^2)`, where ``m``, ``s`` standardise the targets
     (``normalize_y``) and, by the recipe, :math:`f` has the constant prior mean it chose
-    (``gp_.prior_mean``, standardised units). Fitting costs :math:`O(N D^2 + D^3)` (:class:`rfgp.RandomFeatureGP`).
+    (``gp_.prior_mean``, standardised units). Fitting costs :math:`O(N D^2 + D^3)`
+    (:class:`rfgp.RandomFeatureGP`).
 
     By default (``optimizer="auto"`` with a Fourier kernel: ``"rbf"`` or a Matérn) the fit is
     rfgp's regression recipe, :func:`rfgp.fit_auto`, on the standardised targets with the
