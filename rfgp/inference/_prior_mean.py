@@ -58,14 +58,21 @@ def mean_rows(mean: Tensor, num_rows: int, num_columns: int, outputs_per_input: 
     per output (``p > 1``, one column of interleaved rows) tiled over the inputs.
 
     Raises:
-        ValueError: where a 1-D mean has neither one value per column nor per output.
+        ValueError: where a 1-D mean has neither one value per column nor per output, or
+            overflows ``like``'s dtype.
 
     Example:
         >>> m = torch.tensor([1.0, 2.0], dtype=torch.float64)
         >>> mean_rows(m, 6, 1, 2, torch.zeros(())).reshape(-1).tolist()  # 3 inputs, 2 outputs
         [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
     """
-    mean = mean.to(device=like.device, dtype=like.real.dtype)
+    cast = mean.to(device=like.device, dtype=like.real.dtype)
+    if not bool(torch.isfinite(cast).all()):
+        raise ValueError(
+            f"prior_mean {mean.tolist()} is not representable in {cast.dtype} (the dtype of "
+            "the fit); rescale the targets or fit in float64"
+        )
+    mean = cast
     if mean.dim() == 0:
         return mean
     if outputs_per_input > 1:

@@ -163,6 +163,21 @@ def test_a_bad_prior_mean_is_refused_naming_it(bad, error, match):
     assert float(check_prior_mean(torch.tensor(2.0, dtype=torch.float32))) == 2.0
 
 
+def test_a_mean_beyond_the_fits_dtype_is_refused_not_turned_into_nan():
+    x, y = _data(50)
+    gp = RandomFeatureGP(FourierFeatureKernel(16, seed=0), noise=0.1, prior_mean=1e39)
+    with pytest.raises(ValueError, match="not representable in torch.float32"):
+        gp.fit(x.float(), y.float())
+    assert not gp.is_fitted
+    # at a scale float32 holds, the identity with the centred fit stands
+    big = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1,
+                          prior_mean=1e30).fit(x, y * 1e30)
+    centred = RandomFeatureGP(FourierFeatureKernel(16, seed=0).double(), noise=0.1)
+    centred.fit(x, y * 1e30 - 1e30)
+    torch.testing.assert_close(big.predict(x[:3]), centred.predict(x[:3]) + 1e30,
+                               rtol=1e-12, atol=0)
+
+
 def test_a_mean_of_the_wrong_length_is_refused_at_the_fit():
     x, y = _data(columns=2)
     with pytest.raises(ValueError, match="one value per target column \\(2\\), got 3"):
