@@ -9,6 +9,8 @@
   reseed the global random state.
 * :func:`power_of_two_scale` / :func:`column_power_of_two_scale`: exact divisors that bring
   values of any magnitude near 1 before they are squared or summed.
+* :func:`adjoint_matmul` / :func:`add_adjoint_product_` / :func:`adjoint_sum`: the products
+  :math:`A^H B` of a tall feature block with a few columns, in the form a CPU's BLAS streams.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ __all__ = [
     "all_finite",
     "power_of_two_scale",
     "column_power_of_two_scale",
+    "adjoint_matmul",
+    "add_adjoint_product_",
+    "adjoint_sum",
 ]
 
 # Largest Hadamard block applied as one dense product. Blocks of 32-128 keep each small GEMM in
@@ -375,3 +380,47 @@ def column_power_of_two_scale(values: Tensor) -> Tensor:
     _, exponent = torch.frexp(peak)  # peak = m 2^e with m in [0.5, 1)
     scale = torch.ldexp(torch.ones_like(peak), exponent - 1).clamp_min(torch.finfo(peak.dtype).tiny)
     return torch.where((peak > 0) & torch.isfinite(peak), scale, torch.ones_like(peak))
+
+
+# ======================================================================= adjoint products
+# Why these exist: the product A^H B of a tall (n, W) block with a thin (n, k) one is, as
+# ``a.mH @ b``, a BLAS call on the transposed A, which CPU BLAS libraries run several times
+# slower than the same numbers taken as (B^H A)^H, which streams A's rows (two cores, float64,
+# 4,096 x 16,384: 2 columns 7.3 times, 9 columns 3.6 times, 64 columns 2.4 times slower; one
+# column and square products alike). Every pass of an iterative solve takes this product.
+
+
+def adjoint_matmul(a: Tensor, b: Tensor) -> Tensor:
+    r""":math:`A^H B` for ``a`` of shape ``(n, W)`` and ``b`` of shape ``(n, k)``, computed as
+    :math:`(B^H A)^H` (see the comment above: the same sums, several times faster on a CPU
+    for a few columns ``k``). Returns a contiguous ``(W, k)`` tensor.
+
+    Example:
+        >>> a, b = torch.randn(50, 8, dtype=torch.float64), torch.randn(50, 3, dtype=torch.float64)
+        >>> torch.allclose(adjoint_matmul(a, b), a.T @ b)
+        True
+    """
+    return adjoint_sum(b.mH @ a)
+
+
+def add_adjoint_product_(acc: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    r"""Accumulate :math:`B^H A` into ``acc`` (shape ``(k, W)``) in place: ``acc`` holds the
+    adjoint of the running sum :math:`\sum A^H B`, which :func:`adjoint_sum` turns back into
+    ``(W, k)`` once the chunks are summed.
+
+    Example:
+        >>> a = torch.randn(40, 6, dtype=torch.float64)
+        >>> b = torch.randn(40, 2, dtype=torch.float64)
+        >>> acc = torch.zeros(2, 6, dtype=torch.float64)
+        >>> for rows in (slice(0, 25), slice(25, 40)):
+        ...     _ = add_adjoint_product_(acc, a[rows], b[rows])
+        >>> torch.allclose(adjoint_sum(acc), a.T @ b)
+        True
+    """
+    return acc.addmm_(b.mH, a)
+
+
+def adjoint_sum(acc: Tensor) -> Tensor:
+    """The contiguous conjugate transpose of ``acc`` (an accumulator of
+    :func:`add_adjoint_product_`), with any lazy conjugation resolved."""
+    return acc.mH.resolve_conj().contiguous()

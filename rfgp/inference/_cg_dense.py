@@ -2,7 +2,8 @@ r"""The dense route of the iterative solve's predictive variances.
 
 Where the low-rank form of :math:`B^{-1}` (:mod:`~rfgp.inference._cg_variance`) stays above
 its tolerance, each query row costs several CG iterations. :class:`DenseInverse` instead forms
-:math:`B = LL^H` once (``N W^2`` multiply-adds for the Gram, ``W^3/3`` for the Cholesky,
+:math:`B = LL^H` once (``5 N W^2 / 8`` multiply-adds for the Gram's upper block triangle
+(real features; ``N W^2`` complex), ``W^3/3`` for the Cholesky,
 ``W^2`` numbers twice) and answers every query exactly by a triangular solve,
 :math:`\sigma^2_* = \|L^{-1}\phi_*^H\|^2`, in ``W^2`` multiply-adds per row. The solver
 weighs the two routes on the rows of a prediction: before a form exists against its
@@ -122,7 +123,7 @@ def dense_pays(width: int, rows: int, queries: int, iterations: float,
     ``iterations`` per row:
 
     .. math::
-        N W^2 + \tfrac13 W^3 + M W^2 < M\,k\,\big(2 N W + 2 W (2 r_P + r)\big) / s,
+        \tfrac58 N W^2 + \tfrac13 W^3 + M W^2 < M\,k\,\big(2 N W + 2 W (2 r_P + r)\big) / s,
 
     the Gram, the Cholesky and a triangular solve per row against ``k`` products with
     :math:`B` per row, each with the preconditioner :math:`\hat B^{-1}` (rank ``r_P`` Nyström
@@ -142,22 +143,23 @@ def dense_pays(width: int, rows: int, queries: int, iterations: float,
 def dense_cost(width: int, rows: int, queries: int, weights: bool = True,
                by_rows: bool = False) -> float:
     r"""Multiply-adds of the dense route for ``queries`` rows, on the cheaper of its open
-    forms: ``B`` (``weights``: the Gram ``N W^2``, the Cholesky ``W^3 / 3`` and a triangular
-    solve ``W^2`` per row) and the rows' ``K`` (``by_rows``,
+    forms: ``B`` (``weights``: the Gram ``5 N W^2 / 8``, its upper block triangle,
+    :func:`~rfgp.inference._statistics.accumulate_gram`, the Cholesky ``W^3 / 3`` and a
+    triangular solve ``W^2`` per row) and the rows' ``K`` (``by_rows``,
     :class:`~rfgp.inference._cg_rows.RowDenseInverse`:
     ``N^2 W / 2``, ``N^3 / 3`` and ``N W + N^2`` per row); infinite where neither is open.
 
     Example:
         >>> n, m = 10_000, 1_000
         >>> round(dense_cost(2 * n, n, m, by_rows=True) / dense_cost(2 * n, n, m), 2)
-        0.23
+        0.29
         >>> dense_cost(n // 2, n, m, by_rows=True) == dense_cost(n // 2, n, m)
         True
     """
     w, n, m = float(width), float(rows), float(queries)
     costs = [math.inf]
     if weights:
-        costs.append(n * w * w + w ** 3 / 3 + m * w * w)
+        costs.append(0.625 * n * w * w + w ** 3 / 3 + m * w * w)
     if by_rows:
         costs.append(n * n * w / 2 + n ** 3 / 3 + m * (n * w + n * n))
     return min(costs)
@@ -187,7 +189,7 @@ def serving_cost(width: int, rows: int, queries: int, eigenvalues: Optional[Tens
     many times faster than the passes:
 
     .. math::
-        C = \min\big(C_{\text{form}} + M\,c_{\text{row}},\ s\,(N W^2 + W^3/3 + M W^2)\big).
+        C = \min\big(C_{\text{form}} + M\,c_{\text{row}},\ s\,(\tfrac58 N W^2 + W^3/3 + M W^2)\big).
 
     Either is what a prediction with ``return_std`` pays once after the fit (the routes
     keep the form or the factor), and on a spectrum that decays slowly (little noise) it is
@@ -212,7 +214,8 @@ def serving_cost(width: int, rows: int, queries: int, eigenvalues: Optional[Tens
         >>> w, n, m = 8192, 13500, 1350
         >>> serving_cost(w, n, m, slow) == ITERATIVE_RATE_SHARE * dense_cost(w, n, m)
         True
-        >>> serving_cost(w, n, m, fast) < serving_cost(w, n, m) < serving_cost(w, n, m, slow)
+        >>> quick, dear = serving_cost(w, n, m, fast), serving_cost(w, n, m, slow)
+        >>> quick < dear < serving_cost(w, n, m, slow, dense=False)
         True
     """
     w = float(width)

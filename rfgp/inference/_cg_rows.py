@@ -38,8 +38,8 @@ class RowDenseInverse:
     covariances :math:`\mathrm{Re}\{\Phi_*\Phi_*^H - C^H C\}`, :math:`C = L^{-1}\Psi
     \Phi_*^H`, differentiable in the query rows. Where ``N < W`` forming ``K`` (``N^2 W / 2``
     multiply-adds, ``N^3 / 3`` for its factor, ``N^2`` numbers twice) costs less than
-    :class:`~rfgp.inference._cg_dense.DenseInverse`'s ``B`` (``N W^2``, ``W^3 / 3``,
-    ``W^2`` numbers twice): a fifth of it at ``W = 2N``. Each query row then costs
+    :class:`~rfgp.inference._cg_dense.DenseInverse`'s ``B`` (``5 N W^2 / 8``, ``W^3 / 3``,
+    ``W^2`` numbers twice): under a third of it at ``W = 2N``. Each query row then costs
     ``N W + N^2`` (a product with the kept features and a triangular solve) against ``W^2``.
 
     The difference loses digits where a variance is small beside its prior

@@ -343,10 +343,13 @@ def _squared_norms(rows: Tensor) -> Tensor:
 
 
 def _real_gram(rows: Tensor) -> Tensor:
-    """``(M, M)`` :math:`\\mathrm{Re}\\{R R^H\\}` in real arithmetic."""
+    """``(M, M)`` :math:`\\mathrm{Re}\\{R R^H\\}` in real arithmetic, symmetric to the bit (a
+    BLAS product need not be: its two triangles may sum in different orders)."""
     if rows.is_complex():
-        return rows.real @ rows.real.transpose(0, 1) + rows.imag @ rows.imag.transpose(0, 1)
-    return rows @ rows.transpose(0, 1)
+        gram = rows.real @ rows.real.transpose(0, 1) + rows.imag @ rows.imag.transpose(0, 1)
+    else:
+        gram = rows @ rows.transpose(0, 1)
+    return 0.5 * (gram + gram.transpose(0, 1))
 
 
 def group_inverses(operator, groups: List[List[int]], preconditioners: List[NystromPreconditioner],

@@ -23,8 +23,10 @@ import torch
 from torch import Tensor
 
 from rfgp._data import DEFAULT_CHUNK_ROWS, DataSource, ShardedSource, gather_checked
+from rfgp._ops import add_adjoint_product_, adjoint_sum
 from rfgp.inference._feature_map import FeatureMap
 from rfgp.inference._noise import equal_noise_columns
+from rfgp.inference._statistics import accumulate_gram, mirror_upper_
 from rfgp.kernels._base import real_form
 
 __all__ = ["Chunk", "DataBatch", "FeatureOperator", "SourceRows", "complex_of"]
@@ -264,28 +266,34 @@ class FeatureOperator:
     def project(self, values: Callable[[Tensor, Optional[Tensor]], Tensor], k: int) -> Tensor:
         r""":math:`\sum_c \Phi_c^H \mathrm{values}_c` for per-chunk ``(n, k)`` values computed
         from the chunk's targets and noise (reduced over processes)."""
-        out = torch.zeros(self.width, k, dtype=self.vector_dtype, device=self.device)
+        # (k, W): the adjoint of the sum, in the product's fast form (rfgp._ops)
+        acc = torch.zeros(k, self.width, dtype=self.vector_dtype, device=self.device)
 
         def local_pass() -> None:
             for feats, targets, noise in self.chunks():
-                out.addmm_(feats.transpose(0, 1).conj(), values(targets, noise).to(out.dtype))
+                add_adjoint_product_(acc, feats, values(targets, noise).to(acc.dtype))
 
         self.run(local_pass)
-        return self.reduce(out)
+        return self.reduce(adjoint_sum(acc))
 
     def gram(self, v: Tensor, columns: Sequence[int]) -> Tensor:
         r""":math:`(B - I) V = \Phi^H S^{-1} \Phi V`, column ``j`` with the noise of target
         column ``columns[j]``."""
         index = torch.as_tensor(list(columns), dtype=torch.long, device=self.device)
-        out = torch.zeros_like(v)
+        # Both halves in the row-major form a CPU's BLAS streams (rfgp._ops: 1.1 to 2 times
+        # faster for Phi V, 2 to 7 times for Phi^H W, with a few columns): (Phi V)^T as
+        # V^T Phi^T, and the adjoint of the sum, W^H Phi, accumulated as (k, W).
+        vt = v.transpose(0, 1).contiguous()
+        acc = torch.zeros_like(vt)
 
         def local_pass() -> None:
             for feats, _, noise in self.chunks():
-                weighted = (feats @ v) * self.inverse_noise(noise, index, feats.shape[0])
-                out.addmm_(feats.transpose(0, 1).conj(), weighted)
+                inverse = self.inverse_noise(noise, index, feats.shape[0]).transpose(0, 1)
+                weighted = (vt @ feats.transpose(0, 1)) * inverse  # (k, n): (S^-1 Phi V)^T
+                acc.addmm_(weighted.conj(), feats)
 
         self.run(local_pass)
-        return self.reduce(out)
+        return self.reduce(adjoint_sum(acc))
 
     def dense(self, column: int) -> Tensor:
         r"""``(W, W)`` :math:`B = \Phi^H S^{-1} \Phi + I` with the noise of target ``column``,
@@ -293,14 +301,22 @@ class FeatureOperator:
         checked against the memory."""
         index = torch.tensor([column], dtype=torch.long, device=self.device)
         out = torch.zeros(self.width, self.width, dtype=self.vector_dtype, device=self.device)
+        # Real features: the upper block triangle alone, 5/8 of the multiply-adds, mirrored
+        # once after the sum (the matrix's own storage, no second W x W copy).
+        upper = not out.is_complex()
 
         def local_pass() -> None:
             for feats, _, noise in self.chunks():
-                weighted = feats * self.inverse_noise(noise, index, feats.shape[0])
-                out.addmm_(feats.transpose(0, 1).conj(), weighted)
+                inverse = self.inverse_noise(noise, index, feats.shape[0])
+                if upper:
+                    accumulate_gram(out, feats, inverse[:, 0])
+                else:
+                    out.addmm_(feats.transpose(0, 1).conj(), feats * inverse)
 
         self.run(local_pass)
         out = self.reduce(out)
+        if upper:
+            mirror_upper_(out)
         out.diagonal().add_(1.0)
         return out
 

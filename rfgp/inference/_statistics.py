@@ -34,7 +34,7 @@ from torch import Tensor
 from rfgp.inference._checkpoint_record import CheckpointRecord
 from rfgp.inference._linalg import check_memory
 
-__all__ = ["FeatureStatistics", "accumulate_gram"]
+__all__ = ["FeatureStatistics", "accumulate_gram", "mirror_upper_"]
 
 # Column panel width of the blocked Gram product: wide enough for efficient GEMMs, narrow
 # enough that computing only the upper block triangle saves a good part of the work.
@@ -94,14 +94,23 @@ def _common_value(values: Tensor) -> Tuple[Tensor, Tensor]:
 
 def symmetrize_upper(gram: Tensor) -> Tensor:
     """The symmetric matrix whose upper block triangle (see :func:`accumulate_gram`) is ``gram``."""
+    return mirror_upper_(gram.clone())
+
+
+def mirror_upper_(gram: Tensor) -> Tensor:
+    """:func:`symmetrize_upper` in place: the blocks below the diagonal copied from those above
+    (disjoint storage), ``gram`` returned, symmetric to the bit."""
     width = gram.shape[-1]
     panel = _panel(width)
-    out = gram.clone()
     for start in range(0, width, panel):
         stop = min(start + panel, width)
-        # Diagonal block: written in full by addmm, already symmetric.
-        out[stop:, start:stop] = gram[start:stop, stop:].transpose(0, 1)
-    return out
+        gram[stop:, start:stop] = gram[start:stop, stop:].transpose(0, 1)
+        # A diagonal block is written in full by addmm, symmetric up to the order of its sums:
+        # its strict lower triangle from its upper one.
+        block = gram[start:stop, start:stop]
+        lower = torch.ones_like(block, dtype=torch.bool).tril(-1)
+        block[lower] = block.transpose(0, 1)[lower]
+    return gram
 
 
 class FeatureStatistics:

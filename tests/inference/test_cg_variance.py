@@ -10,6 +10,8 @@ tolerance (``TIGHT``), so "at least the exact one" holds up to a relative ``SLAC
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from gpytorch.kernels import ScaleKernel
@@ -312,11 +314,12 @@ def test_the_dense_route_is_refused_where_float32_cannot_resolve_b():
 
 
 def test_dense_pays_compares_the_two_costs():
-    # Forming B costs about N W^2; refining costs 2 N W k per row at the share s of the
-    # rate: dense from M k > s W / 2 (M > 20 at k = 10 and s = 0.4).
-    rows = ITERATIVE_RATE_SHARE * 1000 / 2 / 10
-    assert not dense_pays(1000, 10**5, int(rows) - 1, 10)
-    assert dense_pays(1000, 10**5, int(rows) + 2, 10)
+    # Forming B costs 5 N W^2 / 8 + W^3 / 3 and W^2 per row; refining costs 2 N W k per row
+    # at the share s of the rate: dense from M = (5 N W^2 / 8 + W^3 / 3) / (2 N W k / s - W^2).
+    n, w, k = 10**5, 1000, 10
+    rows = (0.625 * n * w * w + w**3 / 3) / (2 * n * w * k / ITERATIVE_RATE_SHARE - w * w)
+    assert not dense_pays(w, n, math.floor(rows), k)
+    assert dense_pays(w, n, math.ceil(rows), k)
     assert not dense_pays(1000, 10**5, 10**6, 0)
 
 
@@ -666,7 +669,7 @@ def test_the_serving_cost_is_the_cheaper_route_for_the_rows_asked_for():
             form = serving_cost(w, n, rows, spectrum, dense=False)
             assert form == pytest.approx(build + rows * per_row, rel=1e-12)
             # the dense factor at the passes' rate share caps it where B fits
-            dense = ITERATIVE_RATE_SHARE * (n * w * w + w**3 / 3 + rows * w * w)
+            dense = ITERATIVE_RATE_SHARE * (0.625 * n * w * w + w**3 / 3 + rows * w * w)
             assert serving_cost(w, n, rows, spectrum) == pytest.approx(min(form, dense))
     assert serving_cost(w, n, 1350, slow) < serving_cost(w, n, 1350, slow, dense=False)
     assert serving_cost(w, n, 1350, fast) == serving_cost(w, n, 1350, fast, dense=False)
@@ -785,7 +788,8 @@ def test_row_matrix_is_i_plus_psi_psi_h_over_chunks_with_row_noise(complex_solve
 def test_dense_cost_is_that_of_the_cheaper_open_form():
     n, m = 10_000, 1_000
     w = 2 * n
-    weights = n * w * w + w**3 / 3 + m * w * w
+    # B's Gram from its upper block triangle: 5/8 of N W^2 (four panels)
+    weights = 0.625 * n * w * w + w**3 / 3 + m * w * w
     rows = n * n * w / 2 + n**3 / 3 + m * (n * w + n * n)
     assert dense_cost(w, n, m) == weights
     assert dense_cost(w, n, m, by_rows=True) == rows < weights / 3

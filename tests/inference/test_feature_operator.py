@@ -131,3 +131,44 @@ def test_chunks_written_into_the_pass_buffer_give_the_dense_products(tree):
             torch.testing.assert_close(op.gram(v, [0, 1]), expected, rtol=1e-12, atol=1e-10)
             assert op._workspace is None
         assert op._cached == cached_rows * phi.shape[1] * 8
+
+
+@pytest.mark.parametrize("complex_solve", [False, True])
+def test_products_and_dense_matrix_with_row_noise_equal_the_dense_algebra(complex_solve):
+    # The passes take Phi V and Phi^H W in their transposed, row-major forms and the dense B
+    # (real features) from its upper block triangle; the numbers are those of the plain
+    # algebra: B V column j with the row noise of target columns[j], Phi^H S^-1 y, and B.
+    from rfgp.kernels import PolynomialSketchKernel
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(1100, 3, generator=g, dtype=DT)
+    if complex_solve:
+        kernel = PolynomialSketchKernel(2, 1200, bias=1.0, projection="gaussian", complex=True,
+                                        seed=0).double()
+    else:
+        kernel = FourierFeatureKernel(1200, seed=0).double()
+        kernel.lengthscale = 0.3
+    fm = FeatureMap(kernel)
+    noise = 0.1 + torch.rand(1100, 2, generator=g, dtype=DT)
+    y = torch.randn(1100, 2, generator=g, dtype=DT)
+    op = FeatureOperator(fm, [(x, y, noise)], complex_solve, DT, chunk=256, cache_bytes=1 << 30)
+    with torch.no_grad():
+        phi = fm.rows(x) if complex_solve else fm.real_rows(x)
+    assert phi.is_complex() == complex_solve and op.width == phi.shape[1] > 1024  # four panels
+    columns = [0, 1, 1, 0, 1]
+    v = torch.randn(op.width, len(columns), generator=g, dtype=DT).to(phi.dtype)
+    inverse = noise.reciprocal().to(phi.dtype)[:, columns]
+    expected = phi.mH @ ((phi @ v) * inverse) + v
+    # sums of 1,100 float64 terms of size about 1: relative error well below 1e-12
+    torch.testing.assert_close(op.apply(v, columns), expected, rtol=1e-12, atol=1e-11)
+    torch.testing.assert_close(op.project(lambda t, s: t / s, 2),
+                               phi.mH @ (y / noise).to(phi.dtype), rtol=1e-12, atol=1e-11)
+    for column in (0, 1):
+        full = phi.mH @ (phi * noise[:, column:column + 1].reciprocal()) + torch.eye(
+            op.width, dtype=phi.dtype)
+        dense = op.dense(column)
+        if complex_solve:  # formed in full: Hermitian to rounding
+            torch.testing.assert_close(dense, dense.mH, rtol=0, atol=1e-13)
+        else:  # the upper triangle mirrored
+            assert torch.equal(dense, dense.mT)
+        torch.testing.assert_close(dense, full, rtol=1e-12, atol=1e-11)

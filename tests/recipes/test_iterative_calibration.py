@@ -164,7 +164,10 @@ def test_calibrated_fit_takes_either_path_to_the_same_model_and_leaves_the_kerne
     mixture = lengthscale_mixture_kernel(256, draws, torch.tensor(1.0, dtype=DT))
     fitted = calibrated_fit(mixture, x, y, noise=1.0)
     _, noise, _ = maximize_scale_evidence(feature_model_evidence(mixture, x, y), 1.0)
-    assert float(fitted.noise) == pytest.approx(noise, rel=1e-8)
+    # The same maximum from Gram sums taken in another order: Newton stops within its
+    # tolerance of it (9e-8 apart on one thread; the noise's own uncertainty, sqrt(2 / N),
+    # is 3e-2)
+    assert float(fitted.noise) == pytest.approx(noise, rel=1e-6)
     assert [float(part.outputscale) for part in mixture.kernels] == [0.5, 0.5]
 
 
