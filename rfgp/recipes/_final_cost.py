@@ -20,9 +20,11 @@ from torch import Tensor
 from rfgp.inference import (
     CHOICE_FEATURES,
     FEATURE_STEP,
+    MAX_ITERATIVE_FEATURES,
     ScaleCalibration,
     final_path,
     largest_features_within,
+    row_capped_features,
 )
 from rfgp.inference._cg_cost import (
     CG_ITERATIONS,
@@ -150,11 +152,16 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
     allows it, :func:`~rfgp.inference.final_path`), ``"rows"`` or ``"features"`` (the CG
     routes, :func:`cg_route_costs`, where ``solve`` is not ``"weight"``).
 
-    A plan in weight space keeps its ``D`` (paid for on that path, on which every smaller
-    ``D`` costs less) and is weighed at it: where the forecast shows CG converging in a few
-    iterations (little signal in much noise) a CG route costs a fraction of the ``N D^2``
-    solve (on 41,203 rows of 3 inputs, 7,168 features: 15 s by CG against 55 s in weight
-    space, the same model). A plan on the CG path keeps its ``D``, lowered where the
+    A plan in weight space keeps at least its ``D`` (paid for on that path, on which every
+    smaller ``D`` costs less) and is weighed at it: where the forecast shows CG converging in
+    a few iterations (little signal in much noise) a CG route costs a fraction of the
+    ``N D^2`` solve (on 41,203 rows of 3 inputs, 7,168 features: 15 s by CG against 55 s in
+    weight space, the same model), and the seconds it saves buy features: the ``D`` becomes
+    the largest of the feature grid whose cheapest path on the forecast costs at most the
+    larger of the plan's own cost, the final fit's share of the budget
+    (``schedule.settings["refit"]["share"]``, which grows with the budget) and the allowance
+    below (elevators at the default budget: 9,216 features where 6,144 were planned, within
+    the budget). A plan on the CG path keeps its ``D``, lowered where the
     iterations forecast from the choice model's spectrum
     (:func:`~rfgp.inference._cg_forecast.forecast_cg`) make it cost more than the fit may: the
     largest ``D`` of the feature grid, at most the plan's, whose cheapest path on the
@@ -162,9 +169,10 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
     ``D`` and the cost model's constants) and the allowance of the seconds left when the final
     fit started (``schedule.settings["refit"]["allowance"]``,
     :data:`~rfgp.recipes._refit.REPLAN_SHARE` of them at the re-plan's rate, under
-    ``anytime``), so that more budget never lowers it further. Never raised: the constants
-    are those of a typical noisy set, and a forecast of fewer iterations leaves the plan as
-    it is. Without a forecast the route is weighed on the constants.
+    ``anytime``), so that more budget never lowers it further. Never raised on the CG path:
+    spent to its last second there, the forecast's costs ran past the budget (power-plant at
+    twice the default: 58,368 features through the rows, 118 s of its 83). Without a
+    forecast the route is weighed on the constants.
 
     Why: on a nearly noiseless set the CG solves take several times the constant iterations
     (pol: 62 to 85, against 40), and the final fit ran 2.5 times its prediction, beyond the
@@ -197,19 +205,30 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
         options = {} if solve == "weight" else {"features": by_features, "rows": by_rows}
         if path == "weight":
             options["weight"] = by_weight
+        if not options:  # solve="weight" beyond the D x D solve's sizes: no path
+            return math.inf
         # the weight space first where it ties: the exact solve, and no CG at all
         routes[size] = min(sorted(options, key=lambda r: r != "weight"), key=options.get)
         return options[routes[size]]
 
+    settings = data.schedule.settings.get("refit", {})
     if weight_plan:
-        # Its D was paid for in weight space, where every smaller D costs less: only the path
-        # and route are weighed, at the plan's D.
-        cost(planned)
-        return forecasts[planned], routes[planned]
-    # What the plan booked for its D on the CG path, at the cost model's constants.
-    booked = max(cg_route_costs(n, planned, d, candidates, streamed)[0],
-                 data.schedule.settings.get("refit", {}).get("allowance", 0.0))
-    smallest = min(planned, CHOICE_FEATURES)
-    features = largest_features_within(cost, booked, smallest, planned, FEATURE_STEP, planned)
-    # Every size of the grid was forecast on the way (largest_features_within tries them all).
+        # Its D was paid for in weight space (every smaller D costs less there): never fewer.
+        # Where the forecast shows CG cheaper, the final fit's share of the budget and the
+        # seconds left (under anytime) buy the largest D whose cheapest path costs them.
+        booked = max(cost(planned), settings.get("share", 0.0),
+                     settings.get("allowance", 0.0))
+        smallest, largest, cap = planned, MAX_ITERATIVE_FEATURES, row_capped_features(n)
+    else:
+        # What the plan booked for its D on the CG path, at the cost model's constants; never
+        # raised (a forecast of more features on the CG path ran past the budget: power-plant
+        # at twice the default, 58,368 features through the rows in 118 s of its 83).
+        booked = max(cg_route_costs(n, planned, d, candidates, streamed)[0],
+                     settings.get("allowance", 0.0))
+        smallest, largest, cap = min(planned, CHOICE_FEATURES), planned, planned
+    features = largest_features_within(cost, booked, smallest, largest, FEATURE_STEP, cap)
+    if features not in forecasts:  # nothing fitted: the smallest, forecast
+        cost(features)
+    # Every other size of the grid was forecast on the way (largest_features_within tries
+    # them all).
     return forecasts[features], routes[features]

@@ -35,8 +35,10 @@ is the choice's, in weight space (data without signal: on 41,202 rows the planne
 features cost minutes of feature passes and predicted the same to every digit). Its
 spectrum also forecasts the CG iterations at the final ``D``
 (:func:`~rfgp.recipes._final_cost.forecast_final`): a ``D`` planned on the CG path is lowered
-where they cost more than planned, and on either path the fit takes the cheapest of the
-weight space, CG by the features and CG through the rows at that ``D``.
+where they cost more than planned, a ``D`` planned in weight space is raised where CG
+converges fast enough that the final fit's share of the budget pays for more features, and
+on either path the fit takes the cheapest of the weight space, CG by the features and CG
+through the rows at that ``D``.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def refit(data: RecipeData, searched: Searched, report: FitReport) -> RandomFeat
         # in a few iterations where the D x D solve costs N D^2 whatever the spectrum.
         forecast, route = forecast_final(data, start, max(1, len(candidates)))
         weighed_path = "weight" if route == "weight" else "cg"
-        if forecast is not None and (forecast.num_features < features
+        if forecast is not None and (forecast.num_features != features
                                      or weighed_path != path):
             features, path = forecast.num_features, weighed_path
             iterative = path == "cg"
@@ -325,8 +327,14 @@ def plan_final_growth(plan: Plan) -> None:
         larger = largest_features_within(lambda size: _final_cost(plan, size, candidates),
                                          max(rest, current), features, MAX_ITERATIVE_FEATURES,
                                          FEATURE_STEP, row_capped_features(n))
-        plan.spent += _final_cost(plan, larger, candidates) - current
+        final = _final_cost(plan, larger, candidates)
+        plan.spent += final - current
         features = larger
+        # What the final fit may cost at this budget (it grows with the budget): the forecast
+        # at the fit spends it on the largest D its path then costs
+        # (_final_cost.forecast_final), less the scale search's calibrations.
+        share = max(rest - booked_scale_cost(plan.settings), final)
+        plan.settings.setdefault("refit", {})["share"] = share
     plan.num_features = features
     path, cost = _final_path(n, features, d, opts.solve, candidates,
                              opts.num_features is not None, plan.streamed)

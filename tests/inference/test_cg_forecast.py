@@ -137,10 +137,13 @@ def test_the_recipe_lowers_the_planned_features_only_where_the_forecast_costs_mo
     assert with_variances(lowered.num_features) <= booked
     # The next size of the grid would not have fitted.
     assert with_variances(lowered.num_features + 1024) > booked
-    # A fast decay and much noise: fewer iterations than the constant, D never raised.
+    # A fast decay and much noise: fewer iterations than the constant, D never raised on the
+    # CG path (the forecast's costs there are not sure enough to spend to the last second).
     data, choice = _recipe_data(16384, 2.0, 10.0)
     kept = forecast_final(data, choice, 1)[0]
     assert kept.num_features == 16384 and kept.iterations < CG_ITERATIONS
+    data.schedule.settings["refit"] = {"share": 4 * booked}
+    assert forecast_final(data, choice, 1)[0].num_features == 16384
     # A given D, or no spectrum (function space): no forecast.
     data.options.num_features = 16384
     assert forecast_final(data, choice, 1)[0] is None
@@ -174,19 +177,38 @@ def test_the_forecast_weighs_the_weight_space_where_the_cg_routes_are_dear():
 
 def test_a_weight_space_plan_takes_cg_at_its_features_where_the_forecast_converges_fast():
     # Little signal in much noise: CG converges in a few iterations, so the D x D solve
-    # (N D^2 whatever the spectrum) costs more than CG at the same D, which the fit then
-    # takes; its D is the plan's (the plan's path paid for it), never raised.
+    # (N D^2 whatever the spectrum) costs more than CG at the same D; the seconds the plan
+    # paid for its D in weight space then buy the largest D whose CG fit costs them.
     from rfgp.inference import final_path
     from rfgp.recipes._final_cost import cg_route_costs, forecast_final
 
     data, choice = _recipe_data(8192, 2.0, 1e4, solve="auto", path="weight")
     forecast, route = forecast_final(data, choice, 1)
-    assert route in ("features", "rows") and forecast.num_features == 8192
+    assert route in ("features", "rows") and forecast.num_features >= 8192
     assert forecast.iterations < CG_ITERATIONS
     by_weight = final_path(20000, 8192, 8, "auto")[1]
     scale = choice.factor / choice.noise
-    assert min(cg_route_costs(20000, 8192, 8, 1, False, forecast, choice.spectrum,
+    assert min(cg_route_costs(20000, forecast.num_features, 8, 1, False, forecast,
+                              choice.spectrum, scale)) <= by_weight
+    at_plan = forecast_cg(choice.spectrum, scale, 20000, 8192, 8)
+    assert min(cg_route_costs(20000, 8192, 8, 1, False, at_plan, choice.spectrum,
                               scale)) < by_weight
+
+    def cheapest(size):  # either CG route on the forecast at that size
+        fit = forecast_cg(choice.spectrum, scale, 20000, size, 8)
+        return min(cg_route_costs(20000, size, 8, 1, False, fit, choice.spectrum, scale))
+
+    # The final fit's share of the budget buys the largest D whose forecast cost fits it.
+    from rfgp.inference import MAX_ITERATIVE_FEATURES
+
+    for share in (1.2 * by_weight, 3 * by_weight):
+        data.schedule.settings["refit"] = {"share": share}
+        raised, route = forecast_final(data, choice, 1)
+        assert route in ("features", "rows") and raised.num_features > 8192
+        assert cheapest(raised.num_features) <= share
+        assert (raised.num_features == MAX_ITERATIVE_FEATURES
+                or cheapest(raised.num_features + 1024) > share)
+    assert raised.num_features == MAX_ITERATIVE_FEATURES  # the larger share: the grid's top
     # A slowly decaying spectrum and little noise: many iterations, the weight space kept
     # at the plan's D (it was paid for).
     data, choice = _recipe_data(8192, 1.0, 0.01, solve="auto", path="weight")

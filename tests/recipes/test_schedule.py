@@ -223,6 +223,13 @@ def test_more_budget_never_buys_less(solve, d):
         for field in ("num_features", "refine_rows", "local_starts", "subsample"):
             values = [getattr(p, field) for p in plans]
             assert values == sorted(values), (n, field, values)
+        # The final fit's share, which the forecast at the fit spends on its D, grows too
+        # and covers the planned D's fit (less the scale search's calibrations).
+        shares = [p.settings["refit"]["share"] for p in plans]
+        assert shares == sorted(shares), (n, shares)
+        for p in plans:
+            fit = p.predicted["refit"] * p.machine_rate - p.settings["refit"]["scale_cost"]
+            assert p.settings["refit"]["share"] >= fit * (1 - 1e-12), (n, p.budget)
 
 
 @pytest.mark.parametrize("solve", ["auto", "weight"])
