@@ -144,8 +144,8 @@ def rows_query_cost(num_rows: int, features: int) -> float:
     return predicted_rows(num_rows) * (float(num_rows) * features + float(num_rows) ** 2)
 
 
-def forecast_final(data: RecipeData, choice: ScaleCalibration,
-                   candidates: int) -> Tuple[Optional[CGForecast], str]:
+def forecast_final(data: RecipeData, choice: ScaleCalibration, candidates: int,
+                   grow: bool = True) -> Tuple[Optional[CGForecast], str]:
     r"""``(forecast, route)`` of a final fit compared at fewer features: the CG forecast at its
     ``D`` (``None`` where the choice model has no spectrum or the ``D`` was given) and the
     cheapest way to fit that ``D``: ``"weight"`` (the ``D x D`` solve, where ``solve``
@@ -156,7 +156,9 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
     smaller ``D`` costs less) and is weighed at it: where the forecast shows CG converging in
     a few iterations (little signal in much noise) a CG route costs a fraction of the
     ``N D^2`` solve (on 41,203 rows of 3 inputs, 7,168 features: 15 s by CG against 55 s in
-    weight space, the same model), and the seconds it saves buy features: the ``D`` becomes
+    weight space, the same model), and the seconds it saves buy features (where ``grow``, the
+    caller's test that more features than planned can still move the posterior,
+    :func:`~rfgp.recipes._refit.features_cannot_matter` at the plan's ``D``): the ``D`` becomes
     the largest of the feature grid whose cheapest path on the forecast costs at most the
     larger of the plan's own cost, the final fit's share of the budget
     (``schedule.settings["refit"]["share"]``, which grows with the budget) and the allowance
@@ -219,6 +221,8 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration,
         booked = max(cost(planned), settings.get("share", 0.0),
                      settings.get("allowance", 0.0))
         smallest, largest, cap = planned, MAX_ITERATIVE_FEATURES, row_capped_features(n)
+        if not grow:
+            largest = cap = planned
     else:
         # What the plan booked for its D on the CG path, at the cost model's constants; never
         # raised (a forecast of more features on the CG path ran past the budget: power-plant

@@ -209,6 +209,9 @@ def test_a_weight_space_plan_takes_cg_at_its_features_where_the_forecast_converg
         assert (raised.num_features == MAX_ITERATIVE_FEATURES
                 or cheapest(raised.num_features + 1024) > share)
     assert raised.num_features == MAX_ITERATIVE_FEATURES  # the larger share: the grid's top
+    # Where more features cannot move the posterior (the caller's signal test), the plan's D.
+    kept, route = forecast_final(data, choice, 1, grow=False)
+    assert route in ("features", "rows") and kept.num_features == 8192
     # A slowly decaying spectrum and little noise: many iterations, the weight space kept
     # at the plan's D (it was paid for).
     data, choice = _recipe_data(8192, 1.0, 0.01, solve="auto", path="weight")
@@ -231,8 +234,8 @@ def test_fit_auto_fits_a_weight_space_plan_by_cg_where_the_forecast_says_so(monk
     real = refit.forecast_final
     seen = []
 
-    def by_cg(data, choice, candidates):
-        forecast, route = real(data, choice, candidates)
+    def by_cg(data, choice, candidates, grow=True):
+        forecast, route = real(data, choice, candidates, grow)
         seen.append((data.schedule.final_solve, route))
         planned = data.schedule.num_features
         return CGForecast(planned, 512, 10.0, 2.0, 1.0), "features"
@@ -271,7 +274,7 @@ def variance_cost_of(rows, features):
 def test_fit_auto_fits_the_features_the_forecast_leaves(monkeypatch):
     import rfgp.recipes._refit as refit
 
-    def lowered(data, choice, candidates):
+    def lowered(data, choice, candidates, grow=True):
         return CGForecast(512, 512, 10.0, 2.0, 1.0), "features"
 
     monkeypatch.setattr(refit, "forecast_final", lowered)

@@ -330,12 +330,16 @@ def test_a_weight_space_model_whose_features_cannot_matter_stays_at_the_choice_m
 
     for answer, features in ((True, 2048), (False, 3000)):
         monkeypatch.setattr(_refit, "features_cannot_matter", rule(answer))
+        read.clear()
         report = FitReport()
         gp = fit_auto(x, y, report=report, **options)
         assert report.num_features == features and gp.solve_used == "weight"
         assert report.schedule.num_features == features
-        assert read[-1] == (report.calibration["signal"], 2048)
-        assert report.calibration["signal"] > 0
+        signal = report.calibration["signal"]
+        assert signal > 0
+        # the choice model's D; where more can matter, again at the plan's D (whether the
+        # forecast may raise it)
+        assert read == ([(signal, 2048)] if answer else [(signal, 2048), (signal, 3000)])
 
 
 def test_features_cannot_matter_is_a_tenth_of_the_noise_from_the_monte_carlo_error():

@@ -372,7 +372,7 @@ def test_a_weight_space_plan_fitted_by_cg_on_a_memmap_equals_the_in_memory_fit(t
 
     switched = []
 
-    def by_cg(data, choice, candidates):
+    def by_cg(data, choice, candidates, grow=True):
         switched.append(data.schedule.final_solve)
         return CGForecast(data.schedule.num_features, 256, 10.0, 2.0, 1.0), "features"
 
