@@ -9,8 +9,8 @@
   reseed the global random state.
 * :func:`power_of_two_scale` / :func:`column_power_of_two_scale`: exact divisors that bring
   values of any magnitude near 1 before they are squared or summed.
-* :func:`adjoint_matmul` / :func:`add_adjoint_product_` / :func:`adjoint_sum`: the products
-  :math:`A^H B` of a tall feature block with a few columns, in the form a CPU's BLAS streams.
+* :func:`add_adjoint_product_` / :func:`adjoint_sum`: the products :math:`A^H B` of tall
+  feature blocks with a few columns, summed in the form a CPU's BLAS streams.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ __all__ = [
     "all_finite",
     "power_of_two_scale",
     "column_power_of_two_scale",
-    "adjoint_matmul",
     "add_adjoint_product_",
     "adjoint_sum",
 ]
@@ -388,19 +387,6 @@ def column_power_of_two_scale(values: Tensor) -> Tensor:
 # slower than the same numbers taken as (B^H A)^H, which streams A's rows (two cores, float64,
 # 4,096 x 16,384: 2 columns 7.3 times, 9 columns 3.6 times, 64 columns 2.4 times slower; one
 # column and square products alike). Every pass of an iterative solve takes this product.
-
-
-def adjoint_matmul(a: Tensor, b: Tensor) -> Tensor:
-    r""":math:`A^H B` for ``a`` of shape ``(n, W)`` and ``b`` of shape ``(n, k)``, computed as
-    :math:`(B^H A)^H` (see the comment above: the same sums, several times faster on a CPU
-    for a few columns ``k``). Returns a contiguous ``(W, k)`` tensor.
-
-    Example:
-        >>> a, b = torch.randn(50, 8, dtype=torch.float64), torch.randn(50, 3, dtype=torch.float64)
-        >>> torch.allclose(adjoint_matmul(a, b), a.T @ b)
-        True
-    """
-    return adjoint_sum(b.mH @ a)
 
 
 def add_adjoint_product_(acc: Tensor, a: Tensor, b: Tensor) -> Tensor:

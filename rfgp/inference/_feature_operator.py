@@ -290,7 +290,7 @@ class FeatureOperator:
             for feats, _, noise in self.chunks():
                 inverse = self.inverse_noise(noise, index, feats.shape[0]).transpose(0, 1)
                 weighted = (vt @ feats.transpose(0, 1)) * inverse  # (k, n): (S^-1 Phi V)^T
-                acc.addmm_(weighted.conj(), feats)
+                add_adjoint_product_(acc, feats, weighted.transpose(0, 1))
 
         self.run(local_pass)
         return self.reduce(adjoint_sum(acc))

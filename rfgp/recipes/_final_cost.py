@@ -220,9 +220,9 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration, candidates: int,
         # seconds left (under anytime) buy the largest D whose cheapest path costs them.
         booked = max(cost(planned), settings.get("share", 0.0),
                      settings.get("allowance", 0.0))
-        smallest, largest, cap = planned, MAX_ITERATIVE_FEATURES, row_capped_features(n)
-        if not grow:
-            largest = cap = planned
+        smallest = planned
+        largest, cap = ((MAX_ITERATIVE_FEATURES, row_capped_features(n)) if grow
+                        else (planned, planned))
     else:
         # What the plan booked for its D on the CG path, at the cost model's constants; never
         # raised (a forecast of more features on the CG path ran past the budget: power-plant
@@ -231,8 +231,6 @@ def forecast_final(data: RecipeData, choice: ScaleCalibration, candidates: int,
                      settings.get("allowance", 0.0))
         smallest, largest, cap = min(planned, CHOICE_FEATURES), planned, planned
     features = largest_features_within(cost, booked, smallest, largest, FEATURE_STEP, cap)
-    if features not in forecasts:  # nothing fitted: the smallest, forecast
-        cost(features)
-    # Every other size of the grid was forecast on the way (largest_features_within tries
-    # them all).
+    # Every size of the grid was forecast on the way (largest_features_within tries them
+    # all, the smallest included).
     return forecasts[features], routes[features]
