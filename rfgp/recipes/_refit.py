@@ -437,5 +437,5 @@ def _final_path(num_rows: int, features: int, input_dim: int, solve: str, candid
     return path, cost  # a weight-space fit's factor gives its variances (variance_cost)
 
 
-REFIT = Stage("refit", refit, ((10, plan_final_share), (45, plan_scale),
+REFIT = Stage("refit", refit, ((10, plan_final_share), (15, plan_scale),
                               (50, plan_final_growth)))

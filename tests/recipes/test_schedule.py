@@ -223,6 +223,8 @@ def test_more_budget_never_buys_less(solve, d):
         for field in ("num_features", "refine_rows", "local_starts", "subsample"):
             values = [getattr(p, field) for p in plans]
             assert values == sorted(values), (n, field, values)
+        walks = [p.settings.get("refit", {}).get("scale_evaluations", 0) for p in plans]
+        assert walks == sorted(walks), (n, walks)
         # The final fit's share, which the forecast at the fit spends on its D, grows too
         # and covers the planned D's fit (less the scale search's calibrations).
         shares = [p.settings["refit"]["share"] for p in plans]
@@ -507,3 +509,28 @@ def test_the_final_fit_replans_at_the_rate_the_stages_before_achieved():
             assert report.num_features == again.schedule.num_features
         else:
             assert again is data and report.num_features == plan.num_features
+
+
+@pytest.mark.parametrize("d", [4, 9, 26])
+def test_the_lengthscale_walk_is_booked_before_the_stages_it_must_not_wait_for(d):
+    # The final fit's lengthscale walk is booked from what the search and the final fit's
+    # share leave: the refinement, the local stage and the Laplace average (whose shares do
+    # not depend on what is left) cannot crowd it out, nor can the final fit's growth. A
+    # schedule of the search and the final fit alone books the same walk.
+    from rfgp.recipes._options import RegressionOptions as Options
+    from rfgp.recipes._refit import REFIT
+    from rfgp.recipes._regression import STAGES
+    from rfgp.recipes._scale import SCALE_EVALUATIONS
+    from rfgp.recipes._schedule import plan_stages
+    from rfgp.recipes._search import SEARCH
+
+    booked = 0
+    for n in (5000, 9000, 20000, 40000):
+        for factor in BUDGET_FACTORS[:10]:
+            opts = Options(time_budget=factor * default_budget(n)).checked()
+            full = plan_stages(n, d, opts, STAGES).settings["refit"]
+            alone = plan_stages(n, d, opts, (SEARCH, REFIT)).settings["refit"]
+            assert full["scale_evaluations"] == alone["scale_evaluations"], (n, factor)
+            assert full["scale_evaluations"] <= SCALE_EVALUATIONS
+            booked += full["scale_evaluations"] > 0
+    assert booked  # the default budgets afford a walk
