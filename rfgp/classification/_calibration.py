@@ -39,6 +39,7 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 
 from rfgp._validation import check_class_targets, check_int
+from rfgp.inference._spectrum import spectrum_weights
 
 __all__ = ["ClassScaleEvidence", "dirichlet_scale_evidence", "maximize_outputscale_evidence"]
 
@@ -99,9 +100,11 @@ def dirichlet_scale_evidence(kernel: ScaleKernel, x: Tensor, targets: Tensor, no
 
     Returns:
         The :class:`ClassScaleEvidence`, in float64: one shared :math:`Z^\top Z`, one product
-        over each class's own rows, one ``eigh`` per class (:math:`O(2 N D^2 + 4 C D^3)`);
-        with fewer rows than features one :math:`Z Z^\top` and one ``N x N`` ``eigh`` per
-        class (:math:`O(N^2 D + 4 C N^3)`).
+        over each class's own rows, one spectrum with the class's target's weights on it per
+        class (:math:`O(2 N D^2 + 2 C D^3)`,
+        :func:`~rfgp.inference._spectrum.spectrum_weights`); with fewer rows than features
+        one :math:`Z Z^\top` and one ``N x N`` spectrum per class (:math:`O(N^2 D + 2 C
+        N^3)`).
 
     Example:
         >>> from rfgp.kernels import FourierFeatureKernel
@@ -146,10 +149,10 @@ def dirichlet_scale_evidence(kernel: ScaleKernel, x: Tensor, targets: Tensor, no
                     zc = z[own]
                     corrections[c].addmm_(zc.T, zc * (w[own, c] - shared[c]).unsqueeze(-1))
         grams = corrections + shared.reshape(-1, 1, 1) * gram  # (C, D, D)
-        eigenvalues, vectors = torch.linalg.eigh(grams.to(torch.float64))
-        projections = (vectors.transpose(-1, -2) @ rhs.T.to(torch.float64).unsqueeze(-1))
-    return ClassScaleEvidence(eigenvalues.clamp_min(0.0), projections.squeeze(-1).square(),
-                              constant, num_data)
+        # One class at a time: each class's spectrum and its target's weights on it.
+        eigenvalues, projections = (torch.stack(parts) for parts in zip(*(
+            spectrum_weights(grams[c], rhs[:, c:c + 1]) for c in range(num_classes))))
+    return ClassScaleEvidence(eigenvalues.clamp_min(0.0), projections, constant, num_data)
 
 
 def _function_space(base, scale: Tensor, x: Tensor, targets: Tensor, weights: Tensor,
@@ -162,9 +165,9 @@ def _function_space(base, scale: Tensor, x: Tensor, targets: Tensor, weights: Te
         kernel_matrix = (z @ z.T).to(torch.float64)  # (N, N)
         root = weights.to(torch.float64).sqrt().T  # (C, N)
         scaled = root.unsqueeze(-1) * kernel_matrix * root.unsqueeze(-2)  # (C, N, N)
-        eigenvalues, vectors = torch.linalg.eigh(scaled)
         whitened = (root * targets.to(torch.float64).T).unsqueeze(-1)  # (C, N, 1)
-        along = (vectors.transpose(-1, -2) @ whitened).squeeze(-1).square()
+        eigenvalues, along = (torch.stack(parts) for parts in zip(*(
+            spectrum_weights(scaled[c], whitened[c]) for c in range(scaled.shape[0]))))
         eigenvalues = eigenvalues.clamp_min(0.0)
     return ClassScaleEvidence(eigenvalues, eigenvalues * along, constant, x.shape[0])
 

@@ -8,7 +8,7 @@ outputscale and the noise :math:`\sigma^2` that maximise the evidence of that mo
 :func:`fit_calibrated` fits it, reusing what the calibration computed:
 
 * ``"weight"`` (the ``D x D`` path, or ``N x N`` on fewer rows): exactly, from one
-  eigendecomposition of the Gram matrix
+  spectrum of the Gram matrix with the targets' weights on it
   (:func:`~rfgp.inference._calibration.maximize_scale_evidence`); the fit rescales that Gram
   matrix instead of forming it again.
 * ``"cg"`` (beyond the ``D x D`` path): from products with the features alone, by the Krylov
@@ -131,7 +131,7 @@ def calibrate_scales(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
             lengthscales to calibrate; its outputscale is the reference of ``factor``.
         x: ``(N, d)`` inputs; y: ``(N,)`` or ``(N, T)`` centred targets.
         noise: the starting noise (positive); factor: the starting factor (positive).
-        path: ``"weight"`` (exact, one eigendecomposition) or ``"cg"`` (feature products).
+        path: ``"weight"`` (exact, one spectrum of the Gram matrix) or ``"cg"`` (feature products).
         noise_floor: :math:`\sigma^2_0`.
         keep: keep the Gram matrix for the fit (``"weight"``; ``False`` frees it at once).
         seed: the seed of the iterative calibration's probes and sketch.
@@ -413,7 +413,7 @@ def calibrated_fit(kernel: Kernel, x: Tensor, y: Tensor, noise: float, *,
     evidence: the rule of :func:`~rfgp.recipes.fit_auto`'s last stage, for lengthscales found
     elsewhere. With :math:`D` features the factor :math:`a` on the outputscale and the noise
     :math:`\sigma^2` maximise :math:`\log p(y)` of that :math:`D`-feature model; up to 8192
-    features (``solve="weight"``) exactly, from one eigendecomposition of its Gram matrix,
+    features (``solve="weight"``) exactly, from one spectrum of its Gram matrix,
     beyond (``solve="cg"``) from products with its features alone (a stochastic estimate whose
     error is far below the evidence's curvature). With more features than rows, where the
     rows' ``N x N`` matrix :math:`\Phi\Phi^\top` fits (:func:`rows_route_open`), the

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from rfgp._validation import check_int, check_positive, check_real, check_tensor
 from rfgp.inference._feature_map import FeatureMap
+from rfgp.inference._spectrum import spectrum_weights
 from rfgp.inference._statistics import accumulate_gram, symmetrize_upper
 from rfgp.kernels._composition import feature_kernel
 
@@ -100,7 +101,8 @@ def spectral_statistics(gram: Tensor, rhs: Tensor, target_squares: float,
         num_data: ``N``, the rows behind the statistics.
 
     Returns:
-        The :class:`ScaleEvidence`, in float64 (one ``eigh``, :math:`O(D^3)`).
+        The :class:`ScaleEvidence`, in float64 (the spectrum and the projections' weights on
+        it, :math:`O(D^3)`: :func:`~rfgp.inference._spectrum.spectrum_weights`).
 
     Example:
         >>> phi = torch.randn(50, 8, dtype=torch.float64)
@@ -119,8 +121,7 @@ def spectral_statistics(gram: Tensor, rhs: Tensor, target_squares: float,
     num_data = check_int("num_data", num_data, minimum=1)
     target_squares = check_positive("target_squares", target_squares)
     rhs = rhs.reshape(rhs.shape[0], -1).to(torch.float64)
-    eigenvalues, vectors = torch.linalg.eigh(gram.to(torch.float64))
-    projections = (vectors.transpose(0, 1) @ rhs).square().sum(-1)
+    eigenvalues, projections = spectrum_weights(gram, rhs)
     return ScaleEvidence(eigenvalues.clamp_min(0.0), projections, float(target_squares),
                          num_data, rhs.shape[1])
 
@@ -152,8 +153,7 @@ def kernel_spectral_statistics(kernel_matrix: Tensor, y: Tensor) -> ScaleEvidenc
             f"{tuple(kernel_matrix.shape)} and {tuple(y.shape)}"
         )
     y = y.reshape(y.shape[0], -1).to(torch.float64)
-    eigenvalues, vectors = torch.linalg.eigh(kernel_matrix.to(torch.float64))
-    projections = (vectors.transpose(0, 1) @ y).square().sum(-1)
+    eigenvalues, projections = spectrum_weights(kernel_matrix, y)
     return ScaleEvidence(eigenvalues.clamp_min(0.0), projections, float(y.square().sum()),
                          y.shape[0], y.shape[1], weight_space=False)
 

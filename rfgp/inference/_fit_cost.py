@@ -40,7 +40,10 @@ __all__ = [
 #: on the reference machine, 13,500 rows of 26 inputs, the weight-space calibrated fit at
 #: 4,096 / 6,144 / 8,192 features took 11.0 / 26.3 / 58.2 s where its counts at the reference
 #: rate forecast 22.7 / 53.0 / 118.1 s (an eigendecomposition alone runs at 1.9 times the
-#: rate for its 4 D^3, a large product at 3.2 times).
+#: rate for its 4 D^3, a large product at 3.2 times). The spectrum is now taken through the
+#: tridiagonal form without eigenvectors (``_spectrum.py``): about 3.1 D^3 at a large
+#: product's rate on a two-core machine from 2,048 to 8,192 features (a dense
+#: eigendecomposition 5.0 to 6.5), counted as 2 D^3 here.
 DENSE_SPEEDUP = 2.0
 #: Most features of a weight-space (``D x D``) final fit.
 MAX_WEIGHT_FEATURES = 8192
@@ -119,8 +122,9 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     r"""Multiply-adds of the calibrated final fit on the ``D x D`` (or ``N x N``) path. In
     weight space, one calibration costs the features (:math:`N D d`), the Gram matrix
     (:math:`\frac58 N D^2` as a blocked product of its upper triangle) and its
-    eigendecomposition (about :math:`4 D^3`), these dense counts at :data:`DENSE_SPEEDUP`
-    times the reference rate (divided by it here); there is one per candidate lengthscale at
+    spectrum with the targets' weights on it (about :math:`2 D^3`), these dense counts at
+    :data:`DENSE_SPEEDUP` times the reference rate (divided by it here); there is one per
+    candidate lengthscale at
     :math:`\min(D, D_c)` features (:data:`CHOICE_FEATURES`), one more at :math:`D` where
     several candidates were compared at fewer, and the Cholesky factor (the fit reuses the
     chosen Gram matrix). In function space (``N < D``), the features, the kernel matrix
@@ -130,7 +134,7 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
 
     Example:
         >>> n, m, d = 10**4, 2048, 8
-        >>> final_fit_cost(n, m, d) == n * m * d + (0.625 * n * m**2 + 4 * m**3 + m**3 / 3) / 2
+        >>> final_fit_cost(n, m, d) == n * m * d + (0.625 * n * m**2 + 2 * m**3 + m**3 / 3) / 2
         True
         >>> final_fit_cost(n, m, d, 2) > final_fit_cost(n, m, d)
         True
@@ -139,7 +143,7 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
     s = 1.0 / DENSE_SPEEDUP
     if n < m:
         def kernel_calibration(width: float) -> float:
-            return n * width * input_dim + s * (n * n * width + 4 * n**3)
+            return n * width * input_dim + s * (n * n * width + 2 * n**3)
 
         fit = n * m * input_dim + s * (n * n * m + n**3 / 3)
         if k > 1 and m > CHOICE_FEATURES:
@@ -147,7 +151,7 @@ def final_fit_cost(num_rows: int, num_features: int, input_dim: int,
         return k * kernel_calibration(m) + fit
 
     def calibration(width: float) -> float:
-        return n * width * input_dim + s * (0.625 * n * width * width + 4 * width**3)
+        return n * width * input_dim + s * (0.625 * n * width * width + 2 * width**3)
 
     if k > 1 and m > CHOICE_FEATURES:
         return k * calibration(CHOICE_FEATURES) + calibration(m) + s * m**3 / 3
@@ -160,14 +164,14 @@ def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int,
     calibration by the evidence (``rfgp/classification/_calibration.py``), or without it
     (``calibrated=False``, where the outputscale was chosen before). The calibration costs the
     Gram matrices, :math:`2 N D^2` (the shared one and each class's correction on its own
-    rows), and one eigendecomposition per class, :math:`4 C D^3`, or on fewer rows than
-    features the kernel matrix :math:`N^2 D` and :math:`4 C N^3`; the fit the cheaper of the
+    rows), and one spectrum per class, :math:`2 C D^3`, or on fewer rows than
+    features the kernel matrix :math:`N^2 D` and :math:`2 C N^3`; the fit the cheaper of the
     weight space, :math:`2 N D^2 + C D^3 / 3` (the Gram matrices again, one Cholesky factor
     per class), and the function space, :math:`N^2 D + C N^3 / 3`.
 
     Example:
         >>> n, d, c = 1000, 64, 3
-        >>> weight = 2 * n * d**2 + 4 * c * d**3 + 2 * n * d**2 + c * d**3 / 3
+        >>> weight = 2 * n * d**2 + 2 * c * d**3 + 2 * n * d**2 + c * d**3 / 3
         >>> classifier_fit_cost(n, d, c) == weight
         True
         >>> classifier_fit_cost(n, d, c, calibrated=False) == 2 * n * d**2 + c * d**3 / 3
@@ -177,7 +181,7 @@ def classifier_fit_cost(num_rows: int, num_features: int, num_classes: int,
     if not calibrated:
         calibration = 0.0
     elif n < m:
-        calibration = n * n * m + 4 * c * n**3
+        calibration = n * n * m + 2 * c * n**3
     else:
-        calibration = 2 * n * m * m + 4 * c * m**3
+        calibration = 2 * n * m * m + 2 * c * m**3
     return calibration + min(2 * n * m * m + c * m**3 / 3, n * n * m + c * n**3 / 3)

@@ -24,7 +24,7 @@ schedules the stages from their costs.
   drawn from the Laplace approximation of the last stage's evidence.
 * *Calibration and refit.* The final ``D``-feature model's outputscale and noise maximise its
   own evidence, and that evidence chooses among the stages' candidate lengthscales: exactly
-  (one eigendecomposition of its Gram matrix) on the weight-space path, from feature
+  (one spectrum of its Gram matrix) on the weight-space path, from feature
   products alone on the conjugate-gradient path beyond 8192 features. The fit then reuses
   what the calibration computed (the chosen candidate's Gram matrix, or the Nyström
   preconditioner at the root) instead of another pass over the rows. The calibration and the

@@ -94,7 +94,7 @@ def plan_classifier(num_rows: int, input_dim: int, num_classes: int,
     Example:
         >>> s = plan_classifier(20000, 10, 10, ClassifierOptions(select_alpha=False).checked())
         >>> s.num_features, list(s.predicted)
-        (1024, ['search', 'refine', 'refit'])
+        (2048, ['search', 'refine', 'refit'])
     """
     opts = dataclasses.replace(options, num_classes=num_classes)
     return plan_stages(num_rows, input_dim, opts, _STAGES)

@@ -96,7 +96,7 @@ def test_evidence_rejects_bad_shapes():
 def _fit_with_calibration_cost(n, d, c):
     # The calibration: the Gram matrices and one eigendecomposition per class (or the kernel
     # matrix and N x N ones on fewer rows than features); then the cheaper fit.
-    calibration = n * n * d + 4 * c * n**3 if n < d else 2 * n * d * d + 4 * c * d**3
+    calibration = n * n * d + 2 * c * n**3 if n < d else 2 * n * d * d + 2 * c * d**3
     return calibration + min(2 * n * d * d + c * d**3 / 3, n * n * d + c * n**3 / 3)
 
 
