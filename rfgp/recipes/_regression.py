@@ -67,8 +67,8 @@ def plan_regression(num_rows: int, input_dim: int, options: RegressionOptions, *
     multiply-add rate and, on the CG path, its memory (features beyond a quarter of it are
     recomputed at every pass, and the dense route of its variances needs room for ``B``).
     On the CG path the final fit books its model's first predictive variances too
-    (:func:`~rfgp.recipes._final_cost.variance_cost`), about as costly as the fit itself: 6,144
-    features in weight space for the example's default budget on a machine of 23 GB, 20,480
+    (:func:`~rfgp.recipes._final_cost.variance_cost`), about as costly as the fit itself: 8,192
+    features in weight space for the example's default budget on a machine of 23 GB, 15,360
     by CG at twice that budget.
 
     Example:
