@@ -26,13 +26,15 @@ import json
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _pages import best_of, write_page  # noqa: E402
 
 from rfgp.inference._feature_map import FeatureMap  # noqa: E402
 from rfgp.inference._feature_operator import FeatureOperator  # noqa: E402
@@ -42,22 +44,11 @@ DT = torch.float64
 CHUNK = 4096
 
 
-def seconds(work, repeats: int) -> float:
-    """The best of ``repeats`` timings of ``work`` after one warm-up call."""
-    work()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def matmul_rate(size: int, repeats: int) -> float:
     """Multiply-adds per second of a square ``size`` float64 product."""
     a = torch.randn(size, size, dtype=DT)
     b = torch.randn(size, size, dtype=DT)
-    return size**3 / seconds(lambda: a @ b, repeats)
+    return size**3 / best_of(lambda: a @ b, repeats, warmup=True)
 
 
 def operator_of(rows: int, width: int) -> FeatureOperator:
@@ -100,8 +91,8 @@ def measure(rows: int, width: int, columns, repeats: int, rate: float, dense: bo
         new = op.gram(v, [0] * k)
         old = plain_gram(op, v)
         error = float((new - old).abs().max() / old.abs().max())
-        t_new = seconds(lambda v=v, k=k: op.gram(v, [0] * k), repeats)
-        t_old = seconds(lambda v=v: plain_gram(op, v), repeats)
+        t_new = best_of(lambda v=v, k=k: op.gram(v, [0] * k), repeats, warmup=True)
+        t_old = best_of(lambda v=v: plain_gram(op, v), repeats, warmup=True)
         work = 2.0 * entries * k  # the two halves' multiply-adds
         records.append({"what": "pass", "rows": rows, "width": op.width, "columns": k,
                         "seconds": t_new, "plain_seconds": t_old, "relative_difference": error,
@@ -111,8 +102,8 @@ def measure(rows: int, width: int, columns, repeats: int, rate: float, dense: bo
     if dense:
         new, old = op.dense(0), plain_dense(op)
         error = float((new - old).abs().max() / old.abs().max())
-        t_new = seconds(lambda: op.dense(0), 1)
-        t_old = seconds(lambda: plain_dense(op), 1)
+        t_new = best_of(lambda: op.dense(0), 1, warmup=True)
+        t_old = best_of(lambda: plain_dense(op), 1, warmup=True)
         work = entries * op.width
         records.append({"what": "dense", "rows": rows, "width": op.width, "columns": op.width,
                         "seconds": t_new, "plain_seconds": t_old, "relative_difference": error,
@@ -143,11 +134,7 @@ def write_markdown(records: list, rate: float, path: Path) -> None:
             f"{r['seconds']:.3f} | {r['plain_seconds']:.3f} | "
             f"{r['plain_seconds'] / r['seconds']:.2f} | {r['rate_share']:.2f} | "
             f"{r['plain_rate_share']:.2f} | {r['relative_difference']:.1e} |")
-    # The hand-written reading below the table is kept from the page as it was.
-    heading = "## What this run shows"
-    old = path.read_text() if path.exists() else ""
-    reading = old[old.index(heading):] if heading in old else heading + "\n\n(to be written)\n"
-    path.write_text("\n".join(lines) + "\n\n" + reading)
+    write_page(path, "\n".join(lines) + "\n")
 
 
 def main() -> None:

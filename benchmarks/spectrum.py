@@ -26,29 +26,21 @@ import json
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _pages import best_of, write_page  # noqa: E402
 
 from rfgp.inference._feature_map import FeatureMap  # noqa: E402
 from rfgp.inference._spectrum import spectrum_weights  # noqa: E402
 from rfgp.kernels import FourierFeatureKernel  # noqa: E402
 
 DT = torch.float64
-
-
-def timed(work, repeats: int) -> tuple:
-    """``(best seconds of repeats, last result)``."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = work()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def gram_of(width: int) -> tuple:
@@ -76,18 +68,20 @@ def resolvent_error(eigenvalues, weights, gram, b, shift) -> float:
     return abs(float((weights / (eigenvalues + shift)).sum()) - exact) / exact
 
 
-def measure(width: int, repeats: int, dense: bool) -> dict:
+def measure(width: int, repeats: int) -> dict:
     gram, b = gram_of(width)
-    t_product, _ = timed(lambda: gram @ gram, repeats)
-    t_route, (lam, p) = timed(lambda: spectrum_weights(gram, b), repeats)
+    t_product = best_of(lambda: gram @ gram, repeats)
+    kept = []  # each route's answer, from its timed calls
+    t_route = best_of(lambda: kept.append(spectrum_weights(gram, b)), repeats)
+    lam, p = kept[-1]
+    t_dense = best_of(lambda: kept.append(dense_route(gram, b)), repeats)
+    dense_lam, dense_p = kept[-1]
     shift = 1e-4 * float(lam.max())
     record = {"width": width, "product_seconds": t_product, "seconds": t_route,
-              "resolvent_error": resolvent_error(lam, p, gram, b, shift)}
-    if dense:
-        t_dense, (dense_lam, dense_p) = timed(lambda: dense_route(gram, b), repeats)
-        record.update(dense_seconds=t_dense,
-                      dense_resolvent_error=resolvent_error(dense_lam, dense_p, gram, b, shift),
-                      eigenvalue_difference=float((lam - dense_lam).abs().max() / lam.max()))
+              "resolvent_error": resolvent_error(lam, p, gram, b, shift),
+              "dense_seconds": t_dense,
+              "dense_resolvent_error": resolvent_error(dense_lam, dense_p, gram, b, shift),
+              "eigenvalue_difference": float((lam - dense_lam).abs().max() / lam.max())}
     print(record, flush=True)
     return record
 
@@ -110,20 +104,12 @@ def write_markdown(records: list, path: Path) -> None:
     ]
     for r in records:
         unit = r["product_seconds"]
-        if "dense_seconds" in r:
-            dense = (f"{r['dense_seconds']:.2f} | {r['dense_seconds'] / unit:.1f} | "
-                     f"{r['dense_seconds'] / r['seconds']:.2f} | "
-                     f"{r['eigenvalue_difference']:.1e} | {r['resolvent_error']:.1e} | "
-                     f"{r['dense_resolvent_error']:.1e}")
-        else:
-            dense = f"- | - | - | - | {r['resolvent_error']:.1e} | -"
-        lines.append(f"| {r['width']:,} | {unit:.3f} | {r['seconds']:.2f} | "
-                     f"{r['seconds'] / unit:.1f} | {dense} |")
-    # The hand-written reading below the table is kept from the page as it was.
-    heading = "## What this run shows"
-    old = path.read_text() if path.exists() else ""
-    reading = old[old.index(heading):] if heading in old else heading + "\n\n(to be written)\n"
-    path.write_text("\n".join(lines) + "\n\n" + reading)
+        lines.append(
+            f"| {r['width']:,} | {unit:.3f} | {r['seconds']:.2f} | {r['seconds'] / unit:.1f} | "
+            f"{r['dense_seconds']:.2f} | {r['dense_seconds'] / unit:.1f} | "
+            f"{r['dense_seconds'] / r['seconds']:.2f} | {r['eigenvalue_difference']:.1e} | "
+            f"{r['resolvent_error']:.1e} | {r['dense_resolvent_error']:.1e} |")
+    write_page(path, "\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -136,7 +122,7 @@ def main() -> None:
         widths, repeats, out = (1024,), 1, Path(tempfile.mkdtemp())
     else:
         widths, repeats, out = (1024, 2048, 4096, 6144, 8192), 2, ROOT / "docs" / "benchmarks"
-    records = [measure(w, repeats if w <= 4096 else 1, True) for w in widths]
+    records = [measure(w, repeats if w <= 4096 else 1) for w in widths]
     with open(out / "spectrum.jsonl", "w") as handle:
         for record in records:
             handle.write(json.dumps(record) + "\n")

@@ -1,7 +1,10 @@
 """Plain helpers shared by test modules (imported, not fixtures): seeded draws in float64 and a
 complex random-feature kernel for the complex code paths."""
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import torch
 
@@ -52,3 +55,14 @@ def assert_resampled_gram_is_unbiased(kernel, x, target, generator, num_draws, a
     draws = torch.stack(draws)
     stderr = draws.std(0) / math.sqrt(draws.shape[0])
     assert ((draws.mean(0) - target).abs() <= 5 * stderr + atol).all()
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` imported by path (registered in ``sys.modules``,
+    where dataclasses look their module up)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

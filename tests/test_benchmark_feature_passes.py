@@ -3,25 +3,13 @@ operator's passes replace, so the page's agreement column can fail."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_benchmark
 
 
 def test_the_plain_forms_are_the_dense_algebra_and_the_records_agree(tmp_path):
-    bench = _load("feature_passes")
+    bench = load_benchmark("feature_passes")
     op = bench.operator_of(900, 600)
     with torch.no_grad():
         phi = op.feature_map.real_rows(op.data[0][0])

@@ -4,27 +4,14 @@ exact one."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.helpers import load_benchmark
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-exact = _load("_exact_gp")
-bench = _load("fourier_frequencies")
+exact = load_benchmark("_exact_gp")
+bench = load_benchmark("fourier_frequencies")
 
 
 def test_gaussian_kl_matches_the_closed_form():

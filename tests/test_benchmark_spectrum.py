@@ -3,23 +3,11 @@ routes must satisfy, so the page's error columns can fail."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_benchmark
 
 
 def test_the_resolvent_check_fails_on_wrong_weights_and_the_page_keeps_its_reading(tmp_path):
-    bench = _load("spectrum")
+    bench = load_benchmark("spectrum")
     gram, b = bench.gram_of(256)
     assert gram.shape == (256, 256)
     lam, p = bench.dense_route(gram, b)
@@ -29,7 +17,7 @@ def test_the_resolvent_check_fails_on_wrong_weights_and_the_page_keeps_its_readi
     wrong = p.clone()
     wrong[0], wrong[-1] = p[-1], p[0]
     assert bench.resolvent_error(lam, wrong, gram, b, shift) > 1e-6
-    record = bench.measure(1100, 1, True)
+    record = bench.measure(1100, 1)
     assert record["eigenvalue_difference"] < 1e-12 and record["resolvent_error"] < 1e-8
     page = tmp_path / "page.md"
     page.write_text("old table\n\n## What this run shows\n\nkept reading\n")
