@@ -149,9 +149,8 @@ def dirichlet_scale_evidence(kernel: ScaleKernel, x: Tensor, targets: Tensor, no
                     zc = z[own]
                     corrections[c].addmm_(zc.T, zc * (w[own, c] - shared[c]).unsqueeze(-1))
         grams = corrections + shared.reshape(-1, 1, 1) * gram  # (C, D, D)
-        # One class at a time: each class's spectrum and its target's weights on it.
-        eigenvalues, projections = (torch.stack(parts) for parts in zip(*(
-            spectrum_weights(grams[c], rhs[:, c:c + 1]) for c in range(num_classes))))
+        # Each class's spectrum and its target's weights on it.
+        eigenvalues, projections = spectrum_weights(grams, rhs.T.unsqueeze(-1))
     return ClassScaleEvidence(eigenvalues.clamp_min(0.0), projections, constant, num_data)
 
 
@@ -166,8 +165,7 @@ def _function_space(base, scale: Tensor, x: Tensor, targets: Tensor, weights: Te
         root = weights.to(torch.float64).sqrt().T  # (C, N)
         scaled = root.unsqueeze(-1) * kernel_matrix * root.unsqueeze(-2)  # (C, N, N)
         whitened = (root * targets.to(torch.float64).T).unsqueeze(-1)  # (C, N, 1)
-        eigenvalues, along = (torch.stack(parts) for parts in zip(*(
-            spectrum_weights(scaled[c], whitened[c]) for c in range(scaled.shape[0]))))
+        eigenvalues, along = spectrum_weights(scaled, whitened)
         eigenvalues = eigenvalues.clamp_min(0.0)
     return ClassScaleEvidence(eigenvalues, eigenvalues * along, constant, x.shape[0])
 

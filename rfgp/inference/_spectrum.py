@@ -49,11 +49,12 @@ def spectrum_weights(matrix: Tensor, columns: Tensor) -> tuple[Tensor, Tensor]:
 
     Args:
         matrix: ``(n, n)`` real symmetric (only its lower triangle is read on the tridiagonal
-            path; callers pass exactly symmetric matrices).
-        columns: ``(n, T)`` real.
+            path; callers pass exactly symmetric matrices), or ``(C, n, n)``: ``C`` of them.
+        columns: ``(n, T)`` real, or ``(C, n, T)``: each matrix's own.
 
     Returns:
-        ``(eigenvalues, weights)``, both ``(n,)`` float64 on ``matrix``'s device.
+        ``(eigenvalues, weights)``, both ``(n,)`` (or ``(C, n)``) float64 on ``matrix``'s
+        device.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -65,10 +66,13 @@ def spectrum_weights(matrix: Tensor, columns: Tensor) -> tuple[Tensor, Tensor]:
     """
     matrix = matrix.to(torch.float64)
     columns = columns.to(torch.float64)
-    n = matrix.shape[0]
+    n = matrix.shape[-1]
     if matrix.device.type != "cpu" or n < TRIDIAGONAL_MIN:
         eigenvalues, vectors = torch.linalg.eigh(matrix)
-        return eigenvalues, (vectors.transpose(0, 1) @ columns).square().sum(-1)
+        return eigenvalues, (vectors.transpose(-1, -2) @ columns).square().sum(-1)
+    if matrix.dim() == 3:  # one reduction per matrix
+        parts = [spectrum_weights(one, own) for one, own in zip(matrix, columns)]
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     with _blas_threads(torch.get_num_threads()):
         # A C-ordered symmetric matrix is its own transpose: its buffer read in Fortran
         # order is the same matrix, which LAPACK copies (the caller's Gram is kept).

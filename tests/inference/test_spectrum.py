@@ -107,3 +107,30 @@ def test_calibration_on_the_tridiagonal_route_reaches_the_known_scales():
     assert abs(noise / 0.25 - 1) < 6 * math.sqrt(2 / (rows - n))
     # The factor's spread is about sqrt(2 / n) (n weights): 3%.
     assert abs(factor / 0.01 - 1) < 6 * math.sqrt(2 / n)
+
+
+@pytest.mark.parametrize("n", [40, TRIDIAGONAL_MIN + 2])
+def test_a_stack_of_matrices_is_each_matrix_on_its_own(n):
+    # (C, n, n) with (C, n, T): the answers of the C matrices one at a time, on either route.
+    grams, columns = zip(*(_gram(n, n + 30, seed) for seed in (5, 6)))
+    lam, p = spectrum_weights(torch.stack(grams), torch.stack(columns))
+    assert lam.shape == (2, n) and p.shape == (2, n)
+    for c in range(2):
+        one_lam, one_p = spectrum_weights(grams[c], columns[c])
+        torch.testing.assert_close(lam[c], one_lam, rtol=0, atol=1e-12 * float(one_lam.max()))
+        total = float(columns[c].square().sum())
+        assert float((p[c].cumsum(0) - one_p.cumsum(0)).abs().max()) <= 1e-9 * total
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_the_calibration_refuses_a_non_finite_gram_before_the_reduction(bad):
+    # The check stays at the calibration's edge: a NaN or inf entry never reaches LAPACK,
+    # whose reduction would return garbage rather than fail.
+    from rfgp.inference._calibration import kernel_spectral_statistics
+
+    gram, b = _gram(TRIDIAGONAL_MIN + 1, TRIDIAGONAL_MIN + 40, 7)
+    gram[3, 5] = gram[5, 3] = bad
+    with pytest.raises(ValueError, match="gram must be finite"):
+        spectral_statistics(gram, b[:, 0], 1.0, 10)
+    with pytest.raises(ValueError, match="kernel_matrix must be finite"):
+        kernel_spectral_statistics(gram, b[:, 0])
